@@ -1,0 +1,57 @@
+"""The ``coursekit`` command: ``doctor``, ``release``, ``grade``.
+
+``coursekit doctor``  what is installed and which bitsandbytes implementation runs each 4-bit op here.
+``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
+``coursekit grade``   release, autograde every submission, write feedback and grades.csv, print a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import probes
+
+    report = probes.collect()
+    print(probes.format_report(report))
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    from . import course
+
+    course.release(args.lessons or None, root=args.root)
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from . import course
+
+    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=not args.no_examples)
+    print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="coursekit", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("doctor", help="print versions, CPU features and the bitsandbytes backend of each 4-bit op")
+    d.set_defaults(func=_doctor)
+    for name, fn, helptext in (
+        ("release", _release, "regenerate lessons/ from solutions/ with nbgrader"),
+        ("grade", _grade, "autograde the class (example submissions included), write feedback and grades.csv"),
+    ):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("lessons", nargs="*", help="lesson ids (default: every lesson in solutions/)")
+        s.add_argument("--root", default=None, help="course repository root (default: the current directory)")
+        if name == "grade":
+            s.add_argument("--no-examples", action="store_true", help="grade only what is in submitted/, without the example class")
+        s.set_defaults(func=fn)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Generic answer checkers. Each returns a :class:`Feedback`: points earned (partial credit) and the
+lines that explain them. They never print and never raise on a bad answer; :func:`coursekit.grading.grade`
+prints the feedback to stdout (nbgrader zeroes a test cell that writes to stderr).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Feedback",
+    "Mistake",
+    "check_choice",
+    "check_multi",
+    "check_numeric",
+    "check_array",
+    "check_ordering",
+    "check_function",
+    "as_array",
+]
+
+
+@dataclass
+class Feedback:
+    """Points earned out of ``max_points``, and the explanation, one line per entry."""
+
+    points: float
+    max_points: float
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # nbgrader rejects a cell result above its points; never let rounding exceed it.
+        self.points = float(min(max(self.points, 0.0), self.max_points))
+
+    @property
+    def full(self) -> bool:
+        return self.points >= self.max_points
+
+    def text(self, title: str = "") -> str:
+        head = f"{title}: {self.points:g} / {self.max_points:g} points" if title else f"{self.points:g} / {self.max_points:g} points"
+        return "\n".join([head] + ["  " + line for line in self.lines])
+
+
+@dataclass
+class Mistake:
+    """A known wrong answer: the value it produces and what to tell the student when it matches."""
+
+    label: str
+    value: Any
+    message: str
+
+
+# --------------------------------------------------------------------------- choice and ordering
+
+
+def _letter(x: Any) -> str | None:
+    if not isinstance(x, str):
+        return None
+    s = x.strip().lower().rstrip(")").strip()
+    return s if len(s) == 1 and s.isalpha() else None
+
+
+def check_choice(answer: Any, key: str, points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
+    """One option out of ``options`` (letters). Full points for ``key``, 0 otherwise, with the option's hint."""
+    hints = hints or {}
+    opts = ", ".join(options)
+    letter = _letter(answer)
+    if answer is None or answer is Ellipsis:
+        return Feedback(0, points, [f"No answer yet: set it to one letter out of {opts}, as a string, e.g. \"{options[0]}\"."])
+    if letter is None or letter not in options:
+        return Feedback(0, points, [f"Expected one letter out of {opts} as a string; got {answer!r}."])
+    if letter == key:
+        return Feedback(points, points, [f"({letter}) is right." + (f" {hints[letter]}" if letter in hints else "")])
+    why = hints.get(letter, "Reread the question's key sentence and try again.")
+    return Feedback(0, points, [f"({letter}) is not right. {why}"])
+
+
+def _letters(answer: Any) -> list[str] | None:
+    if isinstance(answer, str):
+        parts = answer.replace(",", " ").split()
+    elif isinstance(answer, Iterable):
+        parts = list(answer)
+    else:
+        return None
+    out = [_letter(p) for p in parts]
+    return None if any(p is None for p in out) else out
+
+
+def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
+    """Several options. Score = points × max(0, (right picks − wrong picks) / |key|); each error explained."""
+    hints = hints or {}
+    key = set(key)
+    picks = _letters(answer)
+    if answer is None or picks is None:
+        return Feedback(0, points, [f"Expected a set of letters out of {', '.join(options)}, e.g. {{\"a\", \"c\"}}; got {answer!r}."])
+    chosen = set(picks)
+    bad = sorted(chosen - set(options))
+    if bad:
+        return Feedback(0, points, [f"{bad} are not options; choose among {', '.join(options)}."])
+    right, wrong, missed = chosen & key, chosen - key, key - chosen
+    lines = []
+    for o in sorted(wrong):
+        lines.append(f"({o}) should not be chosen. " + hints.get(o, ""))
+    for o in sorted(missed):
+        lines.append(f"One true statement is missing from your set ({len(missed)} missing in all)." if len(missed) == 1 else "")
+        break
+    if len(missed) > 1:
+        lines[-1] = f"{len(missed)} true statements are missing from your set."
+    if not wrong and not missed:
+        lines.append("All right.")
+    score = points * max(0.0, (len(right) - len(wrong)) / len(key))
+    return Feedback(score, points, [l.strip() for l in lines if l.strip()])
+
+
+def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None) -> Feedback:
+    """An order of step labels. Full points when exact; otherwise points × (pairs in the right order) / (all pairs),
+    with the first misplaced step named."""
+    labels = labels or {}
+    if not isinstance(answer, (list, tuple)):
+        return Feedback(0, points, [f"Expected a list of the {len(key)} step labels in order; got {type(answer).__name__}."])
+    ans = [str(a).strip().lower() for a in answer]
+    if sorted(ans) != sorted(key):
+        missing, extra = sorted(set(key) - set(ans)), sorted(set(ans) - set(key))
+        return Feedback(0, points, [f"Use each of the {len(key)} labels exactly once (missing {missing}, unknown or repeated {extra or sorted({a for a in ans if ans.count(a) > 1})})."])
+    if ans == list(key):
+        return Feedback(points, points, ["The order is right."])
+    pos = {k: i for i, k in enumerate(key)}
+    pairs = [(i, j) for i in range(len(ans)) for j in range(i + 1, len(ans))]
+    good = sum(pos[ans[i]] < pos[ans[j]] for i, j in pairs)
+    first = next(i for i, (a, k) in enumerate(zip(ans, key)) if a != k)
+    step = ans[first]
+    name = f" ({labels[step]})" if step in labels else ""
+    return Feedback(
+        points * good / len(pairs) * 0.999,  # never full unless exact
+        points,
+        [f"{good} of {len(pairs)} pairs are in the right order. The first step out of place is position {first + 1}: '{step}'{name}."],
+    )
+
+
+# --------------------------------------------------------------------------- numbers and arrays
+
+
+def _number(answer: Any) -> float | None:
+    if isinstance(answer, bool) or answer is None:
+        return None
+    try:
+        if hasattr(answer, "detach"):
+            answer = answer.detach().cpu().numpy()
+        arr = np.asarray(answer)
+        if arr.size != 1 or not (np.issubdtype(arr.dtype, np.number)):
+            return None
+        return float(arr.reshape(()))
+    except Exception:
+        return None
+
+
+def check_numeric(answer: Any, expected: float, points: float, name: str = "answer", rtol: float = 1e-6, atol: float = 0.0,
+                  mistakes: Sequence[Mistake] = (), unit: str = "") -> Feedback:
+    """A single number within ``atol + rtol·|expected|``. Known mistakes are recognised and explained."""
+    unit_s = f" {unit}" if unit else ""
+    x = _number(answer)
+    if x is None:
+        return Feedback(0, points, [f"{name} should be a single number; got {type(answer).__name__} {answer!r:.60}."])
+    if not math.isfinite(x):
+        return Feedback(0, points, [f"{name} is {x}; expected a finite number."])
+    if abs(x - expected) <= atol + rtol * abs(expected):
+        return Feedback(points, points, [f"{name} = {x:.8g}{unit_s} is right."])
+    for m in mistakes:
+        mv = _number(m.value)
+        if mv is not None and abs(x - mv) <= atol + rtol * abs(mv):
+            return Feedback(0, points, [f"{name} = {x:.8g}{unit_s} is not right. Likely mistake: {m.message}"])
+    return Feedback(0, points, [f"{name} = {x:.8g}{unit_s} is not right (tolerance: relative {rtol:g}, absolute {atol:g})."])
+
+
+def as_array(x: Any) -> np.ndarray | None:
+    """A float64 NumPy copy of an array-like answer (NumPy, torch tensor, nested lists), or None."""
+    try:
+        if hasattr(x, "detach"):
+            x = x.detach().cpu().numpy()
+        a = np.asarray(x)
+        if a.dtype == object or not np.issubdtype(a.dtype, np.number):
+            return None
+        return a.astype(np.float64)
+    except Exception:
+        return None
+
+
+def _type_name(x: Any) -> str:
+    if hasattr(x, "dtype"):
+        return f"{type(x).__module__.split('.')[0]}.{type(x).__name__} of dtype {str(x.dtype).replace('torch.', '')}"
+    return type(x).__name__
+
+
+def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol: float,
+                   mistakes: Sequence[Mistake] = ()) -> tuple[str, list[str]]:
+    """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values."""
+    a = as_array(got)
+    expected = np.asarray(expected, dtype=np.float64)
+    if a is None:
+        return "type", [f"{name} should be an array of numbers; got {_type_name(got)}."]
+    if a.shape != expected.shape:
+        lines = [f"{name} has shape {a.shape}; expected {expected.shape}."]
+        if a.shape == expected.T.shape and np.allclose(a, expected.T, rtol=rtol, atol=atol):
+            lines.append(f"Your {name} is the transpose of the right one: check the row-vector convention (X is n × d, W is d × m).")
+        for m in mistakes:
+            mv = np.asarray(m.value, dtype=np.float64) if m.value is not None else None
+            if mv is not None and mv.shape == a.shape and np.allclose(a, mv, rtol=rtol, atol=atol):
+                lines.append(f"Likely mistake: {m.message}")
+                break
+        return "shape", lines
+    if not np.all(np.isfinite(a)):
+        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        return "values", [f"{name}{list(idx)} is {a[idx]}; every entry should be finite."]
+    close = np.isclose(a, expected, rtol=rtol, atol=atol)
+    if close.all():
+        return "ok", [f"{name} matches (shape {a.shape})."]
+    err = np.abs(a - expected) - (atol + rtol * np.abs(expected))
+    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
+    lines = [f"{name}{list(idx)}: expected {expected[idx]:.8g}, got {a[idx]:.8g} ({int((~close).sum())} of {a.size} entries differ)."]
+    for m in mistakes:
+        if m.value is None:
+            continue
+        mv = np.asarray(m.value, dtype=np.float64)
+        if mv.shape == a.shape and np.allclose(a, mv, rtol=max(rtol, 1e-6), atol=max(atol, 1e-9)):
+            lines.append(f"Likely mistake: {m.message}")
+            break
+    return "values", lines
+
+
+def check_array(answer: Any, expected: Any, points: float, name: str = "answer", rtol: float = 1e-6, atol: float = 1e-9,
+                dtype: Any = None, mistakes: Sequence[Mistake] = ()) -> Feedback:
+    """An array: shape, then values, then (if given) dtype.
+
+    Partial credit: right shape with wrong values earns 1/4; right values with the wrong dtype 3/4.
+    Feedback names the worst index with expected and actual values, and recognises ``mistakes``.
+    """
+    kind, lines = compare_arrays(answer, expected, name, rtol, atol, mistakes)
+    if kind in ("type", "shape"):
+        return Feedback(0, points, lines)
+    if kind == "values":
+        return Feedback(points / 4, points, lines + ["(1/4 of the points for the right shape.)"])
+    if dtype is not None:
+        got = str(getattr(answer, "dtype", type(answer).__name__)).replace("torch.", "")
+        want = np.dtype(dtype).name
+        if got != want:
+            return Feedback(points * 3 / 4, points, lines + [f"{name} has dtype {got}; expected {want} (3/4 of the points)."])
+    return Feedback(points, points, lines)
+
+
+# --------------------------------------------------------------------------- functions under test
+
+
+@dataclass
+class Case:
+    """One call of the function under test: keyword arguments and a short public description."""
+
+    kwargs: dict
+    label: str = ""
+    hidden: bool = False
+
+
+@contextlib.contextmanager
+def quiet():
+    """Run student code with warnings and stderr sent to stdout (a test cell with stderr scores 0)."""
+    buf = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buf):
+        warnings.simplefilter("always")
+        yield
+    out = buf.getvalue().strip()
+    if out:
+        print("(your code wrote to stderr; shown here instead)\n" + out[:2000])
+    for w in caught[:5]:
+        print(f"(warning from your code: {w.category.__name__}: {w.message})")
+
+
+def check_function(
+    fn: Any,
+    cases: Sequence[Case],
+    reference: Callable[..., Any],
+    points: float,
+    name: str,
+    outputs: Sequence[str] = ("result",),
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    mistakes: Callable[[dict, dict], Mapping[str, Sequence[Mistake]]] | None = None,
+    extra: Callable[[Callable, Case], list[str] | None] | None = None,
+) -> Feedback:
+    """Run ``fn(**case.kwargs)`` on every case and compare each output with ``reference(**case.kwargs)``.
+
+    Args:
+        fn: the student's function. cases: public and (in the autograde run) hidden cases.
+        reference: returns the expected output (a tuple when ``outputs`` has several names).
+        outputs: names of the outputs, used in messages ("dA[1, 0]: expected …").
+        mistakes: ``mistakes(kwargs, answers)`` → output name → known wrong values with explanations.
+        extra: a further check per passed case (e.g. a gradient check); returns failure lines or None.
+
+    Score: points × (cases passed) / (cases run). Exceptions inside ``fn`` fail that case only.
+    """
+    if not callable(fn):
+        return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
+    passed, lines = 0, []
+    for i, case in enumerate(cases, 1):
+        tag = f"{'hidden' if case.hidden else 'public'} case {i}" + (f" ({case.label})" if case.label and not case.hidden else "")
+        kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.kwargs.items()}
+        try:
+            with quiet():
+                got = fn(**kwargs)
+        except NotImplementedError:
+            return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
+        except Exception as e:  # the student's bug, reported, not raised
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            lines.append(f"✗ {tag}: {name} raised {type(e).__name__}: {e} (line {tb.lineno}: {tb.line})")
+            lines += _exception_hints(e)
+            continue
+        want = reference(**case.kwargs)
+        if len(outputs) > 1:
+            if not isinstance(got, (tuple, list)) or len(got) != len(outputs):
+                lines.append(f"✗ {tag}: {name} should return {len(outputs)} values ({', '.join(outputs)}); got {_type_name(got)}.")
+                continue
+        else:
+            got, want = (got,), (want,)
+        known = mistakes(case.kwargs, dict(zip(outputs, got))) if mistakes else {}
+        bad = []
+        for out_name, g, w in zip(outputs, got, want):
+            kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()))
+            if kind != "ok":
+                bad += msg
+        if not bad and extra is not None:
+            bad = extra(fn, case) or []
+        if bad:
+            lines.append(f"✗ {tag}:")
+            lines += ["    " + b for b in bad]
+        else:
+            passed += 1
+            lines.append(f"✓ {tag}")
+    score = points * passed / max(len(cases), 1)
+    return Feedback(score, points, lines)
+
+
+def _exception_hints(e: Exception) -> list[str]:
+    msg = str(e)
+    if "matmul" in msg or "shapes" in msg and "not aligned" in msg or "mat1 and mat2" in msg or "size mismatch" in msg:
+        return ["    A matrix product's inner sizes disagree: write each operand's shape next to it "
+                "(X n×d, W d×m, A d×r, B r×m; nn.Linear.weight is out×in) and check which one needs a transpose."]
+    return []

@@ -1,0 +1,118 @@
+"""The classic mistakes in LoRA kernels, as the wrong values they produce.
+
+Each function takes the keyword arguments of one test case and returns, per output name, a list of
+:class:`~coursekit.grading.checkers.Mistake`: the value a specific mistake would give and the message
+that names it. The checker compares a wrong answer with each and reports the first that matches.
+Arguments use the row-vector convention of :mod:`coursekit.lora` (X n×d, W d×m, A d×r, B r×m) and
+either ``s`` or ``lora_alpha`` and ``r``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .checkers import Mistake
+
+SEE_SCALE = "(Lesson 02, 'The scale s'.)"
+
+
+def _scale(kw: dict) -> tuple[float, list[tuple[str, float, str]]]:
+    """The right s, and the wrong scales students use instead, with their explanations."""
+    if "s" in kw:
+        s = float(kw["s"])
+        return s, [("missing s", 1.0, f"the scale s is missing: the adapter path must be multiplied by s = {s:g}. {SEE_SCALE}")]
+    a, r = float(kw["lora_alpha"]), int(kw["r"])
+    s = a / r
+    wrong = [
+        ("missing s", 1.0, f"the scale is missing: multiply the adapter path by s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
+        ("alpha", a, f"you scaled by lora_alpha = {a:g} instead of s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
+        ("r/alpha", r / a, f"you scaled by r / lora_alpha = {r / a:g}; the scale is lora_alpha / r = {s:g}. {SEE_SCALE}"),
+        ("rslora", a / math.sqrt(r), f"you used the rsLoRA scale lora_alpha / sqrt(r) = {a / math.sqrt(r):g}; plain LoRA uses lora_alpha / r = {s:g}. {SEE_SCALE}"),
+    ]
+    return s, [w for w in wrong if not math.isclose(w[1], s)]
+
+
+def forward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """Wrong values of ``Y = XW + s(XA)B``."""
+    X, W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B"))
+    s, wrong_scales = _scale(kw)
+    base, adapter = X @ W, (X @ A) @ B
+    out = [Mistake(label, base + c * adapter, msg) for label, c, msg in wrong_scales]
+    out += [
+        Mistake("no base", s * adapter, "your Y has only the adapter path: add the frozen base output X @ W."),
+        Mistake("no adapter", base, "your Y is the base output X @ W alone: add the adapter path s (X A) B."),
+        Mistake("transposed", (base + s * adapter).T, "your Y is transposed: in the row-vector convention Y is n × m (one row per token)."),
+    ]
+    if B.shape[0] == B.shape[1]:
+        out.append(Mistake("B.T", base + s * (X @ A) @ B.T, "you used Bᵀ where B belongs: B is r × m and multiplies (XA) from the right."))
+    return {"Y": out, "result": out}
+
+
+def merge_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """Wrong values of ``W + s A B``."""
+    W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("W", "A", "B"))
+    s, wrong_scales = _scale(kw)
+    out = [Mistake(label, W + c * (A @ B), msg) for label, c, msg in wrong_scales]
+    out += [
+        Mistake("delta only", s * (A @ B), "you returned only the update s A B: the merged weight is W + s A B."),
+        Mistake("transposed", (W + s * A @ B).T, "your merged weight is transposed: in the row-vector convention it is d × m, like W."),
+    ]
+    return {"W_merged": out, "result": out}
+
+
+def torch_layout_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """Wrong values of the PEFT-layout forward ``y = x weightᵀ + scaling (x lora_Aᵀ) lora_Bᵀ``.
+
+    Arguments: x (n × d), weight (m × d), lora_A (r × d), lora_B (m × r), scaling.
+    """
+    x, Wt, At, Bt = (np.asarray(kw[k], dtype=np.float64) for k in ("x", "weight", "lora_A", "lora_B"))
+    s = float(kw["scaling"])
+    out = [
+        Mistake("missing s", x @ Wt.T + (x @ At.T) @ Bt.T, f"the scaling ({s:g}) is missing from the adapter path."),
+        Mistake("no base", s * (x @ At.T) @ Bt.T, "the base output x @ weight.T is missing."),
+    ]
+    if Bt.shape[0] == Bt.shape[1]:
+        out.append(Mistake("B not transposed", x @ Wt.T + s * (x @ At.T) @ Bt,
+                           "you used lora_B.weight as B without transposing it: nn.Linear stores out_features × in_features, so B = lora_B.weight.T."))
+    if Wt.shape[0] == Wt.shape[1]:
+        out.append(Mistake("W not transposed", x @ Wt + s * (x @ At.T) @ Bt.T,
+                           "you used weight as W without transposing it: nn.Linear stores out_features × in_features, so W = weight.T."))
+    return {"y": out, "result": out}
+
+
+def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """Wrong values of ``(dX, dA, dB)`` for a forward pass with upstream gradient ``D``.
+
+    Recognises: a missing or wrong scale in dB / dA / dX, a transposed dA or dB, the adapter path
+    missing from dX, only the adapter path in dX, and dA computed with B already updated
+    (B − η dB for the η that fits best, reported when it fits exactly).
+    """
+    X, W, A, B, D = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B", "D"))
+    s, wrong_scales = _scale(kw)
+    Z = X @ A
+    dB = s * Z.T @ D
+    dZ = s * D @ B.T
+    dA = X.T @ dZ
+    dX = D @ W.T + dZ @ A.T
+    m_dB = [Mistake(l, c * Z.T @ D, "in ∇B = s Zᵀ D: " + msg) for l, c, msg in wrong_scales]
+    m_dA = [Mistake(l, c * X.T @ D @ B.T, "in ∇A = s Xᵀ D Bᵀ: " + msg) for l, c, msg in wrong_scales]
+    m_dX = [Mistake(l, D @ W.T + c * D @ B.T @ A.T, "in the adapter path of ∇X: " + msg) for l, c, msg in wrong_scales]
+    m_dB.append(Mistake("transposed", dB.T, "your ∇B is transposed: ∇B has the shape of B (r × m), ∇B = s Zᵀ D."))
+    m_dA.append(Mistake("transposed", dA.T, "your ∇A has the shape of Aᵀ: ∇A = Xᵀ dZ is d × r, like A."))
+    m_dX += [
+        Mistake("no adapter path", D @ W.T, "∇X is missing the adapter path: X feeds both paths, so ∇X = D Wᵀ + dZ Aᵀ."),
+        Mistake("no base path", dZ @ A.T, "∇X is missing the base path D Wᵀ: W is frozen, but it still passes gradient to X."),
+        Mistake("transposed", dX.T, "your ∇X is transposed: it has the shape of X (n × d)."),
+    ]
+    # B updated before computing dA: dA' = s Xᵀ D (B − η dB)ᵀ = dA − η s Xᵀ D dBᵀ.
+    direction = s * X.T @ D @ dB.T
+    student = (got or {}).get("dA")
+    if student is not None and np.shape(student) == dA.shape and np.any(direction):
+        g = np.asarray(student, dtype=np.float64)
+        eta = float(np.sum((dA - g) * direction) / np.sum(direction * direction))
+        if eta > 0 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
+            m_dA.insert(0, Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): "
+                                   "finish the backward pass with this step's B, then update. (Lesson 05.)"))
+    return {"dX": m_dX, "dA": m_dA, "dB": m_dB}
