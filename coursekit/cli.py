@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "grade":
             s.add_argument("--no-examples", action="store_true", help="grade only what is in submitted/, without the example class")
         s.set_defaults(func=fn)
+    k = sub.add_parser("keys", help="instructors: show or write a lesson's encoded answer keys")
+    k.add_argument("action", choices=["show", "write"])
+    k.add_argument("lesson", help="two-digit lesson number, e.g. 02")
+    k.add_argument("json_file", nargs="?", default="-", help="with write: a JSON object (default: stdin)")
+    k.set_defaults(func=lambda a: __import__("coursekit.grading.keys", fromlist=["main"]).main(
+        [a.action, a.lesson] + ([a.json_file] if a.action == "write" else [])))
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -67,10 +67,17 @@ def numeric_gradient(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float
     return grad
 
 
+def _float64(x: Any) -> np.ndarray:
+    # Torch tensors that require grad (e.g. lora_backward on autograd inputs) refuse np.asarray.
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.array(x, dtype=np.float64)
+
+
 def relative_error(analytic: Any, numeric: Any) -> float:
     """Worst element-wise ``|a − n| / max(|a| + |n|, 1e-12)``; 0.0 for empty arrays, inf on a shape mismatch."""
-    a = np.asarray(analytic, dtype=np.float64)
-    n = np.asarray(numeric, dtype=np.float64)
+    a = _float64(analytic)
+    n = _float64(numeric)
     if a.shape != n.shape:
         return float("inf")
     if a.size == 0:
@@ -131,7 +138,7 @@ class GradReport:
 
 
 def _compare(name: str, analytic: Any, numeric: np.ndarray, tol: float) -> TensorCheck:
-    a = np.asarray(analytic, dtype=np.float64)
+    a = _float64(analytic)
     if a.shape != numeric.shape:
         return TensorCheck(name, tuple(numeric.shape), float("inf"), float("inf"), (), float("nan"), float("nan"), tol)
     err = np.abs(a - numeric) / np.maximum(np.abs(a) + np.abs(numeric), 1e-12)
@@ -174,8 +181,8 @@ def check_vjp(
     Returns a :class:`GradReport` naming, per tensor, the worst index with both values.
     Raises KeyError if a name in ``wrt`` is not an input; TypeError if an input is not float64-able.
     """
-    inputs = {k: np.array(v, dtype=np.float64) for k, v in inputs.items()}
-    D = np.asarray(D, dtype=np.float64)
+    inputs = {k: _float64(v) for k, v in inputs.items()}
+    D = _float64(D)
     names = list(wrt) if wrt is not None else list(grads)
     report = GradReport()
 

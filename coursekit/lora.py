@@ -110,7 +110,9 @@ def _check_lora_shapes(X: Any, W: Any, A: Any, B: Any) -> tuple[int, int, int, i
     def rows(name: str, a: Any, want: int, what: str) -> None:
         if a.shape[0] != want:
             hint = " (transposed? nn.Linear and PEFT store weights as out × in)" if a.shape[1] == want else ""
-            raise LoRAShapeError(f"{name} must have {want} rows ({what}), got shape {tuple(a.shape)}{hint}.")
+            raise LoRAShapeError(
+                f"{name} must have {want} rows ({what}; X has shape {tuple(X.shape)}), got shape {tuple(a.shape)}{hint}."
+            )
 
     rows("W", W, d, "W is d × m, d = X.shape[1]")
     rows("A", A, d, "A is d × r, d = X.shape[1]")

@@ -88,7 +88,10 @@ def _letters(answer: Any) -> list[str] | None:
     if isinstance(answer, str):
         parts = answer.replace(",", " ").split()
     elif isinstance(answer, Iterable):
-        parts = list(answer)
+        try:
+            parts = list(answer)
+        except Exception:  # 0-d arrays and tensors claim to be iterable, then refuse
+            return None
     else:
         return None
     out = [_letter(p) for p in parts]
@@ -187,7 +190,8 @@ def as_array(x: Any) -> np.ndarray | None:
         if hasattr(x, "detach"):
             x = x.detach().cpu().numpy()
         a = np.asarray(x)
-        if a.dtype == object or not np.issubdtype(a.dtype, np.number):
+        # Complex is a number to NumPy, but casting it warns (on stderr) and drops the imaginary part.
+        if a.dtype == object or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
             return None
         return a.astype(np.float64)
     except Exception:
@@ -272,14 +276,17 @@ class Case:
 def quiet():
     """Run student code with warnings and stderr sent to stdout (a test cell with stderr scores 0)."""
     buf = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buf):
-        warnings.simplefilter("always")
-        yield
-    out = buf.getvalue().strip()
-    if out:
-        print("(your code wrote to stderr; shown here instead)\n" + out[:2000])
-    for w in caught[:5]:
-        print(f"(warning from your code: {w.category.__name__}: {w.message})")
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buf):
+            warnings.simplefilter("always")
+            yield
+    finally:  # also when the student's code raises: its stderr is the best clue to why
+        out = buf.getvalue().strip()
+        if out:
+            print("(your code wrote to stderr; shown here instead)\n" + out[:2000])
+        for w in caught[:5]:
+            print(f"(warning from your code: {w.category.__name__}: {w.message})")
 
 
 def check_function(

@@ -4,8 +4,8 @@ A key file ``keys/<lesson>.key`` is ``base64(zlib(json) XOR pad)`` with a pad de
 id. This keeps keys out of a casual read and out of text search; it is not cryptography (issue
 "The grader under fire" hardens it). Instructors edit keys with::
 
-    python -m coursekit.grading.keys show 02            # print the JSON
-    python -m coursekit.grading.keys write 02 keys.json # encode a JSON object into keys/02.key
+    coursekit keys show 02             # print the JSON
+    coursekit keys write 02 keys.json  # encode a JSON object into keys/02.key
 
 A key file holds one JSON object: item id → key (a letter, a list of letters, a list of step
 labels) plus ``"seed"``, the integer seed of the lesson's hidden cases.

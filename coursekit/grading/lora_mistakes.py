@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .checkers import Mistake
+from .checkers import Mistake, as_array
 
 SEE_SCALE = "(Lesson 02, 'The scale s'.)"
 
@@ -108,9 +108,9 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     ]
     # B updated before computing dA: dA' = s Xᵀ D (B − η dB)ᵀ = dA − η s Xᵀ D dBᵀ.
     direction = s * X.T @ D @ dB.T
-    student = (got or {}).get("dA")
-    if student is not None and np.shape(student) == dA.shape and np.any(direction):
-        g = np.asarray(student, dtype=np.float64)
+    # as_array: the student's dA may be anything (a tensor that requires grad, a ragged list).
+    g = as_array((got or {}).get("dA"))
+    if g is not None and g.shape == dA.shape and np.all(np.isfinite(g)) and np.any(direction):
         eta = float(np.sum((dA - g) * direction) / np.sum(direction * direction))
         if eta > 0 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
             m_dA.insert(0, Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): "

@@ -1,0 +1,42 @@
+"""nbgrader configuration of the course.
+
+Paths are relative to this file, so `nbgrader <command> --config autograder/nbgrader_config.py`
+works from any folder, and `coursekit grade` loads the same file. The course's working state
+(gradebook.db, submitted/, autograded/, feedback/, grades.csv) lives in autograder/course/, which
+git ignores; the source and release folders are the repository's solutions/ and lessons/.
+"""
+
+import os
+
+c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+c.CourseDirectory.course_id = "qlora-backprop"
+c.CourseDirectory.root = os.path.join(HERE, "course")
+# Absolute step folders: nbgrader joins root with them, and an absolute path wins.
+c.CourseDirectory.source_directory = os.path.join(REPO, "solutions")
+c.CourseDirectory.release_directory = os.path.join(REPO, "lessons")
+# Only lesson folders are assignments; AUTHORING.md and friends are not.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.md"]
+
+# Every cell may take up to 15 minutes: later lessons load and train a real model on CPU.
+# nbgrader's default of 30 s would kill them (nbgrader #915, #1004).
+c.Execute.timeout = 900
+c.ExecutePreprocessor.kernel_name = "python3"
+
+# A test cell that writes to stderr scores 0 (nbgrader utils.determine_grade). coursekit's checkers
+# print to stdout only; this strips stderr outputs made up solely of library warning lines
+# (torch, bitsandbytes, transformers) so that a harmless warning never zeroes a right answer.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = (
+    r"\A(?:[^\n]*(?:Warning:|warnings\.warn\(|NNPACK|bitsandbytes|UserWarning|FutureWarning)[^\n]*(?:\n|\Z))+\Z"
+)
+
+# A student who deletes a test cell gets it back from the gradebook instead of an ungradable notebook.
+c.OverwriteCells.add_missing_cells = True
+
+c.LimitOutput.max_lines = 400
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
