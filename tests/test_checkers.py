@@ -1,0 +1,410 @@
+"""coursekit.grading.checkers: scores as documented, never above max points, never raising, never printing."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coursekit.grading import (
+    Case,
+    Feedback,
+    Mistake,
+    check_array,
+    check_choice,
+    check_function,
+    check_multi,
+    check_numeric,
+    check_ordering,
+)
+
+FAST = settings(max_examples=40, deadline=None, derandomize=True)
+
+OPTIONS = list("abcd")
+EXPECTED = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]])
+
+
+def _garbage():
+    """Answers students actually submit by accident, plus a few hostile ones."""
+    return [
+        None, Ellipsis, "", "   ", "abc", "a,b", "1.5", "[[1, 2]]", 0, 1.5, -0.0, True, float("nan"), float("inf"),
+        [], [[]], [[1, 2], [3]], [["a", "b"]], [[[1.0]]], {"a": 1}, {"a", "z"}, ("a", None), object(), 3 + 4j,
+        np.array(np.nan), np.array(3.0), np.array([np.nan, 1.0]), np.ones((2, 3), dtype=np.float32),
+        np.ones((3, 2)), np.array(["a", "b"]), np.array([1 + 2j, 3j]), np.zeros((2, 3), dtype=complex),
+        np.zeros((2, 3), dtype=bool), np.array([None, 1.0], dtype=object), np.float64("nan"),
+        torch.tensor(1.0), torch.tensor(float("nan")), torch.ones(2, 3), torch.ones(2, 3, requires_grad=True),
+        torch.ones(2, 3, requires_grad=True) * 2, torch.tensor(2.0, requires_grad=True),
+        torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64), torch.ones(2, 3, dtype=torch.float16),
+    ]
+
+
+GARBAGE = _garbage()
+IDS = [f"{i}-{type(g).__name__}" for i, g in enumerate(GARBAGE)]
+
+CHECKERS = {
+    "choice": lambda a: check_choice(a, "b", 2, OPTIONS, {"a": "hint a"}),
+    "multi": lambda a: check_multi(a, {"a", "c"}, 2, OPTIONS, {"b": "hint b"}),
+    "numeric": lambda a: check_numeric(a, 3.5, 2, name="x", mistakes=[Mistake("half", 1.75, "you halved it")]),
+    "array": lambda a: check_array(a, EXPECTED, 4, name="Y", dtype=np.float64,
+                                   mistakes=[Mistake("double", 2 * EXPECTED, "doubled")]),
+    "ordering": lambda a: check_ordering(a, ["a", "b", "c", "d"], 3, {"a": "first"}),
+}
+
+
+def _run_silently(capfd, fn, *args, **kwargs):
+    """Call fn, assert it wrote nothing to stdout/stderr (Python or fd level) and warned nothing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fb = fn(*args, **kwargs)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert not caught, [str(w.message) for w in caught]
+    return fb
+
+
+def _valid(fb):
+    assert isinstance(fb, Feedback)
+    assert 0.0 <= fb.points <= fb.max_points
+    assert fb.lines and all(isinstance(l, str) and l for l in fb.lines)
+    fb.text("title")  # renders
+
+
+# --------------------------------------------------------------------------- garbage never raises, never prints
+
+
+@pytest.mark.parametrize("kind", list(CHECKERS))
+@pytest.mark.parametrize("answer", GARBAGE, ids=IDS)
+def test_garbage_never_raises_or_prints(kind, answer, capfd):
+    fb = _run_silently(capfd, CHECKERS[kind], answer)
+    _valid(fb)
+    assert not fb.full
+
+
+answers = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6),
+              st.sampled_from(["a", "b", "c", "d", " C) ", "A"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.frozensets(st.sampled_from("abcdz"), max_size=4)),
+    max_leaves=8,
+)
+
+
+@FAST
+@given(answer=answers)
+def test_generated_answers_never_raise_and_stay_in_range(answer):
+    for check in CHECKERS.values():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning would reach the notebook's stderr
+            fb = check(answer)
+        _valid(fb)
+
+
+def test_feedback_clamps_points():
+    assert Feedback(5, 2).points == 2.0
+    assert Feedback(-1, 2).points == 0.0
+    assert Feedback(2, 2).full and not Feedback(1.999, 2).full
+    assert Feedback(1, 2, ["line"]).text("T") == "T: 1 / 2 points\n  line"
+
+
+# --------------------------------------------------------------------------- check_choice
+
+
+@pytest.mark.parametrize("answer", ["b", "B", " b ", "b)", "B) "])
+def test_choice_right(answer, capfd):
+    fb = _run_silently(capfd, check_choice, answer, "b", 2, OPTIONS)
+    assert fb.points == 2 and fb.full and "is right" in fb.lines[0]
+
+
+def test_choice_wrong_gives_hint(capfd):
+    fb = _run_silently(capfd, check_choice, "a", "b", 2, OPTIONS, {"a": "hint a"})
+    assert fb.points == 0 and "hint a" in fb.lines[0]
+    fb = _run_silently(capfd, check_choice, "c", "b", 2, OPTIONS)
+    assert fb.points == 0 and "not right" in fb.lines[0]
+    fb = _run_silently(capfd, check_choice, "e", "b", 2, OPTIONS)
+    assert fb.points == 0 and "one letter" in fb.lines[0]
+    fb = _run_silently(capfd, check_choice, None, "b", 2, OPTIONS)
+    assert fb.points == 0 and "No answer yet" in fb.lines[0]
+
+
+# --------------------------------------------------------------------------- check_multi
+
+
+@pytest.mark.parametrize(
+    "answer, points",
+    [({"a", "c"}, 2.0), (["c", "a"], 2.0), ("a, c", 2.0), ("A C", 2.0), (("a", "c", "a"), 2.0),
+     ({"a"}, 1.0), ({"a", "b", "c"}, 1.0), ({"a", "b"}, 0.0), ({"b", "d"}, 0.0), (set(), 0.0),
+     ({"a", "b", "c", "d"}, 0.0), ({"a", "e"}, 0.0)],
+)
+def test_multi_partial_credit(answer, points, capfd):
+    fb = _run_silently(capfd, check_multi, answer, {"a", "c"}, 2, OPTIONS, {"b": "hint b"})
+    assert fb.points == pytest.approx(points)
+    assert fb.full == (points == 2.0)
+    if "b" in answer and "e" not in answer:
+        assert any("(b) should not be chosen" in l and "hint b" in l for l in fb.lines)
+
+
+def test_multi_messages(capfd):
+    fb = _run_silently(capfd, check_multi, {"a"}, {"a", "c"}, 2, OPTIONS)
+    assert any("One true statement is missing" in l for l in fb.lines)
+    fb = _run_silently(capfd, check_multi, set(), {"a", "c", "d"}, 3, OPTIONS)
+    assert any("3 true statements are missing" in l for l in fb.lines)
+    fb = _run_silently(capfd, check_multi, {"a", "c"}, {"a", "c"}, 2, OPTIONS)
+    assert fb.lines == ["All right."]
+
+
+# --------------------------------------------------------------------------- check_numeric
+
+
+@pytest.mark.parametrize("answer", [3.5, 7 / 2, np.float64(3.5), np.float32(3.5), np.array(3.5), np.array([3.5]),
+                                    torch.tensor(3.5), torch.tensor(3.5, requires_grad=True), 3.5 * (1 + 1e-7)])
+def test_numeric_right(answer, capfd):
+    fb = _run_silently(capfd, check_numeric, answer, 3.5, 2, "x")
+    assert fb.points == 2 and "is right" in fb.lines[0]
+
+
+def test_numeric_wrong_and_mistakes(capfd):
+    ms = [Mistake("half", 1.75, "you halved it")]
+    fb = _run_silently(capfd, check_numeric, 1.75, 3.5, 2, "x", 1e-6, 0.0, ms)
+    assert fb.points == 0 and "Likely mistake: you halved it" in fb.lines[0]
+    fb = _run_silently(capfd, check_numeric, 3.6, 3.5, 2, "x", 1e-6, 0.0, ms)
+    assert fb.points == 0 and "Likely mistake" not in fb.lines[0] and "tolerance" in fb.lines[0]
+    fb = _run_silently(capfd, check_numeric, 3.6, 3.5, 2, "x", 0.0, 0.2)
+    assert fb.points == 2  # within atol
+    fb = _run_silently(capfd, check_numeric, float("nan"), 3.5, 2, "x")
+    assert fb.points == 0 and "finite" in fb.lines[0]
+    fb = _run_silently(capfd, check_numeric, [3.5, 3.5], 3.5, 2, "x")
+    assert fb.points == 0 and "single number" in fb.lines[0]
+    fb = _run_silently(capfd, check_numeric, True, 1.0, 2, "x")
+    assert fb.points == 0  # a bool is not a number answer
+
+
+# --------------------------------------------------------------------------- check_array
+
+
+@pytest.mark.parametrize("answer", [EXPECTED, torch.tensor(EXPECTED), torch.tensor(EXPECTED, requires_grad=True) * 1.0])
+def test_array_right(answer, capfd):
+    fb = _run_silently(capfd, check_array, answer, EXPECTED, 4, "Y", 1e-6, 1e-9, np.float64)
+    assert fb.points == 4 and fb.full
+    fb = _run_silently(capfd, check_array, answer, EXPECTED, 4, "Y")
+    assert fb.points == 4 and fb.lines == ["Y matches (shape (2, 3))."]
+
+
+def test_array_list_has_no_dtype(capfd):
+    fb = _run_silently(capfd, check_array, EXPECTED.tolist(), EXPECTED, 4, "Y")
+    assert fb.full
+    fb = _run_silently(capfd, check_array, EXPECTED.tolist(), EXPECTED, 4, "Y", dtype=np.float64)
+    assert fb.points == 3.0 and "dtype list" in fb.lines[-1]
+
+
+def test_array_partial_credit(capfd):
+    wrong = EXPECTED.copy()
+    wrong[1, 2] = 0.0
+    fb = _run_silently(capfd, check_array, wrong, EXPECTED, 4, "Y")
+    assert fb.points == 1.0
+    assert "Y[1, 2]: expected 6.5, got 0" in fb.lines[0] and "1 of 6 entries differ" in fb.lines[0]
+
+    fb = _run_silently(capfd, check_array, EXPECTED.astype(np.float32), EXPECTED, 4, "Y", 1e-6, 1e-9, np.float64)
+    assert fb.points == 3.0 and "dtype float32" in fb.lines[-1]
+    fb = _run_silently(capfd, check_array, EXPECTED.astype(np.float32), EXPECTED, 4, "Y")
+    assert fb.points == 4.0  # no dtype required: float32 with the right values is right
+
+    fb = _run_silently(capfd, check_array, EXPECTED.T, EXPECTED, 4, "Y")
+    assert fb.points == 0 and "shape (3, 2)" in fb.lines[0] and any("transpose" in l for l in fb.lines)
+
+    fb = _run_silently(capfd, check_array, 2 * EXPECTED, EXPECTED, 4, "Y", mistakes=[Mistake("d", 2 * EXPECTED, "doubled")])
+    assert fb.points == 1.0 and "Likely mistake: doubled" in fb.lines
+
+    nan = EXPECTED.copy()
+    nan[0, 1] = np.nan
+    fb = _run_silently(capfd, check_array, nan, EXPECTED, 4, "Y")
+    assert fb.points == 1.0 and "Y[0, 1] is nan" in fb.lines[0]
+
+
+# --------------------------------------------------------------------------- check_ordering
+
+
+def test_ordering(capfd):
+    key = ["a", "b", "c", "d"]
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "c", "d"], key, 3)
+    assert fb.points == 3 and fb.full
+    fb = _run_silently(capfd, check_ordering, ("A ", "b", "c", "d"), key, 3)
+    assert fb.full
+    fb = _run_silently(capfd, check_ordering, ["b", "a", "c", "d"], key, 3, {"b": "second"})
+    assert 0 < fb.points < 3 and fb.points == pytest.approx(3 * 5 / 6 * 0.999)
+    assert "position 1: 'b' (second)" in fb.lines[0] and "5 of 6 pairs" in fb.lines[0]
+    fb = _run_silently(capfd, check_ordering, ["d", "c", "b", "a"], key, 3)
+    assert fb.points == 0
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "c"], key, 3)
+    assert fb.points == 0 and "missing ['d']" in fb.lines[0]
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "c", "c"], key, 3)
+    assert fb.points == 0 and "['c']" in fb.lines[0]
+    fb = _run_silently(capfd, check_ordering, "abcd", key, 3)
+    assert fb.points == 0 and "Expected a list" in fb.lines[0]
+
+
+@FAST
+@given(st.permutations(["a", "b", "c", "d", "e"]))
+def test_ordering_full_only_when_exact(perm):
+    key = ["a", "b", "c", "d", "e"]
+    fb = check_ordering(perm, key, 2)
+    assert fb.full == (list(perm) == key)
+    assert 0 <= fb.points <= 2
+
+
+# --------------------------------------------------------------------------- check_function
+
+
+def _ref(X, W):
+    return X @ W
+
+
+def _cases():
+    rng = np.random.default_rng(0)
+    return [Case({"X": rng.standard_normal((2, 3)), "W": rng.standard_normal((3, 4))}, "2 × 3 by 3 × 4"),
+            Case({"X": rng.standard_normal((1, 3)), "W": rng.standard_normal((3, 2))}, "one token")]
+
+
+def _grade(fn, outputs=("Y",), ref=_ref):
+    return check_function(fn, _cases(), ref, 2, "project", outputs)
+
+
+def test_function_right_scores_full_and_is_silent(capfd):
+    fb = _run_silently(capfd, _grade, lambda X, W: X @ W)
+    assert fb.points == 2 and fb.lines == ["✓ public case 1 (2 × 3 by 3 × 4)", "✓ public case 2 (one token)"]
+
+
+def test_function_float32_and_torch_outputs_accepted(capfd):
+    fb = _run_silently(capfd, _grade, lambda X, W: (X @ W).astype(np.float32))
+    assert fb.full
+    fb = _run_silently(capfd, _grade, lambda X, W: torch.tensor(X, requires_grad=True) @ torch.tensor(W))
+    assert fb.full
+
+
+def test_function_mutating_its_input_does_not_change_the_reference(capfd):
+    def mutating(X, W):
+        X += 1.0
+        return (X - 1.0) @ W
+
+    fb = _run_silently(capfd, _grade, mutating)
+    assert fb.full
+
+
+def test_function_raising(capfd):
+    def broken(X, W):
+        return X @ W.T  # inner sizes disagree
+
+    fb = _run_silently(capfd, _grade, broken)
+    assert fb.points == 0
+    assert "project raised ValueError" in fb.lines[0] and "matmul" in fb.lines[0]
+    assert any("inner sizes disagree" in l for l in fb.lines)
+
+
+def test_function_raising_in_one_case_only(capfd):
+    def sometimes(X, W):
+        if X.shape[0] == 1:
+            raise ZeroDivisionError("one row")
+        return X @ W
+
+    fb = _run_silently(capfd, _grade, sometimes)
+    assert fb.points == 1.0
+    assert fb.lines[0].startswith("✓") and "ZeroDivisionError: one row" in fb.lines[1]
+
+
+def test_function_not_implemented(capfd):
+    def stub(X, W):
+        raise NotImplementedError
+
+    fb = _run_silently(capfd, _grade, stub)
+    assert fb.points == 0 and "NotImplementedError" in fb.lines[0]
+
+
+def test_function_wrong_number_of_outputs(capfd):
+    ref = lambda X, W: (X @ W, X.sum())  # noqa: E731
+    for student in (lambda X, W: X @ W, lambda X, W: (X @ W,), lambda X, W: (X @ W, X.sum(), 0)):
+        fb = _run_silently(capfd, _grade, student, ("Y", "total"), ref)
+        assert fb.points == 0 and "should return 2 values (Y, total)" in fb.lines[0]
+    fb = _run_silently(capfd, _grade, lambda X, W: [X @ W, X.sum()], ("Y", "total"), ref)
+    assert fb.full  # a list is as good as a tuple
+
+
+def test_function_transposed_result(capfd):
+    fb = _run_silently(capfd, _grade, lambda X, W: (X @ W).T)
+    assert fb.points == 0
+    assert any("Y has shape (4, 2); expected (2, 4)" in l for l in fb.lines)
+    assert any("transpose of the right one" in l for l in fb.lines)
+
+
+def test_function_wrong_values_names_index(capfd):
+    fb = _run_silently(capfd, _grade, lambda X, W: X @ W + np.eye(*(X @ W).shape))
+    assert fb.points == 0 and any("Y[" in l and "expected" in l and "got" in l for l in fb.lines)
+
+
+@pytest.mark.parametrize("fn", [None, "def f(): pass", 3, torch.ones(2), np.ones(2)])
+def test_function_not_a_function(fn, capfd):
+    fb = _run_silently(capfd, _grade, fn)
+    assert fb.points == 0 and "should be a function" in fb.lines[0]
+
+
+@pytest.mark.parametrize("result", GARBAGE, ids=IDS)
+def test_function_garbage_results(result, capfd):
+    fb = _run_silently(capfd, _grade, lambda X, W: result)
+    _valid(fb)
+    assert fb.points == 0
+    fb = _run_silently(capfd, _grade, lambda X, W: (result, result), ("Y", "total"), lambda X, W: (X @ W, X.sum()))
+    _valid(fb)
+    assert fb.points == 0
+
+
+def test_function_stderr_goes_to_stdout_not_stderr(capfd):
+    def chatty(X, W):
+        print("debugging: shapes", X.shape, W.shape, file=sys.stderr)
+        return X @ W
+
+    fb = _grade(chatty)
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert "(your code wrote to stderr; shown here instead)" in out and "debugging: shapes" in out
+    assert fb.full
+
+
+def test_function_stderr_before_raising_still_shown_on_stdout(capfd):
+    def chatty_then_broken(X, W):
+        print("about to fail", file=sys.stderr)
+        raise RuntimeError("boom")
+
+    fb = _grade(chatty_then_broken)
+    out, err = capfd.readouterr()
+    assert err == "" and "about to fail" in out
+    assert fb.points == 0 and "RuntimeError: boom" in fb.lines[0]
+    assert sys.stderr is not None and "StringIO" not in type(sys.stderr).__name__  # stderr restored
+
+
+def test_function_warning_goes_to_stdout(capfd):
+    def warns(X, W):
+        warnings.warn("float32 is lossy here", RuntimeWarning)
+        return X @ W
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fb = _grade(warns)
+    out, err = capfd.readouterr()
+    assert err == "" and not caught  # the warning did not escape to the notebook's stderr
+    assert "(warning from your code: RuntimeWarning: float32 is lossy here)" in out
+    assert fb.full
+
+
+def test_function_numpy_runtime_warning_goes_to_stdout(capfd):
+    def divides(X, W):
+        _ = np.array([1.0]) / np.array([0.0])
+        return X @ W
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fb = _grade(divides)
+    out, err = capfd.readouterr()
+    assert err == "" and not caught and "RuntimeWarning" in out and fb.full

@@ -1,0 +1,142 @@
+"""The course's notebooks as artifacts: release in sync, graded cells wired to coursekit, no key leaks."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursekit import course
+from coursekit.grading import keys as keymod
+from coursekit.grading import lesson_items
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = course.lesson_ids(ROOT)
+GRADE_CALL = re.compile(r'grade\("(\d\d)\.([a-z0-9_]+)",')
+
+
+def _nb(kind: str, lid: str):
+    return nbformat.read(ROOT / kind / lid / f"{lid}.ipynb", as_version=4)
+
+
+def test_lessons_00_to_02_exist():
+    assert LESSONS[:3] == ["00-setup-and-probes", "01-when-to-adapt", "02-lora-inside-one-matmul"]
+
+
+@pytest.fixture(scope="module")
+def fresh_release(tmp_path_factory):
+    """What nbgrader generates from solutions/ now, in a temporary release folder."""
+    tmp = tmp_path_factory.mktemp("release")
+    course.release(LESSONS, root=ROOT, course_dir=tmp / "course", release_dir=tmp / "release")
+    return tmp / "release"
+
+
+def _normalise(path: Path) -> dict:
+    nb = json.loads(path.read_text())
+    nb["metadata"].pop("widgets", None)
+    for c in nb["cells"]:
+        c.pop("execution_count", None)
+        c.pop("outputs", None)
+    return nb
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_lessons_equal_what_nbgrader_generates(lid, fresh_release):
+    committed = ROOT / "lessons" / lid / f"{lid}.ipynb"
+    assert committed.exists(), f"lessons/{lid} is missing: run `make release` and commit lessons/"
+    assert _normalise(committed) == _normalise(fresh_release / lid / f"{lid}.ipynb"), (
+        f"lessons/{lid} is out of date with solutions/{lid}: run `make release` and commit lessons/"
+    )
+
+
+@pytest.mark.parametrize("kind", ["solutions", "lessons"])
+@pytest.mark.parametrize("lid", LESSONS)
+def test_notebooks_carry_python3_kernelspec_and_no_outputs(kind, lid):
+    nb = _nb(kind, lid)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.metadata["kernelspec"]["language"] == "python"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert not c.outputs, f"{kind}/{lid}: commit notebooks without outputs ({c.source[:60]!r})"
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_graded_cells_match_coursekit_items(lid):
+    """Every test cell calls one coursekit item with the same points; every item has a test cell;
+    the lesson has at least 3 warm-up and 5 practice items autograded."""
+    num = lid[:2]
+    items = lesson_items(num)
+    seen = {}
+    for c in _nb("solutions", lid).cells:
+        meta = c.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            calls = GRADE_CALL.findall(c.source)
+            assert len(calls) == 1, f"{lid} cell {meta['grade_id']}: a test cell makes exactly one grade(...) call"
+            lesson, item = calls[0]
+            assert lesson == num and item in items, f"{lid}: unknown item {lesson}.{item}"
+            assert float(meta["points"]) == float(items[item].points), f"{lid}.{item}: cell points {meta['points']} != item points {items[item].points}"
+            assert "BEGIN HIDDEN TESTS" not in c.source or c.source.count("\n") < 4, "hidden blocks stay one call long"
+            seen[item] = c
+    assert set(seen) == set(items), f"{lid}: items without a test cell: {sorted(set(items) - set(seen))}"
+    assert sum(k.startswith("w") for k in items) >= 3
+    assert sum(k.startswith("p") for k in items) >= 5
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_release_has_no_solutions(lid):
+    text = (ROOT / "lessons" / lid / f"{lid}.ipynb").read_text()
+    assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
+
+
+def _scan_texts():
+    texts = {}
+    for p in list((ROOT / "lessons").rglob("*.ipynb")) + list((ROOT / "coursekit").rglob("*.py")):
+        texts[p.relative_to(ROOT)] = p.read_text()
+    return texts
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_no_answer_key_in_plain_text(lid):
+    """Decode every key of the lesson and look for it, as it would be written, in lessons/ and coursekit/."""
+    num = lid[:2]
+    key = keymod.load(num)
+    texts = _scan_texts()
+    assert "seed" in key
+    for item, value in key.items():
+        if item == "seed":
+            pattern = re.compile(rf"\b{value}\b")
+            where = [p for p, t in texts.items() if p.parts[0] == "lessons" and pattern.search(t)]
+            assert not where, f"hidden-case seed of lesson {num} appears in {where}"
+            continue
+        vals = value if isinstance(value, list) else [value]
+        literal = "[" + ", ".join(f'"{v}"' for v in vals) + "]" if isinstance(value, list) else f'"{value}"'
+        patterns = [
+            re.compile(rf"answer_{item}\s*=\s*{re.escape(literal)}"),  # a filled answer cell
+            re.compile(rf"[\"']{item}[\"']\s*:\s*{re.escape(literal)}"),  # a key table in code
+        ]
+        for p, t in texts.items():
+            for pat in patterns:
+                assert not pat.search(t), f"key of {num}.{item} in plain text in {p}"
+    # and the key files themselves are not plain JSON
+    raw = (keymod.KEY_DIR / f"{num}.key").read_text()
+    assert "{" not in raw and "seed" not in raw
+
+
+def test_key_codec_round_trip():
+    data = {"w1": "b", "p4": ["a", "c"], "seed": 123}
+    assert keymod.decode("99", keymod.encode("99", data)) == data
+    assert keymod.decode("99", keymod.encode("99", data)) != keymod.decode("98", keymod.encode("98", data)) or True
+    with pytest.raises(Exception):
+        keymod.decode("98", keymod.encode("99", data))
+
+
+def test_example_submissions_name_real_cells():
+    for folder in (ROOT / "autograder" / "examples").iterdir():
+        if folder.is_dir():
+            ids = {c.metadata.get("nbgrader", {}).get("grade_id") for c in _nb("solutions", folder.name).cells}
+            for student in folder.iterdir():
+                for f in student.iterdir():
+                    assert f.stem in ids, f"{f}: no cell with grade_id {f.stem} in {folder.name}"

@@ -1,0 +1,141 @@
+"""Lesson 00's graded items: right answers score full, typical wrong answers score less and say why,
+with and without the autograder's hidden cases; notebook points equal item points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coursekit.grading import check
+from coursekit.grading.lessons.lesson00 import ITEMS
+
+NB = Path(__file__).resolve().parents[1] / "solutions" / "00-setup-and-probes" / "00-setup-and-probes.ipynb"
+
+
+def right_pack(codes):
+    q = np.asarray(codes).astype(np.int64)
+    if q.size % 2:
+        q = np.concatenate([q, [0]])
+    return ((q[0::2] << 4) | q[1::2]).astype(np.uint8)
+
+
+def low_first_pack(codes):
+    q = np.asarray(codes).astype(np.int64)
+    if q.size % 2:
+        q = np.concatenate([q, [0]])
+    return ((q[1::2] << 4) | q[0::2]).astype(np.uint8)
+
+
+def int64_pack(codes):
+    return right_pack(codes).astype(np.int64)
+
+
+def no_pad_pack(codes):
+    q = np.asarray(codes).astype(np.int64)
+    n = q.size // 2 * 2
+    return ((q[0:n:2] << 4) | q[1:n:2]).astype(np.uint8)
+
+
+def _threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
+RIGHT = {
+    "w1": "c", "w2": "b", "w3": "a", "p1": "a", "p2": "b", "p5": "b",
+    "p3": None,  # filled at test time from the machine
+    "p4": right_pack,
+    "p6": 576 * 1536 // 2,
+    "p7": ["warmup", "know", "practice", "reps", "further"],
+}
+
+# item, wrong answer, text the feedback must contain
+WRONG = [
+    ("w1", "a", "Warm-up is a short check"),
+    ("w2", "a", "hard-coding"),
+    ("w3", "b", "copied from a paper"),
+    ("p1", "b", "C++ CPU kernel"),
+    ("p1", "c", "LUT quantizer"),
+    ("p2", "a", "not an error"),
+    ("p5", "a", "63 is odd"),
+    ("p5", "c", "does have a CPU registration"),
+    ("p6", 576 * 1536, "half a byte"),
+    ("p6", 576 * 1536 * 4, "number of bits"),
+    ("p6", 576 * 1536 * 2, "bf16"),
+    ("p6", "lots", "single number"),
+    ("p7", ["know", "warmup", "practice", "reps", "further"], "position 1"),
+    ("p4", low_first_pack, "LOW nibble"),
+    ("p4", no_pad_pack, "pad with one 0 code"),
+    ("p4", int64_pack, "dtype is int64"),
+    ("p4", 42, "should be a function"),
+]
+
+
+def right(item):
+    return _threads() if item == "p3" else RIGHT[item]
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(ITEMS) == set(RIGHT)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item", sorted(RIGHT))
+def test_right_answers_score_full(item, hidden):
+    fb = check(f"00.{item}", right(item), hidden=hidden)
+    assert fb.full, fb.text()
+    assert fb.points == ITEMS[item].points
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item,answer,text", WRONG)
+def test_wrong_answers_score_less_and_teach(item, answer, text, hidden):
+    fb = check(f"00.{item}", answer, hidden=hidden)
+    assert fb.points < ITEMS[item].points, fb.text()
+    assert text in fb.text(), fb.text()
+
+
+def test_p3_wrong_thread_count():
+    fb = check("00.p3", _threads() + 1, hidden=False)
+    assert fb.points == 0 and "not right" in fb.text()
+
+
+def test_p4_hidden_cases_catch_a_hard_coded_answer():
+    table = {(1, 2): [0x12], (15, 0, 3, 9): [0xF0, 0x39], (7, 8, 5): [0x78, 0x50], tuple(range(16)): right_pack(np.arange(16))}
+
+    def hard_coded(codes):
+        return np.asarray(table.get(tuple(int(c) for c in codes), [0]), dtype=np.uint8)
+
+    public = check("00.p4", hard_coded, hidden=False)
+    graded = check("00.p4", hard_coded, hidden=True)
+    assert public.full
+    assert graded.points < ITEMS["p4"].points / 2, graded.text()
+    assert "hidden case" in graded.text()
+
+
+def test_p4_stub_scores_zero():
+    def stub(codes):
+        raise NotImplementedError()
+
+    fb = check("00.p4", stub, hidden=True)
+    assert fb.points == 0 and "NotImplementedError" in fb.text()
+
+
+def test_notebook_points_match_items():
+    nb = json.loads(NB.read_text())
+    graded = {}
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell["cell_type"] == "code" and meta.get("grade"):
+            src = "".join(cell["source"])
+            item = src.split('grade("00.')[1].split('"')[0]
+            graded[item] = meta["points"]
+            assert meta["grade_id"] == f"{item}_test" and meta["locked"]
+            assert src.count("\n") == 0, "a test cell is one call"
+    assert graded == {k: v.points for k, v in ITEMS.items()}
+    assert not any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
