@@ -178,7 +178,7 @@ class Row:
 
 
 def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = True,
-                course_dir: Path | None = None, progress: bool = True) -> str:
+                course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True) -> str:
     """Release, (re)build the example class, autograde every submission, write feedback and grades.csv.
 
     Re-running is safe: nbgrader's gradebook keeps every record (manual grades included) and
@@ -193,13 +193,13 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     root = repo_root(root)
     ids = list(lessons or lesson_ids(root))
-    a = api(root, course_dir)
+    a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory
     for aid in ids:
         _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
         if examples:
-            build_examples(root, aid, submitted)
+            build_examples(root, aid, submitted, release_dir)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     failures = []
     for aid, sid in tqdm(jobs, desc="autograding", unit="submission", disable=not progress, file=sys.stdout):

@@ -1,0 +1,226 @@
+"""Graded items of lesson 01, "When to adapt" (solutions/01-when-to-adapt).
+
+Choice and ordering keys live encoded in ``keys/01.key``; the numeric item and the ledger function
+are checked against :mod:`coursekit.memory`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import Case, Choice, Function, Mistake, Numeric, Ordering
+from ... import memory
+
+_SEC_TABLE = "Reread Know this, 'What is missing?'."
+_SEC_METHODS = "Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'."
+_SEC_LEDGER = "Reread Know this, 'The memory ledger'."
+_SEC_CHOOSE = "Reread Know this, 'Which approach would I choose?'."
+
+
+# --------------------------------------------------------------------------- p4: a numeric ledger total
+
+def _p4_expected() -> float:
+    return memory.to_gb(memory.total(memory.ledger(13e9, 30e6, "qlora")))
+
+
+def _p4_mistakes() -> list[Mistake]:
+    def gb(method: str, a: float = 30e6, **kw: Any) -> float:
+        return memory.to_gb(memory.total(memory.ledger(13e9, a, method, **kw)))
+
+    return [
+        Mistake("lora", gb("lora"), "that is the LoRA total: under QLoRA the frozen base is stored as 4-bit codes, "
+                                    "half a byte per weight, not 2 bytes. " + _SEC_LEDGER),
+        Mistake("full", gb("full"), "that is full fine-tuning: under QLoRA the base is frozen (no gradients, no Adam "
+                                    "moments) and stored in 4 bits. " + _SEC_LEDGER),
+        Mistake("no adapter", gb("qlora", a=0), "you left out the adapter bucket: 30M parameters × 12 bytes "
+                                               "(bf16 weight and gradient, two fp32 Adam moments). " + _SEC_LEDGER),
+        Mistake("adapter moments only", gb("qlora", weight_bytes=0, grad_bytes=0),
+                "your adapter bucket has only the Adam moments; add its bf16 weights and gradients (2 + 2 bytes). " + _SEC_LEDGER),
+        Mistake("adapter without moments", gb("qlora", moment_bytes=0),
+                "your adapter bucket has no optimizer state: Adam keeps two fp32 moments per trainable parameter. " + _SEC_LEDGER),
+        Mistake("bytes", _p4_expected() * 1e9, "that is the right total in bytes; the question asks for decimal GB (divide by 1e9)."),
+        Mistake("GiB", _p4_expected() * 1e9 / 2**30, "that is GiB (2**30 bytes); the course uses decimal GB, 1e9 bytes."),
+    ]
+
+
+# --------------------------------------------------------------------------- p5: implement the ledger
+
+class _BucketFunction(Function):
+    """A Function item whose answer returns a dict of buckets; the dict is compared bucket by bucket."""
+
+    def check(self, answer: Any, ctx: Any):
+        if callable(answer):
+            fn = answer
+
+            def as_tuple(**kwargs: Any) -> Any:
+                out = fn(**kwargs)
+                if not isinstance(out, dict):
+                    return out  # reported as "should return 4 values"
+                missing = [b for b in memory.BUCKETS if b not in out]
+                if missing:
+                    raise KeyError(f"the returned dict has no key(s) {missing}; it needs exactly {list(memory.BUCKETS)}")
+                return tuple(out[b] for b in memory.BUCKETS)
+
+            answer = as_tuple
+        return super().check(answer, ctx)
+
+
+def _ledger_reference(n_params: int, n_adapter: int, method: str) -> tuple[float, ...]:
+    b = memory.ledger(n_params, n_adapter, method)
+    return tuple(b[k] for k in memory.BUCKETS)
+
+
+def _ledger_public() -> list[Case]:
+    return [Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": m}, f"seed 002: 7B base, 20M adapter, {m}")
+            for m in memory.METHODS]
+
+
+def _ledger_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for m in memory.METHODS:
+        for _ in range(2):
+            n = int(rng.integers(10**8, 10**11))
+            a = int(rng.integers(10**5, 10**8))
+            cases.append(Case({"n_params": n, "n_adapter": a, "method": m}))
+    return cases
+
+
+def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
+    n, a, m = kwargs["n_params"], kwargs["n_adapter"], kwargs["method"]
+    out: dict[str, list[Mistake]] = {"base_weights": [], "base_grads": [], "base_moments": [], "adapter": []}
+    if m == "qlora":
+        out["base_weights"].append(Mistake("bf16 base", 2 * n, "under QLoRA the base is stored as 4-bit codes: n_params / 2 bytes. " + _SEC_LEDGER))
+    out["base_weights"].append(Mistake("fp32 base", 4 * n, "the base weights are bf16, 2 bytes each, not fp32. " + _SEC_LEDGER))
+    if m == "full":
+        out["base_moments"] += [
+            Mistake("one moment", 4 * n, "Adam keeps two moments per trainable parameter (m and v), each fp32: 8 bytes. " + _SEC_LEDGER),
+            Mistake("bf16 moments", 2 * n, "the ledger assumes fp32 Adam moments, two of them: 8 bytes per parameter. " + _SEC_LEDGER),
+        ]
+        out["adapter"].append(Mistake("adapter in full FT", 12 * a, "full fine-tuning trains the base itself; it has no adapter, "
+                                                                    "so that bucket is 0. " + _SEC_METHODS))
+    else:
+        out["base_grads"].append(Mistake("frozen grads", 2 * n, "the base is frozen under LoRA and QLoRA: the optimizer never "
+                                                                "updates it, so no base gradient is stored. " + _SEC_METHODS))
+        out["base_moments"].append(Mistake("frozen moments", 8 * n, "a frozen base has no optimizer state. " + _SEC_METHODS))
+        out["adapter"] += [
+            Mistake("no moments", 4 * a, "the adapter is trained: add its two fp32 Adam moments (8 bytes per parameter). " + _SEC_LEDGER),
+            Mistake("moments only", 8 * a, "count the adapter's bf16 weights and gradients too (2 + 2 bytes), not only its moments. " + _SEC_LEDGER),
+            Mistake("all fp32", 16 * a, "the ledger stores adapter weights and gradients in bf16 (2 bytes each); "
+                                        "only the Adam moments are fp32. " + _SEC_LEDGER),
+        ]
+    return out
+
+
+ITEMS = {
+    # ------------------------------------------------------------------ warm-up
+    "w1": Choice(
+        "What QLoRA changes that LoRA does not",
+        1,
+        options="abcd",
+        hints={
+            "a": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. " + _SEC_METHODS,
+            "b": "LoRA decides which parameters train; QLoRA also decides how the frozen base is stored.",
+            "c": "A and B keep their shapes (d × r and r × m): quantization changes the bytes of W, not its logical shape. " + _SEC_METHODS,
+            "d": "Both are usually trained with AdamW; the optimizer is a separate choice from the adapter. " + _SEC_METHODS,
+        },
+    ),
+    "w2": Choice(
+        "Weekly-changing prices",
+        1,
+        options="abcd",
+        hints={
+            "a": "A weekly fine-tune chases facts that change faster than you can train and evaluate, and weights are not a "
+                 "dependable database of changing facts. " + _SEC_TABLE,
+            "b": "More trainable parameters do not make a model know next week's prices. " + _SEC_TABLE,
+            "c": "Current or private facts belong in the input: retrieval or a tool call fetches them at question time.",
+            "d": "Constrained output fixes the shape of an answer, not the facts in it. " + _SEC_TABLE,
+        },
+    ),
+    "w3": Choice(
+        "Largest bucket of full fine-tuning",
+        1,
+        options="abcd",
+        hints={
+            "a": "Activations can dominate at long sequences, but they are not a persistent tensor and the ledger leaves "
+                 "them out; among the ledger's buckets, look again. " + _SEC_LEDGER,
+            "b": "The bf16 weights are 2 bytes per parameter; another bucket costs four times as much. " + _SEC_LEDGER,
+            "c": "The bf16 gradients are 2 bytes per parameter, the same as the weights. " + _SEC_LEDGER,
+            "d": "Two fp32 moments per parameter: 8 bytes, 56 GB for 7B parameters.",
+        },
+    ),
+    # ------------------------------------------------------------------ practice
+    "p1": Choice(
+        "Ticket labels: what to try first",
+        2,
+        options="abcd",
+        hints={
+            "a": "The label set is stable and already described in the prompt: no information is missing, so retrieval "
+                 "adds nothing new. " + _SEC_TABLE,
+            "b": "Constrained decoding guarantees one of the 12 labels, but the errors are wrong labels, not malformed "
+                 "ones. " + _SEC_TABLE,
+            "c": "Full fine-tuning is where you go when a controlled adapter experiment remains insufficient, not the "
+                 "first step. " + _SEC_CHOOSE,
+            "d": "Good inputs, inconsistent behaviour: that is the row where fine-tuning becomes an experiment worth "
+                 "running, measured on a held-out set.",
+        },
+    ),
+    "p2": Choice(
+        "True statements about adapting a model",
+        3,
+        options="abcdef",
+        multi=True,
+        hints={
+            "a": "Standard QLoRA never updates or re-quantizes the 4-bit base; only the adapter factors are optimized. " + _SEC_METHODS,
+            "c": "More trainable parameters give the optimizer more room, not a guarantee: overfitting and loss of "
+                 "earlier behaviour still have to be measured. " + _SEC_METHODS,
+            "e": "Weights learn patterns from data; they are not a dependable store of facts that change. Use retrieval "
+                 "or tools for those. " + _SEC_TABLE,
+        },
+    ),
+    "p3": Ordering(
+        "How would I start? Put the steps in order",
+        2,
+        labels={
+            "baseline": "save a baseline on a small, representative evaluation set",
+            "data": "build clean training examples and keep evaluation examples out of them",
+            "base": "choose a supported base model",
+            "method": "LoRA if the 16-bit base fits the budget, QLoRA if base memory is the limit",
+            "compare": "compare task quality, peak memory and speed",
+        },
+    ),
+    "p4": Numeric(
+        "QLoRA partial total for a 13B base and a 30M adapter",
+        2,
+        name="qlora_total_gb",
+        expected=_p4_expected,
+        rtol=1e-3,
+        mistakes=_p4_mistakes,
+        unit="GB",
+    ),
+    "p5": _BucketFunction(
+        "Implement the memory ledger",
+        4,
+        name="ledger",
+        reference=_ledger_reference,
+        public=_ledger_public,
+        hidden=_ledger_hidden,
+        outputs=memory.BUCKETS,
+        mistakes=_ledger_mistakes,
+        rtol=1e-9,
+        atol=0.5,
+    ),
+    "p6": Choice(
+        "A 70B base on a 48 GB GPU",
+        2,
+        options="abcd",
+        hints={
+            "a": "Frozen base storage is the limit: 70B × 0.5 bytes = 35 GB of codes, and the backend supports the "
+                 "training path. Still measure activations and peak memory.",
+            "b": "A 70B bf16 base is 140 GB of weights before anything trains: it does not fit in 48 GB. " + _SEC_CHOOSE,
+            "c": "Full fine-tuning needs about 12 bytes per parameter before activations: 840 GB. " + _SEC_LEDGER,
+            "d": "Nothing in the scenario says facts are missing or changing; the constraint is memory. " + _SEC_CHOOSE,
+        },
+    ),
+}

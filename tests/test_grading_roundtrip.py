@@ -1,0 +1,102 @@
+"""The grading round trip through real nbgrader: release, example class, autograde (with hidden
+cases), feedback, grades.csv — and a second run that changes nothing and loses nothing.
+
+One graded class is shared by every test here (autograding executes each notebook in a kernel)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pytest
+
+from coursekit import course
+
+ROOT = Path(__file__).resolve().parents[1]
+L02 = "02-lora-inside-one-matmul"
+
+# (student, item whose test cell must lose points, text the feedback must contain)
+WRONG_02 = [
+    ("ex-missing-s", "p1_test", "Likely mistake: the scale is missing"),
+    ("ex-alpha-not-over-r", "p1_test", "you scaled by lora_alpha"),
+    ("ex-alpha-not-over-r", "w2_test", "that is lora_alpha itself"),
+    ("ex-transposed-B", "p5_test", "without transposing it"),
+]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    work = tmp_path_factory.mktemp("course")
+    # Release into the temporary course too: tests never rewrite the repository's lessons/.
+    table = course.grade_class(root=ROOT, course_dir=work, release_dir=work / "release", progress=False)
+    return work, table
+
+
+def _cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        sub = gb.find_submission_notebook(aid, aid, sid)
+        return {g.name: (float(g.score), float(g.max_score)) for g in sub.grades if g.cell.__class__.__name__ == "GradeCell" and g.auto_score is not None}
+
+
+def _submission(work: Path, aid: str, sid: str):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        s = gb.find_submission(aid, sid)
+        return float(s.code_score), float(s.max_code_score), float(s.score)
+
+
+def _feedback(work: Path, aid: str, sid: str) -> str:
+    return html.unescape((work / "feedback" / sid / aid / f"{aid}.html").read_text())
+
+
+@pytest.mark.parametrize("aid", course.lesson_ids(ROOT))
+def test_blank_scores_zero_on_every_test_cell(graded, aid):
+    work, _ = graded
+    cells = _cell_scores(work, aid, "ex-blank")
+    assert cells, "no autograded cells recorded"
+    assert all(score == 0 for score, _ in cells.values()), {k: v for k, v in cells.items() if v[0]}
+
+
+@pytest.mark.parametrize("aid", course.lesson_ids(ROOT))
+def test_perfect_scores_every_autograded_point(graded, aid):
+    work, _ = graded
+    cells = _cell_scores(work, aid, "ex-perfect")
+    lost = {k: v for k, v in cells.items() if v[0] != v[1]}
+    assert not lost, f"the solution loses points in the autograde run (hidden cases included): {lost}"
+    code, max_code, _ = _submission(work, aid, "ex-perfect")
+    assert code == max_code > 0
+
+
+@pytest.mark.parametrize("sid,cell,text", WRONG_02)
+def test_typical_mistakes_score_in_between_and_say_why(graded, sid, cell, text):
+    work, _ = graded
+    code, max_code, _ = _submission(work, L02, sid)
+    assert 0 < code < max_code
+    score, max_score = _cell_scores(work, L02, sid)[cell]
+    assert score < max_score, f"{sid}: {cell} should lose points"
+    fb = _feedback(work, L02, sid)
+    assert text in fb, f"{sid}: feedback lacks {text!r}"
+    assert "hidden case" in fb, "the autograde run adds hidden cases"
+
+
+def test_table_and_grades_csv(graded):
+    work, table = graded
+    rows = course.read_grades_csv(work / "grades.csv")
+    students = {(r["assignment"], r["student_id"]) for r in rows}
+    for sid in ("ex-blank", "ex-perfect", "ex-missing-s", "ex-alpha-not-over-r", "ex-transposed-B"):
+        assert (L02, sid) in students
+        assert sid in table
+    assert "Not graded" not in table
+
+
+def test_regrading_gives_the_same_grades_and_loses_nothing(graded):
+    work, table = graded
+    before = course.read_grades_csv(work / "grades.csv")
+    again = course.grade_class(lessons=[L02], root=ROOT, course_dir=work, release_dir=work / "release", progress=False)
+    after = course.read_grades_csv(work / "grades.csv")
+    key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
+    assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
+    assert [l for l in again.splitlines() if L02 in l] == [l for l in table.splitlines() if L02 in l]

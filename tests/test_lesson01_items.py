@@ -1,0 +1,259 @@
+"""Lesson 01 ("When to adapt"): graded items score right answers fully, typical wrong answers less, with
+the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursekit import memory
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson01 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "01-when-to-adapt" / "01-when-to-adapt.ipynb"
+
+
+def right_ledger(n_params, n_adapter, method):
+    return memory.ledger(n_params, n_adapter, method)
+
+
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "d", "p2": {"b", "d", "f"},
+         "p3": ["baseline", "data", "base", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
+    k = keys.load("01")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p1", "p2", "p3", "p6"} <= set(k)
+    assert not list(ROOT.rglob("keys01.json"))
+    # Keys are not readable as text in the key file.
+    text = (keys.KEY_DIR / "01.key").read_text()
+    assert "baseline" not in text and "seed" not in text
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("01\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert 1 <= len(written) <= 2
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"01.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_letters_are_forgiving_about_case_and_format():
+    assert check("01.w1", "B)").full
+    assert check("01.p2", "b, d f").full
+    assert check("01.p2", ["F", "b", "d"]).full
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "same adapter factors"),
+        ("w1", "c", "not its logical shape"),
+        ("w2", "a", "not a dependable database"),
+        ("w2", "d", "shape of an answer"),
+        ("w3", "a", "not a persistent tensor"),
+        ("w3", "b", "four times"),
+        ("p1", "b", "wrong labels, not malformed"),
+        ("p1", "a", "no information is missing"),
+        ("p1", "c", "not the first step"),
+        ("p6", "b", "140 GB"),
+        ("p6", "c", "840 GB"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"01.{item_id}", answer)
+    assert fb.points == 0
+    joined = " ".join(fb.lines)
+    assert text in joined and "Reread Know this" in joined
+
+
+@pytest.mark.parametrize("blank", [None, ..., "", "z", 3])
+def test_blank_or_malformed_choice_scores_zero(blank):
+    fb = check("01.w1", blank)
+    assert fb.points == 0 and fb.lines
+
+
+def test_multi_partial_credit_and_hints():
+    fb = check("01.p2", {"b", "d"})
+    assert 0 < fb.points < 3 and "missing" in fb.text()
+    fb = check("01.p2", {"a", "b", "d", "f"})
+    assert fb.points == pytest.approx(2.0) and "re-quantizes the 4-bit base" in fb.text()
+    fb = check("01.p2", {"c", "e"})
+    assert fb.points == 0 and "not a guarantee" in fb.text() and "not a dependable store" in fb.text()
+
+
+def test_ordering_partial_credit_names_the_first_misplaced_step():
+    fb = check("01.p3", ["data", "baseline", "base", "method", "compare"])
+    assert 0 < fb.points < 2
+    assert "position 1: 'data'" in fb.text()
+    fb = check("01.p3", ["compare", "method", "base", "data", "baseline"])
+    assert fb.points == 0
+    fb = check("01.p3", ["baseline", "data", "base", "method"])
+    assert fb.points == 0 and "exactly once" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (26.36, "LoRA total"),
+        (6.5, "left out the adapter bucket"),
+        (6.74, "only the Adam moments"),
+        (6.62, "no optimizer state"),
+        (6.86e9, "in bytes"),
+        (6.86e9 / 2**30, "GiB"),
+        (156.0, "full fine-tuning"),
+        (7.0, "not right (tolerance"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(answer, text):
+    fb = check("01.p4", answer)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_numeric_expected_comes_from_coursekit():
+    assert ITEMS["p4"].expected() == pytest.approx(6.86)
+    assert check("01.p4", "6.86").points == 0  # a string is not a number
+
+
+# --------------------------------------------------------------------------- the ledger function
+
+
+def hard_coded(n_params, n_adapter, method):
+    # The seed's columns, whatever the sizes: passes the public cases, fails the hidden ones.
+    return memory.ledger(7_000_000_000, 20_000_000, method)
+
+
+def test_hidden_cases_defeat_a_hard_coded_answer():
+    assert check("01.p5", hard_coded, hidden=False).full
+    fb = check("01.p5", hard_coded, hidden=True)
+    assert fb.points == pytest.approx(4 * 3 / 9) and "hidden case" in fb.text()
+
+
+def test_hidden_cases_are_deterministic():
+    a = check("01.p5", right_ledger, hidden=True).text()
+    b = check("01.p5", right_ledger, hidden=True).text()
+    assert a == b and a.count("hidden case") == 6
+
+
+def _with(method_, bucket, f):
+    """The reference ledger with one bucket of one method wrong: a typical student mistake."""
+    def fn(n_params, n_adapter, method):
+        out = memory.ledger(n_params, n_adapter, method)
+        if method == method_:
+            out[bucket] = f(n_params, n_adapter)
+        return out
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_with("qlora", "base_weights", lambda n, a: 2 * n), "4-bit codes"),
+        (_with("lora", "base_grads", lambda n, a: 2 * n), "no base gradient is stored"),
+        (_with("lora", "base_moments", lambda n, a: 8 * n), "frozen base has no optimizer state"),
+        (_with("full", "base_moments", lambda n, a: 4 * n), "two moments per trainable parameter"),
+        (_with("full", "adapter", lambda n, a: 12 * a), "it has no adapter"),
+        (_with("qlora", "adapter", lambda n, a: 4 * a), "add its two fp32 Adam moments"),
+        (_with("lora", "adapter", lambda n, a: 16 * a), "only the Adam moments are fp32"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_ledger_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
+    fb = check("01.p5", fn, hidden=hidden)
+    assert 0 < fb.points < 4
+    assert text in fb.text()
+
+
+def test_ledger_stub_missing_key_and_wrong_type():
+    def stub(n_params, n_adapter, method):
+        raise NotImplementedError()
+
+    fb = check("01.p5", stub)
+    assert fb.points == 0 and "NotImplementedError" in fb.text()
+
+    def missing(n_params, n_adapter, method):
+        out = memory.ledger(n_params, n_adapter, method)
+        del out["adapter"]
+        return out
+
+    fb = check("01.p5", missing)
+    assert fb.points == 0 and "no key(s) ['adapter']" in fb.text()
+
+    def as_list(n_params, n_adapter, method):
+        return list(memory.ledger(n_params, n_adapter, method).values())
+
+    assert check("01.p5", as_list).full  # four values in bucket order are accepted too
+
+    def total_only(n_params, n_adapter, method):
+        return memory.total(memory.ledger(n_params, n_adapter, method))
+
+    fb = check("01.p5", total_only)
+    assert fb.points == 0 and "should return 4 values" in fb.text()
+
+    fb = check("01.p5", "ledger")
+    assert fb.points == 0 and "should be a function" in fb.text()
