@@ -25,6 +25,8 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # nbgrader's default of 30 s would kill them (nbgrader #915, #1004).
 c.Execute.timeout = 900
 c.ExecutePreprocessor.kernel_name = "python3"
+# The grading kernel's own log (e.g. ipykernel's note about TCP transport) is noise in the grader's output.
+c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
 
 # A test cell that writes to stderr scores 0 (nbgrader utils.determine_grade). coursekit's checkers
 # print to stdout only; this strips stderr outputs made up solely of library warning lines

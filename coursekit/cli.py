@@ -56,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     k.set_defaults(func=lambda a: __import__("coursekit.grading.keys", fromlist=["main"]).main(
         [a.action, a.lesson] + ([a.json_file] if a.action == "write" else [])))
     args = p.parse_args(argv)
-    return args.func(args)
+    from .course import CourseError
+
+    try:
+        return args.func(args)
+    except (CourseError, FileNotFoundError, KeyError) as e:
+        # A user's mistake (wrong folder, unknown lesson, missing file): one clear line, no traceback.
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"coursekit {args.command}: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -51,6 +51,16 @@ def lesson_ids(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "solutions").iterdir() if p.is_dir() and LESSON_RE.match(p.name))
 
 
+def _known(root: Path, lessons: Iterable[str] | None) -> list[str]:
+    """The requested lesson ids (all by default); unknown ones are an error naming the known ones."""
+    known = lesson_ids(root)
+    ids = list(lessons or known)
+    unknown = [l for l in ids if l not in known]
+    if unknown:
+        raise CourseError(f"unknown lesson(s) {unknown}; lessons are: {', '.join(known)}")
+    return ids
+
+
 def load_config(root: Path, course_dir: Path | None = None, release_dir: Path | None = None):
     """nbgrader's config from autograder/nbgrader_config.py, optionally redirecting the working course and release."""
     from traitlets.config.loader import PyFileConfigLoader
@@ -98,7 +108,7 @@ def release(lessons: Iterable[str] | None = None, root: str | os.PathLike | None
             course_dir: Path | None = None, release_dir: Path | None = None) -> list[str]:
     """Generate the student notebooks (nbgrader ``generate_assignment``) of each lesson; returns the ids."""
     root = repo_root(root)
-    ids = list(lessons or lesson_ids(root))
+    ids = _known(root, lessons)
     a = api(root, course_dir, release_dir)
     for aid in ids:
         _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
@@ -192,7 +202,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     warnings.filterwarnings("ignore", module="nbgrader.api")
     warnings.filterwarnings("ignore", message=".*not in session.*")
     root = repo_root(root)
-    ids = list(lessons or lesson_ids(root))
+    ids = _known(root, lessons)
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory

@@ -128,7 +128,6 @@ def test_no_answer_key_in_plain_text(lid):
 def test_key_codec_round_trip():
     data = {"w1": "b", "p4": ["a", "c"], "seed": 123}
     assert keymod.decode("99", keymod.encode("99", data)) == data
-    assert keymod.decode("99", keymod.encode("99", data)) != keymod.decode("98", keymod.encode("98", data)) or True
     with pytest.raises(Exception):
         keymod.decode("98", keymod.encode("99", data))
 
