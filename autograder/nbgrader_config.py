@@ -33,7 +33,8 @@ c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
 # (torch, bitsandbytes, transformers) so that a harmless warning never zeroes a right answer.
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = (
-    r"\A(?:[^\n]*(?:Warning:|warnings\.warn\(|NNPACK|bitsandbytes|UserWarning|FutureWarning)[^\n]*(?:\n|\Z))+\Z"
+    # every line is a warning line, or the indented source line Python prints under a warning
+    r"\A(?:(?:[^\n]*(?:Warning:|warnings\.warn\(|NNPACK|bitsandbytes|kernels-community|UserWarning|FutureWarning)[^\n]*|[ \t][^\n]*)(?:\n|\Z))+\Z"
 )
 
 # A student who deletes a test cell gets it back from the gradebook instead of an ungradable notebook.

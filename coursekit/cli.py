@@ -2,7 +2,9 @@
 
 ``coursekit doctor``  what is installed and which bitsandbytes implementation runs each 4-bit op here.
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
-``coursekit grade``   release, autograde every submission, write feedback and grades.csv, print a table.
+``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
+                      (``--examples``: the example class instead).
+``coursekit keys``    instructors: show or write a lesson's encoded answer keys.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def _release(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     from . import course
 
-    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=not args.no_examples)
+    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples)
     print(table)
     return 0
 
@@ -44,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         ("grade", _grade, "autograde the class (example submissions included), write feedback and grades.csv"),
     ):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("lessons", nargs="*", help="lesson ids (default: every lesson in solutions/)")
+        s.add_argument("lessons", nargs="*", help="lesson ids or numbers, e.g. 02-lora-inside-one-matmul or 02 (default: every lesson)")
         s.add_argument("--root", default=None, help="course repository root (default: the current directory)")
         if name == "grade":
-            s.add_argument("--no-examples", action="store_true", help="grade only what is in submitted/, without the example class")
+            s.add_argument("--examples", action="store_true",
+                           help="grade the example class (autograder/example-class/) instead of your class (autograder/course/)")
         s.set_defaults(func=fn)
     k = sub.add_parser("keys", help="instructors: show or write a lesson's encoded answer keys")
     k.add_argument("action", choices=["show", "write"])
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. `coursekit keys show 02 | head`
+        sys.stderr.close()
+        return 0
     except (CourseError, FileNotFoundError, KeyError) as e:
         # A user's mistake (wrong folder, unknown lesson, missing file): one clear line, no traceback.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -52,12 +52,17 @@ def lesson_ids(root: Path) -> list[str]:
 
 
 def _known(root: Path, lessons: Iterable[str] | None) -> list[str]:
-    """The requested lesson ids (all by default); unknown ones are an error naming the known ones."""
+    """The requested lesson ids (all by default). "02" or "2" stands for the lesson whose id starts
+    with "02-"; an unknown one is an error naming the known ones."""
     known = lesson_ids(root)
-    ids = list(lessons or known)
-    unknown = [l for l in ids if l not in known]
-    if unknown:
-        raise CourseError(f"unknown lesson(s) {unknown}; lessons are: {', '.join(known)}")
+    ids = []
+    for l in lessons or known:
+        l = str(l).strip().rstrip("/").split("/")[-1]
+        if l.isdigit():
+            l = next((k for k in known if k.startswith(f"{int(l):02d}-")), l)
+        if l not in known:
+            raise CourseError(f"unknown lesson {l!r}; lessons are: {', '.join(known)} (or their numbers, e.g. 02)")
+        ids.append(l)
     return ids
 
 
@@ -187,13 +192,23 @@ class Row:
     max_score: float
 
 
-def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = True,
+EXAMPLE_CLASS = Path("autograder") / "example-class"
+
+
+def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = False,
                 course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True) -> str:
-    """Release, (re)build the example class, autograde every submission, write feedback and grades.csv.
+    """Release, autograde every submission, write feedback and grades.csv; return the score table.
+
+    ``examples=False`` grades your class: the submissions in the configured course folder
+    (autograder/course/submitted/). ``examples=True`` builds and grades the example class in its own
+    course folder (autograder/example-class/ unless ``course_dir`` is given), so example students
+    never enter your class's gradebook or grades.csv.
 
     Re-running is safe: nbgrader's gradebook keeps every record (manual grades included) and
-    ``--force`` regrading gives the same scores. Returns the score table as text.
+    regrading gives the same scores.
     """
+    if examples and course_dir is None:
+        course_dir = repo_root(root) / EXAMPLE_CLASS
     import warnings
 
     from tqdm.auto import tqdm
@@ -216,14 +231,16 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
         r = a.autograde(aid, sid, force=True, create=True)
         if not r.get("success"):
             failures.append(f"{sid}/{aid}: {(r.get('error') or '').strip()[:300]}")
-    for aid in ids:
+    for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     rows = scores(course, ids)
     export_csv(a, course / "grades.csv")
     table = format_table(rows)
     if failures:
         table += "\n\nNot graded (see the log above):\n" + "\n".join(failures)
-    return table
+    if not jobs:
+        table = f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
+    return table + f"\n\ngrades.csv, gradebook.db and feedback/ are in {course}"
 
 
 def scores(course: Path, ids: Iterable[str]) -> list[Row]:

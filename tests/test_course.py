@@ -139,3 +139,21 @@ def test_example_submissions_name_real_cells():
             for student in folder.iterdir():
                 for f in student.iterdir():
                     assert f.stem in ids, f"{f}: no cell with grade_id {f.stem} in {folder.name}"
+
+
+def test_ignore_pattern_strips_library_warnings_only():
+    """nbgrader zeroes a test cell with stderr; the config's pattern removes pure warning output
+    (with the indented source line Python prints under a warning) and nothing else."""
+    cfg = course.load_config(ROOT)
+    pat = re.compile(cfg.IgnorePattern.pattern)
+    assert cfg.IgnorePattern.enabled
+    harmless = [
+        "/site-packages/torch/x.py:12: UserWarning: NNPACK is not supported\n  return f(x)\n",
+        "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'\n",
+        "/tmp/ipykernel_1/1.py:3: RuntimeWarning: divide by zero encountered in divide\n  y = 1 / x\n",
+    ]
+    kept = ["debug: shapes (2, 3)\n", "Traceback (most recent call last):\nValueError: boom\n",
+            "UserWarning: x\nstudent text after a warning\n"]
+    assert all(pat.search(t) for t in harmless)
+    assert not any(pat.search(t) for t in kept)
+    assert cfg.Execute.timeout >= 600

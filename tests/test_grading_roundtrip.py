@@ -28,7 +28,7 @@ WRONG_02 = [
 def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("course")
     # Release into the temporary course too: tests never rewrite the repository's lessons/.
-    table = course.grade_class(root=ROOT, course_dir=work, release_dir=work / "release", progress=False)
+    table = course.grade_class(root=ROOT, examples=True, course_dir=work, release_dir=work / "release", progress=False)
     return work, table
 
 
@@ -95,7 +95,7 @@ def test_table_and_grades_csv(graded):
 def test_regrading_gives_the_same_grades_and_loses_nothing(graded):
     work, table = graded
     before = course.read_grades_csv(work / "grades.csv")
-    again = course.grade_class(lessons=[L02], root=ROOT, course_dir=work, release_dir=work / "release", progress=False)
+    again = course.grade_class(lessons=["02"], root=ROOT, examples=True, course_dir=work, release_dir=work / "release", progress=False)
     after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"

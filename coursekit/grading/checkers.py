@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import sys
 import traceback
 import warnings
@@ -176,19 +177,44 @@ def check_numeric(answer: Any, expected: float, points: float, name: str = "answ
     if not math.isfinite(x):
         return Feedback(0, points, [f"{name} is {x}; expected a finite number."])
     if abs(x - expected) <= atol + rtol * abs(expected):
-        return Feedback(points, points, [f"{name} = {x:.8g}{unit_s} is right."])
+        return Feedback(points, points, [f"{name} = {_num(x, expected)}{unit_s} is right."])
     for m in mistakes:
         mv = _number(m.value)
         if mv is not None and abs(x - mv) <= atol + rtol * abs(mv):
-            return Feedback(0, points, [f"{name} = {x:.8g}{unit_s} is not right. Likely mistake: {m.message}"])
-    return Feedback(0, points, [f"{name} = {x:.8g}{unit_s} is not right (tolerance: relative {rtol:g}, absolute {atol:g})."])
+            return Feedback(0, points, [f"{name} = {_num(x, expected)}{unit_s} is not right. Likely mistake: {m.message}"])
+    return Feedback(0, points, [f"{name} = {_num(x, expected)}{unit_s} is not right (tolerance: relative {rtol:g}, absolute {atol:g})."])
+
+
+def _num(x: float, other: float) -> str:
+    """Format x with enough digits that it never prints like ``other`` when the two differ."""
+    for digits in (8, 12, 17):
+        if f"{x:.{digits}g}" != f"{other:.{digits}g}" or x == other:
+            return f"{x:.{digits}g}"
+    return repr(float(x))
+
+
+_EPS = {"float32": 1.2e-7, "float16": 9.8e-4, "bfloat16": 7.8e-3}
+
+
+def _low_precision(x: Any) -> str | None:
+    dt = str(getattr(x, "dtype", "")).replace("torch.", "")
+    return dt if dt in _EPS else None
+
+
+def _low_precision_hint(name: str, dtype: str) -> str:
+    return (f"Your {name} is {dtype}: its rounding (machine epsilon {_EPS[dtype]:.1e}) is larger than the tolerance, "
+            f"and finite-difference gradient checks need float64. Keep the float64 inputs in float64; "
+            f"don't convert with .astype(np.float32), torch.Tensor(...) or .float().")
 
 
 def as_array(x: Any) -> np.ndarray | None:
     """A float64 NumPy copy of an array-like answer (NumPy, torch tensor, nested lists), or None."""
     try:
         if hasattr(x, "detach"):
-            x = x.detach().cpu().numpy()
+            x = x.detach().cpu()
+            if not x.is_complex() and x.is_floating_point():
+                x = x.double()  # NumPy has no bfloat16: convert in torch first
+            x = x.numpy()
         a = np.asarray(x)
         # Complex is a number to NumPy, but casting it warns (on stderr) and drops the imaginary part.
         if a.dtype == object or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
@@ -229,7 +255,11 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         return "ok", [f"{name} matches (shape {a.shape})."]
     err = np.abs(a - expected) - (atol + rtol * np.abs(expected))
     idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
-    lines = [f"{name}{list(idx)}: expected {expected[idx]:.8g}, got {a[idx]:.8g} ({int((~close).sum())} of {a.size} entries differ)."]
+    where = f"{name}{list(idx)}" if idx else name
+    lines = [f"{where}: expected {_num(expected[idx], a[idx])}, got {_num(a[idx], expected[idx])} ({int((~close).sum())} of {a.size} entries differ)."]
+    low = _low_precision(got)
+    if low:
+        lines.append(_low_precision_hint(name, low))
     for m in mistakes:
         if m.value is None:
             continue
@@ -273,8 +303,11 @@ class Case:
 
 
 @contextlib.contextmanager
-def quiet():
-    """Run student code with warnings and stderr sent to stdout (a test cell with stderr scores 0)."""
+def quiet(sink: list[str] | None = None):
+    """Run student code with its warnings and stderr captured (a test cell with stderr scores 0).
+
+    What was captured goes to ``sink`` (a list of lines) when given, else to stdout.
+    """
     buf = io.StringIO()
     caught: list = []
     try:
@@ -282,11 +315,18 @@ def quiet():
             warnings.simplefilter("always")
             yield
     finally:  # also when the student's code raises: its stderr is the best clue to why
-        out = buf.getvalue().strip()
-        if out:
-            print("(your code wrote to stderr; shown here instead)\n" + out[:2000])
-        for w in caught[:5]:
-            print(f"(warning from your code: {w.category.__name__}: {w.message})")
+        lines = [l[:300] for l in buf.getvalue().strip().splitlines()]
+        lines += [f"{w.category.__name__}: {w.message}" for w in caught]
+        if sink is not None:
+            sink.extend(lines)
+        elif lines:
+            print(_noise_text(lines))
+
+
+def _noise_text(lines: list[str]) -> str:
+    distinct = list(dict.fromkeys(lines))
+    more = f"\n  ({len(distinct) - 5} more distinct lines)" if len(distinct) > 5 else ""
+    return "(your code wrote warnings or to stderr; shown here, not graded)\n  " + "\n  ".join(distinct[:5]) + more
 
 
 def check_function(
@@ -314,18 +354,17 @@ def check_function(
     """
     if not callable(fn):
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
-    passed, lines = 0, []
+    passed, lines, noise = 0, [], []
     for i, case in enumerate(cases, 1):
         tag = f"{'hidden' if case.hidden else 'public'} case {i}" + (f" ({case.label})" if case.label and not case.hidden else "")
         kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.kwargs.items()}
         try:
-            with quiet():
+            with quiet(noise):
                 got = fn(**kwargs)
         except NotImplementedError:
             return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
         except Exception as e:  # the student's bug, reported, not raised
-            tb = traceback.extract_tb(e.__traceback__)[-1]
-            lines.append(f"✗ {tag}: {name} raised {type(e).__name__}: {e} (line {tb.lineno}: {tb.line})")
+            lines.append(f"✗ {tag}: " + _describe_exception(e, name, kwargs))
             lines += _exception_hints(e)
             continue
         want = reference(**case.kwargs)
@@ -342,7 +381,14 @@ def check_function(
             if kind != "ok":
                 bad += msg
         if not bad and extra is not None:
-            bad = extra(fn, case) or []
+            try:
+                with quiet(noise):  # extra checks call the student's code again
+                    bad = extra(fn, case) or []
+            except Exception as e:
+                bad = ["the gradient check could not run your function: " + _describe_exception(e, name, kwargs)]
+            lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
+            if bad and lows:
+                bad.append(_low_precision_hint(*lows[0]))
         if bad:
             lines.append(f"✗ {tag}:")
             lines += ["    " + b for b in bad]
@@ -350,7 +396,23 @@ def check_function(
             passed += 1
             lines.append(f"✓ {tag}")
     score = points * passed / max(len(cases), 1)
+    if noise:
+        lines += _noise_text(noise).splitlines()
     return Feedback(score, points, lines)
+
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _describe_exception(e: Exception, name: str, kwargs: dict) -> str:
+    """Where the student's code failed: the last traceback frame outside coursekit, or the call itself."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
+    if not frames:  # failed at the call: the function's parameters do not fit
+        return (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__}: {e}. "
+                f"Check that your function takes exactly these parameters.")
+    f = frames[-1]
+    where = f" (line {f.lineno}: {f.line.strip()})" if f.line else f" (line {f.lineno})"
+    return f"{name} raised {type(e).__name__}: {e}{where}"
 
 
 def _exception_hints(e: Exception) -> list[str]:

@@ -49,7 +49,8 @@ def load(lesson: str) -> dict[str, Any]:
     """The decoded keys of one lesson (e.g. ``"02"``). Raises FileNotFoundError naming the file."""
     path = KEY_DIR / f"{lesson}.key"
     if not path.exists():
-        raise FileNotFoundError(f"no answer keys for lesson {lesson}: {path} is missing (reinstall coursekit).")
+        have = ", ".join(sorted(p.stem for p in KEY_DIR.glob("*.key")))
+        raise FileNotFoundError(f"no answer keys for lesson {lesson!r} ({path} does not exist); lessons with keys: {have}.")
     return decode(lesson, path.read_text())
 
 
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("show"); s.add_argument("lesson")
     w = sub.add_parser("write"); w.add_argument("lesson"); w.add_argument("json_file", help="JSON object, or - for stdin")
     a = p.parse_args(argv)
+    if a.lesson.isdigit():
+        a.lesson = f"{int(a.lesson):02d}"
     if a.cmd == "show":
         print(json.dumps(load(a.lesson), indent=2, sort_keys=True))
     else:

@@ -29,6 +29,7 @@ def _scale(kw: dict) -> tuple[float, list[tuple[str, float, str]]]:
         ("missing s", 1.0, f"the scale is missing: multiply the adapter path by s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
         ("alpha", a, f"you scaled by lora_alpha = {a:g} instead of s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
         ("r/alpha", r / a, f"you scaled by r / lora_alpha = {r / a:g}; the scale is lora_alpha / r = {s:g}. {SEE_SCALE}"),
+        ("floor", float(a // r), f"you divided with // (integer division): lora_alpha // r = {a // r:g}, but s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
         ("rslora", a / math.sqrt(r), f"you used the rsLoRA scale lora_alpha / sqrt(r) = {a / math.sqrt(r):g}; plain LoRA uses lora_alpha / r = {s:g}. {SEE_SCALE}"),
     ]
     return s, [w for w in wrong if not math.isclose(w[1], s)]
