@@ -31,8 +31,11 @@ $(STAMP): pyproject.toml constraints.txt lab/overrides.json lab/page_config.json
 	touch $(STAMP)
 
 # Root the server at lessons/ (a file argument alone would root it at lesson 00's folder).
+# Jupyter refuses to run as root unless told; containers and lab machines often are root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+LAB_ARGS ?=
 lab: $(STAMP)
-	cd lessons && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/lessons $(LESSON0)
+	cd lessons && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/lessons $(ALLOW_ROOT) $(LAB_ARGS) $(LESSON0)
 
 test: $(STAMP)
 	$(BIN)/pytest
