@@ -99,6 +99,8 @@ def _packed_mistakes() -> list[Mistake]:
         Mistake("bits", n * 4, "that is the number of bits (and also the fp32 size in bytes); a byte holds 8 bits, "
                                "two 4-bit codes."),
         Mistake("bf16", n * 2, "that is the bf16 size (2 bytes per weight)."),
+        Mistake("with absmax", n // 2 + (n // 64) * 4, "that adds the fp32 absmax (one per block of 64); the question "
+                                                      "asks for the packed codes alone."),
     ]
 
 
