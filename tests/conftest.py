@@ -1,9 +1,7 @@
-"""Shared fixtures: the repository root, and one graded example class per test session."""
+"""Shared fixtures: the repository root."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,3 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
-
-
-@pytest.fixture(scope="session")
-def venv_bin() -> Path:
-    return Path(sys.executable).parent

@@ -114,11 +114,9 @@ def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequenc
     lines = []
     for o in sorted(wrong):
         lines.append(f"({o}) should not be chosen. " + hints.get(o, ""))
-    for o in sorted(missed):
-        lines.append(f"One true statement is missing from your set ({len(missed)} missing in all)." if len(missed) == 1 else "")
-        break
-    if len(missed) > 1:
-        lines[-1] = f"{len(missed)} true statements are missing from your set."
+    if missed:
+        lines.append("One true statement is missing from your set." if len(missed) == 1
+                     else f"{len(missed)} true statements are missing from your set.")
     if not wrong and not missed:
         lines.append("All right.")
     score = points * max(0.0, (len(right) - len(wrong)) / len(key))
