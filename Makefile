@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test grade grade-class release doctor bench clean
+.PHONY: setup lab test grade grade-class release doctor bench capstone clean
 
 setup: $(STAMP)
 
@@ -54,8 +54,12 @@ release: $(STAMP)
 doctor: $(STAMP)
 	$(BIN)/coursekit doctor
 
+capstone: $(STAMP)
+	$(BIN)/coursekit capstone
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lora.py
+	$(BIN)/python benchmarks/bench_capstone.py
 
 clean:
 	rm -rf autograder/example-class .pytest_cache .hypothesis

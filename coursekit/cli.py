@@ -53,6 +53,17 @@ def _model_errors() -> tuple[type[Exception], ...]:
     return (model.ModelError,) if model is not None else ()
 
 
+def _capstone(args: argparse.Namespace) -> int:
+    from . import capstone, train
+
+    cfg = train.TrainConfig(r=args.r, lora_alpha=args.lora_alpha if args.lora_alpha else 2 * args.r, steps=args.steps)
+    summary = capstone.run(cfg, retrain=args.retrain, progress=not args.quiet)
+    print()
+    print(capstone.format_summary(summary))
+    print(f"\nsummary.json and the adapter are in {capstone.run_dir(cfg)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="coursekit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -76,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="checkpoint folder (default: SmolLM2-135M-Instruct-bf16 under $COURSEKIT_CACHE or the user cache dir)")
     pm.add_argument("--quiet", action="store_true", help="no progress lines")
     pm.set_defaults(func=_prepare_model)
+    c = sub.add_parser("capstone", help="the real QLoRA run, headless: baseline, train, evaluate, save, merge; prints a summary")
+    c.add_argument("--r", type=int, default=16, help="LoRA rank (default 16)")
+    c.add_argument("--lora-alpha", type=int, default=None, help="lora_alpha (default 2 r)")
+    c.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
+    c.add_argument("--retrain", action="store_true", help="train again even if this run's adapter is cached")
+    c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.set_defaults(func=_capstone)
     k = sub.add_parser("keys", help="instructors: show or write a lesson's encoded answer keys")
     k.add_argument("action", choices=["show", "write"])
     k.add_argument("lesson", help="two-digit lesson number, e.g. 02")

@@ -1,0 +1,124 @@
+"""Graded items of lesson 19, "Capstone: a real QLoRA run"."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .. import Array, Choice, Function, Numeric, Ordering
+from ..checkers import Case, Mistake
+
+P1_TICKET = "The spindle motor trips the breaker at start-up."
+P1_LABEL = "electrical"
+
+
+def supervised_positions() -> np.ndarray:
+    """Positions whose label is not -100 in the rendered P1 example (computed with the course's tokenizer)."""
+    from ... import data, model
+
+    enc = data.encode_example(data.chat_example(P1_TICKET, P1_LABEL), model.load_tokenizer())
+    return np.array([i for i, l in enumerate(enc["labels"]) if l != data.IGNORE_INDEX], dtype=np.float64)
+
+
+def _p1_mistakes() -> list[Mistake]:
+    pos = supervised_positions()
+    return [
+        Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> is supervised too: it teaches the model to stop."),
+        Mistake("shifted", pos - 1, "these are the positions one to the left: labels are aligned with input_ids, and "
+                                    "the model shifts them once itself. Don't shift by hand."),
+        Mistake("shifted right", pos + 1, "these are one position to the right of the answer tokens; labels sit on the tokens themselves."),
+    ]
+
+
+def window_loss_reference(loss_sums, counts):
+    """Token-weighted loss of an accumulation window: Σ loss sums / Σ supervised tokens."""
+    n = sum(counts)
+    if n == 0:
+        raise ValueError("no supervised token in the window")
+    return sum(loss_sums) / n
+
+
+def _p5_public() -> list[Case]:
+    return [
+        Case({"loss_sums": [2.0, 4.0], "counts": [2, 8]}, "the report's case: 2 tokens summing 2.0, 8 summing 4.0"),
+        Case({"loss_sums": [3.0], "counts": [6]}, "one micro-batch"),
+    ]
+
+
+def _p5_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for _ in range(5):
+        k = int(rng.integers(2, 6))
+        counts = [int(c) for c in rng.integers(1, 40, size=k)]
+        sums = [float(c * rng.uniform(0.1, 3.0)) for c in counts]
+        out.append(Case({"loss_sums": sums, "counts": counts}))
+    return out
+
+
+def _p5_mistakes(kw: dict, got: dict) -> dict:
+    sums, counts = kw["loss_sums"], kw["counts"]
+    means = [s / c for s, c in zip(sums, counts)]
+    return {"result": [
+        Mistake("mean of means", float(np.mean(means)), "you averaged the micro-batches' mean losses: a micro-batch with "
+                "few supervised tokens then weighs as much as one with many. Divide the total loss by the total token count."),
+        Mistake("sum", float(sum(sums)), "that is the total loss; divide it by the total number of supervised tokens."),
+    ]}
+
+
+def last_summary() -> dict:
+    """The summary the capstone run of this lesson wrote (default configuration)."""
+    from ... import capstone, train
+
+    return json.loads((capstone.run_dir(train.TrainConfig()) / "summary.json").read_text())
+
+
+ITEMS = {
+    "w1": Choice("what the optimizer updates in QLoRA", 1, hints={
+        "a": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
+        "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
+        "d": "prepare_model_for_kbit_training casts norms to fp32 for stability, but it does not make them trainable.",
+    }),
+    "w2": Choice("what a label of -100 means", 1, hints={
+        "a": "-100 is not a token id; the attention mask, not the labels, decides what the model can see.",
+        "c": "Padding gets -100, but so does every prompt token: -100 marks positions left out of the loss.",
+        "d": "The label does not change the input; it only decides which predictions are scored.",
+    }),
+    "w3": Choice("why the baseline uses the same prompt", 1, hints={
+        "a": "The baseline's job is attribution, not speed.",
+        "c": "The baseline is evaluated on the held-out split, never on training examples.",
+        "d": "A different prompt would change two things at once: you could not tell the prompt's effect from the adapter's.",
+    }),
+    "p1": Array("supervised positions of the rendered example", 2, name="supervised",
+                expected=supervised_positions, rtol=0, atol=0, mistakes=_p1_mistakes),
+    "p2": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
+        "train": "train the adapter against the NF4 base",
+        "save": "save the adapter with its base identity",
+        "load_bf16": "load the base in bf16",
+        "attach": "attach the saved adapter",
+        "merge": "merge W + sAB and unload the adapter",
+        "verify": "verify greedily against the probes and the held-out split",
+    }),
+    "p3": Choice("reading the loss curve", 1, hints={
+        "a": "A low training loss alone cannot show overfitting; the held-out accuracy is the evidence, and here it is high.",
+        "c": "A learning rate that is too high makes the loss jump or diverge, not fall smoothly and settle.",
+        "d": "Broken labels would keep the loss high or make it fall to zero while the answers stay wrong.",
+    }),
+    "p4": Numeric("held-out accuracy gain of this run, in percentage points", 1, name="gain_points",
+                  expected=lambda: 100 * (last_summary()["tuned_accuracy"] - last_summary()["baseline_accuracy"]),
+                  rtol=0, atol=0.01,
+                  mistakes=lambda: [Mistake("fraction", last_summary()["tuned_accuracy"] - last_summary()["baseline_accuracy"],
+                                            "that is the gain as a fraction; the question asks for percentage points (× 100).")]),
+    "p5": Function("implement window_loss", 2, name="window_loss", reference=window_loss_reference,
+                   public=_p5_public, hidden=_p5_hidden, outputs=("result",), mistakes=_p5_mistakes),
+    "p6": Choice("where to merge", 1, hints={
+        "a": "Merging into the NF4 weights re-quantizes W + sAB: a second rounding error on top of the first.",
+        "c": "The adapter does not have to stay separate; merging into the bf16 base gives one deployable model.",
+        "d": "GGUF is a container for deployment (lesson 18), not the place the merge happens.",
+    }),
+    "p7": Choice("what catches a cut gradient path before a long run", 1, hints={
+        "a": "The loss still falls a little when only the top adapters learn; watching it wastes the run.",
+        "b": "Held-out accuracy at the end is far too late to find a cut gradient path.",
+        "d": "The warning is easy to miss, and some cut paths (a detach) warn about nothing.",
+    }),
+}
