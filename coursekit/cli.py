@@ -54,6 +54,20 @@ def _model_errors() -> tuple[type[Exception], ...]:
 
 
 def _capstone(args: argparse.Namespace) -> int:
+    import logging
+    import warnings
+
+    # The command owns its output: bitsandbytes' note about an optional kernel package and
+    # transformers' deprecation notices are not the user's concern here (coursekit doctor reports them).
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if args.r <= 0 or args.steps <= 0:
+        print("coursekit capstone: --r and --steps must be positive", file=sys.stderr)
+        return 2
     from . import capstone, train
 
     cfg = train.TrainConfig(r=args.r, lora_alpha=args.lora_alpha if args.lora_alpha else 2 * args.r, steps=args.steps)
