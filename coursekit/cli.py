@@ -1,4 +1,4 @@
-"""The ``coursekit`` command: ``doctor``, ``release``, ``grade``.
+"""The coursekit command: doctor, prepare-model, capstone, release, grade, keys.
 
 ``coursekit doctor``  what is installed and which bitsandbytes implementation runs each 4-bit op here.
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).

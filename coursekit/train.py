@@ -66,6 +66,14 @@ class TrainConfig:
     seed: int = 0
     max_new_tokens: int = 5
 
+    def __post_init__(self) -> None:
+        for name in ("r", "steps", "micro_batch", "accumulation"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -321,7 +329,9 @@ def load_nf4_with_adapter(adapter_dir: str | os.PathLike, checkpoint: str | os.P
     to fp32), with the saved adapter attached: the same function as the model that was trained."""
     from peft import prepare_model_for_kbit_training
 
-    base = prepare_model_for_kbit_training(cmodel.load_model("nf4", checkpoint), use_gradient_checkpointing=False)
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x; harmless
+        warnings.simplefilter("ignore", FutureWarning)
+        base = prepare_model_for_kbit_training(cmodel.load_model("nf4", checkpoint), use_gradient_checkpointing=False)
     cmodel.keep_4bit_layers_trainable(base)
     return load_adapter(base, adapter_dir, checkpoint)
 

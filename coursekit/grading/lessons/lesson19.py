@@ -42,7 +42,7 @@ def window_loss_reference(loss_sums, counts):
 def _p5_public() -> list[Case]:
     return [
         Case({"loss_sums": [2.0, 4.0], "counts": [2, 8]}, "the report's case: 2 tokens summing 2.0, 8 summing 4.0"),
-        Case({"loss_sums": [3.0], "counts": [6]}, "one micro-batch"),
+        Case({"loss_sums": [3.0, 1.0, 9.0], "counts": [6, 1, 30]}, "three micro-batches of unequal size"),
     ]
 
 
@@ -70,7 +70,11 @@ def last_summary() -> dict:
     """The summary the capstone run of this lesson wrote (default configuration)."""
     from ... import capstone, train
 
-    return json.loads((capstone.run_dir(train.TrainConfig()) / "summary.json").read_text())
+    path = capstone.run_dir(train.TrainConfig()) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError("no capstone summary yet: run the cell with capstone.run(cfg) above first, "
+                                "with the default configuration")
+    return json.loads(path.read_text())
 
 
 ITEMS = {
