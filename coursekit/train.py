@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import resource
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -253,8 +252,7 @@ def generate_answers(model: torch.nn.Module, tokenizer, tickets: Sequence[str], 
     return out
 
 
-def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict], max_new_tokens: int = 5,
-             progress: bool = False) -> dict:
+def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict], max_new_tokens: int = 5) -> dict:
     """Exact-label accuracy of greedy answers: overall, per label, and every prediction.
 
     An answer is right when its first word, lower-cased and stripped of punctuation, equals the label.
