@@ -6,6 +6,7 @@ One graded class is shared by every test here (autograding executes each noteboo
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,21 @@ from coursekit import course
 
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
+EXAMPLES = ROOT / "autograder" / "examples"
 
-# (student, item whose test cell must lose points, text the feedback must contain)
-WRONG_02 = [
-    ("ex-missing-s", "p1_test", "Likely mistake: the scale is missing"),
-    ("ex-alpha-not-over-r", "p1_test", "you scaled by lora_alpha"),
-    ("ex-alpha-not-over-r", "w2_test", "that is lora_alpha itself"),
-    ("ex-transposed-B", "p5_test", "without transposing it"),
-]
+
+def _wrong_rows() -> list[tuple[str, str, str, str]]:
+    """(lesson, student, test cell that must lose points, text its feedback must contain), from every
+    example folder's expected.json: {"mistake": "...", "loses": {"p1_test": "feedback text", ...}}."""
+    rows = []
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        spec = json.loads(exp.read_text())
+        for cell, text in spec["loses"].items():
+            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
+    return rows
+
+
+WRONG = _wrong_rows()
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +78,23 @@ def test_perfect_scores_every_autograded_point(graded, aid):
     assert code == max_code > 0
 
 
-@pytest.mark.parametrize("sid,cell,text", WRONG_02)
-def test_typical_mistakes_score_in_between_and_say_why(graded, sid, cell, text):
+def test_every_example_folder_says_what_it_expects():
+    folders = sorted(p for p in EXAMPLES.glob("*/*") if p.is_dir())
+    assert folders
+    readme = (EXAMPLES / "README.md").read_text()
+    for f in folders:
+        assert (f / "expected.json").is_file(), f"{f.relative_to(ROOT)} has no expected.json"
+        assert f"ex-{f.name}" in readme, f"autograder/examples/README.md does not list ex-{f.name}"
+
+
+@pytest.mark.parametrize("aid,sid,cell,text", WRONG)
+def test_typical_mistakes_score_in_between_and_say_why(graded, aid, sid, cell, text):
     work, _ = graded
-    code, max_code, _ = _submission(work, L02, sid)
+    code, max_code, _ = _submission(work, aid, sid)
     assert 0 < code < max_code
-    score, max_score = _cell_scores(work, L02, sid)[cell]
+    score, max_score = _cell_scores(work, aid, sid)[cell]
     assert score < max_score, f"{sid}: {cell} should lose points"
-    fb = _feedback(work, L02, sid)
+    fb = _feedback(work, aid, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
     assert "hidden case" in fb, "the autograde run adds hidden cases"
 
@@ -86,8 +103,11 @@ def test_table_and_grades_csv(graded):
     work, table = graded
     rows = course.read_grades_csv(work / "grades.csv")
     students = {(r["assignment"], r["student_id"]) for r in rows}
-    for sid in ("ex-blank", "ex-perfect", "ex-missing-s", "ex-alpha-not-over-r", "ex-transposed-B"):
-        assert (L02, sid) in students
+    for aid in course.lesson_ids(ROOT):
+        for sid in ("ex-blank", "ex-perfect"):
+            assert (aid, sid) in students
+    for aid, sid, _, _ in WRONG:
+        assert (aid, sid) in students
         assert sid in table
     assert "Not graded" not in table
 
