@@ -86,8 +86,9 @@ def torch_layout_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[M
 def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     """Wrong values of ``(dX, dA, dB)`` for a forward pass with upstream gradient ``D``.
 
-    Recognises: a missing or wrong scale in dB / dA / dX, a transposed dA or dB, the adapter path
-    missing from dX, only the adapter path in dX, and dA computed with B already updated
+    Recognises: a missing or wrong scale in dB / dA / dX, the scale applied twice in dA / dX, a
+    transposed dA, dB or dX, W or B used without its transpose (square cases only), the adapter
+    path missing from dX, only the adapter path in dX, and dA computed with B already updated
     (B − η dB for the η that fits best, reported when it fits exactly).
     """
     X, W, A, B, D = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B", "D"))
@@ -100,6 +101,18 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     m_dB = [Mistake(l, c * Z.T @ D, "in ∇B = s Zᵀ D: " + msg) for l, c, msg in wrong_scales]
     m_dA = [Mistake(l, c * X.T @ D @ B.T, "in ∇A = s Xᵀ D Bᵀ: " + msg) for l, c, msg in wrong_scales]
     m_dX = [Mistake(l, D @ W.T + c * D @ B.T @ A.T, "in the adapter path of ∇X: " + msg) for l, c, msg in wrong_scales]
+    # s applied twice: dZ = s D Bᵀ already carries the scale, and it is multiplied in again.
+    if not math.isclose(s * s, s) and not any(math.isclose(s * s, c) for _, c, _ in wrong_scales):
+        twice = (f"the scale s = {s:g} is applied twice (s² = {s * s:g}): dZ = s D Bᵀ already carries s, "
+                 "so ∇A = Xᵀ dZ and the adapter path dZ Aᵀ take no second factor s. (Lesson 05, 'The four gradients'.)")
+        m_dA.append(Mistake("s twice", s * s * X.T @ D @ B.T, "in ∇A: " + twice))
+        m_dX.append(Mistake("s twice", D @ W.T + s * s * D @ B.T @ A.T, "in ∇X: " + twice))
+    if W.shape[0] == W.shape[1]:
+        m_dX.append(Mistake("W not transposed", D @ W + dZ @ A.T,
+                            "the base path of ∇X is D Wᵀ, not D W: W is d × m and maps X to Y, so the way back multiplies by Wᵀ."))
+    if B.shape[0] == B.shape[1]:
+        m_dA.append(Mistake("B not transposed", s * X.T @ D @ B,
+                            "∇A needs dZ = s D Bᵀ: B maps Z to Y, so the gradient goes back through Bᵀ, not B."))
     m_dB.append(Mistake("transposed", dB.T, "your ∇B is transposed: ∇B has the shape of B (r × m), ∇B = s Zᵀ D."))
     m_dA.append(Mistake("transposed", dA.T, "your ∇A has the shape of Aᵀ: ∇A = Xᵀ dZ is d × r, like A."))
     m_dX += [
@@ -114,6 +127,8 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     if g is not None and g.shape == dA.shape and np.all(np.isfinite(g)) and np.any(direction):
         eta = float(np.sum((dA - g) * direction) / np.sum(direction * direction))
         if eta > 0 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
-            m_dA.insert(0, Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): "
-                                   "finish the backward pass with this step's B, then update. (Lesson 05.)"))
+            # Appended last: with one token and r = 1 every multiple of dA fits some η, so a
+            # wrong scale (which fits exactly, with its own value) must be named first.
+            m_dA.append(Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): "
+                                   "finish the backward pass with this step's B, then update. (Lesson 05, 'The four gradients'; lesson 06 walks the order step by step.)"))
     return {"dX": m_dX, "dA": m_dA, "dB": m_dB}

@@ -1,0 +1,219 @@
+"""Graded items of lesson 05, "Backward through one adapted projection"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import lora
+from ..checkers import Case, Mistake
+from .. import Array, Choice, Function, Numeric
+from ..lora_mistakes import backward_mistakes
+
+READ_SHAPES = "Reread 'Shapes force the transposes' in Know this."
+READ_FOUR = "Reread 'The four gradients' in Know this."
+READ_FROZEN = "Reread 'Frozen is not detached' in Know this."
+READ_INIT = "Reread 'What the gradients do at initialisation' in Know this."
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def backward(D, X, W, A, B, s):
+    """Reference for p1: ``(dX, dA, dB)`` of ``Y = X W + s (X A) B`` for the upstream gradient D."""
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    return lora.lora_backward(D, cache)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def seed_example() -> dict:
+    """Seed 002, sections 3 and 4: x = [2, -1, 3], rank 1, s = 0.5, D = [0.4, -0.2]."""
+    return dict(
+        D=np.array([[0.4, -0.2]]),
+        X=np.array([[2.0, -1.0, 3.0]]),
+        W=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]]),
+        A=np.array([[1.0], [0.0], [1.0]]),
+        B=np.array([[0.2, -0.1]]),
+        s=0.5,
+    )
+
+
+# Scales for which 1, s and s² are all different, so a missing or doubled scale always shows.
+_SCALES = (0.5, 2.0, 4.0, 0.25, 3.0)
+
+
+def _case(rng: np.random.Generator, n: int, d: int, m: int, r: int) -> dict:
+    return dict(
+        D=rng.standard_normal((n, m)),
+        X=rng.standard_normal((n, d)),
+        W=rng.standard_normal((d, m)),
+        A=rng.standard_normal((d, r)),
+        B=rng.standard_normal((r, m)),  # nonzero B: with B = 0, dA = 0 hides every mistake in dA
+        s=float(rng.choice(_SCALES)),
+    )
+
+
+def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(5)
+    return [
+        Case(seed_example(), "the seed's worked example, one token, D = [0.4, -0.2], s = 0.5"),
+        Case(_case(rng, n=4, d=3, m=2, r=1), "four tokens, the worked example's sizes"),
+        Case(_case(rng, n=3, d=5, m=4, r=2), "rectangular: n = 3, d = 5, m = 4, r = 2"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for i in range(6):
+        n, d, m = (int(v) for v in rng.integers(2, 7, size=3))
+        r = int(rng.integers(1, 5))
+        if i == 0:
+            m = d  # a square W: D W instead of D Wᵀ fits the shape, only the values tell
+        if i == 1:
+            r = max(r, 2)
+            m = r  # a square B (r ≥ 2, so B ≠ Bᵀ): B instead of Bᵀ fits the shape
+        cases.append(Case(_case(rng, n=n, d=d, m=m, r=r)))
+    return cases
+
+
+# p3: one entry of dA in a fixed two-token, rank-2 case (printed in the notebook).
+P3_CASE = dict(
+    D=np.array([[1.0, -1.0], [0.5, 2.0]]),
+    X=np.array([[1.0, 2.0, 1.0], [0.0, -1.0, 1.0]]),
+    W=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+    A=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]]),
+    B=np.array([[0.5, 1.0], [0.0, -1.0]]),
+    s=2.0,
+)
+P3_INDEX = (2, 0)
+
+
+def _p3_expected() -> float:
+    return float(backward(**P3_CASE)[1][P3_INDEX])
+
+
+def _p3_mistakes() -> list[Mistake]:
+    kw = P3_CASE
+    X, D, B, s = kw["X"], kw["D"], kw["B"], kw["s"]
+    i, j = P3_INDEX
+    first = dict(kw, X=X[:1], D=D[:1])
+    return [
+        Mistake("missing s", (X.T @ D @ B.T)[i, j], f"the scale is missing: dZ = s D Bᵀ carries s = {s:g}. " + READ_FOUR),
+        Mistake("s twice", (s * s * X.T @ D @ B.T)[i, j], "the scale is applied twice: s is in dZ, and ∇A = Xᵀ dZ takes no second s. " + READ_FOUR),
+        Mistake("one token", float(backward(**first)[1][P3_INDEX]),
+                "that uses the first token only: ∇A = Xᵀ dZ sums over every row (token) of X and dZ. " + READ_FOUR),
+        Mistake("B not transposed", (s * X.T @ D @ B)[i, j], "you used B where Bᵀ belongs: dZ = s D Bᵀ. " + READ_SHAPES),
+    ]
+
+
+def _dW_example() -> np.ndarray:
+    ex = seed_example()
+    return ex["X"].T @ ex["D"]
+
+
+def _dW_mistakes() -> list[Mistake]:
+    ex = seed_example()
+    X, D, W, s = ex["X"], ex["D"], ex["W"], ex["s"]
+    return [
+        Mistake("scaled", s * X.T @ D, "the base path has no scale: s multiplies only the adapter path, so ∇W = Xᵀ D. " + READ_FROZEN),
+        Mistake("dX", D @ W.T, "that is the base path's contribution to ∇X (D Wᵀ), not ∇W; ∇W has W's shape d × m. " + READ_FROZEN),
+    ]
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "the shape of ∇A",
+        1,
+        hints={
+            "a": "r × d is Aᵀ's shape (and how PEFT stores lora_A.weight). The gradient of a scalar loss with respect to A has A's own shape, d × r. " + READ_SHAPES,
+            "c": "n × r is the shape of Z = XA and of dZ, the gradient arriving at Z; ∇A = Xᵀ dZ sums over the n tokens and is d × r. " + READ_SHAPES,
+            "d": "d × m is W's shape; ∇A must have A's shape, d × r. " + READ_SHAPES,
+        },
+    ),
+    "w2": Choice(
+        "a frozen W and the gradient reaching X",
+        1,
+        hints={
+            "b": "Freezing stops the optimizer from updating W; it does not cut the graph. The base path D Wᵀ still reaches X. " + READ_FROZEN,
+            "c": "Frozen weights still pass gradient: with the adapter path alone, every layer below would see only a small correction of its true gradient. " + READ_FROZEN,
+            "d": "No gradient for W is formed at all (W.grad stays None); the frozen weight is used, not updated. " + READ_FROZEN,
+        },
+    ),
+    "w3": Choice(
+        "the gradient of Z in Y = Z B",
+        1,
+        hints={
+            "a": "D B does not multiply: D is n × m and B is r × m, the inner sizes m and r disagree. " + READ_SHAPES,
+            "b": "Bᵀ D is (m × r)(n × m): it needs r = n and would not give Z's shape n × r. " + READ_SHAPES,
+            "d": "Dᵀ B is (m × n)(r × m): it needs n = r, and the gradient of Z must have Z's shape n × r. " + READ_SHAPES,
+        },
+    ),
+    "p1": Function(
+        "implement lora_backward",
+        4,
+        name="lora_backward",
+        reference=backward,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("dX", "dA", "dB"),
+        mistakes=backward_mistakes,
+    ),
+    "p2": Choice(
+        "the shape of dZ",
+        1,
+        hints={
+            "a": "r × m is B's shape (and ∇B's). dZ is the gradient of Z = XA, which is n × r. " + READ_SHAPES,
+            "b": "n × m is the shape of Y and D. dZ = s D Bᵀ: (n × m)(m × r) = n × r. " + READ_SHAPES,
+            "c": "d × r is A's shape (and ∇A's). dZ belongs to Z, one row per token: n × r. " + READ_SHAPES,
+        },
+    ),
+    "p3": Numeric(
+        f"dA[{P3_INDEX[0]}, {P3_INDEX[1]}] in the two-token case",
+        1,
+        name="dA[2, 0]",
+        expected=_p3_expected,
+        rtol=1e-9,
+        atol=1e-12,
+        mistakes=_p3_mistakes,
+    ),
+    "p4": Choice(
+        "what is zero right after the usual initialisation",
+        2,
+        options="abcde",
+        multi=True,
+        hints={
+            "b": "∇B = s Zᵀ D with Z = XA: A is random, so Z ≠ 0, and ∇B is not zero. That is how B leaves zero on the first step. " + READ_INIT,
+            "e": "The base path D Wᵀ does not involve the adapter at all; it is as large as without LoRA. " + READ_INIT,
+        },
+    ),
+    "p5": Choice(
+        "W.grad after backward with W frozen",
+        1,
+        hints={
+            "a": "Xᵀ D is what ∇W would be if W were trainable; with requires_grad=False autograd never forms it. " + READ_FROZEN,
+            "c": "PyTorch does not allocate a zero gradient for a tensor that does not require grad; W.grad is None. " + READ_FROZEN,
+            "d": "D Wᵀ is W's contribution to ∇X, and it is computed; but it goes to X, not into W.grad. " + READ_FROZEN,
+        },
+    ),
+    "p6": Array(
+        "∇W for the worked example, if W were trainable",
+        2,
+        name="dW",
+        expected=_dW_example,
+        rtol=1e-9,
+        atol=1e-12,
+        mistakes=_dW_mistakes,
+    ),
+    "p7": Choice(
+        "A = 0 and B = 0 at initialisation",
+        1,
+        hints={
+            "a": "∇A = s Xᵀ D Bᵀ is zero while B = 0, and ∇B = s (XA)ᵀ D is zero while A = 0: neither can move first. " + READ_INIT,
+            "b": "B would learn first only if A were nonzero: with A = 0, Z = XA = 0 and ∇B = s Zᵀ D = 0. " + READ_INIT,
+            "d": "∇A contains Bᵀ, so with B = 0 it is zero too. " + READ_INIT,
+        },
+    ),
+}

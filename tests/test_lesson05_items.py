@@ -1,0 +1,358 @@
+"""Lesson 05 ("Backward through one adapted projection"): graded items score right answers fully, the
+classic backward mistakes lose points with a diagnosis that names them, and the notebook's test cells
+agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from coursekit import lora
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson05
+from coursekit.grading.lessons.lesson05 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+LID = "05-backward-through-one-projection"
+NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
+
+
+# --------------------------------------------------------------------------- students
+
+
+def bwd_right(D, X, W, A, B, s):
+    Z = X @ A
+    dZ = s * D @ B.T
+    return D @ W.T + dZ @ A.T, X.T @ dZ, s * Z.T @ D
+
+
+def bwd_torch(D, X, W, A, B, s):
+    """Autograd instead of formulas: tensors that require grad come back (the checker must cope)."""
+    Xt, At, Bt = (torch.tensor(v, requires_grad=True) for v in (X, A, B))
+    Y = Xt @ torch.tensor(W) + s * (Xt @ At) @ Bt
+    Y.backward(torch.tensor(D))
+    return Xt.grad, At.grad, Bt.grad
+
+
+def bwd_missing_s(D, X, W, A, B, s):
+    dZ = D @ B.T
+    return D @ W.T + dZ @ A.T, X.T @ dZ, (X @ A).T @ D
+
+
+def bwd_s_twice(D, X, W, A, B, s):
+    dX, _, dB = bwd_right(D, X, W, A, B, s)
+    dZ = s * D @ B.T
+    return D @ W.T + s * dZ @ A.T, s * X.T @ dZ, dB
+
+
+def bwd_no_adapter_in_dX(D, X, W, A, B, s):
+    _, dA, dB = bwd_right(D, X, W, A, B, s)
+    return D @ W.T, dA, dB
+
+
+def bwd_no_base_in_dX(D, X, W, A, B, s):
+    """The frozen W treated as if it passed no gradient."""
+    _, dA, dB = bwd_right(D, X, W, A, B, s)
+    return s * D @ B.T @ A.T, dA, dB
+
+
+def bwd_dA_transposed(D, X, W, A, B, s):
+    dX, dA, dB = bwd_right(D, X, W, A, B, s)
+    return dX, dA.T, dB
+
+
+def bwd_dB_transposed(D, X, W, A, B, s):
+    dX, dA, dB = bwd_right(D, X, W, A, B, s)
+    return dX, dA, dB.T
+
+
+def bwd_updated_B(D, X, W, A, B, s, lr=0.1):
+    dX, _, dB = bwd_right(D, X, W, A, B, s)
+    B = B - lr * dB  # the optimizer step taken before dA was formed
+    return dX, s * X.T @ D @ B.T, dB
+
+
+def bwd_W_not_transposed(D, X, W, A, B, s):
+    dX, dA, dB = bwd_right(D, X, W, A, B, s)
+    return D @ W + s * D @ B.T @ A.T, dA, dB
+
+
+def bwd_B_not_transposed(D, X, W, A, B, s):
+    dX, _, dB = bwd_right(D, X, W, A, B, s)
+    return dX, s * X.T @ D @ B, dB
+
+
+def bwd_hard_coded(D, X, W, A, B, s):
+    """The worked example's answers, whatever the input."""
+    return np.array([[0.45, -0.2, 0.65]]), np.array([[0.1], [-0.05], [0.15]]), np.array([[1.0, -0.5]])
+
+
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "d", "p3": 3.5, "p4": {"a", "c", "d"},
+         "p5": "b", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "c"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("05")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p2", "p4", "p5", "p7"} <= set(k)
+    text = (keys.KEY_DIR / "05.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys05.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("05\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert 1 <= len(written) <= 2
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+def test_notebook_p3_case_is_the_graded_case():
+    """The arrays printed in the notebook for P3 are the ones the grader computes dA from."""
+    nb, _ = _nbgrader_cells()
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# The P3 case."))
+    ns = {"np": np}
+    exec(cell.source, ns)
+    for k, v in lesson05.P3_CASE.items():
+        np.testing.assert_array_equal(ns[f"{k}_p3"], v)
+
+
+def test_seed_example_is_lesson02s_layer():
+    from coursekit.grading.lessons.lesson02 import _seed_example
+
+    ex02, ex05 = _seed_example(), lesson05.seed_example()
+    for k in ("X", "W", "A", "B"):
+        np.testing.assert_array_equal(ex02[k], ex05[k])
+    assert lora.scaling(ex02["lora_alpha"], ex02["r"]) == ex05["s"]
+
+
+def test_reference_reproduces_the_seed_numbers():
+    dX, dA, dB = lesson05.backward(**lesson05.seed_example())
+    np.testing.assert_allclose(dB, [[1.0, -0.5]])
+    np.testing.assert_allclose(dA, [[0.1], [-0.05], [0.15]])
+    np.testing.assert_allclose(dX, [[0.45, -0.2, 0.65]])
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden, capfd):
+    fb = check(f"05.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+    assert capfd.readouterr().err == ""
+
+
+def test_autograd_answer_scores_full():
+    assert check("05.p1", bwd_torch, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_add_six():
+    a = check("05.p1", bwd_right, hidden=True).text()
+    b = check("05.p1", bwd_right, hidden=True).text()
+    assert a == b and a.count("hidden case") == 6
+
+
+def test_hidden_cases_have_nonzero_B_and_distinct_scales():
+    rng = np.random.default_rng(0)
+    for case in lesson05._p1_hidden(rng) + lesson05._p1_public():
+        kw = case.kwargs
+        assert np.all(kw["B"] != 0)
+        assert len({1.0, kw["s"], kw["s"] ** 2}) == 3
+
+
+def test_hard_coded_answer_fails_hidden_cases():
+    fb = check("05.p1", bwd_hard_coded, hidden=True)
+    assert fb.points <= 4 * 1 / 9 + 1e-9 and "hidden case" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: the function
+
+
+def _likely(fb):
+    return [l.strip() for l in fb.lines if "Likely mistake:" in l]
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (bwd_missing_s, "scale s is missing"),
+        (bwd_s_twice, "applied twice"),
+        (bwd_no_adapter_in_dX, "∇X is missing the adapter path"),
+        (bwd_no_base_in_dX, "∇X is missing the base path"),
+        (bwd_dA_transposed, "∇A has the shape of Aᵀ"),
+        (bwd_dB_transposed, "∇B is transposed"),
+        (bwd_updated_B, "B already updated (B − 0.1·∇B)"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_backward_mistakes_are_named(fn, words, hidden, capfd):
+    fb = check("05.p1", fn, hidden=hidden)
+    assert fb.points < fb.max_points, fb.text()
+    assert any(words in l for l in _likely(fb)), fb.text()
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("fn, words", [(bwd_W_not_transposed, "not D W"), (bwd_B_not_transposed, "not B.")])
+def test_square_hidden_cases_catch_a_missing_transpose(fn, words):
+    """Public cases are rectangular, so the missing transpose raises; a hidden square case names it."""
+    public = check("05.p1", fn, hidden=False)
+    assert public.points == 0 and "inner sizes disagree" in public.text()
+    fb = check("05.p1", fn, hidden=True)
+    assert fb.points == 0
+    assert any(words in l for l in _likely(fb)), fb.text()
+
+
+def test_s_twice_on_one_token_is_not_mistaken_for_an_updated_B():
+    """With n = 1 and r = 1 any multiple of dA fits 'B already updated' for some step size; the
+    exact wrong scale must win."""
+    fb = check("05.p1", bwd_s_twice)
+    first = fb.text().split("public case 2")[0]
+    assert "applied twice" in first and "already updated" not in first, first
+
+
+def test_missing_s_names_every_output_and_the_worked_example_fails():
+    fb = check("05.p1", bwd_missing_s)
+    assert fb.points == 0
+    lines = _likely(fb)
+    for where in ("∇B = s Zᵀ D", "∇A = s Xᵀ D Bᵀ", "adapter path of ∇X"):
+        assert any(where in l for l in lines), lines
+    assert "dB[0, 0]: expected 1, got 2" in fb.text()
+
+
+def test_stub_and_non_function():
+    def stub(D, X, W, A, B, s):
+        raise NotImplementedError()
+
+    assert check("05.p1", stub).points == 0 and "NotImplementedError" in check("05.p1", stub).text()
+    fb = check("05.p1", "lora_backward")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+    def two_outputs(D, X, W, A, B, s):
+        return bwd_right(D, X, W, A, B, s)[1:]
+
+    fb = check("05.p1", two_outputs)
+    assert fb.points == 0 and "should return 3 values" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: the other items
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "Aᵀ's shape"),
+        ("w1", "c", "shape of Z = XA"),
+        ("w2", "b", "does not cut the graph"),
+        ("w2", "d", "W.grad stays None"),
+        ("w3", "a", "inner sizes m and r disagree"),
+        ("w3", "d", "Z's shape n × r"),
+        ("p2", "b", "shape of Y and D"),
+        ("p2", "c", "A's shape"),
+        ("p5", "a", "if W were trainable"),
+        ("p5", "c", "W.grad is None"),
+        ("p7", "b", "with A = 0, Z = XA = 0"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"05.{item_id}", answer)
+    assert fb.points == 0
+    joined = " ".join(fb.lines)
+    assert text in joined and "Reread" in joined
+
+
+def test_multi_choice_partial_credit_and_hints():
+    fb = check("05.p4", {"a", "c"})
+    assert 0 < fb.points < 2 and "missing" in fb.text()
+    fb = check("05.p4", {"a", "b", "c", "d"})
+    assert 0 < fb.points < 2 and "A is random, so Z ≠ 0" in fb.text()
+    fb = check("05.p4", {"b", "e"})
+    assert fb.points == 0 and "as large as without LoRA" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (1.75, "the scale is missing"),
+        (7.0, "applied twice"),
+        (-1.0, "first token only"),
+        (1.5, "Bᵀ belongs"),
+        (3.0, "not right (tolerance"),
+    ],
+)
+def test_p3_mistakes_are_recognised(answer, text):
+    fb = check("05.p3", answer)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_p3_expected_comes_from_the_reference():
+    X, D, B, s = (lesson05.P3_CASE[k] for k in ("X", "D", "B", "s"))
+    assert ITEMS["p3"].expected() == pytest.approx((X.T @ (s * D @ B.T))[2, 0]) == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize(
+    "answer, points, text",
+    [
+        (0.5 * RIGHT["p6"], 0.5, "the base path has no scale"),
+        (RIGHT["p6"].T, 0, "transpose of the right one"),
+        (np.array([[0.4, -0.2, 0.6]]), 0, "base path's contribution to ∇X"),
+        (RIGHT["p6"] + 0.1, 0.5, "expected 0.2, got 0.3"),
+        ("XᵀD", 0, "array of numbers"),
+    ],
+)
+def test_p6_dW_mistakes(answer, points, text):
+    fb = check("05.p6", answer)
+    assert fb.points == pytest.approx(points) and text in fb.text(), fb.text()
