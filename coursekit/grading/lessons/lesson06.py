@@ -1,0 +1,371 @@
+"""Graded items of lesson 06, "The rank-one walk"."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import walk
+from ..checkers import Case, Mistake, as_array
+from .. import Array, Choice, Function, Numeric
+
+READ_CE = "Reread 'Softmax, cross-entropy and D' in Know this."
+READ_ADAMW = "Reread 'AdamW by hand' in Know this."
+READ_ZERO = "Reread 'Why ∇A is zero at step one' in Know this."
+READ_STEPS = "Reread 'The eight steps, once by hand' in Know this."
+READ_TOY = "Reread 'The toy: one projection as a classifier' in Know this."
+
+
+# --------------------------------------------------------------------------- references
+
+
+def ce_grad(Y, target):
+    """Reference for p1: ``D = softmax(Y) − onehot(target)`` for one row Y (1 × m)."""
+    return walk.cross_entropy_backward(walk.cross_entropy_forward(Y, target)[1])
+
+
+def adamw_step(param, grad, m, v, t, lr, betas, eps, weight_decay):
+    """Reference for p2: one AdamW step with ``t`` = this step's number (1 for the first step)."""
+    new, st = walk.adamw_step(param, grad, walk.AdamWState(m, v, int(t) - 1), lr, tuple(betas), eps, weight_decay)
+    return new, st.m, st.v
+
+
+def sgd_walk_step(X, W, A, B, s, target, lr):
+    """Reference for p3: one SGD training step of the walk, ``(A_new, B_new)``."""
+    rec = walk.run_walk(X, W, A, B, s, target, steps=1, optimizer="sgd", lr=lr)[0]
+    return rec.A_after, rec.B_after
+
+
+def log_softmax_backward(g, x):
+    """Reference for p7: ``dx = g − softmax(x) Σ g`` row-wise."""
+    return walk.log_softmax_backward(g, x)
+
+
+# --------------------------------------------------------------------------- the seed's walk
+
+
+def _seed_records(steps=3, optimizer="adamw"):
+    return walk.run_walk(**walk.seed_example(), steps=steps, optimizer=optimizer)
+
+
+def _restarted_adamw(steps: int) -> np.ndarray:
+    """A after ``steps`` AdamW steps when the optimizer state is thrown away after every step."""
+    ex = walk.seed_example()
+    for _ in range(steps):
+        rec = walk.run_walk(**ex, steps=1)[0]
+        ex = ex | dict(A=rec.A_after, B=rec.B_after)
+    return ex["A"]
+
+
+# --------------------------------------------------------------------------- p1 cases and mistakes
+
+
+def _ce_public() -> list[Case]:
+    return [
+        Case(dict(Y=np.array([[1.19, 1.35]]), target=1), "the walk's first logits, target class 1"),
+        Case(dict(Y=np.array([[0.5, -1.0, 2.0, 0.0]]), target=0), "four classes, target class 0"),
+        Case(dict(Y=np.array([[1000.0, 1001.5, 998.0]]), target=2), "large logits: subtract the row's maximum before exp"),
+    ]
+
+
+def _ce_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for scale in (1.0, 3.0, 1.0, 1000.0, 2.0):
+        m = int(rng.integers(2, 7))
+        out.append(Case(dict(Y=rng.standard_normal((1, m)) * scale, target=int(rng.integers(0, m)))))
+    return out
+
+
+def _ce_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    Y, t = np.asarray(kw["Y"], dtype=np.float64), int(kw["target"])
+    p = walk.softmax(Y)
+    onehot = np.zeros_like(p)
+    onehot[0, t] = 1.0
+    out = [
+        Mistake("sign", onehot - p, "the sign is flipped: D = ∂L/∂Y = p − onehot, not onehot − p (the loss falls when the target's logit rises). " + READ_CE),
+        Mistake("no onehot", p, "you returned the probabilities p: subtract the one-hot of the target class. " + READ_CE),
+        Mistake("log", walk.log_softmax(Y) - onehot, "you used log-softmax where softmax belongs: D = softmax(Y) − onehot. " + READ_CE),
+        Mistake("onehot only", -onehot, "you returned −onehot, the gradient for log p, not for Y: go through the softmax too (add p). " + READ_CE),
+    ]
+    for j in range(p.shape[1]):
+        if j != t:
+            wrong = onehot * 0
+            wrong[0, j] = 1.0
+            out.append(Mistake("class", p - wrong, f"your one-hot marks class {j}, not the target class {t}: class indices are 0-based. " + READ_CE))
+    return {"D": out, "result": out}
+
+
+# --------------------------------------------------------------------------- p2 cases and mistakes
+
+
+def _adam_case(rng: np.random.Generator, eps: float, weight_decay: float, t: int) -> dict:
+    shape = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+    return dict(
+        param=rng.standard_normal(shape),
+        grad=rng.standard_normal(shape) * 0.1,
+        m=rng.standard_normal(shape) * 0.05,
+        v=rng.uniform(0.0, 0.02, shape),
+        t=t,
+        lr=float(rng.choice([0.01, 0.05, 0.1])),
+        betas=(float(rng.choice([0.8, 0.9])), float(rng.choice([0.99, 0.999]))),
+        eps=eps,
+        weight_decay=weight_decay,
+    )
+
+
+def _adam_public() -> list[Case]:
+    r1, r2 = _seed_records(2)
+    zeros = np.zeros((1, 2))
+    seed = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    return [
+        Case(dict(param=r1.B, grad=r1.dB, m=zeros, v=zeros, t=1, **seed), "the walk's B at step 1 (B → [0.01, −0.01])"),
+        Case(dict(param=r2.A, grad=r2.dA, m=np.zeros((2, 1)), v=np.zeros((2, 1)), t=2, **seed),
+             "the walk's A at step 2 (its moments are still zero: bias correction matters)"),
+        Case(_adam_case(np.random.default_rng(64), eps=0.01, weight_decay=0.1, t=5), "weight decay 0.1, eps 0.01, step 5"),
+    ]
+
+
+def _adam_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_adam_case(rng, eps=float(rng.choice([1e-3, 1e-2, 0.05])), weight_decay=float(rng.choice([0.05, 0.2, 0.5])),
+                            t=int(rng.integers(1, 12)))) for _ in range(5)]
+
+
+def _adam_variant(kw: dict, bias=True, coupled=False, eps_inside=False, decay=True, t_shift=0):
+    p, g, m, v = (np.asarray(kw[k], dtype=np.float64) for k in ("param", "grad", "m", "v"))
+    b1, b2 = kw["betas"]
+    lr, eps, wd, t = kw["lr"], kw["eps"], kw["weight_decay"] if decay else 0.0, int(kw["t"]) + t_shift
+    if coupled:
+        g = g + wd * p
+    else:
+        p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    mh, vh = (m / (1 - b1**t), v / (1 - b2**t)) if bias else (m, v)
+    den = np.sqrt(vh + eps) if eps_inside else np.sqrt(vh) + eps
+    return p - lr * mh / den, m, v
+
+
+def _adam_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    out = {"param": [], "m": [], "v": []}
+    variants = [
+        (dict(bias=False), "no bias correction: divide m by (1 − β₁ᵗ) and v by (1 − β₂ᵗ) before the update. Both start at zero, "
+                           "so early on they are biased toward zero, and without the correction the first steps have the wrong size."),
+        (dict(coupled=True), "weight decay coupled into the gradient (g + λθ, Adam with L2): AdamW decays the parameter directly, "
+                             "θ ← θ(1 − lr·λ), and the moments see the loss gradient only."),
+        (dict(eps_inside=True), "eps inside the square root (√(v̂ + ε)): AdamW divides by √v̂ + ε."),
+        (dict(decay=False), "the weight decay is missing: θ ← θ(1 − lr·λ) before the Adam update."),
+    ]
+    if int(kw["t"]) >= 2:
+        variants.append((dict(t_shift=-1), "bias correction with t − 1: t is this step's number (1 at the first step)."))
+    for opts, msg in variants:
+        p, m, v = _adam_variant(kw, **opts)
+        for name, val in (("param", p), ("m", m), ("v", v)):
+            if not np.allclose(val, adamw_step(**kw)[("param", "m", "v").index(name)], rtol=1e-12, atol=1e-15):
+                out[name].append(Mistake(str(opts), val, msg + " " + READ_ADAMW))
+    return out
+
+
+# --------------------------------------------------------------------------- p3 cases and mistakes
+
+
+def _walk_case(rng: np.random.Generator) -> dict:
+    d, m, r = int(rng.integers(2, 5)), int(rng.integers(2, 5)), int(rng.integers(1, 4))
+    return dict(
+        X=rng.standard_normal((1, d)),
+        W=rng.standard_normal((d, m)),
+        A=rng.standard_normal((d, r)),
+        B=rng.standard_normal((r, m)),  # nonzero: a zero B hides a dA computed with the updated B
+        s=float(rng.choice([0.5, 2.0, 4.0])),
+        target=int(rng.integers(0, m)),
+        lr=float(rng.choice([0.1, 0.5])),
+    )
+
+
+def _walk_public() -> list[Case]:
+    return [
+        Case(walk.seed_example() | dict(lr=0.1), "the seed's walk, SGD lr 0.1"),
+        Case(_walk_case(np.random.default_rng(65)), "nonzero B, s ≠ 1"),
+    ]
+
+
+def _walk_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_walk_case(rng)) for _ in range(5)]
+
+
+def _walk_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    X, W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B"))
+    s, lr = float(kw["s"]), float(kw["lr"])
+    D = ce_grad(X @ W + s * (X @ A) @ B, int(kw["target"]))
+    dB, dA = s * (X @ A).T @ D, X.T @ (s * D @ B.T)
+    B_new, A_new = B - lr * dB, A - lr * dA
+    out_A = [
+        Mistake("updated B", A - lr * X.T @ (s * D @ B_new.T),
+                "you computed ∇A with B already updated: finish the backward pass (∇A = Xᵀ dZ with this step's B), then update both. " + READ_STEPS),
+        Mistake("ascent", A + lr * dA, "A moved up the gradient: SGD subtracts, A − lr·∇A (or D's sign is flipped). " + READ_CE),
+    ]
+    out_B = [
+        Mistake("updated A", B - lr * s * (X @ A_new).T @ D,
+                "you computed ∇B with A already updated: all gradients use this step's factors; update afterwards. " + READ_STEPS),
+        Mistake("ascent", B + lr * dB, "B moved up the gradient: SGD subtracts, B − lr·∇B (or D's sign is flipped). " + READ_CE),
+    ]
+    if s != 1.0:
+        out_A.append(Mistake("missing s", A - lr * X.T @ (D @ B.T), f"∇A is missing the scale: dZ = s D Bᵀ with s = {s:g}. " + READ_STEPS))
+        out_B.append(Mistake("missing s", B - lr * (X @ A).T @ D, f"∇B is missing the scale: ∇B = s Zᵀ D with s = {s:g}. " + READ_STEPS))
+    return {"A_new": out_A, "B_new": out_B}
+
+
+# --------------------------------------------------------------------------- p7 cases and mistakes
+
+
+def _lsm_public() -> list[Case]:
+    rng = np.random.default_rng(67)
+    return [
+        Case(dict(g=np.array([[1.0, 1.0]]), x=np.array([[0.1, 0.9]])), "x = [0.1, 0.9], g = [1, 1]"),
+        Case(dict(g=rng.standard_normal((2, 4)), x=rng.standard_normal((2, 4))), "two rows of four"),
+    ]
+
+
+def _lsm_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for _ in range(4):
+        n, m = int(rng.integers(1, 4)), int(rng.integers(2, 6))
+        out.append(Case(dict(g=rng.standard_normal((n, m)), x=rng.standard_normal((n, m)) * 2)))
+    return out
+
+
+def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    g, x = np.asarray(kw["g"], dtype=np.float64), np.asarray(kw["x"], dtype=np.float64)
+    p = walk.softmax(x)
+    out = [
+        Mistake("softmax rule", walk.softmax_backward(g, p),
+                "that is the softmax rule p ⊙ (g − Σ g·p); log-softmax's rule is g − softmax(x)·Σg. " + READ_CE),
+        Mistake("no sum", g - p, "the row sum is missing: dx = g − softmax(x) · Σ_j g_j, not g − softmax(x). " + READ_CE),
+        Mistake("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: dx = g − softmax(x)·Σg. " + READ_CE),
+        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE),
+    ]
+    return {"dx": out, "result": out}
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "D for softmax cross-entropy, one row",
+        1,
+        hints={
+            "a": "p alone ignores which class is right; the gradient must push the target's logit up. " + READ_CE,
+            "b": "That is −D: with it, gradient descent would push the target's probability down. " + READ_CE,
+            "d": "−log p is the loss itself, not its gradient with respect to the logits. " + READ_CE,
+        },
+    ),
+    "w2": Numeric(
+        "the cross-entropy loss for target class 1 with p = [0.460085, 0.539915]",
+        1,
+        name="loss",
+        expected=lambda: _seed_records(1)[0].loss,
+        rtol=0,
+        atol=5e-6,
+        mistakes=lambda: [
+            Mistake("wrong class", -math.log(0.460085), "that is −log p[0]; the target is class 1 (0-based), p[1] = 0.539915."),
+            Mistake("no minus", math.log(0.539915), "the loss is −log p[target]: a loss of a probability below one is positive."),
+            Mistake("log10", -math.log10(0.539915), "that is log base 10; cross-entropy uses the natural log (np.log)."),
+            Mistake("1-p", 1 - 0.539915, "1 − p is not the cross-entropy; take −log p[target]."),
+        ],
+    ),
+    "w3": Choice(
+        "what the optimizer updates in the walk",
+        1,
+        hints={
+            "b": "W is frozen: it passes gradient to X (D Wᵀ) but is never in the optimizer. " + READ_TOY,
+            "c": "X gets a gradient so that earlier layers could learn, but X is an input, not a parameter of this layer. " + READ_TOY,
+            "d": "A is in the optimizer from the start; at step one its gradient happens to be zero, so AdamW leaves it where it is. " + READ_ZERO,
+        },
+    ),
+    "p1": Function(
+        "implement ce_grad",
+        3,
+        name="ce_grad",
+        reference=ce_grad,
+        public=_ce_public,
+        hidden=_ce_hidden,
+        outputs=("D",),
+        mistakes=_ce_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+    "p2": Function(
+        "implement adamw_step",
+        4,
+        name="adamw_step",
+        reference=adamw_step,
+        public=_adam_public,
+        hidden=_adam_hidden,
+        outputs=("param", "m", "v"),
+        mistakes=_adam_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+    "p3": Function(
+        "implement sgd_walk_step",
+        3,
+        name="sgd_walk_step",
+        reference=sgd_walk_step,
+        public=_walk_public,
+        hidden=_walk_hidden,
+        outputs=("A_new", "B_new"),
+        mistakes=_walk_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+    "p4": Numeric(
+        "the loss after one SGD step (lr 0.1) of the walk",
+        1,
+        name="loss_after",
+        expected=lambda: _seed_records(1, "sgd")[0].loss_after,
+        rtol=0,
+        atol=1e-6,
+        mistakes=lambda: [
+            Mistake("before", _seed_records(1)[0].loss, "that is the loss before the step (0.616344); recompute it with the updated A and B."),
+            Mistake("adamw", _seed_records(1)[0].loss_after, "that is AdamW's loss after step 1; the question asks for SGD with lr 0.1."),
+            Mistake("two steps", _seed_records(2, "sgd")[1].loss_after, "that is the loss after two SGD steps; one step is asked."),
+            Mistake("lr 0.01", walk.run_walk(**walk.seed_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after,
+                    "that is SGD with lr 0.01 (AdamW's rate); the SGD variant uses lr 0.1."),
+        ],
+    ),
+    "p5": Array(
+        "A after three AdamW steps",
+        2,
+        name="A_3",
+        expected=lambda: _seed_records(3)[-1].A_after,
+        rtol=0,
+        atol=1e-6,
+        mistakes=lambda: [
+            Mistake("restart", _restarted_adamw(3), "you restarted AdamW at every step (fresh m, v and t): keep one optimizer state "
+                                                   "across steps, as one torch.optim.AdamW instance does. " + READ_ADAMW),
+            Mistake("two", _seed_records(2)[-1].A_after, "that is A after two steps; take one more."),
+            Mistake("sgd", _seed_records(3, "sgd")[-1].A_after, "that is the SGD variant; the question asks for AdamW (lr 0.01)."),
+        ],
+    ),
+    "p6": Choice(
+        "why ∇A = 0 at step one",
+        1,
+        hints={
+            "a": "W being frozen means no ∇W is formed; the path from the loss to A runs through B, not through W. " + READ_ZERO,
+            "b": "D is not zero: the base alone gives p ≈ [0.46, 0.54], so D ≈ [0.46, −0.46]; ∇B is nonzero from the same D. " + READ_ZERO,
+            "c": "The gradient is computed before the optimizer runs; AdamW's first step moves B by about lr. " + READ_ZERO,
+        },
+    ),
+    "p7": Function(
+        "implement log_softmax_backward",
+        2,
+        name="log_softmax_backward",
+        reference=log_softmax_backward,
+        public=_lsm_public,
+        hidden=_lsm_hidden,
+        outputs=("dx",),
+        mistakes=_lsm_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+}
