@@ -11,7 +11,12 @@ respect to each input is exactly what the layer's backward returns.
 Relative error, element-wise, ``|a − n| / max(|a| + |n|, tiny)``; the report keeps the worst.
 Bands in float64 with ε = 1e-6 (CS231n "gradient checks" notes): < 1e-7 right; 1e-7 … 1e-4 look
 closer (kinks, cancellation); > 1e-4 almost certainly wrong. float32 round-off alone reaches ~1e-3,
-so check in float64.
+so check in float64. A check that must run in float32 needs ε ≈ 1e-3 and looser bands
+(``band(err, "float32")``: < 1e-3 right, > 1e-2 wrong).
+
+Choosing ε: a central difference errs by truncation ε²|f‴|/6 plus round-off u|f|/ε (u the unit
+round-off), smallest near ε* = (3u|f|/|f‴|)^(1/3) (:func:`optimal_step`); :func:`epsilon_sweep`
+measures the error per ε.
 """
 
 from __future__ import annotations
@@ -28,17 +33,42 @@ __all__ = [
     "GradReport",
     "check_vjp",
     "band",
+    "BANDS",
+    "unit_roundoff",
+    "default_step",
+    "optimal_step",
+    "error_model",
+    "relative_errors",
+    "epsilon_sweep",
 ]
 
 RIGHT = 1e-7
 WRONG = 1e-4
 
+# dtype name -> (below this: "right", above this: "wrong"). float64: the CS231n bands (ε = 1e-6).
+# float32: with ε = 1e-3 the round-off term u·|f|/ε alone is ~1e-4·|f|/|f′|, so a correct kernel
+# routinely shows 1e-4 … 1e-3; a real bug (missing scale, transpose) shows 1e-1 or more.
+BANDS: dict[str, tuple[float, float]] = {"float64": (RIGHT, WRONG), "float32": (1e-3, 1e-2)}
 
-def band(rel_err: float) -> str:
-    """Name the CS231n band of a float64 relative error: ``"right"``, ``"look closer"`` or ``"wrong"``."""
-    if not np.isfinite(rel_err) or rel_err > WRONG:
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
+    if name not in BANDS:
+        raise ValueError(f"dtype must be one of {sorted(BANDS)} (a name, a NumPy or a torch dtype), got {dtype!r}.")
+    return name
+
+
+def band(rel_err: float, dtype: Any = "float64") -> str:
+    """Name the band of a relative error: ``"right"``, ``"look closer"`` or ``"wrong"``.
+
+    ``dtype="float64"`` (default): the CS231n bands, < 1e-7 right, > 1e-4 wrong. ``dtype="float32"``
+    (or ``np.float32`` / ``torch.float32``): < 1e-3 right, > 1e-2 wrong, for checks run in float32 with
+    ε ≈ 1e-3 (see :data:`BANDS`). NaN and inf are "wrong". Raises ValueError for another dtype.
+    """
+    right, wrong = BANDS[_dtype_name(dtype)]
+    if not np.isfinite(rel_err) or rel_err > wrong:
         return "wrong"
-    return "right" if rel_err < RIGHT else "look closer"
+    return "right" if rel_err < right else "look closer"
 
 
 def numeric_gradient(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -202,3 +232,92 @@ def check_vjp(
         num = numeric_gradient(lambda v, name=name: objective(**{**inputs, name: v}), x, eps)
         report.checks.append(_compare(name, grads[name], num, tol))
     return report
+
+
+# --------------------------------------------------------------------------- choosing ε, and ε sweeps
+
+
+def unit_roundoff(dtype: Any = "float64") -> float:
+    """Unit round-off u = machine epsilon / 2 of ``dtype`` ("float64": 2⁻⁵³ ≈ 1.1e-16, "float32": 2⁻²⁴ ≈ 6.0e-8).
+
+    Raises ValueError for a dtype other than float64 / float32.
+    """
+    return float(np.finfo(_dtype_name(dtype)).eps) / 2
+
+
+def default_step(dtype: Any = "float64") -> float:
+    """The conventional central-difference step: 1e-6 in float64 (CS231n), 1e-3 in float32."""
+    return {"float64": 1e-6, "float32": 1e-3}[_dtype_name(dtype)]
+
+
+def optimal_step(dtype: Any = "float64", f_scale: float = 1.0, d3_scale: float = 1.0) -> float:
+    """The ε that minimises :func:`error_model`: ``ε* = (3 u |f| / |f‴|)^(1/3)``.
+
+    With |f| ≈ |f‴| this is ≈ 6.9e-6 in float64 and ≈ 5.6e-3 in float32. ``f_scale`` ≈ |f| at x,
+    ``d3_scale`` ≈ |f‴| (both positive). Source: Nocedal & Wright, *Numerical Optimization*, 2nd ed.,
+    section 8.1 (the ε ≈ u^(1/3) rule for central differences). Raises ValueError for non-positive scales.
+    """
+    if not (f_scale > 0 and d3_scale > 0):
+        raise ValueError(f"f_scale and d3_scale must be positive, got {f_scale!r} and {d3_scale!r}.")
+    return float((3 * unit_roundoff(dtype) * f_scale / d3_scale) ** (1 / 3))
+
+
+def error_model(eps: Any, dtype: Any = "float64", f_scale: float = 1.0, d3_scale: float = 1.0) -> np.ndarray:
+    """Error bound of a central difference: truncation ``ε² |f‴| / 6`` plus round-off ``u |f| / ε``.
+
+    Truncation from Taylor's theorem (the ε² term of (f(x+ε) − f(x−ε)) / 2ε); round-off because each of
+    f(x ± ε) carries an error up to u·|f|, and their difference is divided by 2ε. ``eps``: a positive
+    number or array. Returns a float64 array shaped like ``eps`` (absolute error, in f's units per unit
+    of x). Raises ValueError if an ε is not positive.
+    """
+    e = np.asarray(eps, dtype=np.float64)
+    if not np.all(e > 0):
+        raise ValueError(f"every eps must be positive, got {eps!r}.")
+    return e**2 * d3_scale / 6 + unit_roundoff(dtype) * f_scale / e
+
+
+def relative_errors(analytic: Any, numeric: Any, denominator: str = "max", tiny: float = 1e-12) -> np.ndarray:
+    """Element-wise relative errors, float64, shaped like the inputs.
+
+    ``denominator="max"``: ``|a − n| / max(|a|, |n|, tiny)`` (CS231n notes, "gradient checks");
+    ``denominator="sum"``: ``|a − n| / max(|a| + |n|, tiny)`` (what :func:`relative_error` reports).
+    The two differ by at most a factor 2, which no band boundary cares about. Where both are 0 the
+    error is 0. Raises ValueError on a shape mismatch or an unknown ``denominator``.
+    """
+    a, n = _float64(analytic), _float64(numeric)
+    if a.shape != n.shape:
+        raise ValueError(f"analytic has shape {a.shape} but numeric has shape {n.shape}.")
+    if denominator == "max":
+        den = np.maximum(np.maximum(np.abs(a), np.abs(n)), tiny)
+    elif denominator == "sum":
+        den = np.maximum(np.abs(a) + np.abs(n), tiny)
+    else:
+        raise ValueError(f"denominator must be 'max' or 'sum', got {denominator!r}.")
+    return np.abs(a - n) / den
+
+
+def epsilon_sweep(f: Callable[[np.ndarray], float], x: np.ndarray, analytic: Any, eps_values: Any,
+                  reduce: str = "max") -> np.ndarray:
+    """Relative error of central differences against ``analytic`` for each step in ``eps_values``.
+
+    Args:
+        f: scalar function of an array shaped like ``x`` (as for :func:`numeric_gradient`). To see
+            float32 behaviour, let ``f`` cast its argument to float32: x ± ε is then rounded to float32
+            inside f, as it would be in a float32 model.
+        x: floating NumPy array, perturbed in place and restored. analytic: the gradient at x, x's shape.
+        eps_values: 1-D sequence of positive steps. reduce: "max" (worst entry) or "median" over entries.
+
+    Returns a float64 array, one relative error (``denominator="max"``, see :func:`relative_errors`)
+    per ε. Calls f 2·x.size·len(eps_values) times. Raises ValueError for a non-positive ε, a shape
+    mismatch or an unknown ``reduce``; TypeError as :func:`numeric_gradient`.
+    """
+    eps = np.asarray(eps_values, dtype=np.float64)
+    if eps.ndim != 1 or eps.size == 0 or not np.all(eps > 0):
+        raise ValueError(f"eps_values must be a non-empty 1-D sequence of positive steps, got {eps_values!r}.")
+    if reduce not in ("max", "median"):
+        raise ValueError(f"reduce must be 'max' or 'median', got {reduce!r}.")
+    a = _float64(analytic)
+    if a.shape != np.shape(x):
+        raise ValueError(f"analytic has shape {a.shape} but x has shape {np.shape(x)}.")
+    agg = np.max if reduce == "max" else np.median
+    return np.array([float(agg(relative_errors(a, numeric_gradient(f, x, float(e))))) for e in eps])

@@ -201,3 +201,104 @@ def test_torch_gradcheck_agrees_with_check_vjp(backward):
                                       eps=1e-6, atol=1e-5, rtol=1e-4, raise_exception=False)
     assert ours == theirs
     assert ours == (backward is _right)
+
+
+# --------------------------------------------------------------------------- dtype-aware bands, step choice, ε sweeps
+
+from coursekit.gradcheck import (  # noqa: E402
+    BANDS, default_step, epsilon_sweep, error_model, optimal_step, relative_errors, unit_roundoff)
+
+
+@pytest.mark.parametrize(
+    "err, dtype, expected",
+    [(5e-4, "float32", "right"), (5e-4, np.float32, "right"), (5e-3, torch.float32, "look closer"),
+     (2e-2, "float32", "wrong"), (5e-4, "float64", "wrong"), (5e-4, np.dtype("float64"), "wrong"),
+     (float("nan"), "float32", "wrong")],
+)
+def test_band_by_dtype(err, dtype, expected):
+    assert band(err, dtype) == expected
+
+
+def test_band_rejects_other_dtypes():
+    for bad in ("float16", torch.bfloat16, np.int64):
+        with pytest.raises(ValueError, match="dtype must be one of"):
+            band(1e-3, bad)
+    assert BANDS["float64"] == (1e-7, 1e-4)
+
+
+def test_roundoff_and_steps():
+    assert unit_roundoff() == 2.0**-53 and unit_roundoff("float32") == 2.0**-24
+    assert default_step() == 1e-6 and default_step(np.float32) == 1e-3
+    assert optimal_step() == pytest.approx((3 * 2.0**-53) ** (1 / 3))
+    assert 5e-6 < optimal_step() < 1e-5 and 4e-3 < optimal_step("float32") < 7e-3
+    assert optimal_step(f_scale=8.0) == pytest.approx(2 * optimal_step())
+    with pytest.raises(ValueError, match="positive"):
+        optimal_step(d3_scale=0.0)
+
+
+def test_error_model_is_minimal_at_the_optimal_step():
+    eps = np.logspace(-9, -2, 701)
+    for dtype in ("float64", "float32"):
+        model = error_model(eps, dtype, f_scale=3.0, d3_scale=0.5)
+        best = eps[np.argmin(model)]
+        assert best == pytest.approx(optimal_step(dtype, 3.0, 0.5), rel=0.03)
+    # truncation ∝ ε² at large ε, round-off ∝ 1/ε at small ε
+    big, small = error_model([1e-1, 1e-2]), error_model([1e-12, 1e-13])
+    assert big[0] / big[1] == pytest.approx(100, rel=1e-6) and small[1] / small[0] == pytest.approx(10, rel=1e-6)
+    with pytest.raises(ValueError, match="positive"):
+        error_model([1e-3, 0.0])
+
+
+def test_relative_errors_max_and_sum():
+    a, n = np.array([1.0, 0.0, -2.0, 0.0]), np.array([1.1, 1e-3, 2.0, 0.0])
+    np.testing.assert_allclose(relative_errors(a, n), [0.1 / 1.1, 1.0, 2.0, 0.0])
+    np.testing.assert_allclose(relative_errors(a, n, "sum"), [0.1 / 2.1, 1.0, 1.0, 0.0])
+    assert relative_errors(a, n, "sum").max() == relative_error(a, n)
+    assert np.all(relative_errors(a, n, "sum") <= relative_errors(a, n) + 1e-15)
+    with pytest.raises(ValueError, match="shape"):
+        relative_errors(np.zeros(2), np.zeros(3))
+    with pytest.raises(ValueError, match="denominator"):
+        relative_errors(a, n, "mean")
+
+
+def _logsumexp_problem():
+    rng = np.random.default_rng(3)
+    M = rng.standard_normal((5, 4)) / 2
+    x = rng.standard_normal(4)
+
+    def f(v, dtype=np.float64):
+        z = M.astype(dtype) @ v.astype(dtype)
+        return float(np.log(np.sum(np.exp(z))))
+
+    p = np.exp(M @ x - np.log(np.sum(np.exp(M @ x))))
+    return f, x, M.T @ p
+
+
+def test_epsilon_sweep_shows_truncation_roundoff_and_the_minimum():
+    f, x, g = _logsumexp_problem()
+    x0 = x.copy()
+    eps = np.logspace(-1, -11, 21)
+    err = epsilon_sweep(f, x, g, eps)
+    np.testing.assert_array_equal(x, x0)
+    assert err.shape == eps.shape and err.dtype == np.float64
+    best = eps[np.argmin(err)]
+    assert 1e-7 <= best <= 1e-4 and err.min() < 1e-8
+    slope_big = np.polyfit(np.log10(eps[:5]), np.log10(err[:5]), 1)[0]
+    assert 1.8 < slope_big < 2.2  # truncation ∝ ε²
+    assert err[-1] > 100 * err.min()  # round-off grows again at small ε
+    err32 = epsilon_sweep(lambda v: f(v, np.float32), x, g, eps, reduce="median")
+    assert eps[np.argmin(err32)] > best and err32.min() > 1e3 * err.min()
+
+
+def test_epsilon_sweep_errors():
+    f, x, g = _logsumexp_problem()
+    with pytest.raises(ValueError, match="positive"):
+        epsilon_sweep(f, x, g, [1e-3, -1e-3])
+    with pytest.raises(ValueError, match="positive"):
+        epsilon_sweep(f, x, g, [])
+    with pytest.raises(ValueError, match="shape"):
+        epsilon_sweep(f, x, g[:2], [1e-3])
+    with pytest.raises(ValueError, match="reduce"):
+        epsilon_sweep(f, x, g, [1e-3], reduce="mean")
+    with pytest.raises(TypeError, match="floating"):
+        epsilon_sweep(f, np.arange(4), g, [1e-3])

@@ -1,0 +1,1 @@
+answer_p6 = ["roundoff", "balance", "truncation", "collapse"]

@@ -1,0 +1,316 @@
+"""Lesson 07 ("Gradient checking"): graded items score right answers fully, typical wrong answers less, with
+the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit import gradcheck as gc
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson07
+from coursekit.grading.lessons.lesson07 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "07-gradient-checking" / "07-gradient-checking.ipynb"
+
+
+# --------------------------------------------------------------------------- student-style implementations
+
+
+def central_difference(f, x, eps):
+    grad = np.zeros(x.shape)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        fp = f(x)
+        x[idx] = old - eps
+        fm = f(x)
+        x[idx] = old
+        grad[idx] = (fp - fm) / (2 * eps)
+    return grad
+
+
+def central_on_copies(f, x, eps):
+    grad = np.zeros(x.shape)
+    for idx in np.ndindex(x.shape):
+        e = np.zeros(x.shape)
+        e[idx] = eps
+        grad[idx] = (f(x + e) - f(x - e)) / (2 * eps)
+    return grad
+
+
+def forward_difference(f, x, eps):
+    grad, f0 = np.zeros(x.shape), f(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        grad[idx] = (f(x) - f0) / eps
+        x[idx] = old
+    return grad
+
+
+def backward_difference(f, x, eps):
+    grad, f0 = np.zeros(x.shape), f(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old - eps
+        grad[idx] = (f0 - f(x)) / eps
+        x[idx] = old
+    return grad
+
+
+def divided_by_eps(f, x, eps):
+    return 2 * central_difference(f, x, eps)
+
+
+def not_restored(f, x, eps):
+    grad = np.zeros(x.shape)
+    for idx in np.ndindex(x.shape):
+        x[idx] += eps
+        fp = f(x)
+        x[idx] -= 2 * eps
+        grad[idx] = (fp - f(x)) / (2 * eps)
+    return grad
+
+
+def changes_x(f, x, eps):
+    grad = central_on_copies(f, x, eps)
+    x *= 2
+    return grad
+
+
+def hard_coded(f, x, eps):
+    # The public answers, whatever the case: passes the public cases, fails the hidden ones.
+    for case in lesson07._p1_public():
+        if case.kwargs["x"].shape == x.shape and np.allclose(case.kwargs["x"], x):
+            return lesson07.central_difference(**case.kwargs)
+    return np.zeros(x.shape)
+
+
+def rel_error(a, n):
+    a, n = np.asarray(a, dtype=float), np.asarray(n, dtype=float)
+    return float(np.max(np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), 1e-12)))
+
+
+RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": "b", "p4": "c",
+         "p5": "b", "p6": ["truncation", "balance", "roundoff", "collapse"], "p7": 4e-3, "p8": {"a", "c"}}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
+    k = keys.load("07")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w3", "p3", "p4", "p5", "p6", "p8"} <= set(k)
+    text = (keys.KEY_DIR / "07.key").read_text()
+    assert "truncation" not in text and "seed" not in text
+    assert not list(ROOT.rglob("keys07.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("07\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p9_explain", "p10_explain"]
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] == 2
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"07.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+@pytest.mark.parametrize("fn", [central_on_copies, lesson07.central_difference, gc.numeric_gradient])
+def test_other_correct_central_differences_score_full(fn):
+    assert check("07.p1", fn, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_random_in_shape():
+    a = check("07.p1", central_difference, hidden=True).text()
+    assert a == check("07.p1", central_difference, hidden=True).text() and a.count("hidden case") == 6
+    shapes = {c.kwargs["x"].shape for c in lesson07._p1_hidden(np.random.default_rng(0))}
+    assert len(shapes) > 2
+
+
+def test_hidden_cases_defeat_a_hard_coded_answer():
+    assert check("07.p1", hard_coded, hidden=False).full
+    fb = check("07.p1", hard_coded, hidden=True)
+    assert fb.points == pytest.approx(3 * 3 / 9) and "hidden case" in fb.text()
+
+
+def test_references_agree_with_coursekit():
+    case = lesson07._p1_public()[2].kwargs
+    np.testing.assert_allclose(lesson07.central_difference(**case), gc.numeric_gradient(case["f"], case["x"].copy(), case["eps"]))
+    a, n = np.array([1.0, 0.0, -2.0]), np.array([1.5, 0.0, -2.0])
+    assert lesson07.rel_error(a, n) == pytest.approx(1 / 3)
+
+
+# --------------------------------------------------------------------------- wrong answers: p1
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (forward_difference, "forward difference"),
+        (backward_difference, "backward difference"),
+        (divided_by_eps, "not by ε"),
+        (not_restored, "forgot to restore"),
+        (changes_x, "changed its input"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_central_difference_mistakes_are_named(fn, text, hidden):
+    fb = check("07.p1", fn, hidden=hidden)
+    assert fb.points == 0, fb.text()
+    assert text in fb.text() and "Central differences, entry by entry" in fb.text()
+
+
+def test_central_difference_stub_and_not_a_function():
+    def stub(f, x, eps):
+        raise NotImplementedError()
+
+    assert "NotImplementedError" in check("07.p1", stub).text()
+    assert check("07.p1", "central_difference").points == 0
+
+
+# --------------------------------------------------------------------------- wrong answers: p2
+
+
+def _re(den=None, agg=np.max, guard=True):
+    def fn(a, n):
+        a, n = np.asarray(a, dtype=float), np.asarray(n, dtype=float)
+        d = den(a, n) if den else np.maximum(np.abs(a), np.abs(n))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(agg(np.abs(a - n) / (np.maximum(d, 1e-12) if guard else d)))
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_re(den=lambda a, n: np.abs(a) + np.abs(n)), "divided by |a| + |n|"),
+        (_re(agg=np.mean), "the mean over entries"),
+        (_re(den=lambda a, n: np.ones_like(a)), "absolute error"),
+        (_re(den=lambda a, n: np.abs(a)), "divided by |a| alone"),
+        (_re(den=lambda a, n: np.abs(n)), "divided by |n| alone"),
+        (lambda a, n: np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), 1e-12), "return one number"),
+    ],
+)
+def test_rel_error_mistakes_are_named(fn, text):
+    fb = check("07.p2", fn)
+    assert fb.points < 2 and text in fb.text(), fb.text()
+    assert "Relative error and its bands" in fb.text()
+
+
+def test_rel_error_without_tiny_guard_fails_the_zero_case():
+    fb = check("07.p2", _re(guard=False))
+    assert 0 < fb.points < 2 and "is nan" in fb.text() and "tiny guard" in fb.text()
+
+
+# --------------------------------------------------------------------------- choices, numbers, ordering
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "forward difference"),
+        ("w1", "c", "2ε apart"),
+        ("w3", "a", "Speed is not the reason"),
+        ("p3", "a", "missing factor 1"),
+        ("p3", "c", "factor 1"),
+        ("p4", "a", "With one token"),
+        ("p4", "d", "B = 0 does not change dB"),
+        ("p5", "a", "Below 1e-7"),
+        ("p5", "c", "above 1e-4"),
+        ("p5", "d", "float32 boundary"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"07.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text() and "Reread" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w2", 38, "two, f(x + ε) and f(x − ε)"),
+        ("w2", 40, "also checks every entry of X"),
+        ("w2", 124, "W is frozen"),
+        ("p7", 2e-3, "you divided by 2ε"),
+        ("p7", 4e-9, "not multiplied"),
+        ("p7", 4e-12, "float64's rounding"),
+        ("p7", 1e-3**2 / 6, "truncation term"),
+        ("p7", 1.0, "not right (tolerance"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"07.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_ordering_partial_credit_names_the_first_misplaced_regime():
+    fb = check("07.p6", ["roundoff", "balance", "truncation", "collapse"])
+    assert 0 < fb.points < 2 and "position 1: 'roundoff'" in fb.text()
+    assert check("07.p6", ["collapse", "roundoff", "balance", "truncation"]).points == 0
+    assert check("07.p6", ["truncation", "balance", "roundoff"]).points == 0
+
+
+def test_multi_choice_partial_credit_and_hints():
+    fb = check("07.p8", {"a", "b", "c"})
+    assert fb.points == pytest.approx(1.0) and "compares 0 with 0" in fb.text()
+    fb = check("07.p8", {"a"})
+    assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
+    fb = check("07.p8", {"b", "d"})
+    assert fb.points == 0 and "dZ Aᵀ" in fb.text()
