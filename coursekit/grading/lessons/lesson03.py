@@ -1,0 +1,379 @@
+"""Graded items of lesson 03, "What low rank restricts"."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ... import lora, lowrank
+from .. import Array, Choice, Function, Numeric
+from ..checkers import Case, Feedback, Mistake, as_array
+from ..lora_mistakes import forward_mistakes
+
+READ_RANK = "Reread 'Rank of a product' in Know this."
+READ_SVD = "Reread 'The best rank-k approximation' in Know this."
+READ_SCALE = "Reread 'The scale when r changes' in Know this."
+READ_PATTERN = "Reread 'Per-module ranks in PEFT' in Know this."
+
+SEED_SPECTRUM = (4.0, 2.0, 1.0, 0.5)  # seed 002, section 2: the synthetic target update
+
+
+# --------------------------------------------------------------------------- P1: best_rank_k
+
+
+def best_rank_k_reference(M, k):
+    """Reference for p1 (coursekit.lowrank.best_rank_k)."""
+    return lowrank.best_rank_k(M, k)
+
+
+def _terms(M: np.ndarray):
+    U, S, Vt = np.linalg.svd(np.asarray(M, dtype=np.float64), full_matrices=False)
+    return U, S, Vt
+
+
+def _kept_directions(M: np.ndarray, got: Any) -> list[int] | None:
+    """If ``got`` is a sum of whole SVD terms S[i] u_i v_iᵀ of M, the indices i it kept; else None.
+
+    Works because the u_i (and v_i) are orthonormal: the coefficient of term i in G is u_iᵀ G v_i / S[i].
+    Needs distinct nonzero singular values, which every graded case has.
+    """
+    G = as_array(got)
+    if G is None or G.shape != M.shape or not np.all(np.isfinite(G)):
+        return None
+    U, S, Vt = _terms(M)
+    if np.any(S <= 1e-9) or np.any(np.diff(S) > -1e-9):
+        return None
+    c = np.einsum("di,dm,im->i", U, G, Vt) / S
+    rounded = np.round(c)
+    if not np.allclose(c, rounded, atol=1e-6) or np.any((rounded != 0) & (rounded != 1)):
+        return None
+    if not np.allclose((U * (S * rounded)) @ Vt, G, rtol=1e-6, atol=1e-8):
+        return None
+    return [int(i) for i in np.flatnonzero(rounded)]
+
+
+def best_rank_k_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """Known wrong values of M_k: a wrong set of singular directions (named from the student's answer),
+    U or Vt cut to a k × k block, the transpose of a square answer."""
+    M, k = np.asarray(kw["M"], dtype=np.float64), int(kw["k"])
+    U, S, Vt = _terms(M)
+    p = S.size
+    right = (U[:, :k] * S[:k]) @ Vt[:k]
+    out: list[Mistake] = []
+    g = (got or {}).get("M_k")
+    kept = _kept_directions(M, g)
+    if kept is not None and kept != list(range(k)):
+        shown = ", ".join(f"{S[i]:.3g}" for i in kept) or "none"
+        top = ", ".join(f"{S[i]:.3g}" for i in range(k))
+        if kept == list(range(p - k, p)) and k < p:
+            msg = (f"you kept the {k} smallest singular values ({shown}) instead of the {k} largest ({top}): "
+                   f"the best rank-k approximation keeps the first k of the decreasing order"
+                   + (" (with 2k = min(d, m) this is also the residual M − M_k)" if 2 * k == p else "") + f". {READ_SVD}")
+        elif kept == list(range(k, p)):
+            msg = (f"you returned the residual M − M_k (the directions with singular values {shown}); return the "
+                   f"approximation M_k itself, the part that keeps the {k} largest. {READ_SVD}")
+        elif len(kept) != k:
+            msg = (f"your answer keeps {len(kept)} singular directions ({shown}), but a rank-{k} approximation keeps "
+                   f"exactly k = {k}: check the slice bounds (U[:, :k], S[:k], Vt[:k]). {READ_SVD}")
+        else:
+            msg = (f"you kept {k} singular directions, but not the largest ones: yours have singular values {shown}, "
+                   f"the best have {top}. Sort in decreasing order before you truncate (np.linalg.eig and eigh "
+                   f"do not return the order np.linalg.svd does). {READ_SVD}")
+        out.append(Mistake("wrong directions", g, msg))
+    if k < p:
+        out.append(Mistake("smallest", (U[:, p - k:] * S[p - k:]) @ Vt[p - k:],
+                           f"you kept the {k} smallest singular values instead of the {k} largest. {READ_SVD}"))
+    out.append(Mistake("residual", M - right, "you returned the residual M − M_k; return the approximation M_k itself. " + READ_SVD))
+    out.append(Mistake("Vt cut", (U[:, :k] * S[:k]) @ Vt[:k, :k],
+                       "your M_k is d × k: you cut Vt[:k] to k columns as well. Keep the first k *rows* of Vt and all "
+                       "m columns, Vt[:k, :], so that M_k has M's shape d × m. " + READ_SVD))
+    out.append(Mistake("U cut", (U[:k, :k] * S[:k]) @ Vt[:k],
+                       "your M_k is k × m: you cut U to k rows as well. Keep all d rows and the first k *columns* of U, "
+                       "U[:, :k], so that M_k has M's shape d × m. " + READ_SVD))
+    if M.shape[0] == M.shape[1]:
+        out.append(Mistake("transposed", right.T, "your M_k is transposed: it has M's layout, d × m, not m × d."))
+    return {"M_k": out, "result": out}
+
+
+class _FactorsAwareFunction(Function):
+    """A Function item that also names the mistake of returning the SVD factors instead of their product."""
+
+    def check(self, answer: Any, ctx) -> Feedback:
+        fb = super().check(answer, ctx)
+        if any("got tuple" in l or "got list" in l for l in fb.lines):
+            fb.lines.append("Likely mistake: you returned the factors (U, S, Vt) or a list; best_rank_k returns one d × m "
+                            "array, the product U[:, :k] · diag(S[:k]) · Vt[:k, :]. " + READ_SVD)
+        return fb
+
+
+def _distinct_spectrum(rng: np.random.Generator, p: int) -> np.ndarray:
+    """p well-separated singular values in decreasing order, so every truncation is unique."""
+    return np.sort(rng.uniform(0.5, 1.5, size=p).cumsum())[::-1]
+
+
+def _p1_case(rng: np.random.Generator, d: int, m: int, k: int) -> dict:
+    sigma = _distinct_spectrum(rng, min(d, m))
+    return dict(M=lowrank.with_singular_values(sigma, d, m, rng), k=k)
+
+
+def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(31)
+    return [
+        Case(dict(M=lowrank.with_singular_values(SEED_SPECTRUM, 4, 4, np.random.default_rng(3)), k=1),
+             "singular values [4, 2, 1, 0.5], k = 1"),
+        Case(_p1_case(rng, 6, 3, 2), "tall 6 × 3, k = 2"),
+        Case(_p1_case(rng, 3, 5, 1), "wide 3 × 5, k = 1"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for i in range(6):
+        d, m = int(rng.integers(3, 8)), int(rng.integers(3, 8))
+        p = min(d, m)
+        k = p if i == 5 else int(rng.integers(1, p))  # the last one keeps everything: M_k = M
+        out.append(Case(_p1_case(rng, d, m, k)))
+    return out
+
+
+# --------------------------------------------------------------------------- P6: residual_curve
+
+
+def residual_curve_reference(sigma):
+    """Reference for p6 (coursekit.lowrank.residual_curve)."""
+    return lowrank.residual_curve(sigma)
+
+
+def _tails(values: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.cumsum(values[::-1])[::-1], [0.0]])
+
+
+def residual_curve_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    s_in = np.asarray(kw["sigma"], dtype=np.float64)
+    s = np.sort(s_in)[::-1]
+    right = np.sqrt(_tails(s ** 2))
+    out = [
+        Mistake("unsorted", np.sqrt(_tails(s_in ** 2)),
+                "you truncated sigma in the order it was given: sort it in decreasing order first, the best rank-k "
+                "approximation drops the smallest values. " + READ_SVD),
+        Mistake("ascending", np.sqrt(_tails(np.sort(s_in) ** 2)),
+                "you sorted in increasing order, so rank k keeps the smallest values: sort in decreasing order. " + READ_SVD),
+        Mistake("no sqrt", right ** 2, "you returned the squared residuals: the Frobenius norm is the square root of the "
+                "sum of the squared discarded singular values. " + READ_SVD),
+        Mistake("plain sum", _tails(s), "you summed the discarded singular values; the Frobenius residual is "
+                "sqrt(sum of their squares). " + READ_SVD),
+        Mistake("spectral", np.concatenate([s, [0.0]]), "that is the spectral-norm residual (the largest discarded value); "
+                "the question asks for the Frobenius norm. " + READ_SVD),
+        Mistake("from k = 1", right[1:], "your curve starts at k = 1: entry 0 is k = 0 (nothing kept), where the residual "
+                "is ||M||_F; the array has len(sigma) + 1 entries."),
+        Mistake("no k = p", right[:-1], "your curve stops before k = len(sigma): the last entry (everything kept) is 0; "
+                "the array has len(sigma) + 1 entries."),
+    ]
+    return {"residuals": out, "result": out}
+
+
+def _p6_public() -> list[Case]:
+    return [
+        Case(dict(sigma=np.array(SEED_SPECTRUM)), "sigma = [4, 2, 1, 0.5]"),
+        Case(dict(sigma=np.array([1.0, 3.0, 0.5, 2.0])), "unsorted sigma = [1, 3, 0.5, 2]"),
+    ]
+
+
+def _p6_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for _ in range(5):
+        s = np.round(rng.uniform(0.1, 5.0, size=int(rng.integers(3, 8))), 3)
+        out.append(Case(dict(sigma=rng.permutation(s))))
+    return out
+
+
+# --------------------------------------------------------------------------- P4: the public-reports input
+
+# A small input from public reports: A = ones(4, 8), B = ones(8, 4), x = ones(1, 4), lora_alpha = 16, r = 8.
+# xAB = 32 per entry; s = 16 / 8 = 2 gives 64; lora_alpha alone gives 512; rsLoRA (16 / sqrt 8) about 181.02.
+REPORT = dict(d=4, r=8, m=4, lora_alpha=16)
+
+
+def _report_kwargs() -> dict:
+    d, r, m = REPORT["d"], REPORT["r"], REPORT["m"]
+    return dict(X=np.ones((1, d)), W=np.zeros((d, m)), A=np.ones((d, r)), B=np.ones((r, m)),
+                lora_alpha=REPORT["lora_alpha"], r=r)
+
+
+def report_update() -> float:
+    """One entry of s (x A) B for the report's input (all entries are equal)."""
+    kw = _report_kwargs()
+    s = lora.scaling(kw["lora_alpha"], kw["r"])
+    Y = lora.lora_forward(kw["X"], kw["W"], kw["A"], kw["B"], s)[0]
+    return float(Y[0, 0])
+
+
+_NAMES = {
+    "alpha": "α instead of α/r",
+    "missing s": "no scale at all",
+    "r/alpha": "r/α instead of α/r",
+    "rslora": "α/√r (rsLoRA) instead of α/r",
+}
+
+
+def report_mistakes() -> list[Mistake]:
+    """The wrong scales of coursekit.grading.lora_mistakes, read off at one entry of the report's input."""
+    want = report_update()
+    out = []
+    for m in forward_mistakes(_report_kwargs())["Y"]:
+        v = float(np.asarray(m.value)[0, 0])
+        if m.label in _NAMES and not math.isclose(v, want):
+            out.append(Mistake(m.label, v, f"{_NAMES[m.label]}: {m.message} {READ_SCALE}"))
+    return out
+
+
+# --------------------------------------------------------------------------- P5: per-module scaling
+
+P5_CONFIG = dict(r=8, lora_alpha=16, rank_pattern={"v_proj": 32}, alpha_pattern={"layers.0.attn.v_proj": 32})
+P5_MODULES = ("layers.0.attn.q_proj", "layers.0.attn.v_proj", "layers.1.attn.v_proj")
+
+
+def _scalings(r, lora_alpha, rank_pattern, alpha_pattern, use_rslora=False) -> np.ndarray:
+    return np.array([lowrank.module_lora_settings(n, r, lora_alpha, rank_pattern, alpha_pattern, use_rslora)["scaling"]
+                     for n in P5_MODULES])
+
+
+def p5_expected() -> np.ndarray:
+    return _scalings(**P5_CONFIG)
+
+
+def p5_mistakes() -> list[Mistake]:
+    c = P5_CONFIG
+    every_v = {"v_proj": c["alpha_pattern"]["layers.0.attn.v_proj"]}
+    return [
+        Mistake("no patterns", _scalings(c["r"], c["lora_alpha"], {}, {}),
+                "you used the defaults for every module: rank_pattern and alpha_pattern override r and lora_alpha "
+                "for the modules whose names they match. " + READ_PATTERN),
+        Mistake("no alpha_pattern", _scalings(c["r"], c["lora_alpha"], c["rank_pattern"], {}),
+                "you applied rank_pattern but not alpha_pattern: 'layers.0.attn.v_proj' matches block 0's v_proj, "
+                "so its lora_alpha is overridden too. " + READ_PATTERN),
+        Mistake("no rank_pattern", _scalings(c["r"], c["lora_alpha"], {}, c["alpha_pattern"]),
+                "you applied alpha_pattern but not rank_pattern: the key 'v_proj' matches every module named …v_proj, "
+                "so those adapters have r = 32. " + READ_PATTERN),
+        Mistake("alpha on every v_proj", _scalings(c["r"], c["lora_alpha"], c["rank_pattern"], every_v),
+                "the alpha_pattern key names block 0 only ('layers.0.attn.v_proj'); block 1's v_proj keeps the "
+                "default lora_alpha, so its s = lora_alpha / 32. " + READ_PATTERN),
+        Mistake("rslora", _scalings(**c, use_rslora=True),
+                "that is the rsLoRA scale lora_alpha / sqrt(r); this config uses plain LoRA, s = lora_alpha / r. " + READ_SCALE),
+        Mistake("alpha", np.array([lowrank.module_lora_settings(n, c["r"], c["lora_alpha"], c["rank_pattern"], c["alpha_pattern"])["lora_alpha"]
+                                   for n in P5_MODULES]),
+                "those are the lora_alpha values; the scaling is lora_alpha / r for each module. " + READ_SCALE),
+    ]
+
+
+# --------------------------------------------------------------------------- items
+
+W1_SHAPES = dict(d=4096, r=16, m=4096)
+W3 = dict(lora_alpha=16, r_from=4, r_to=16)
+
+ITEMS = {
+    "w1": Numeric(
+        f"the largest possible rank of A B, A {W1_SHAPES['d']} × {W1_SHAPES['r']}, B {W1_SHAPES['r']} × {W1_SHAPES['m']}",
+        1,
+        name="max_rank",
+        expected=lambda: min(W1_SHAPES.values()),
+        rtol=0,
+        mistakes=lambda: [
+            Mistake("dense", W1_SHAPES["d"], "A B is 4096 × 4096, but every column of A B is a combination of A's 16 columns: "
+                    "rank(A B) <= r. " + READ_RANK),
+            Mistake("2r", 2 * W1_SHAPES["r"], "the two factors do not add their ranks: rank(A B) <= min(rank A, rank B) <= r. " + READ_RANK),
+            Mistake("params", lora.param_count(W1_SHAPES["d"], W1_SHAPES["m"], W1_SHAPES["r"]),
+                    "that is the parameter count r (d + m), not a rank. " + READ_RANK),
+        ],
+    ),
+    "w2": Choice(
+        "which matrix has rank 1",
+        1,
+        hints={
+            "b": "The identity's two columns point in different directions: rank 2. " + READ_RANK,
+            "c": "diag(1, −1) has two independent columns (one per axis): rank 2. " + READ_RANK,
+            "d": "A permutation matrix has full rank: its columns are distinct unit vectors. Reread 'When low rank fails'.",
+        },
+    ),
+    "w3": Numeric(
+        f"the factor by which s changes when r goes from {W3['r_from']} to {W3['r_to']} at lora_alpha = {W3['lora_alpha']}",
+        1,
+        name="factor",
+        expected=lambda: lora.scaling(W3["lora_alpha"], W3["r_to"]) / lora.scaling(W3["lora_alpha"], W3["r_from"]),
+        mistakes=lambda: [
+            Mistake("unchanged", 1.0, "s = lora_alpha / r depends on r: at fixed lora_alpha, a larger r gives a smaller s. " + READ_SCALE),
+            Mistake("upside down", W3["r_to"] / W3["r_from"], "s is divided by r, so a 4× larger r gives a 4× smaller s, not a larger one. " + READ_SCALE),
+            Mistake("rslora", math.sqrt(W3["r_from"] / W3["r_to"]), "that is the rsLoRA factor sqrt(r_old / r_new); "
+                    "plain LoRA divides by r itself. " + READ_SCALE),
+        ],
+    ),
+    "p1": _FactorsAwareFunction(
+        "implement best_rank_k",
+        3,
+        name="best_rank_k",
+        reference=best_rank_k_reference,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("M_k",),
+        mistakes=best_rank_k_mistakes,
+        rtol=1e-6,
+        atol=1e-8,
+    ),
+    "p2": Numeric(
+        "the Frobenius residual of the best rank-2 approximation, singular values [4, 2, 1, 0.5]",
+        1,
+        name="residual",
+        expected=lambda: lowrank.rank_k_residual(SEED_SPECTRUM, 2),
+        rtol=1e-4,
+        mistakes=lambda: [
+            Mistake("no sqrt", lowrank.rank_k_residual(SEED_SPECTRUM, 2) ** 2, "that is the squared residual: take the square root. " + READ_SVD),
+            Mistake("plain sum", sum(SEED_SPECTRUM[2:]), "you added the discarded singular values; the Frobenius residual is "
+                    "sqrt(1² + 0.5²). " + READ_SVD),
+            Mistake("largest dropped", math.sqrt(sum(x * x for x in SEED_SPECTRUM[:2])),
+                    "you discarded the two largest values: the best rank-2 approximation keeps 4 and 2. " + READ_SVD),
+            Mistake("rank 1", lowrank.rank_k_residual(SEED_SPECTRUM, 1), "that is the rank-1 residual (≈ 2.291); rank 2 also keeps 2. " + READ_SVD),
+            Mistake("rank 3", lowrank.rank_k_residual(SEED_SPECTRUM, 3), "that is the rank-3 residual; rank 2 keeps only 4 and 2. " + READ_SVD),
+            Mistake("spectral", lowrank.rank_k_residual(SEED_SPECTRUM, 2, norm="2"),
+                    "that is the spectral-norm residual (the largest discarded value); the question asks for the Frobenius norm. " + READ_SVD),
+            Mistake("relative", lowrank.rank_k_residual(SEED_SPECTRUM, 2) / lowrank.rank_k_residual(SEED_SPECTRUM, 0),
+                    "that is the residual relative to ||M||_F; the question asks for the absolute residual. " + READ_SVD),
+        ],
+    ),
+    "p3": Choice(
+        "what r = 8 counts in a 30-block model with adapters on q_proj and v_proj",
+        1,
+        hints={
+            "a": "The 60 adapters are independent: each adapted matrix has its own A and B and its own update of rank <= 8. " + READ_RANK,
+            "c": "target_modules chooses where adapters go; r is the inner width of each adapter, not a number of blocks. " + READ_RANK,
+            "d": "r is not split across (or multiplied by) attention heads: one adapter acts on the whole projection. " + READ_RANK,
+        },
+    ),
+    "p4": Numeric(
+        "one entry of the update s (x A) B for A = ones(4, 8), B = ones(8, 4), x = ones(1, 4), lora_alpha = 16, r = 8",
+        1,
+        name="update",
+        expected=report_update,
+        rtol=1e-4,
+        mistakes=report_mistakes,
+    ),
+    "p5": Array(
+        "PEFT scaling of " + ", ".join(P5_MODULES) + " under rank_pattern / alpha_pattern",
+        2,
+        name="scalings",
+        expected=p5_expected,
+        rtol=1e-6,
+        mistakes=p5_mistakes,
+    ),
+    "p6": Function(
+        "implement residual_curve",
+        2,
+        name="residual_curve",
+        reference=residual_curve_reference,
+        public=_p6_public,
+        hidden=_p6_hidden,
+        outputs=("residuals",),
+        mistakes=residual_curve_mistakes,
+    ),
+}

@@ -1,0 +1,346 @@
+"""Lesson 03 ("What low rank restricts"): graded items score right answers fully, typical wrong answers less,
+with the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit import lowrank
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson03 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+LID = "03-what-low-rank-restricts"
+NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
+
+
+def right_best_rank_k(M, k):
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    return (U[:, :k] * S[:k]) @ Vt[:k, :]
+
+
+def right_residual_curve(sigma):
+    s = np.sort(np.asarray(sigma, dtype=float))[::-1]
+    return np.array([math.sqrt(np.sum(s[k:] ** 2)) for k in range(len(s) + 1)])
+
+
+RIGHT = {"w1": 16, "w2": "a", "w3": 0.25, "p1": right_best_rank_k, "p2": math.sqrt(1.25), "p3": "b", "p4": 64,
+         "p5": [2.0, 1.0, 0.5], "p6": right_residual_curve}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("03")
+    assert isinstance(k["seed"], int)
+    assert {"w2", "p3"} <= set(k)
+    text = (keys.KEY_DIR / "03.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("03\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            assert meta["grade_id"] == f"{calls[0]}_test"
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p7_explain", "p8_explain"]
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+def test_no_case_generator_or_key_in_notebook_cells():
+    nb, _ = _nbgrader_cells()
+    src = "\n".join(c.source for c in nb.cells)
+    assert "_hidden" not in src and "keys.load" not in src and str(keys.load("03")["seed"]) not in src
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"03.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_hidden_cases_are_added_and_deterministic():
+    a = check("03.p1", right_best_rank_k, hidden=True).text()
+    b = check("03.p1", right_best_rank_k, hidden=True).text()
+    assert a == b and a.count("hidden case") == 6
+    assert check("03.p6", right_residual_curve, hidden=True).text().count("hidden case") == 5
+
+
+def test_a_hard_coded_answer_fails_hidden_cases():
+    from coursekit.grading.lessons.lesson03 import _p1_public
+
+    table = [(c.kwargs["M"], right_best_rank_k(c.kwargs["M"], c.kwargs["k"])) for c in _p1_public()]
+
+    def hard_coded(M, k):
+        for Mi, out in table:
+            if Mi.shape == M.shape and np.allclose(Mi, M):
+                return out
+        return np.zeros_like(M)
+
+    assert check("03.p1", hard_coded, hidden=False).full
+    assert check("03.p1", hard_coded, hidden=True).points <= 3 * 3 / 9 + 1e-9
+
+
+# --------------------------------------------------------------------------- P1 mistakes
+
+
+def kept_smallest(M, k):
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    return (U[:, -k:] * S[-k:]) @ Vt[-k:, :]
+
+
+def unsorted_eig(M, k):
+    # eig does not sort its eigenvalues: the first k eigenvectors of MᵀM are not the top k.
+    w, V = np.linalg.eig(M.T @ M)
+    Vk = np.real(V[:, :k])
+    return M @ Vk @ Vk.T
+
+
+def factors(M, k):
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    return U[:, :k], S[:k], Vt[:k, :]
+
+
+def vt_cut(M, k):
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    return U[:, :k] @ np.diag(S[:k]) @ Vt[:k, :k]
+
+
+def one_too_many(M, k):
+    return right_best_rank_k(M, k + 1) if k < min(M.shape) else M
+
+
+def residual_instead(M, k):
+    return M - right_best_rank_k(M, k)
+
+
+def stub(M, k):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (kept_smallest, "smallest singular values"),
+        (factors, "you returned the factors (U, S, Vt)"),
+        (vt_cut, "cut Vt[:k] to k columns"),
+        (one_too_many, "check the slice bounds"),
+        (residual_instead, "you returned the residual M − M_k"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_best_rank_k_mistakes_are_named(fn, text, hidden):
+    fb = check("03.p1", fn, hidden=hidden)
+    assert fb.points < fb.max_points, fb.text()
+    assert text in fb.text()
+    assert "Reread 'The best rank-k approximation'" in fb.text()
+
+
+def test_unsorted_directions_are_named_on_some_case():
+    fb = check("03.p1", unsorted_eig, hidden=True)
+    assert fb.points < fb.max_points
+    assert "not the largest ones" in fb.text() and "Sort in decreasing order" in fb.text()
+
+
+def test_best_rank_k_stub_and_non_function():
+    assert check("03.p1", stub).points == 0 and "NotImplementedError" in check("03.p1", stub).text()
+    fb = check("03.p1", "svd")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+
+def test_square_transpose_is_named():
+    from coursekit.grading.lessons.lesson03 import best_rank_k_mistakes
+
+    M = lowrank.with_singular_values([3.0, 2.0, 1.0], 3, 3, 0)
+    labels = [m.label for m in best_rank_k_mistakes({"M": M, "k": 1})["M_k"]]
+    assert "transposed" in labels and "smallest" in labels
+
+
+# --------------------------------------------------------------------------- P6 mistakes
+
+
+def curve_unsorted(sigma):
+    s = np.asarray(sigma, dtype=float)
+    return np.array([math.sqrt(np.sum(s[k:] ** 2)) for k in range(len(s) + 1)])
+
+
+def curve_ascending(sigma):
+    return curve_unsorted(np.sort(np.asarray(sigma, dtype=float)))
+
+
+def curve_squared(sigma):
+    return right_residual_curve(sigma) ** 2
+
+
+def curve_from_one(sigma):
+    return right_residual_curve(sigma)[1:]
+
+
+def curve_plain_sum(sigma):
+    s = np.sort(np.asarray(sigma, dtype=float))[::-1]
+    return np.array([np.sum(s[k:]) for k in range(len(s) + 1)])
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (curve_unsorted, "in the order it was given"),
+        (curve_ascending, "sorted in increasing order"),
+        (curve_squared, "squared residuals"),
+        (curve_from_one, "starts at k = 1"),
+        (curve_plain_sum, "summed the discarded singular values"),
+    ],
+)
+def test_residual_curve_mistakes_are_named(fn, text):
+    fb = check("03.p6", fn, hidden=True)
+    assert fb.points < fb.max_points, fb.text()
+    assert text in fb.text()
+
+
+# --------------------------------------------------------------------------- numeric, array and choice items
+
+
+@pytest.mark.parametrize(
+    "item, answer, text",
+    [
+        ("w1", 4096, "rank(A B) <= r"),
+        ("w1", 32, "do not add their ranks"),
+        ("w1", 131072, "parameter count"),
+        ("w3", 1, "depends on r"),
+        ("w3", 4, "not a larger one"),
+        ("w3", 0.5, "rsLoRA"),
+        ("p2", 1.25, "squared residual"),
+        ("p2", 1.5, "added the discarded"),
+        ("p2", math.sqrt(20), "discarded the two largest"),
+        ("p2", 2.2913, "rank-1 residual"),
+        ("p2", 1.0, "spectral-norm"),
+        ("p4", 512, "α instead of α/r"),
+        ("p4", 32, "no scale at all"),
+        ("p4", 16, "r/α instead of α/r"),
+        ("p4", 181.02, "rsLoRA"),
+        ("p4", 65, "not right (tolerance"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item, answer, text):
+    fb = check(f"03.{item}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_report_numbers_come_from_coursekit():
+    from coursekit.grading.lessons.lesson03 import report_mistakes, report_update
+
+    assert report_update() == 64.0
+    values = {m.label: m.value for m in report_mistakes()}
+    assert values["alpha"] == 512.0 and values["missing s"] == 32.0
+    assert values["rslora"] == pytest.approx(181.02, abs=5e-3)
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        ([2, 2, 2], "used the defaults for every module"),
+        ([2, 0.5, 0.5], "not alpha_pattern"),
+        ([2, 4, 2], "not rank_pattern"),
+        ([2, 1, 1], "names block 0 only"),
+        ([16 / math.sqrt(8), 32 / math.sqrt(32), 16 / math.sqrt(32)], "rsLoRA"),
+        ([16, 32, 16], "those are the lora_alpha values"),
+    ],
+)
+def test_scaling_mistakes_are_recognised(answer, text):
+    fb = check("03.p5", answer)
+    assert fb.points < 2 and text in fb.text(), fb.text()
+
+
+def test_scaling_expected_matches_peft():
+    from coursekit.grading.lessons.lesson03 import P5_CONFIG, P5_MODULES, p5_expected
+    from peft import LoraConfig, get_peft_model
+    from torch import nn
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.v_proj = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attn()
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block(), Block()])
+
+    model = get_peft_model(Tiny(), LoraConfig(target_modules=["q_proj", "v_proj"], **P5_CONFIG))
+    mods = dict(model.base_model.model.named_modules())
+    np.testing.assert_allclose([mods[n].scaling["default"] for n in P5_MODULES], p5_expected())
+    assert check("03.p5", np.array([2.0, 1.0])).points == 0  # wrong shape
+
+
+@pytest.mark.parametrize(
+    "item, answer, text",
+    [
+        ("w2", "b", "rank 2"),
+        ("w2", "d", "full rank"),
+        ("p3", "a", "independent"),
+        ("p3", "c", "not a number of blocks"),
+        ("p3", "d", "heads"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item, answer, text):
+    fb = check(f"03.{item}", answer)
+    assert fb.points == 0 and text in fb.text() and "Reread" in fb.text()
