@@ -1,0 +1,411 @@
+"""Graded items of lesson 04, "The training objective"."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ... import objective
+from ...data import IGNORE_INDEX, EmptyBatchError, count_supervised, token_loss_sum, window_loss
+from ..checkers import Case, Mistake
+from .. import Array, Choice, Function, Numeric
+
+READ_MASKS = "Reread 'Two masks, two jobs' in Know this."
+READ_SHIFT = "Reread 'The shift happens once' in Know this."
+READ_PAD = "Reread 'When pad == eos' in Know this."
+READ_AVG = "Reread 'Token- or example-weighted' in Know this."
+READ_EMPTY = "Reread 'No supervised token, no loss' in Know this."
+
+# --------------------------------------------------------------------------- P1: make_labels
+
+
+def make_labels(input_ids, attention_mask, prompt_len, pad_id):
+    """Reference for p1: labels aligned with input_ids, -100 on the prompt and on padding.
+
+    input_ids, attention_mask: int64 [B, T] (right padding); prompt_len: int64 [B]; pad_id: int
+    (unused on purpose: padding is read from attention_mask, never from ids).
+    """
+    ids = np.asarray(input_ids)
+    t = np.arange(ids.shape[1])[None, :]
+    keep = (t >= np.asarray(prompt_len)[:, None]) & (np.asarray(attention_mask) == 1)
+    return np.where(keep, ids, IGNORE_INDEX).astype(np.int64)
+
+
+def _batch(rows: list[list[int]], prompt_len: list[int], pad_id: int) -> dict:
+    T = max(len(r) for r in rows)
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = r
+        mask[b, : len(r)] = 1
+    return dict(input_ids=ids, attention_mask=mask, prompt_len=np.array(prompt_len, dtype=np.int64), pad_id=pad_id)
+
+
+# Toy vocabulary of the lesson: 0 "<s>", 1 "user:", 2 "EOS", 3 "a", 4 "b", 5 "c", 6 "d", 7 "bot:".
+EOS = 2
+
+
+def _p1_public() -> list[Case]:
+    return [
+        Case(_batch([[0, 1, 3, 7, 4, 5, EOS]], [4], EOS), "one row, no padding, a prompt of 4 tokens"),
+        Case(_batch([[3, 4, EOS], [3, 4, 5, 6, EOS]], [1, 1], EOS),
+             "pad == eos: rows `a b EOS` and `a b c d EOS`, right-padded with the eos id"),
+        Case(_batch([[1, 3, EOS, 7, 4, EOS], [1, 5, 6, EOS, 7, 3, 3, EOS], [1, 4, EOS, 7, 6, EOS]], [4, 5, 4], EOS),
+             "chat-like rows: EOS also closes the user turn inside the prompt"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for i in range(6):
+        pad_id = EOS if i < 4 else int(rng.integers(8, 12))  # mostly pad == eos, as SmolLM2 ships
+        B = int(rng.integers(2, 5))
+        rows, plens = [], []
+        for _ in range(B):
+            p = int(rng.integers(2, 6))
+            a = int(rng.integers(1, 5))
+            prompt = [1] + [int(x) for x in rng.integers(3, 7, size=p - 2)] + [7]
+            if p >= 4:
+                prompt[p // 2] = EOS  # an end-of-turn inside the prompt
+            rows.append(prompt + [int(x) for x in rng.integers(3, 7, size=a)] + [EOS])
+            plens.append(p)
+        while len({len(r) for r in rows}) == 1:  # make sure some row is padded
+            rows[0].insert(-1, 3)
+        out.append(Case(_batch(rows, plens, pad_id)))
+    return out
+
+
+def _p1_mistakes(kw: dict, got: dict) -> dict:
+    ids, mask = np.asarray(kw["input_ids"]), np.asarray(kw["attention_mask"])
+    plen, pad_id = np.asarray(kw["prompt_len"]), int(kw["pad_id"])
+    T = ids.shape[1]
+    t = np.arange(T)[None, :]
+    ref = make_labels(ids, mask, plen, pad_id)
+    only_pad = np.where(mask == 1, ids, IGNORE_INDEX)
+    by_id = np.where(ids == pad_id, IGNORE_INDEX, ref)
+    shifted = np.full_like(ref, IGNORE_INDEX)
+    shifted[:, :-1] = ref[:, 1:]
+    eos_msg = (f"every token whose id equals pad_id ({pad_id}) got -100. Here pad == eos, so each row's real end token lost "
+               "its label too and the model never learns to stop. Decide padding from attention_mask (the row's length), "
+               "not from ids. " + READ_PAD)
+    out = [
+        Mistake("masked the EOS", by_id, "masked the EOS: " + eos_msg),
+        Mistake("forgot the prompt", only_pad, "forgot -100 on the prompt: positions t < prompt_len[b] keep their ids, so the "
+                "model is trained to write the user's turn too. Assistant-only supervision masks them. " + READ_MASKS),
+        Mistake("masked the EOS, prompt kept", np.where(ids == pad_id, IGNORE_INDEX, only_pad),
+                "masked the EOS and forgot -100 on the prompt: " + eos_msg + " The prompt positions (t < prompt_len) need -100 as well."),
+        Mistake("forgot the padding", np.where(t >= plen[:, None], ids, IGNORE_INDEX),
+                "the padding positions (attention_mask == 0) are supervised: the loss would teach the model to emit pad tokens. "
+                "Give them -100. " + READ_MASKS),
+        Mistake("shifted", shifted, "your labels are shifted left by one: the model shifts labels itself, so this would be "
+                "shifted twice (logit t scored against token t + 2). Keep labels aligned with input_ids. " + READ_SHIFT),
+        Mistake("first answer token masked", np.where(t >= plen[:, None] + 1, ref, IGNORE_INDEX),
+                "the first answer token (position prompt_len[b]) got -100: use t >= prompt_len, not t > prompt_len."),
+        Mistake("last prompt token kept", np.where((t >= plen[:, None] - 1) & (mask == 1), ids, IGNORE_INDEX),
+                "the last prompt token (position prompt_len[b] - 1) is supervised: the prompt is t < prompt_len[b]."),
+    ]
+    return {"labels": out}
+
+
+def _p1_in_place(fn, case: Case) -> list[str] | None:
+    """make_labels must not write into input_ids (``labels = input_ids`` is the same array)."""
+    kw = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.kwargs.items()}
+    fn(**kw)
+    if not np.array_equal(kw["input_ids"], case.kwargs["input_ids"]):
+        return ["your function changed input_ids in place: `labels = input_ids` names the same array, so writing -100 into "
+                "labels also overwrites the model's inputs. Start from a copy (input_ids.copy(), or .clone() in torch)."]
+    return None
+
+
+# --------------------------------------------------------------------------- P2: masked_mean_loss
+
+EMPTY_TAG = "also: an all -100 batch must raise"
+
+
+def masked_mean_loss(logits, labels):
+    """Reference for p2: the token-weighted mean causal-LM loss, shifted once (coursekit.data)."""
+    return token_loss_sum(logits, labels) / count_supervised(labels)
+
+
+def _loss_case(rng: np.random.Generator, B: int, T: int, V: int, prompt: bool, pad: bool, full_first: bool = False) -> dict:
+    logits = torch.from_numpy(rng.standard_normal((B, T, V)) * 2.0)
+    labels = torch.from_numpy(rng.integers(0, V, size=(B, T)).astype(np.int64))
+    lengths = [T] + [int(rng.integers(max(3, T // 2), T + 1)) for _ in range(B - 1)] if pad else [T] * B
+    for b in range(B):
+        p = 0 if full_first and b == 0 else (int(rng.integers(1, max(2, lengths[b] - 1))) if prompt else 0)
+        labels[b, :p] = IGNORE_INDEX
+        labels[b, lengths[b]:] = IGNORE_INDEX
+    return dict(logits=logits, labels=labels)
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(4)
+    return [
+        Case(_loss_case(rng, 1, 6, 5, prompt=False, pad=False), "one row, every label supervised (pretraining style)"),
+        Case(_loss_case(rng, 3, 7, 6, prompt=True, pad=True), "three rows, prompts and padding masked with -100; " + EMPTY_TAG),
+        Case(_loss_case(rng, 2, 9, 4, prompt=True, pad=True, full_first=True), "two rows of different supervised lengths"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for i in range(5):
+        B, T, V = int(rng.integers(2, 5)), int(rng.integers(5, 10)), int(rng.integers(3, 9))
+        out.append(Case(_loss_case(rng, B, T, V, prompt=True, pad=True, full_first=(i % 2 == 0)), EMPTY_TAG if i == 0 else ""))
+    return out
+
+
+def _p2_mistakes(kw: dict, got: dict) -> dict:
+    logits, labels = kw["logits"], kw["labels"]
+    V = logits.shape[-1]
+    n = count_supervised(labels)
+    total = float(token_loss_sum(logits, labels))
+    sums, counts = objective.per_row_loss(logits, labels)
+    out = []
+
+    def ce(lg, lb, reduction="mean"):
+        return float(torch.nn.functional.cross_entropy(lg.reshape(-1, V), lb.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction))
+
+    if (labels != IGNORE_INDEX).any():
+        out.append(Mistake("not shifted", ce(logits, labels),
+                           "you scored logit t against label t: the causal shift is missing (logit t predicts token t + 1). "
+                           "Compare logits[:, :-1] with labels[:, 1:]. " + READ_SHIFT))
+    if labels.shape[1] > 2 and (labels[:, 2:] != IGNORE_INDEX).any():
+        out.append(Mistake("shifted twice", ce(logits[:, :-2], labels[:, 2:]),
+                           "shifted twice: you compared logits[:, :-2] with labels[:, 2:] (or shifted labels that were already "
+                           "shifted). Shift exactly once. " + READ_SHIFT))
+    if bool((counts > 0).all()):
+        out.append(Mistake("per example", float((sums / counts).mean()),
+                           "averaged per example: you took each row's mean and then the mean over rows, so a token of a short "
+                           "answer weighs more than a token of a long one. Divide the total loss by the total number of "
+                           "supervised tokens. " + READ_AVG))
+    out += [
+        Mistake("all positions", total / (labels.shape[0] * (labels.shape[1] - 1)),
+                "you divided by every scored position, including those labelled -100: divide by the number of "
+                "supervised tokens (labels[:, 1:] != -100). " + READ_MASKS),
+        Mistake("position 0 counted", total / int((labels != IGNORE_INDEX).sum()),
+                "your denominator also counts labels[:, 0]; no logit predicts position 0 after the shift, so count "
+                "labels[:, 1:] != -100 only. " + READ_SHIFT),
+        Mistake("sum", total, "that is the summed token loss; divide it by the number of supervised tokens."),
+    ]
+    if total / n > 0:
+        out.append(Mistake("sign", -total / n, "the sign is flipped: the loss is the mean of −log p(correct token), a positive number."))
+    return {"loss": out}
+
+
+def _p2_empty(fn, case: Case) -> list[str] | None:
+    """For the tagged cases: a batch whose labels are all -100 must raise, not return NaN or 0."""
+    if EMPTY_TAG not in case.label:
+        return None
+    empty = torch.full_like(case.kwargs["labels"], IGNORE_INDEX)
+    try:
+        got = fn(logits=case.kwargs["logits"].clone(), labels=empty)
+    except ValueError:  # EmptyBatchError is a ValueError
+        return None
+    except ZeroDivisionError:
+        return ["on a batch whose labels are all -100 your function raised ZeroDivisionError; raise "
+                "EmptyBatchError (from coursekit.data) with a message that says the batch has no supervised token. " + READ_EMPTY]
+    except Exception as e:
+        return [f"on a batch whose labels are all -100 your function raised {type(e).__name__}: {e}; check for N = 0 first "
+                "and raise EmptyBatchError. " + READ_EMPTY]
+    try:
+        value = float(got)
+    except Exception:
+        value = got
+    return [f"on a batch whose labels are all -100 your function returned {value}: with no supervised token the mean is "
+            "0/0, which torch turns into NaN (or a silent 0). Raise EmptyBatchError instead. " + READ_EMPTY]
+
+
+# --------------------------------------------------------------------------- numeric items
+
+P3_COUNTS = (4, 16)
+P3_MEANS = (0.5, 0.25)
+
+
+def _p3_expected() -> float:
+    return window_loss([c * m for c, m in zip(P3_COUNTS, P3_MEANS)], list(P3_COUNTS))
+
+
+P4_TICKET = "Operator reports that a hydraulic hose burst at the fitting."
+P4_LABEL = "hydraulic"
+
+
+@lru_cache(maxsize=1)
+def _p4_encoded() -> dict:
+    from ... import data, model
+
+    return data.encode_example(data.chat_example(P4_TICKET, P4_LABEL), model.load_tokenizer())
+
+
+def p4_positions() -> np.ndarray:
+    """Positions whose label is not -100 in the rendered P4 example (the course's tokenizer)."""
+    return np.array([i for i, l in enumerate(_p4_encoded()["labels"]) if l != IGNORE_INDEX], dtype=np.float64)
+
+
+def _p4_mistakes() -> list[Mistake]:
+    pos = p4_positions()
+    return [
+        Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> that closes the answer is supervised too: it "
+                "teaches the model to stop. " + READ_PAD),
+        Mistake("shifted", pos - 1, "these are the positions one to the left: labels are aligned with input_ids and the model "
+                "shifts them once itself. " + READ_SHIFT),
+        Mistake("shifted right", pos + 1, "these are one position to the right of the answer tokens; labels sit on the tokens themselves."),
+    ]
+
+
+P5_ROWS = (("The 24 V power supply output has dropped to 18 V on the case packer.", "electrical"),
+           ("Oil is dripping from the hydraulic manifold of the stamping press.", "hydraulic"),
+           ("The scheduling software skips queued jobs.", "software"),
+           ("One phase of the three-phase supply is missing at the paint booth.", "electrical"))
+
+
+@lru_cache(maxsize=1)
+def _p5_batch() -> dict:
+    from ... import data, model
+
+    tok = model.load_tokenizer()
+    rows = [data.encode_example(data.chat_example(t, l), tok) for t, l in P5_ROWS]
+    return data.collate(rows, pad_id=tok.pad_token_id)
+
+
+def _p5_expected() -> float:
+    return float(count_supervised(_p5_batch()["labels"]))
+
+
+def _p5_mistakes() -> list[Mistake]:
+    b = _p5_batch()
+    n = count_supervised(b["labels"])
+    return [
+        Mistake("attention", int(b["attention_mask"].sum()), "that is attention_mask.sum(): every real token, prompt included. "
+                "The loss counts only positions whose label is not -100. " + READ_MASKS),
+        Mistake("numel", b["labels"].numel(), "that is every position of the padded batch; count labels != -100."),
+        Mistake("no eos", n - b["labels"].shape[0], "you left out the end-of-turn token <|im_end|> of each answer; it is supervised "
+                "(masking every id equal to pad_id drops it, because pad == eos here). " + READ_PAD),
+    ]
+
+
+P6_IDS = (0, 3, 4, 5, 6, EOS)  # "<s> a b c d EOS" in the toy vocabulary
+P6_VOCAB = 8
+P6_MARGIN = 8.0
+
+
+def _p6_losses() -> tuple[float, float]:
+    ids = torch.tensor([P6_IDS])
+    logits = objective.oracle_logits(ids, P6_VOCAB, P6_MARGIN)
+    return float(objective.token_weighted_loss(logits, ids)), float(objective.token_weighted_loss(logits, objective.shift_left(ids)))
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "what -100 in labels means",
+        1,
+        hints={
+            "a": "-100 is not a token id (ids are >= 0); padding gets its own id, pad_id. -100 is a label value that the loss skips. " + READ_MASKS,
+            "c": "Which positions may be attended to is the attention mask's job; a -100 label leaves attention alone. " + READ_MASKS,
+            "d": "Nothing is penalised: the position contributes exactly zero to the loss and to the count N. " + READ_MASKS,
+        },
+    ),
+    "w2": Choice(
+        "a prompt token under assistant-only supervision",
+        1,
+        hints={
+            "b": "attention_mask 0 would hide the prompt from the answer tokens: the model could not read the question. " + READ_MASKS,
+            "c": "With its own id as label, the prompt would be trained on too (full-conversation training, not assistant-only). " + READ_MASKS,
+            "d": "That hides the prompt and trains on it: both masks are the wrong way round. " + READ_MASKS,
+        },
+    ),
+    "w3": Choice(
+        "who does the causal shift",
+        1,
+        hints={
+            "a": "Logit t is the prediction made after reading tokens 0..t; scoring it against token t would let it copy its input. " + READ_SHIFT,
+            "b": "Logit t + 1 has already seen token t + 1: nothing left to predict. " + READ_SHIFT,
+            "d": "transformers' causal LMs shift inside their loss (ForCausalLMLoss); shifting first makes it happen twice. " + READ_SHIFT,
+        },
+    ),
+    "p1": Function(
+        "implement make_labels",
+        3,
+        name="make_labels",
+        reference=make_labels,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("labels",),
+        mistakes=_p1_mistakes,
+        extra=_p1_in_place,
+        rtol=0,
+        atol=0,
+    ),
+    "p2": Function(
+        "implement masked_mean_loss",
+        3,
+        name="masked_mean_loss",
+        reference=masked_mean_loss,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("loss",),
+        mistakes=_p2_mistakes,
+        extra=_p2_empty,
+        rtol=1e-6,
+        atol=1e-9,
+    ),
+    "p3": Numeric(
+        "token-weighted loss of a two-micro-batch window",
+        1,
+        name="window_loss",
+        expected=_p3_expected,
+        rtol=1e-6,
+        mistakes=lambda: [
+            Mistake("mean of means", sum(P3_MEANS) / 2, "that is the mean of the two micro-batch means: the 4-token micro-batch then "
+                    "weighs as much as the 16-token one. Divide the total loss by all 20 tokens. " + READ_AVG),
+            Mistake("sum of means", sum(P3_MEANS), "that adds the two means; without dividing, accumulation doubles the loss. " + READ_AVG),
+            Mistake("total", sum(c * m for c, m in zip(P3_COUNTS, P3_MEANS)), "that is the summed token loss; divide by the total count."),
+        ],
+    ),
+    "p4": Array(
+        "supervised positions of a rendered example",
+        1,
+        name="positions",
+        expected=p4_positions,
+        rtol=0,
+        atol=0,
+        mistakes=_p4_mistakes,
+    ),
+    "p5": Numeric(
+        "supervised tokens in a collated batch",
+        1,
+        name="n_supervised",
+        expected=_p5_expected,
+        rtol=0,
+        mistakes=_p5_mistakes,
+    ),
+    "p6": Numeric(
+        "the loss after a double shift",
+        1,
+        name="loss_double_shift",
+        expected=lambda: _p6_losses()[1],
+        rtol=1e-6,
+        mistakes=lambda: [
+            Mistake("aligned", _p6_losses()[0], "that is the loss with labels = input_ids (shifted once, by the model): ≈ 0. The "
+                    "question asks for the labels you shifted by hand before the model shifts again. " + READ_SHIFT),
+            Mistake("uniform", math.log(P6_VOCAB), "log V is the loss of a uniform guess; the oracle is confident, but about the wrong "
+                    "position. " + READ_SHIFT),
+            Mistake("margin", P6_MARGIN, f"close: the margin {P6_MARGIN:g} is the dominant term, but each position also pays "
+                    "log(1 + (V - 1)·e^(-margin)). Compute it with the cell's tensors rather than by hand."),
+        ],
+    ),
+    "p7": Choice(
+        "pad == eos",
+        1,
+        hints={
+            "a": "Padding is masked, but so is every real end token: the ids are equal, so an id test cannot tell them apart. " + READ_PAD,
+            "c": "The attention mask is built from row lengths and is right; the damage is in the labels. " + READ_PAD,
+            "d": "Each row still has supervised answer tokens, so N > 0 and the loss is finite. " + READ_PAD,
+        },
+    ),
+}

@@ -1,0 +1,363 @@
+"""Lesson 04 ("The training objective"): graded items score right answers fully and typical wrong answers
+less, naming the mistake (shifted twice, averaged per example, masked the EOS, forgot -100 on the prompt);
+the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coursekit.data import IGNORE_INDEX, EmptyBatchError
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson04 as L
+from coursekit.grading.lessons.lesson04 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+LID = "04-the-training-objective"
+NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
+
+
+# --------------------------------------------------------------------------- student-style answers
+
+
+def make_labels(input_ids, attention_mask, prompt_len, pad_id):
+    labels = input_ids.copy()
+    t = np.arange(input_ids.shape[1])[None, :]
+    labels[t < prompt_len[:, None]] = -100
+    labels[attention_mask == 0] = -100
+    return labels
+
+
+def masked_mean_loss(logits, labels):
+    lg, lb = logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+    n = int((lb != -100).sum())
+    if n == 0:
+        raise EmptyBatchError("no supervised token")
+    return F.cross_entropy(lg, lb, ignore_index=-100, reduction="sum") / n
+
+
+def _p4_right():
+    return [int(p) for p in L.p4_positions()]
+
+
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 0.3,
+         "p4": None, "p5": 11, "p6": 8.002345485592187, "p7": "b"}
+
+
+def _right(item_id):
+    return _p4_right() if item_id == "p4" else RIGHT[item_id]
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("04")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p7"} <= set(k)
+    text = (keys.KEY_DIR / "04.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys04.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("04\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p8_explain", "p9_explain"]
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+def test_numbers_come_from_coursekit():
+    assert ITEMS["p3"].expected() == pytest.approx(6.0 / 20)
+    assert ITEMS["p5"].expected() == 11  # 3 + 3 + 2 + 3 supervised tokens: answer tokens and <|im_end|>
+    aligned, twice = L._p6_losses()
+    assert aligned == pytest.approx(np.log1p(7 * np.exp(-8.0)))
+    assert twice == pytest.approx(8.0 + aligned)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"04.{item_id}", _right(item_id), hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_torch_tensors_and_floats_are_accepted():
+    assert check("04.p4", torch.tensor(_p4_right())).full
+    assert check("04.p6", torch.tensor(8.002345485592187, dtype=torch.float64)).full
+
+    def float_loss(logits, labels):
+        return float(masked_mean_loss(logits, labels))
+
+    assert check("04.p2", float_loss, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_cover_pad_eq_eos():
+    a = check("04.p1", make_labels, hidden=True).text()
+    assert a == check("04.p1", make_labels, hidden=True).text() and a.count("hidden case") == 6
+    cases = L._p1_hidden(np.random.default_rng(0))
+    assert sum(c.kwargs["pad_id"] == L.EOS for c in cases) >= 3
+    for c in cases:
+        lengths = c.kwargs["attention_mask"].sum(1)
+        assert lengths.min() < lengths.max()  # some row is padded
+        assert (c.kwargs["prompt_len"] < lengths).all()
+
+
+# --------------------------------------------------------------------------- wrong choices
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "not a token id"),
+        ("w1", "c", "attention mask's job"),
+        ("w2", "c", "full-conversation training"),
+        ("w2", "b", "could not read the question"),
+        ("w3", "d", "shifting first makes it happen twice"),
+        ("w3", "a", "copy its input"),
+        ("p7", "a", "an id test cannot tell them apart"),
+        ("p7", "d", "N > 0"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"04.{item_id}", answer)
+    assert fb.points == 0
+    assert text in fb.text() and "Reread" in fb.text()
+
+
+# --------------------------------------------------------------------------- P1 make_labels
+
+
+def masked_eos(input_ids, attention_mask, prompt_len, pad_id):
+    labels = make_labels(input_ids, attention_mask, prompt_len, pad_id)
+    labels[input_ids == pad_id] = -100
+    return labels
+
+
+def forgot_prompt(input_ids, attention_mask, prompt_len, pad_id):
+    return np.where(attention_mask == 1, input_ids, -100)
+
+
+def forgot_padding(input_ids, attention_mask, prompt_len, pad_id):
+    t = np.arange(input_ids.shape[1])[None, :]
+    return np.where(t >= prompt_len[:, None], input_ids, -100)
+
+
+def shifted_labels(input_ids, attention_mask, prompt_len, pad_id):
+    labels = make_labels(input_ids, attention_mask, prompt_len, pad_id)
+    return np.concatenate([labels[:, 1:], np.full((labels.shape[0], 1), -100)], axis=1)
+
+
+def off_by_one(input_ids, attention_mask, prompt_len, pad_id):
+    labels = make_labels(input_ids, attention_mask, prompt_len, pad_id)
+    labels[np.arange(input_ids.shape[1])[None, :] <= prompt_len[:, None]] = -100
+    return labels
+
+
+def in_place(input_ids, attention_mask, prompt_len, pad_id):
+    labels = input_ids
+    labels[np.arange(input_ids.shape[1])[None, :] < prompt_len[:, None]] = -100
+    labels[attention_mask == 0] = -100
+    return labels
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (masked_eos, "masked the EOS"),
+        (forgot_prompt, "forgot -100 on the prompt"),
+        (forgot_padding, "padding positions (attention_mask == 0) are supervised"),
+        (shifted_labels, "shifted twice"),
+        (off_by_one, "first answer token"),
+        (in_place, "changed input_ids in place"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_make_labels_mistakes_are_named(fn, text, hidden):
+    fb = check("04.p1", fn, hidden=hidden)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+
+
+def test_masked_eos_loses_every_pad_eq_eos_case():
+    fb = check("04.p1", masked_eos, hidden=True)
+    cases = L._p1_public() + L._p1_hidden(np.random.default_rng(0))
+    n_eq = sum(c.kwargs["pad_id"] == L.EOS for c in cases)
+    assert n_eq >= 6 and "When pad == eos" in fb.text()
+    assert fb.points <= 3 * (len(cases) - n_eq) / len(cases) + 1e-9
+
+
+def test_make_labels_hard_coded_fails_hidden_cases():
+    answers = {tuple(map(tuple, c.kwargs["input_ids"])): L.make_labels(**c.kwargs) for c in L._p1_public()}
+
+    def hard_coded(input_ids, attention_mask, prompt_len, pad_id):
+        return answers.get(tuple(map(tuple, input_ids)), np.zeros_like(input_ids))
+
+    assert check("04.p1", hard_coded, hidden=False).full
+    assert check("04.p1", hard_coded, hidden=True).points == pytest.approx(3 * 3 / 9)
+
+
+def test_make_labels_stub_and_wrong_types():
+    def stub(input_ids, attention_mask, prompt_len, pad_id):
+        raise NotImplementedError()
+
+    fb = check("04.p1", stub)
+    assert fb.points == 0 and "NotImplementedError" in fb.text()
+    fb = check("04.p1", "make_labels")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+    def wrong_signature(input_ids, attention_mask):
+        return input_ids
+
+    fb = check("04.p1", wrong_signature)
+    assert fb.points == 0 and "could not be called" in fb.text()
+
+
+# --------------------------------------------------------------------------- P2 masked_mean_loss
+
+
+def no_shift(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def shifted_twice(logits, labels):
+    return F.cross_entropy(logits[:, :-2].reshape(-1, logits.shape[-1]), labels[:, 2:].reshape(-1), ignore_index=-100)
+
+
+def per_example(logits, labels):
+    rows = [F.cross_entropy(logits[b, :-1], labels[b, 1:], ignore_index=-100) for b in range(labels.shape[0])]
+    return torch.stack(rows).mean()
+
+
+def returns_nan(logits, labels):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def divides_by_all(logits, labels):
+    s = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    return s / (labels.shape[0] * (labels.shape[1] - 1))
+
+
+def counts_position_0(logits, labels):
+    s = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    return s / (labels != -100).sum()
+
+
+def zero_division(logits, labels):
+    s = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    return float(s) / int((labels[:, 1:] != -100).sum())
+
+
+@pytest.mark.parametrize(
+    "fn, text, max_points",
+    [
+        (no_shift, "the causal shift is missing", 0),
+        (shifted_twice, "shifted twice", 0),
+        (per_example, "averaged per example", 1.5),
+        (returns_nan, "returned nan", 2.5),
+        (divides_by_all, "including those labelled -100", 1.5),
+        (counts_position_0, "counts labels[:, 0]", 2),
+        (zero_division, "raised ZeroDivisionError", 2.5),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_masked_mean_loss_mistakes_are_named(fn, text, max_points, hidden):
+    fb = check("04.p2", fn, hidden=hidden)
+    assert fb.points <= max_points and fb.points < 3 and text in fb.text(), fb.text()
+
+
+def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
+    def returns_vector(logits, labels):
+        return torch.zeros(3)
+
+    fb = check("04.p2", returns_vector)
+    assert fb.points == 0 and "shape" in fb.text()
+
+
+# --------------------------------------------------------------------------- numbers and arrays
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("p3", 0.375, "mean of the two micro-batch means"),
+        ("p3", 0.75, "adds the two means"),
+        ("p3", 6.0, "summed token loss"),
+        ("p5", 7, "left out the end-of-turn token"),
+        ("p6", 0.0023454855921863655, "labels = input_ids"),
+        ("p6", float(np.log(8)), "uniform guess"),
+        ("p6", 8.0, "Compute it with the cell's tensors"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"04.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p5_attention_count_is_recognised():
+    b = L._p5_batch()
+    fb = check("04.p5", int(b["attention_mask"].sum()))
+    assert fb.points == 0 and "attention_mask.sum()" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "shift, text",
+    [("drop_last", "<|im_end|>"), (-1, "one to the left"), (1, "one position to the right")],
+)
+def test_p4_position_mistakes(shift, text):
+    pos = np.array(_p4_right())
+    wrong = pos[:-1] if shift == "drop_last" else pos + shift
+    fb = check("04.p4", list(wrong))
+    assert fb.points < 1 and text in fb.text(), fb.text()
