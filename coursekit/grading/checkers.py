@@ -383,7 +383,7 @@ def check_function(
                 with quiet(noise):  # extra checks call the student's code again
                     bad = extra(fn, case) or []
             except Exception as e:
-                bad = ["the gradient check could not run your function: " + _describe_exception(e, name, kwargs)]
+                bad = ["a further check on your function (beyond its outputs) could not run it: " + _describe_exception(e, name, kwargs)]
             lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
             if bad and lows:
                 bad.append(_low_precision_hint(*lows[0]))
