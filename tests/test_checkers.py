@@ -201,12 +201,15 @@ def test_array_list_has_no_dtype(capfd):
     assert fb.points == 3.0 and "dtype list" in fb.lines[-1]
 
 
-def test_array_partial_credit(capfd):
+def test_array_answer_never_reveals_the_key_nor_pays_for_shape_alone(capfd):
     wrong = EXPECTED.copy()
     wrong[1, 2] = 0.0
     fb = _run_silently(capfd, check_array, wrong, EXPECTED, 4, "Y")
-    assert fb.points == 1.0
-    assert "Y[1, 2]: expected 6.5, got 0" in fb.lines[0] and "1 of 6 entries differ" in fb.lines[0]
+    assert fb.points == 0
+    assert "Y[1, 2] = 0 is not right" in fb.lines[0] and "1 of 6 entries are off" in fb.lines[0]
+    assert "6.5" not in " ".join(fb.lines), "the expected value is the key"
+    fb = _run_silently(capfd, check_array, np.zeros_like(EXPECTED), EXPECTED, 4, "Y")
+    assert fb.points == 0
 
     fb = _run_silently(capfd, check_array, EXPECTED.astype(np.float32), EXPECTED, 4, "Y", 1e-6, 1e-9, np.float64)
     assert fb.points == 3.0 and "dtype float32" in fb.lines[-1]
@@ -217,12 +220,12 @@ def test_array_partial_credit(capfd):
     assert fb.points == 0 and "shape (3, 2)" in fb.lines[0] and any("transpose" in l for l in fb.lines)
 
     fb = _run_silently(capfd, check_array, 2 * EXPECTED, EXPECTED, 4, "Y", mistakes=[Mistake("d", 2 * EXPECTED, "doubled")])
-    assert fb.points == 1.0 and "Likely mistake: doubled" in fb.lines
+    assert fb.points == 1.0 and "Likely mistake: doubled" in fb.lines  # a known mistake: 1/4
 
     nan = EXPECTED.copy()
     nan[0, 1] = np.nan
     fb = _run_silently(capfd, check_array, nan, EXPECTED, 4, "Y")
-    assert fb.points == 1.0 and "Y[0, 1] is nan" in fb.lines[0]
+    assert fb.points == 0 and "Y[0, 1] is nan" in fb.lines[0]
 
 
 # --------------------------------------------------------------------------- check_ordering
@@ -285,13 +288,50 @@ def test_function_float32_and_torch_outputs_accepted(capfd):
     assert fb.full
 
 
-def test_function_mutating_its_input_does_not_change_the_reference(capfd):
+def test_function_mutating_its_input_fails_and_cannot_change_the_reference(capfd):
     def mutating(X, W):
         X += 1.0
-        return (X - 1.0) @ W
+        return (X - 1.0) @ W  # right values, but X was changed in place
 
     fb = _run_silently(capfd, _grade, mutating)
+    assert fb.points == 0 and "changed its input `X`" in fb.text()
+
+    def corrupting(X, W):
+        out = X @ W
+        X[...] = 0.0  # would make a shared reference compute X W = 0
+        return out
+
+    fb = _run_silently(capfd, _grade, corrupting)
+    assert "expected" not in fb.text() or "got 0" not in fb.text()
+    assert all("changed its input `X`" in l or not l.startswith("    ") for l in fb.lines)
+
+    import torch
+
+    def torch_corrupting(X, W):
+        X = torch.as_tensor(X)
+        return (X @ torch.as_tensor(W)).numpy()
+
+    fb = _run_silently(capfd, _grade, torch_corrupting)
     assert fb.full
+
+
+def test_function_with_other_parameter_names_is_graded_by_position(capfd):
+    def project(inputs, weight):
+        return inputs @ weight
+
+    fb = _run_silently(capfd, _grade, project)
+    assert fb.full and "graded by position" in fb.lines[0].lower()
+
+
+def test_stub_in_a_helper_is_named(capfd):
+    def helper(X):
+        raise NotImplementedError()
+
+    def project(X, W):
+        return helper(X) @ W
+
+    fb = _run_silently(capfd, _grade, project)
+    assert fb.points == 0 and "project calls helper, which still raises NotImplementedError" in fb.lines[0]
 
 
 def test_function_raising(capfd):

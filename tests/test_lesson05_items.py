@@ -349,7 +349,7 @@ def test_p3_expected_comes_from_the_reference():
         (0.5 * RIGHT["p6"], 0.5, "the base path has no scale"),
         (RIGHT["p6"].T, 0, "transpose of the right one"),
         (np.array([[0.4, -0.2, 0.6]]), 0, "base path's contribution to ∇X"),
-        (RIGHT["p6"] + 0.1, 0.5, "expected 0.2, got 0.3"),
+        (RIGHT["p6"] + 0.1, 0, "= 0.3 is not right"),  # no credit, and the key stays hidden
         ("XᵀD", 0, "array of numbers"),
     ],
 )

@@ -66,7 +66,7 @@ class Mistake:
 def _letter(x: Any) -> str | None:
     if not isinstance(x, str):
         return None
-    s = x.strip().lower().rstrip(")").strip()
+    s = x.strip().lower().strip("()").strip()
     return s if len(s) == 1 and s.isalpha() else None
 
 
@@ -223,14 +223,20 @@ def as_array(x: Any) -> np.ndarray | None:
 
 
 def _type_name(x: Any) -> str:
+    if isinstance(x, tuple) and type(x) is not tuple:  # a named tuple, e.g. np.linalg.svd's SVDResult
+        return f"{type(x).__name__} (a tuple of {len(x)})"
     if hasattr(x, "dtype"):
         return f"{type(x).__module__.split('.')[0]}.{type(x).__name__} of dtype {str(x.dtype).replace('torch.', '')}"
     return type(x).__name__
 
 
 def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol: float,
-                   mistakes: Sequence[Mistake] = ()) -> tuple[str, list[str]]:
-    """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values."""
+                   mistakes: Sequence[Mistake] = (), reveal: bool = True) -> tuple[str, list[str]]:
+    """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values.
+
+    ``reveal=False`` (answer items, whose expected value is the key) names the wrong entry and the value
+    that came back, never the expected one.
+    """
     a = as_array(got)
     expected = np.asarray(expected, dtype=np.float64)
     if a is None:
@@ -254,7 +260,11 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
     err = np.abs(a - expected) - (atol + rtol * np.abs(expected))
     idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
     where = f"{name}{list(idx)}" if idx else name
-    lines = [f"{where}: expected {_num(expected[idx], a[idx])}, got {_num(a[idx], expected[idx])} ({int((~close).sum())} of {a.size} entries differ)."]
+    if reveal:
+        lines = [f"{where}: expected {_num(expected[idx], a[idx])}, got {_num(a[idx], expected[idx])} ({int((~close).sum())} of {a.size} entries differ)."]
+    else:
+        lines = [f"{where} = {_num(a[idx], expected[idx])} is not right ({int((~close).sum())} of {a.size} entries are off; "
+                 f"tolerance: relative {rtol:g}, absolute {atol:g})."]
     low = _low_precision(got)
     if low:
         lines.append(_low_precision_hint(name, low))
@@ -270,16 +280,19 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
 
 def check_array(answer: Any, expected: Any, points: float, name: str = "answer", rtol: float = 1e-6, atol: float = 1e-9,
                 dtype: Any = None, mistakes: Sequence[Mistake] = ()) -> Feedback:
-    """An array: shape, then values, then (if given) dtype.
+    """An array answer: shape, then values, then (if given) dtype.
 
-    Partial credit: right shape with wrong values earns 1/4; right values with the wrong dtype 3/4.
-    Feedback names the worst index with expected and actual values, and recognises ``mistakes``.
+    A wrong value earns 1/4 only when it matches one of ``mistakes`` (a right shape alone earns nothing:
+    any array of zeros has it); right values with the wrong dtype earn 3/4. Feedback names the worst index and the value that came back, but
+    not the expected value (it is the key), and recognises ``mistakes``.
     """
-    kind, lines = compare_arrays(answer, expected, name, rtol, atol, mistakes)
+    kind, lines = compare_arrays(answer, expected, name, rtol, atol, mistakes, reveal=False)
     if kind in ("type", "shape"):
         return Feedback(0, points, lines)
     if kind == "values":
-        return Feedback(points / 4, points, lines + ["(1/4 of the points for the right shape.)"])
+        if any(l.startswith("Likely mistake:") for l in lines) and as_array(answer) is not None and np.isfinite(as_array(answer)).all():
+            return Feedback(points / 4, points, lines + ["(1/4 of the points: a known mistake, on the right track.)"])
+        return Feedback(0, points, lines)
     if dtype is not None:
         got = str(getattr(answer, "dtype", type(answer).__name__)).replace("torch.", "")
         want = np.dtype(dtype).name
@@ -349,26 +362,42 @@ def check_function(
         extra: a further check per passed case (e.g. a gradient check); returns failure lines or None.
 
     Score: points × (cases passed) / (cases run). Exceptions inside ``fn`` fail that case only.
+
+    The student's function and the reference each get their own copies of the inputs, so a function that
+    changes its inputs in place cannot change the expected answer; doing so fails the case, with the
+    input named. A function whose parameters are named differently but number the same is called
+    positionally, with a note.
     """
     if not callable(fn):
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
     passed, lines, noise = 0, [], []
+    positional = _needs_positional(fn, cases)
+    if positional:
+        lines.append(f"Note: your {name} names its parameters ({positional}); the task names them "
+                     f"({', '.join(cases[0].kwargs)}). Graded by position; use the task's names.")
     for i, case in enumerate(cases, 1):
         tag = f"{'hidden' if case.hidden else 'public'} case {i}" + (f" ({case.label})" if case.label and not case.hidden else "")
-        kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.kwargs.items()}
+        kwargs = {k: _copy_input(v) for k, v in case.kwargs.items()}
         try:
             with quiet(noise):
-                got = fn(**kwargs)
-        except NotImplementedError:
+                got = fn(*kwargs.values()) if positional else fn(**kwargs)
+        except NotImplementedError as e:
+            stub = _stub_name(e)
+            if stub and stub != name:
+                return Feedback(0, points, [f"{name} calls {stub}, which still raises NotImplementedError: "
+                                            f"finish {stub} first (it has its own check cell), then run this check again."])
             return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
         except Exception as e:  # the student's bug, reported, not raised
             lines.append(f"✗ {tag}: " + _describe_exception(e, name, kwargs))
             lines += _exception_hints(e)
             continue
-        want = reference(**case.kwargs)
+        want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
+        changed = _changed_inputs(case.kwargs, kwargs)
         if len(outputs) > 1:
             if not isinstance(got, (tuple, list)) or len(got) != len(outputs):
-                lines.append(f"✗ {tag}: {name} should return {len(outputs)} values ({', '.join(outputs)}); got {_type_name(got)}.")
+                n_got = f" of {len(got)} values" if isinstance(got, (tuple, list)) and type(got) in (tuple, list) else ""
+                lines.append(f"✗ {tag}: {name} should return {len(outputs)} values ({', '.join(outputs)}), in this order; "
+                             f"got {_type_name(got)}{n_got}.")
                 continue
         else:
             got, want = (got,), (want,)
@@ -387,6 +416,9 @@ def check_function(
             lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
             if bad and lows:
                 bad.append(_low_precision_hint(*lows[0]))
+        if changed and not any("in place" in b or "restore" in b for b in bad):
+            bad.append(f"{name} changed its input {changed} in place. Leave inputs as they are: work on a copy "
+                       f"(x = x.copy() in NumPy, x = x.clone() in torch) or build new arrays.")
         if bad:
             lines.append(f"✗ {tag}:")
             lines += ["    " + b for b in bad]
@@ -400,6 +432,67 @@ def check_function(
 
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _copy_input(v: Any) -> Any:
+    """A private copy of one input (arrays and tensors by value; anything that cannot be copied as is)."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if hasattr(v, "detach") and hasattr(v, "clone"):  # a torch tensor (leaf or not)
+        return v.detach().clone().requires_grad_(bool(getattr(v, "requires_grad", False)))
+    if callable(v) or isinstance(v, (str, bytes, int, float, bool, type(None))):
+        return v
+    try:
+        import copy
+
+        return copy.deepcopy(v)
+    except Exception:
+        return v
+
+
+def _changed_inputs(pristine: Mapping[str, Any], used: Mapping[str, Any]) -> str | None:
+    """The name (and first changed index) of an array or tensor input the student's function changed."""
+    for k, v in pristine.items():
+        u = used.get(k)
+        if u is v:
+            continue
+        a, b = as_array(v), as_array(u)
+        if a is None or b is None or a.shape != b.shape:
+            continue
+        diff = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+        if diff.any():
+            idx = [int(i) for i in np.argwhere(diff)[0]]
+            return f"`{k}` (entry {idx})" if idx else f"`{k}`"
+    return None
+
+
+def _needs_positional(fn: Callable, cases: Sequence[Case]) -> str | None:
+    """The student's parameter names when they differ from the task's but a positional call fits."""
+    import inspect
+
+    if not cases:
+        return None
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kwargs = cases[0].kwargs
+    try:
+        sig.bind(**kwargs)
+        return None
+    except TypeError:
+        pass
+    try:
+        sig.bind(*kwargs.values())
+    except TypeError:
+        return None
+    return ", ".join(sig.parameters)
+
+
+def _stub_name(e: BaseException) -> str | None:
+    """The function (outside coursekit) whose body raised NotImplementedError, if any."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
+    return frames[-1].name if frames else None
 
 
 def _describe_exception(e: Exception, name: str, kwargs: dict) -> str:

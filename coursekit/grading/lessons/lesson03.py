@@ -102,7 +102,7 @@ class _FactorsAwareFunction(Function):
 
     def check(self, answer: Any, ctx) -> Feedback:
         fb = super().check(answer, ctx)
-        if any("got tuple" in l or "got list" in l for l in fb.lines):
+        if any("got tuple" in l or "got list" in l or "(a tuple of" in l for l in fb.lines):
             fb.lines.append("Likely mistake: you returned the factors (U, S, Vt) or a list; best_rank_k returns one d × m "
                             "array, the product U[:, :k] · diag(S[:k]) · Vt[:k, :]. " + READ_SVD)
         return fb
