@@ -93,9 +93,14 @@ def _kernel_env() -> None:
 
 def api(root: Path, course_dir: Path | None = None, release_dir: Path | None = None):
     """An ``NbGraderAPI`` bound to this course."""
+    import logging
+
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
+    # bitsandbytes logs a note about an optional kernel package on import (grading imports the lesson
+    # items, and lesson 19's import it); it is not the instructor's concern here (coursekit doctor reports it).
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     _kernel_env()
     cfg = load_config(root, course_dir, release_dir)
     Path(cfg.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
