@@ -274,7 +274,7 @@ ITEMS = {
         ],
     ),
     "w3": Choice(
-        "what the optimizer updates in the walk",
+        "which tensors are the optimizer's parameters in the walk",
         1,
         hints={
             "b": "W is frozen: it passes gradient to X (D Wᵀ) but is never in the optimizer. " + READ_TOY,
