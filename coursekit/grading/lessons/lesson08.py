@@ -1,0 +1,341 @@
+"""Graded items of lesson 08, "Attention backward"."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import attention as att
+from ... import lora
+from ..checkers import Case, Mistake
+from .. import Array, Choice, Function, Numeric
+
+READ_FWD = "Reread 'One head, forward' in Know this."
+READ_BWD = "Reread 'Backward, one rule per product' in Know this."
+READ_SOFTMAX = "Reread 'The softmax step' in Know this."
+READ_MASK = "Reread 'Masked means zero: probability and gradient' in Know this."
+READ_LORA = "Reread 'Where LoRA fits' in Know this."
+
+
+# --------------------------------------------------------------------------- references
+
+
+def softmax_backward(P, dP):
+    """Reference for p1: ``dS = P ⊙ (dP − rowsum(dP ⊙ P))``, rows over the last axis."""
+    return att.softmax_backward(np.asarray(P, dtype=np.float64), np.asarray(dP, dtype=np.float64))
+
+
+def attention_backward(dC, Q, K, V, P):
+    """Reference for p2: ``(dQ, dK, dV)`` of one causal head given its probabilities P."""
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    dV = P.T @ dC
+    dS = att.softmax_backward(P, dC @ V.T)
+    return (dS @ K) * scale, (dS.T @ Q) * scale, dV
+
+
+# --------------------------------------------------------------------------- p1: cases and mistakes
+
+
+def _probs(rng: np.random.Generator, lead: tuple, T: int, drop_key: int | None = None) -> np.ndarray:
+    """Causal probabilities (..., T, T) from random scores; ``drop_key`` masks one key column for every query."""
+    allowed = att.causal_mask(T)
+    if drop_key is not None:
+        allowed = allowed.copy()
+        allowed[:, drop_key] = False
+    S = 1.5 * rng.standard_normal(lead + (T, T))
+    return att.softmax_forward(S, allowed)
+
+
+def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(81)
+    S = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.5, -0.5, 1.0]])
+    P_small = att.softmax_forward(S, att.causal_mask(3))
+    dP_small = np.array([[1.0, -1.0, 2.0], [0.5, 2.0, -1.0], [-1.0, 0.0, 3.0]])
+    return [
+        Case(dict(P=P_small, dP=dP_small), "one head, T = 3, the probabilities printed above"),
+        Case(dict(P=_probs(rng, (), 5), dP=rng.standard_normal((5, 5))), "one head, T = 5"),
+        Case(dict(P=_probs(rng, (2, 3), 4), dP=rng.standard_normal((2, 3, 4, 4))), "batch 2 × 3 heads × T = 4: shape (2, 3, 4, 4)"),
+        Case(dict(P=_probs(rng, (2,), 5, drop_key=2), dP=rng.standard_normal((2, 5, 5))), "2 heads, T = 5, key 2 masked for every query"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    leads = [(), (3,), (2, 2), (), (2,), (1, 3)]
+    for i, lead in enumerate(leads):
+        # T = 2 is the smallest causal case with a nonzero dS (at T = 1, dS = 0 for any dP: zeros would pass)
+        T = 2 if i == 3 else int(rng.integers(3, 7))
+        drop = int(rng.integers(1, T)) if i in (1, 4) else None
+        cases.append(Case(dict(P=_probs(rng, lead, T, drop), dP=rng.standard_normal(lead + (T, T)))))
+    return cases
+
+
+def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
+    """The classic wrong versions of dS = P ⊙ (dP − rowsum(dP ⊙ P)), as the values they produce."""
+    P, dP = np.asarray(P, dtype=np.float64), np.asarray(dP, dtype=np.float64)
+    G = dP * P
+    PT = P.swapaxes(-1, -2)
+    right = P * (dP - G.sum(-1, keepdims=True))
+    out = [
+        Mistake("no rowsum", P * dP, "you forgot to subtract the row sum: dS = P ⊙ dP is what an elementwise exp would give, "
+                "but each probability also depends on every score of its row through the normalisation. "
+                "dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX),
+        Mistake("column sums", P * (dP - G.sum(-2, keepdims=True)), "you summed over the wrong axis: rowsum runs over the keys, "
+                "the last axis (axis=-1), one number per query row; axis=-2 sums each key's column. " + READ_SOFTMAX),
+        Mistake("no keepdims", P * (dP - G.sum(-1)[..., None, :]), "your row sums were broadcast along the wrong axis: "
+                "(dP * P).sum(axis=-1) has shape (..., T), which NumPy lines up with the key axis, so query u's sum is "
+                "subtracted in column u. Keep the axis: .sum(axis=-1, keepdims=True). " + READ_SOFTMAX),
+        Mistake("total sum", P * (dP - G.sum()), "you subtracted the sum of dP ⊙ P over every entry; the sum is per query "
+                "row (axis=-1, keepdims=True): each row is its own softmax. " + READ_SOFTMAX),
+        Mistake("matrix sum", P * (dP - G.sum(axis=(-2, -1), keepdims=True)), "you subtracted one sum per whole T × T matrix; "
+                "the sum is per query row (axis=-1, keepdims=True): each row is its own softmax. " + READ_SOFTMAX),
+        Mistake("transposed result", right.swapaxes(-1, -2), "your dS is the transpose of the right one: rows are queries, "
+                "columns are keys, as in P; the masked entries belong above the diagonal. " + READ_SOFTMAX),
+        Mistake("P transposed in rowsum", P * (dP - (dP * PT).sum(-1, keepdims=True)), "you used Pᵀ inside the row sum: "
+                "rowsum(dP ⊙ P) pairs each dP entry with the probability at the same (query, key) position. " + READ_SOFTMAX),
+        Mistake("P transposed", PT * (dP - (dP * PT).sum(-1, keepdims=True)), "you used Pᵀ where P belongs: P is queries × keys "
+                "(lower triangular for a causal head), and dS has P's layout. " + READ_SOFTMAX),
+        Mistake("sign", P * (G.sum(-1, keepdims=True) - dP), "the sign is flipped: dS = P ⊙ (dP − rowsum(dP ⊙ P)), "
+                "dP first. " + READ_SOFTMAX),
+        Mistake("no P factor", dP - G.sum(-1, keepdims=True), "the factor P in front is missing: dS = P ⊙ (dP − rowsum(dP ⊙ P)). "
+                "Without it masked entries get gradient (they must get exactly zero). " + READ_MASK),
+    ]
+    # On small or degenerate cases (T = 1, uniform rows) several formulas coincide with the right one:
+    # a "mistake" equal to the right answer must not be reported.
+    return [m for m in out if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
+
+
+def _p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    return {"dS": _sm_mistakes(kw["P"], kw["dP"])}
+
+
+# --------------------------------------------------------------------------- p2: one head's backward
+
+
+def _head_case(rng: np.random.Generator, T: int, dh: int, dv: int, drop_key: int | None = None) -> dict:
+    Q, K, V = rng.standard_normal((T, dh)), rng.standard_normal((T, dh)), rng.standard_normal((T, dv))
+    mask = None
+    if drop_key is not None:
+        mask = np.ones((T, T), dtype=bool)
+        mask[:, drop_key] = False
+    _, cache = att.attention_forward(Q, K, V, mask=mask)
+    return dict(dC=rng.standard_normal((T, dv)), Q=Q, K=K, V=V, P=cache["P"])
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(82)
+    return [
+        Case(_head_case(rng, 3, 4, 4), "T = 3, d_h = d_v = 4"),
+        Case(_head_case(rng, 5, 2, 3), "T = 5, d_h = 2, d_v = 3"),
+        Case(_head_case(rng, 4, 4, 2, drop_key=1), "T = 4, key 1 masked for every query (a padding key)"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for i in range(6):
+        T = 1 if i == 5 else int(rng.integers(3, 7))
+        dh = int(rng.choice([2, 3, 4, 8]))  # d_h ≥ 2: with d_h = 1 a missing 1/√d_h cannot show
+        dv = dh if i == 0 else int(rng.integers(1, 5))  # d_v = d_h: dK and dV shapes coincide
+        drop = int(rng.integers(1, T)) if i == 2 else None
+        cases.append(Case(_head_case(rng, T, dh, dv, drop)))
+    return cases
+
+
+def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    dC, Q, K, V, P = (np.asarray(kw[k], dtype=np.float64) for k in ("dC", "Q", "K", "V", "P"))
+    dh = Q.shape[-1]
+    scale = 1.0 / math.sqrt(dh)
+    dP = dC @ V.T
+    dS = att.softmax_backward(P, dP)
+    dQ, dK = dS @ K * scale, dS.T @ Q * scale
+    m_q, m_k, m_v = [], [], []
+    if dh > 1:
+        m_q += [Mistake("no scale", dS @ K, f"dQ is missing the factor 1/√d_h = {scale:g}: the forward divided the scores by √d_h, "
+                        "so dQ = dS K / √d_h. " + READ_BWD),
+                Mistake("1/d_h", dS @ K / dh, f"you divided by d_h = {dh}; the scores were divided by √d_h = {math.sqrt(dh):g}, "
+                        "so dQ = dS K / √d_h. " + READ_BWD),
+                Mistake("times sqrt", dS @ K * math.sqrt(dh), "you multiplied by √d_h; the forward divided the scores by √d_h, "
+                        "so the backward divides too: dQ = dS K / √d_h. " + READ_BWD)]
+        m_k += [Mistake("no scale", dS.T @ Q, f"dK is missing the factor 1/√d_h = {scale:g}: dK = dSᵀ Q / √d_h. " + READ_BWD),
+                Mistake("1/d_h", dS.T @ Q / dh, f"you divided by d_h = {dh}, not √d_h = {math.sqrt(dh):g}: dK = dSᵀ Q / √d_h. " + READ_BWD),
+                Mistake("times sqrt", dS.T @ Q * math.sqrt(dh), "you multiplied by √d_h; dK = dSᵀ Q / √d_h. " + READ_BWD)]
+    m_k += [Mistake("dS not transposed", dS @ Q * scale, "dK needs dSᵀ: in S = Q Kᵀ / √d_h, K enters transposed, so the key "
+                    "side sums over queries: dK = dSᵀ Q / √d_h. " + READ_BWD),
+            Mistake("dQ formula", dS @ K * scale, "that is dQ's formula; dK = dSᵀ Q / √d_h. " + READ_BWD)]
+    m_q.append(Mistake("dS transposed", dS.T @ K * scale, "dQ uses dS itself, not dSᵀ: row t of dS belongs to query t, "
+                       "so dQ = dS K / √d_h. " + READ_BWD))
+    m_v.append(Mistake("P not transposed", P @ dC, "dV = Pᵀ dC: value u collects from every query that attended to it "
+                       "(column u of P), so P enters transposed. " + READ_BWD))
+    for name, wrong in (("dQ", m_q), ("dK", m_k)):
+        for sm in _sm_mistakes(P, dP):
+            val = sm.value @ K * scale if name == "dQ" else sm.value.T @ Q * scale
+            if np.shape(sm.value) == dS.shape:
+                wrong.append(Mistake(sm.label, val, f"{name} is off because dS is wrong (check softmax_backward, P1): " + sm.message))
+    m_q += [Mistake("no softmax step", dP @ K * scale, "you used dP where dS belongs: the gradient must pass through the "
+                    "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
+    m_k += [Mistake("no softmax step", dP.T @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "
+                    "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
+
+    def keep(ms, right):
+        return [m for m in ms if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
+
+    return {"dQ": keep(m_q, dQ), "dK": keep(m_k, dK), "dV": keep(m_v, P.T @ dC)}
+
+
+# --------------------------------------------------------------------------- p3: masked entries
+
+P3_T = 512
+
+
+def _p3_expected() -> float:
+    return float((~att.causal_mask(P3_T)).sum())
+
+
+def _p3_mistakes() -> list[Mistake]:
+    T = P3_T
+    return [
+        Mistake("allowed", T * (T + 1) // 2, "that counts the allowed entries (the lower triangle with its diagonal); the question "
+                "asks for the masked ones, above the diagonal. " + READ_MASK),
+        Mistake("half", T * T // 2, "the diagonal is allowed (query t sees itself), so the masked triangle has T(T − 1)/2 entries, "
+                "not T²/2. " + READ_MASK),
+        Mistake("all", T * T, "that is every entry of P; only the entries above the diagonal (key u > query t) are masked. " + READ_MASK),
+        Mistake("double", T * (T - 1), "that counts both triangles; only the upper one (key u > query t) is masked. " + READ_MASK),
+    ]
+
+
+# --------------------------------------------------------------------------- p6: the adapter on q_proj
+
+P6_CASE = dict(
+    X=np.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0], [1.0, 1.0, 0.0]]),
+    A=np.array([[0.5], [-1.0], [0.0]]),
+    B=np.array([[1.0, 2.0]]),
+    s=2.0,
+    dQ=np.array([[0.0, 0.0], [0.5, -0.5], [0.25, 1.0]]),
+    dK=np.array([[0.25, -0.5], [0.0, 1.0], [-0.25, -0.5]]),
+    dC=np.array([[1.0, -1.0], [0.0, 2.0], [-1.0, 0.5]]),
+)
+
+
+def _p6_expected() -> np.ndarray:
+    c = P6_CASE
+    W = np.zeros((3, 2))  # the base weight does not enter ∇A
+    _, cache = lora.lora_forward(c["X"], W, c["A"], c["B"], c["s"])
+    return lora.lora_backward(c["dQ"], cache)[1]
+
+
+def _p6_mistakes() -> list[Mistake]:
+    c = P6_CASE
+    X, B, s = c["X"], c["B"], c["s"]
+    return [
+        Mistake("dC", s * X.T @ c["dC"] @ B.T, "you used dC, the gradient at the attention output; the q_proj adapter's D is "
+                "dQ, the gradient at q_proj's own output. " + READ_LORA),
+        Mistake("dK", s * X.T @ c["dK"] @ B.T, "you used dK, which belongs to k_proj; the q_proj adapter's D is dQ. " + READ_LORA),
+        Mistake("missing s", X.T @ c["dQ"] @ B.T, f"the scale s = {s:g} is missing: ∇A = s Xᵀ D Bᵀ (lesson 05) with D = dQ. " + READ_LORA),
+        Mistake("transposed", (s * X.T @ c["dQ"] @ B.T).T, "your ∇A has the shape of Aᵀ: ∇A = s Xᵀ dQ Bᵀ is d × r, like A. " + READ_LORA),
+    ]
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "the shape of P for one head",
+        1,
+        hints={
+            "a": "T × d_h is the shape of Q, K and dQ; P holds one probability per (query, key) pair: T × T. " + READ_FWD,
+            "c": "d_h × d_h would be Qᵀ K, which contracts over positions; attention compares positions, Q Kᵀ is T × T. " + READ_FWD,
+            "d": "T × d_v is the shape of V and of the output C = P V; P itself is T × T. " + READ_FWD,
+        },
+    ),
+    "w2": Choice(
+        "which keys a causal query may attend",
+        1,
+        hints={
+            "b": "u ≥ t would let each query look at the future, the opposite of causal. " + READ_MASK,
+            "c": "u < t would hide the query's own position; PyTorch's is_causal keeps the diagonal (u ≤ t). " + READ_MASK,
+            "d": "That is bidirectional attention (an encoder); a decoder's causal mask hides every key after the query. " + READ_MASK,
+        },
+    ),
+    "w3": Choice(
+        "why the row maximum is subtracted",
+        1,
+        hints={
+            "a": "Subtracting a constant from a row leaves its softmax unchanged: exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s). " + READ_FWD,
+            "c": "The gradient does not change either; the rowsum term in dS already makes each row of dS sum to zero. " + READ_FWD,
+            "d": "The mask is applied with −inf before the maximum; subtracting the maximum only keeps exp from overflowing. " + READ_FWD,
+        },
+    ),
+    "p1": Function(
+        "implement softmax_backward",
+        4,
+        name="softmax_backward",
+        reference=softmax_backward,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("dS",),
+        mistakes=_p1_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
+    ),
+    "p2": Function(
+        "implement attention_backward for one causal head",
+        4,
+        name="attention_backward",
+        reference=attention_backward,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("dQ", "dK", "dV"),
+        mistakes=_p2_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
+    ),
+    "p3": Numeric(
+        f"masked entries of P for one causal head with T = {P3_T}",
+        1,
+        name="n_masked",
+        expected=_p3_expected,
+        rtol=0,
+        mistakes=_p3_mistakes,
+    ),
+    "p4": Choice(
+        "the NumPy expression for rowsum(dP ⊙ P)",
+        1,
+        hints={
+            "b": "axis=-2 sums over the queries, i.e. each key's column; each softmax row needs its own sum over keys (axis=-1). " + READ_SOFTMAX,
+            "c": "That is one number for the whole array; every query row is its own softmax and needs its own sum. " + READ_SOFTMAX,
+            "d": "Without keepdims the sums have shape (..., T), and NumPy broadcasts them along the last axis: query u's sum is "
+                 "subtracted in key column u. keepdims=True keeps shape (..., T, 1), one number per row. " + READ_SOFTMAX,
+        },
+    ),
+    "p5": Choice(
+        "what is exactly zero after a causal head's backward",
+        2,
+        options="abcde",
+        multi=True,
+        hints={
+            "c": "Every query attends key 0, so key 0 collects gradient from every row: dK[0] = Σ_t dS[t, 0] Q[t] / √d_h. " + READ_MASK,
+            "d": "The last value is attended by the last query with P[T−1, T−1] > 0, so dV[T−1] = P[T−1, T−1] dC[T−1] ≠ 0. " + READ_MASK,
+            "e": "dP = dC Vᵀ is dense: the mask never enters it. It is the factor P in dS = P ⊙ (…) that zeroes the masked entries. " + READ_MASK,
+        },
+    ),
+    "p6": Array(
+        "∇A of a LoRA adapter on q_proj",
+        2,
+        name="dA",
+        expected=_p6_expected,
+        rtol=1e-9,
+        atol=1e-12,
+        mistakes=_p6_mistakes,
+    ),
+    "p7": Choice(
+        "the upstream gradient D of an adapter on o_proj",
+        1,
+        hints={
+            "b": "dC is the gradient at o_proj's input (the merged heads); the adapter's D is the gradient at its layer's output. " + READ_LORA,
+            "c": "dV is v_proj's D, not o_proj's; o_proj sits after the heads are merged. " + READ_LORA,
+            "d": "dS lives inside each head, between the softmax and the scores; no projection's output is S. " + READ_LORA,
+        },
+    ),
+}

@@ -1,0 +1,341 @@
+"""Lesson 08 ("Attention backward"): graded items score right answers fully, typical wrong answers less, with
+the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from coursekit import attention as att
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson08
+from coursekit.grading.lessons.lesson08 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "08-attention-backward" / "08-attention-backward.ipynb"
+
+
+# --------------------------------------------------------------------------- student-style implementations
+
+
+def softmax_backward(P, dP):
+    return P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+
+
+def softmax_backward_torch(P, dP):
+    """Right, via autograd: returns a torch tensor (the checker accepts tensors)."""
+    S = torch.log(torch.tensor(P)).requires_grad_()  # softmax(log P) = P on each row (−inf where P = 0)
+    torch.softmax(S, dim=-1).backward(torch.tensor(dP))
+    return torch.nan_to_num(S.grad, nan=0.0)
+
+
+def softmax_backward_loop(P, dP):
+    """Right, row by row with the explicit Jacobian diag(p) − p pᵀ."""
+    out = np.zeros_like(P)
+    for idx in np.ndindex(P.shape[:-1]):
+        p = P[idx]
+        out[idx] = (np.diag(p) - np.outer(p, p)) @ dP[idx]
+    return out
+
+
+def attention_backward(dC, Q, K, V, P):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    dS = softmax_backward(P, dC @ V.T)
+    return dS @ K * scale, dS.T @ Q * scale, P.T @ dC
+
+
+def _bwd(sm=softmax_backward, scale=lambda dh: 1 / math.sqrt(dh), dK_T=True, dV_T=True):
+    def fn(dC, Q, K, V, P):
+        c = scale(Q.shape[-1])
+        dS = sm(P, dC @ V.T)
+        dK = (dS.T if dK_T else dS) @ Q * c
+        return dS @ K * c, dK, (P.T if dV_T else P) @ dC
+    return fn
+
+
+def hard_coded_softmax(P, dP):
+    for case in lesson08._p1_public():
+        if case.kwargs["P"].shape == P.shape and np.allclose(case.kwargs["P"], P) and np.allclose(case.kwargs["dP"], dP):
+            return lesson08.softmax_backward(**case.kwargs)
+    return np.zeros_like(P)
+
+
+RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 130816, "p4": "a",
+         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("08")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p4", "p5", "p7"} <= set(k)
+    text = (keys.KEY_DIR / "08.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys08.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("08\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p8_explain", "p9_explain"]
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] == 2
+
+
+def test_notebook_p6_case_is_the_graded_one():
+    """The P6 arrays printed in the notebook are the ones the item grades against."""
+    nb, _ = _nbgrader_cells()
+    src = next(c.source for c in nb.cells if c.source.startswith("# The P6 case."))
+    ns = {"np": np}
+    exec(src, ns)
+    for name in ("X", "A", "B", "dQ", "dK", "dC"):
+        np.testing.assert_array_equal(ns[f"{name}_p6"], lesson08.P6_CASE[name], err_msg=name)
+    assert ns["s_p6"] == lesson08.P6_CASE["s"]
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"08.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+@pytest.mark.parametrize("fn", [softmax_backward_loop, softmax_backward_torch, att.softmax_backward])
+def test_other_correct_softmax_backwards_score_full(fn):
+    fb = check("08.p1", fn, hidden=True)
+    assert fb.full, fb.text()
+
+
+def test_references_agree_with_coursekit_and_torch():
+    for case in lesson08._p2_public() + list(lesson08._p2_hidden(np.random.default_rng(0))):
+        kw = case.kwargs
+        mask = kw["P"] > 0
+        _, cache = att.attention_forward(kw["Q"], kw["K"], kw["V"], mask=mask)
+        np.testing.assert_allclose(cache["P"], kw["P"], rtol=1e-12, atol=1e-15)
+        for mine, ref in zip(lesson08.attention_backward(**kw), att.attention_backward(kw["dC"], cache)):
+            np.testing.assert_allclose(mine, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_hidden_cases_are_deterministic_and_cover_shapes_masks_and_one_token():
+    a = check("08.p1", softmax_backward, hidden=True).text()
+    assert a == check("08.p1", softmax_backward, hidden=True).text() and a.count("hidden case") == 6
+    cases = lesson08._p1_hidden(np.random.default_rng(0))
+    shapes = {c.kwargs["P"].shape for c in cases}
+    assert len({s[:-2] for s in shapes}) >= 3                      # different leading (batch/head) dims
+    assert any(s[-1] == 2 for s in shapes)                         # the smallest nontrivial head
+    # a fully masked key column (the causal mask alone always leaves P[u, u] > 0)
+    assert any(np.any(np.all(c.kwargs["P"] == 0, axis=-2)) for c in cases)
+    p2 = lesson08._p2_hidden(np.random.default_rng(0))
+    assert all(c.kwargs["Q"].shape[-1] >= 2 for c in p2)           # a missing 1/√d_h always shows
+    assert any(c.kwargs["Q"].shape[0] == 1 for c in p2)             # T = 1: dQ = dK = 0, dV = dC
+
+
+def test_hidden_cases_defeat_a_hard_coded_answer():
+    assert check("08.p1", hard_coded_softmax, hidden=False).full
+    fb = check("08.p1", hard_coded_softmax, hidden=True)
+    assert fb.points == pytest.approx(4 * 4 / 10) and "hidden case" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: p1
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (lambda P, dP: P * dP, "forgot to subtract the row sum"),
+        (lambda P, dP: P * (dP - (dP * P).sum(axis=-2, keepdims=True)), "summed over the wrong axis"),
+        (lambda P, dP: P * (dP - (dP * P).sum()), "over every entry"),
+        (lambda P, dP: softmax_backward(P, dP).swapaxes(-1, -2), "transpose of the right one"),
+        (lambda P, dP: P.swapaxes(-1, -2) * (dP - (dP * P.swapaxes(-1, -2)).sum(-1, keepdims=True)), "Pᵀ where P belongs"),
+        (lambda P, dP: P * ((dP * P).sum(-1, keepdims=True) - dP), "sign is flipped"),
+        (lambda P, dP: dP - (dP * P).sum(-1, keepdims=True), "factor P in front is missing"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_softmax_backward_mistakes_are_named(fn, text, hidden):
+    fb = check("08.p1", fn, hidden=hidden)
+    assert fb.points < 4 * 0.3, fb.text()
+    assert text in fb.text() and "Reread" in fb.text(), fb.text()
+
+
+def test_no_keepdims_is_named_where_it_broadcasts_and_fails_elsewhere():
+    fb = check("08.p1", lambda P, dP: P * (dP - (dP * P).sum(axis=-1)))
+    assert fb.points == 0, fb.text()
+    assert "broadcast along the wrong axis" in fb.text() and "keepdims=True" in fb.text()
+
+
+def test_softmax_backward_stub_and_not_a_function():
+    def stub(P, dP):
+        raise NotImplementedError()
+
+    assert "NotImplementedError" in check("08.p1", stub).text()
+    assert check("08.p1", "softmax_backward").points == 0
+
+
+def test_float32_answer_gets_the_precision_hint():
+    fb = check("08.p1", lambda P, dP: softmax_backward(P.astype(np.float32), dP.astype(np.float32)))
+    assert fb.points < 4 and "float32" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: p2
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_bwd(scale=lambda dh: 1.0), "missing the factor 1/√d_h"),
+        (_bwd(scale=lambda dh: 1 / dh), "you divided by d_h"),
+        (_bwd(scale=lambda dh: math.sqrt(dh)), "multiplied by √d_h"),
+        (_bwd(dK_T=False), "dK needs dSᵀ"),
+        (_bwd(dV_T=False), "dV = Pᵀ dC"),
+        (_bwd(sm=lambda P, dP: P * dP), "dQ is off because dS is wrong (check softmax_backward, P1): you forgot to subtract the row sum"),
+        (_bwd(sm=lambda P, dP: dP), "you used dP where dS belongs"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_attention_backward_mistakes_are_named(fn, text, hidden):
+    fb = check("08.p2", fn, hidden=hidden)
+    assert fb.points < 4 * 0.3, fb.text()
+    assert text in fb.text(), fb.text()
+
+
+def test_attention_backward_wrong_arity_is_explained():
+    fb = check("08.p2", lambda dC, Q, K, V, P: attention_backward(dC, Q, K, V, P)[:2])
+    assert fb.points == 0 and "should return 3 values (dQ, dK, dV)" in fb.text()
+
+
+# --------------------------------------------------------------------------- choices, numbers, arrays
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "T × d_h is the shape of Q"),
+        ("w1", "d", "T × d_v"),
+        ("w2", "b", "look at the future"),
+        ("w2", "c", "keeps the diagonal"),
+        ("w3", "a", "leaves its softmax unchanged"),
+        ("p4", "b", "axis=-2 sums over the queries"),
+        ("p4", "d", "Without keepdims"),
+        ("p7", "b", "gradient at o_proj's input"),
+        ("p7", "c", "v_proj's D"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"08.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text() and "Reread" in fb.text(), fb.text()
+
+
+def test_multi_choice_partial_credit_and_hints():
+    fb = check("08.p5", {"a", "b", "e"})
+    assert fb.points == pytest.approx(1.0)
+    assert "dP = dC Vᵀ is dense" in fb.text()
+    fb = check("08.p5", {"a"})
+    assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
+    fb = check("08.p5", {"c", "d"})
+    assert fb.points == 0 and "Every query attends key 0" in fb.text()
+
+
+def test_p5_facts_hold_numerically():
+    """The statements P5 declares exactly zero are exactly zero; the others are not."""
+    rng = np.random.default_rng(5)
+    T = 5
+    Q, K, V, dC = (rng.standard_normal((T, 3)) for _ in range(4))
+    C, cache = att.attention_forward(Q, K, V)
+    dQ, dK, dV = att.attention_backward(dC, cache)
+    P = cache["P"]
+    dP = dC @ V.T
+    dS = att.softmax_backward(P, dP)
+    upper = ~att.causal_mask(T)
+    assert np.all(dS[upper] == 0) and np.all(dQ[0] == 0)
+    assert np.all(dK[0] != 0) and np.all(dV[T - 1] != 0) and np.all(dP[upper] != 0)
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (512 * 513 // 2, "counts the allowed entries"),
+        (512 * 512 // 2, "the diagonal is allowed"),
+        (512 * 512, "every entry of P"),
+        (512 * 511, "both triangles"),
+        (1000, "not right (tolerance"),
+    ],
+)
+def test_p3_mistakes_are_recognised(answer, text):
+    fb = check("08.p3", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "key, text",
+    [("dC", "you used dC"), ("dK", "belongs to k_proj"), ("missing s", "scale s = 2 is missing")],
+)
+def test_p6_mistakes_are_recognised(key, text):
+    c = lesson08.P6_CASE
+    D = c["dQ"] if key == "missing s" else c[key]
+    s = 1.0 if key == "missing s" else c["s"]
+    fb = check("08.p6", s * c["X"].T @ D @ c["B"].T)
+    assert fb.points < 2 and text in fb.text(), fb.text()
+
+
+def test_p6_transposed_answer_is_named():
+    fb = check("08.p6", lesson08._p6_expected().T)
+    assert fb.points == 0 and "shape of Aᵀ" in fb.text()
+
+
+def test_p6_expected_is_lesson_05s_rule_with_D_equal_dQ():
+    c = lesson08.P6_CASE
+    np.testing.assert_allclose(lesson08._p6_expected(), c["s"] * c["X"].T @ c["dQ"] @ c["B"].T)
+    np.testing.assert_allclose(lesson08._p6_expected(), [[4.5], [3.5], [1.0]])
