@@ -1,0 +1,365 @@
+"""Graded items of lesson 09, "Gated MLP backward"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import lora, mlp
+from ..checkers import Case, Mistake
+from .. import Choice, Function, Numeric
+
+READ_SILU = "Reread 'SiLU and its slope' in Know this."
+READ_MLP = "Reread 'The gated MLP' in Know this."
+READ_GATE = "Reread 'Through the gate' in Know this."
+READ_BRANCH = "Reread 'Branches add' in Know this."
+READ_RESID = "Reread 'Residuals pass the gradient to both operands' in Know this."
+READ_LORA = "Reread 'Where LoRA fits' in Know this."
+
+# SmolLM2-135M's MLP (config.json of the embedded checkpoint: hidden_size, intermediate_size, num_hidden_layers).
+SMOL_D, SMOL_F, SMOL_LAYERS = 576, 1536, 30
+P7_R = 16
+
+
+# --------------------------------------------------------------------------- references (coursekit.mlp)
+
+
+def silu_grad_ref(x):
+    """Reference for p1."""
+    return mlp.silu_grad(x)
+
+
+def swiglu_backward_ref(dH, G, U):
+    """Reference for p2: ``(dG, dU)`` of ``H = SiLU(G) ⊙ U``."""
+    _, cache = mlp.swiglu_forward(G, U)
+    return mlp.swiglu_backward(dH, cache)
+
+
+def mlp_backward_ref(dY, X, W_gate, W_up, W_down):
+    """Reference for p3: ``(dX, dW_gate, dW_up, dW_down)``."""
+    _, cache = mlp.mlp_forward(X, W_gate, W_up, W_down)
+    g = mlp.mlp_backward(dY, cache)
+    return g["dX"], g["dW_gate"], g["dW_up"], g["dW_down"]
+
+
+def residual_mlp_backward_ref(dY, X, W_gate, W_up, W_down):
+    """Reference for p4: ``dX`` of ``Y = X + MLP(X)``: the skip path dY plus the MLP's dX."""
+    return dY + mlp_backward_ref(dY, X, W_gate, W_up, W_down)[0]
+
+
+# --------------------------------------------------------------------------- known mistakes
+
+
+def _sig(x):
+    return mlp.sigmoid(np.asarray(x, dtype=np.float64))
+
+
+def _silu_grad_wrongs(x) -> list[tuple[str, np.ndarray, str]]:
+    """Wrong SiLU′ formulas: (label, value, why)."""
+    x = np.asarray(x, dtype=np.float64)
+    s = _sig(x)
+    return [
+        ("sigma", s, "SiLU′ taken as σ(x): the product rule on x·σ(x) gives σ(x) + x·σ′(x); the second term is missing. " + READ_SILU),
+        ("sigma'", s * (1 - s), "SiLU′ taken as σ′(x) = σ(x)(1 − σ(x)), the sigmoid's own derivative; SiLU′(x) = σ(x)(1 + x(1 − σ(x))). " + READ_SILU),
+        ("silu", x * s, "that is SiLU(x) = x·σ(x) itself, not its derivative. " + READ_SILU),
+        ("x sigma'", x * s * (1 - s), "only the second term x·σ′(x) of the product rule; add σ(x). " + READ_SILU),
+        ("no sigma factor", 1 + x * (1 - s), "the factor σ(x) in front is missing: SiLU′(x) = σ(x)·(1 + x(1 − σ(x))). " + READ_SILU),
+    ]
+
+
+def silu_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    ms = [Mistake(label, v, msg) for label, v, msg in _silu_grad_wrongs(kw["x"])]
+    return {"silu_grad(x)": ms}
+
+
+def _gate_wrongs(dH, G, U) -> tuple[list, list]:
+    """Wrong (dG, dU) values: lists of (label, value, why)."""
+    S = mlp.silu(G)
+    dG_wrong = [
+        ("no U", dH * mlp.silu_grad(G), "dG is missing the factor U: H = SiLU(G) ⊙ U, so dG = dH ⊙ U ⊙ SiLU′(G). " + READ_GATE),
+        ("no silu'", dH * U, "dG has no SiLU′(G): the gate goes through SiLU, so its local derivative SiLU′(G) multiplies in. " + READ_GATE),
+        ("silu not silu'", dH * U * S, "dG uses SiLU(G) where SiLU′(G) belongs. " + READ_GATE),
+        ("swapped", dH * S, "your dG is dH ⊙ SiLU(G), which is dU: did you swap the two outputs? " + READ_GATE),
+    ]
+    for label, v, why in _silu_grad_wrongs(G):
+        if label in ("sigma", "sigma'", "no sigma factor"):
+            dG_wrong.append((label, dH * U * v, "in dG = dH ⊙ U ⊙ SiLU′(G): " + why))
+    dU_wrong = [
+        ("G not silu", dH * G, "dU uses G where SiLU(G) belongs: U is multiplied by the activated gate SiLU(G), not by G. " + READ_GATE),
+        ("silu'", dH * mlp.silu_grad(G), "dU uses SiLU′(G): U enters linearly, so its local derivative is the other factor, SiLU(G). " + READ_GATE),
+        ("no factor", dH, "dU is missing the factor SiLU(G): dU = dH ⊙ SiLU(G). " + READ_GATE),
+        ("swapped", dH * U * mlp.silu_grad(G), "your dU is dH ⊙ U ⊙ SiLU′(G), which is dG: did you swap the two outputs? " + READ_GATE),
+    ]
+    return dG_wrong, dU_wrong
+
+
+def swiglu_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    dH, G, U = (np.asarray(kw[k], dtype=np.float64) for k in ("dH", "G", "U"))
+    dG_wrong, dU_wrong = _gate_wrongs(dH, G, U)
+    return {"dG": [Mistake(l, v, m) for l, v, m in dG_wrong], "dU": [Mistake(l, v, m) for l, v, m in dU_wrong]}
+
+
+def _mlp_parts(kw: dict) -> dict:
+    X, Wg, Wu, Wd, dY = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W_gate", "W_up", "W_down", "dY"))
+    G, U = X @ Wg, X @ Wu
+    S = mlp.silu(G)
+    dH = dY @ Wd.T
+    dG, dU = dH * U * mlp.silu_grad(G), dH * S
+    return dict(X=X, Wg=Wg, Wu=Wu, Wd=Wd, dY=dY, G=G, U=U, S=S, dH=dH, dG=dG, dU=dU)
+
+
+def _dX_wrongs(p: dict) -> list[tuple[str, np.ndarray, str]]:
+    """Wrong MLP input gradients (without the residual)."""
+    gate, up = p["dG"] @ p["Wg"].T, p["dU"] @ p["Wu"].T
+    out = [
+        ("gate only", gate, "dX has the gate branch dG W_gateᵀ only: X also feeds the up projection, so add dU W_upᵀ. " + READ_BRANCH),
+        ("up only", up, "dX has the up branch dU W_upᵀ only (or the gate branch was overwritten by it: accumulate with +=, "
+                        "don't assign twice): dX = dG W_gateᵀ + dU W_upᵀ. " + READ_BRANCH),
+        ("averaged", (gate + up) / 2, "dX averages the two branches: gradients of a tensor used twice add, they are not averaged. " + READ_BRANCH),
+    ]
+    dG_wrong, dU_wrong = _gate_wrongs(p["dH"], p["G"], p["U"])
+    out += [(l, dg @ p["Wg"].T + up, "in the gate branch of dX: " + m) for l, dg, m in dG_wrong if l != "swapped"]
+    out += [(l, gate + du @ p["Wu"].T, "in the up branch of dX: " + m) for l, du, m in dU_wrong if l != "swapped"]
+    return out
+
+
+def mlp_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    p = _mlp_parts(kw)
+    dG_wrong, dU_wrong = _gate_wrongs(p["dH"], p["G"], p["U"])
+    m_dX = [Mistake(l, v, m) for l, v, m in _dX_wrongs(p)]
+    m_dWg = [Mistake(l, p["X"].T @ dg, "in dW_gate = Xᵀ dG: " + m) for l, dg, m in dG_wrong]
+    m_dWu = [Mistake(l, p["X"].T @ du, "in dW_up = Xᵀ dU: " + m) for l, du, m in dU_wrong]
+    m_dWd = [
+        Mistake("G for H", (p["G"] * p["U"]).T @ p["dY"],
+                "dW_down = Hᵀ dY needs H = SiLU(G) ⊙ U; you used G ⊙ U (the gate without its activation). " + READ_MLP),
+        Mistake("S for H", p["S"].T @ p["dY"], "dW_down = Hᵀ dY needs H = SiLU(G) ⊙ U; you used SiLU(G) alone. " + READ_MLP),
+    ]
+    return {"dX": m_dX, "dW_gate": m_dWg, "dW_up": m_dWu, "dW_down": m_dWd}
+
+
+def residual_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    p = _mlp_parts(kw)
+    full = p["dG"] @ p["Wg"].T + p["dU"] @ p["Wu"].T
+    out = [
+        Mistake("forgot residual", full, "you returned the MLP's dX only and forgot the residual: Y = X + MLP(X) passes dY "
+                                         "to X directly as well, so dX = dY + (the MLP's dX). " + READ_RESID),
+        Mistake("skip only", p["dY"], "you returned dY only, the skip path: the MLP's dX must be added to it. " + READ_RESID),
+        Mistake("residual replaced", p["dY"] @ p["Wd"].T, "dY W_downᵀ is dH, the gradient at H inside the MLP, not at X. " + READ_RESID),
+    ]
+    out += [Mistake(l, p["dY"] + v, "in the MLP part of dX = dY + MLP's dX: " + m) for l, v, m in _dX_wrongs(p)]
+    return {"dX": out}
+
+
+# --------------------------------------------------------------------------- cases
+
+# Public p1 points: the three values the lesson quotes (0, 2, −3), both sides of the minimum, and large |x|.
+_P1_X = np.array([0.0, 2.0, -3.0, -1.0, 0.5, 4.0])
+
+
+def _p1_public() -> list[Case]:
+    return [
+        Case(dict(x=_P1_X.copy()), "x = [0, 2, −3, −1, 0.5, 4]: SiLU′(0) = 0.5, SiLU′(2) ≈ 1.0908, SiLU′(−3) ≈ −0.0881"),
+        Case(dict(x=np.linspace(-6.0, 6.0, 13)), "13 points from −6 to 6"),
+        Case(dict(x=np.array([[-800.0, -40.0], [40.0, 800.0]])), "large |x| (a 2 × 2 array): no overflow, no NaN"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    return [
+        Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3)),
+        Case(dict(x=rng.standard_normal((3, 4)) * 5)),
+        Case(dict(x=rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6))),
+    ]
+
+
+def _gate_case(rng: np.random.Generator, n: int, f: int) -> dict:
+    return dict(dH=rng.standard_normal((n, f)), G=rng.standard_normal((n, f)) * 2, U=rng.standard_normal((n, f)))
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(9)
+    return [
+        Case(dict(dH=np.array([[1.0, 1.0, 1.0]]), G=np.array([[0.0, 2.0, -3.0]]), U=np.array([[1.0, -1.0, 2.0]])),
+             "one token, dH = 1, G = [0, 2, −3], U = [1, −1, 2]"),
+        Case(_gate_case(rng, 4, 6), "four tokens, f = 6"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_gate_case(rng, int(rng.integers(1, 6)), int(rng.integers(2, 9)))) for _ in range(4)]
+
+
+def _mlp_case(rng: np.random.Generator, n: int, d: int, f: int) -> dict:
+    return dict(
+        dY=rng.standard_normal((n, d)),
+        X=rng.standard_normal((n, d)),
+        W_gate=rng.standard_normal((d, f)),
+        W_up=rng.standard_normal((d, f)),
+        W_down=rng.standard_normal((f, d)),
+    )
+
+
+def _p3_public() -> list[Case]:
+    rng = np.random.default_rng(19)
+    return [
+        Case(_mlp_case(rng, 1, 2, 3), "one token, d = 2, f = 3"),
+        Case(_mlp_case(rng, 3, 4, 6), "three tokens, d = 4, f = 6"),
+        Case(_mlp_case(rng, 5, 2, 3), "five tokens, d = 2, f = 3"),
+    ]
+
+
+def _p3_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for _ in range(5):
+        n, d = (int(v) for v in rng.integers(1, 6, size=2))
+        f = int(rng.integers(d + 1, d + 6))  # f > d as in a real MLP: a transposed weight cannot fit
+        cases.append(Case(_mlp_case(rng, n, d, f)))
+    return cases
+
+
+def _p4_public() -> list[Case]:
+    rng = np.random.default_rng(29)
+    return [Case(_mlp_case(rng, 1, 2, 3), "one token, d = 2, f = 3"), Case(_mlp_case(rng, 3, 4, 6), "three tokens, d = 4, f = 6")]
+
+
+def _p4_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_mlp_case(rng, int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(5, 8)))) for _ in range(3)]
+
+
+# P6: one token, every width 1 (printed in the notebook), inside a residual block y = x + MLP(x).
+P6_CASE = dict(x=1.0, w_gate=0.5, w_up=-1.0, w_down=2.0, dy=1.0)
+
+
+def p6_arrays() -> dict:
+    c = P6_CASE
+    return dict(dY=np.array([[c["dy"]]]), X=np.array([[c["x"]]]), W_gate=np.array([[c["w_gate"]]]),
+                W_up=np.array([[c["w_up"]]]), W_down=np.array([[c["w_down"]]]))
+
+
+def _p6_expected() -> float:
+    return float(residual_mlp_backward_ref(**p6_arrays())[0, 0])
+
+
+def _p6_mistakes() -> list[Mistake]:
+    kw = p6_arrays()
+    return [Mistake(m.label, float(np.asarray(m.value).ravel()[0]), m.message) for m in residual_mistakes(kw)["dX"]]
+
+
+def _p7_expected() -> float:
+    return float(sum(lora.param_count(d, m, P7_R) for d, m in ((SMOL_D, SMOL_F), (SMOL_D, SMOL_F), (SMOL_F, SMOL_D))))
+
+
+def _p7_mistakes() -> list[Mistake]:
+    one = lora.param_count(SMOL_D, SMOL_F, P7_R)
+    return [
+        Mistake("one projection", one, f"that is one adapter, r(d + m) = {one:,}; the question asks for gate, up and down together. " + READ_LORA),
+        Mistake("square", 3 * lora.param_count(SMOL_D, SMOL_D, P7_R),
+                "you used 576 × 576 for every projection: gate and up are 576 → 1536 and down is 1536 → 576. " + READ_LORA),
+        Mistake("all layers", SMOL_LAYERS * _p7_expected(), "that counts all 30 layers; the question asks for one layer's MLP. " + READ_LORA),
+        Mistake("dense", 3 * SMOL_D * SMOL_F, "that is the MLP's dense weight count 3·d·f, not the adapters' r(d + m) per projection. " + READ_LORA),
+    ]
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "the shape of H and of dH",
+        1,
+        hints={
+            "a": "n × d is the shape of X and of the MLP's output Y; H lives in the wide intermediate space, n × f. " + READ_MLP,
+            "c": "f × d is W_down's shape. H has one row per token: n × f. " + READ_MLP,
+            "d": "d × f is W_gate's (and W_up's) shape. H = SiLU(XW_gate) ⊙ (XW_up) has one row per token: n × f. " + READ_MLP,
+        },
+    ),
+    "w2": Numeric(
+        "SiLU′(0)",
+        1,
+        name="SiLU′(0)",
+        expected=lambda: float(mlp.silu_grad(0.0)),
+        rtol=1e-9,
+        atol=1e-12,
+        mistakes=lambda: [
+            Mistake("sigma'", 0.25, "0.25 is σ′(0) = σ(0)(1 − σ(0)), the sigmoid's slope; SiLU′(0) = σ(0)(1 + 0) = 0.5. " + READ_SILU),
+            Mistake("silu", 0.0, "0 is SiLU(0), the value, not the slope. " + READ_SILU),
+            Mistake("relu", 1.0, "1 is a ReLU's slope for x > 0; SiLU′(0) = σ(0) = 0.5. " + READ_SILU),
+        ],
+    ),
+    "w3": Choice(
+        "the gradient reaching X in the gated MLP",
+        1,
+        hints={
+            "a": "That drops the up branch: X is used by both the gate and the up projection, and a tensor used twice collects both gradients. " + READ_BRANCH,
+            "b": "The branches are combined by adding their gradients, not by multiplying them element by element. " + READ_BRANCH,
+            "c": "Averaging halves each contribution: the chain rule sums over every path from X to the loss. " + READ_BRANCH,
+        },
+    ),
+    "p1": Function(
+        "implement silu_grad",
+        2,
+        name="silu_grad",
+        reference=silu_grad_ref,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("silu_grad(x)",),
+        mistakes=silu_grad_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
+    ),
+    "p2": Function(
+        "implement swiglu_backward",
+        3,
+        name="swiglu_backward",
+        reference=swiglu_backward_ref,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("dG", "dU"),
+        mistakes=swiglu_mistakes,
+    ),
+    "p3": Function(
+        "implement mlp_backward",
+        4,
+        name="mlp_backward",
+        reference=mlp_backward_ref,
+        public=_p3_public,
+        hidden=_p3_hidden,
+        outputs=("dX", "dW_gate", "dW_up", "dW_down"),
+        mistakes=mlp_mistakes,
+    ),
+    "p4": Function(
+        "implement residual_mlp_backward",
+        2,
+        name="residual_mlp_backward",
+        reference=residual_mlp_backward_ref,
+        public=_p4_public,
+        hidden=_p4_hidden,
+        outputs=("dX",),
+        mistakes=residual_mistakes,
+    ),
+    "p5": Choice(
+        "the input of the down projection's adapter",
+        1,
+        hints={
+            "a": "The block input feeds gate_proj and up_proj (and their adapters); down_proj's adapter consumes what down_proj consumes. " + READ_LORA,
+            "b": "G = X W_gate is the gate's pre-activation; down_proj never sees it directly, only through H = SiLU(G) ⊙ U. " + READ_LORA,
+            "d": "The MLP output Y is what down_proj produces, not what it consumes. " + READ_LORA,
+        },
+    ),
+    "p6": Numeric(
+        "dx of the one-number residual MLP",
+        2,
+        name="dx",
+        expected=_p6_expected,
+        rtol=1e-6,
+        atol=1e-9,
+        mistakes=_p6_mistakes,
+    ),
+    "p7": Numeric(
+        "LoRA parameters on one SmolLM2 MLP, r = 16",
+        1,
+        name="trainable parameters",
+        expected=_p7_expected,
+        rtol=0,
+        atol=0.5,
+        mistakes=_p7_mistakes,
+    ),
+}

@@ -1,0 +1,380 @@
+"""Lesson 09 ("Gated MLP backward"): graded items score right answers fully, the classic gated-MLP mistakes
+(SiLU′ as σ or σ′, dG without U, dU with G, one branch of dX, a forgotten residual) lose points with a
+diagnosis that names them, and the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from coursekit import lora, mlp
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson09
+from coursekit.grading.lessons.lesson09 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+LID = "09-gated-mlp-backward"
+NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
+F = torch.nn.functional
+
+
+# --------------------------------------------------------------------------- students
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-np.clip(x, -700, 700)))
+
+
+def silu_grad_right(x):
+    s = _sig(x)
+    return s * (1 + x * (1 - s))
+
+
+def silu_grad_torch(x):
+    """Autograd instead of a formula: a tensor that required grad comes back."""
+    t = torch.tensor(x, requires_grad=True)
+    F.silu(t).sum().backward()
+    return t.grad
+
+
+def silu_grad_sigma(x):
+    return _sig(x)
+
+
+def silu_grad_sigma_prime(x):
+    s = _sig(x)
+    return s * (1 - s)
+
+
+def silu_grad_naive(x):
+    """exp(x) / (1 + exp(x)) overflows to NaN for large x."""
+    s = np.exp(x) / (1 + np.exp(x))
+    return s * (1 + x * (1 - s))
+
+
+def swiglu_right(dH, G, U):
+    return dH * U * silu_grad_right(G), dH * G * _sig(G)
+
+
+def swiglu_no_U(dH, G, U):
+    return dH * silu_grad_right(G), dH * G * _sig(G)
+
+
+def swiglu_dU_with_G(dH, G, U):
+    return dH * U * silu_grad_right(G), dH * G
+
+
+def swiglu_sigma(dH, G, U):
+    return dH * U * _sig(G), dH * G * _sig(G)
+
+
+def swiglu_swapped(dH, G, U):
+    return swiglu_right(dH, G, U)[::-1]
+
+
+def _forward(X, W_gate, W_up):
+    G, U = X @ W_gate, X @ W_up
+    return G, U, G * _sig(G) * U
+
+
+def mlp_right(dY, X, W_gate, W_up, W_down):
+    G, U, H = _forward(X, W_gate, W_up)
+    dG, dU = swiglu_right(dY @ W_down.T, G, U)
+    return dG @ W_gate.T + dU @ W_up.T, X.T @ dG, X.T @ dU, H.T @ dY
+
+
+def mlp_torch(dY, X, W_gate, W_up, W_down):
+    t = [torch.tensor(v, requires_grad=True) for v in (X, W_gate, W_up, W_down)]
+    Y = (F.silu(t[0] @ t[1]) * (t[0] @ t[2])) @ t[3]
+    Y.backward(torch.tensor(dY))
+    return tuple(v.grad for v in t)
+
+
+def mlp_gate_only(dY, X, W_gate, W_up, W_down):
+    dX, dWg, dWu, dWd = mlp_right(dY, X, W_gate, W_up, W_down)
+    G, U, _ = _forward(X, W_gate, W_up)
+    dG, _ = swiglu_right(dY @ W_down.T, G, U)
+    return dG @ W_gate.T, dWg, dWu, dWd
+
+
+def mlp_overwritten(dY, X, W_gate, W_up, W_down):
+    """dX assigned per projection in a loop: the up branch overwrites the gate branch."""
+    _, dWg, dWu, dWd = mlp_right(dY, X, W_gate, W_up, W_down)
+    G, U, _ = _forward(X, W_gate, W_up)
+    dG, dU = swiglu_right(dY @ W_down.T, G, U)
+    for dP, W in ((dG, W_gate), (dU, W_up)):
+        dX = dP @ W.T
+    return dX, dWg, dWu, dWd
+
+
+def mlp_dU_with_G(dY, X, W_gate, W_up, W_down):
+    G, U, H = _forward(X, W_gate, W_up)
+    dG, dU = swiglu_dU_with_G(dY @ W_down.T, G, U)
+    return dG @ W_gate.T + dU @ W_up.T, X.T @ dG, X.T @ dU, H.T @ dY
+
+
+def mlp_no_silu_in_H(dY, X, W_gate, W_up, W_down):
+    dX, dWg, dWu, _ = mlp_right(dY, X, W_gate, W_up, W_down)
+    return dX, dWg, dWu, ((X @ W_gate) * (X @ W_up)).T @ dY
+
+
+def mlp_dW_transposed(dY, X, W_gate, W_up, W_down):
+    dX, dWg, dWu, dWd = mlp_right(dY, X, W_gate, W_up, W_down)
+    return dX, dWg.T, dWu, dWd
+
+
+def mlp_hard_coded(dY, X, W_gate, W_up, W_down):
+    return mlp_right(**lesson09._p3_public()[0].kwargs)
+
+
+def residual_right(dY, X, W_gate, W_up, W_down):
+    return dY + mlp_right(dY, X, W_gate, W_up, W_down)[0]
+
+
+def residual_forgot(dY, X, W_gate, W_up, W_down):
+    return mlp_right(dY, X, W_gate, W_up, W_down)[0]
+
+
+def residual_skip_only(dY, X, W_gate, W_up, W_down):
+    return dY.copy()
+
+
+def residual_gate_only(dY, X, W_gate, W_up, W_down):
+    return dY + mlp_gate_only(dY, X, W_gate, W_up, W_down)[0]
+
+
+RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": silu_grad_right, "p2": swiglu_right, "p3": mlp_right,
+         "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 101_376}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("09")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w3", "p5"} <= set(k)
+    text = (keys.KEY_DIR / "09.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys09.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("09\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert 1 <= len(written) <= 2
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+def test_notebook_p6_case_is_the_graded_case():
+    nb, _ = _nbgrader_cells()
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# The P6 case."))
+    ns: dict = {}
+    exec(cell.source, ns)
+    for k, v in lesson09.P6_CASE.items():
+        assert ns[f"{k}_p6"] == v, k
+
+
+def test_p6_answer_leaks_nowhere_in_the_release():
+    text = (ROOT / "lessons" / LID / f"{LID}.ipynb").read_text()
+    assert "0.3624" not in text and "101376" not in text and "101_376" not in text
+
+
+def test_p6_and_p7_expected_values_by_hand():
+    # One number wide: G = 0.5, U = −1, dH = 2; dG = 2·(−1)·SiLU′(0.5), dU = 2·SiLU(0.5); dx = 1 + 0.5 dG − dU.
+    dG = 2 * -1 * mlp.silu_grad(0.5)
+    dU = 2 * mlp.silu(0.5)
+    assert ITEMS["p6"].expected() == pytest.approx(1 + 0.5 * dG - dU, rel=1e-12) == pytest.approx(RIGHT["p6"])
+    assert ITEMS["p7"].expected() == 3 * lora.param_count(576, 1536, 16) == 101_376
+
+
+def test_p6_mistakes_are_distinct_from_each_other_and_the_answer():
+    values = [ITEMS["p6"].expected()] + [m.value for m in lesson09._p6_mistakes()]
+    for i, a in enumerate(values):
+        for b in values[i + 1:]:
+            assert abs(a - b) > 1e-3, values
+
+
+def test_hidden_cases_have_f_wider_than_d_and_vary():
+    rng = np.random.default_rng(0)
+    cases = lesson09._p3_hidden(rng)
+    assert len(cases) == 5
+    for c in cases:
+        d, f = c.kwargs["W_gate"].shape
+        assert f > d and c.kwargs["W_down"].shape == (f, d)
+    big = lesson09._p1_hidden(np.random.default_rng(1))[-1].kwargs["x"]
+    assert np.all(np.abs(big) >= 30)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden, capfd):
+    fb = check(f"09.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+    assert capfd.readouterr().err == ""
+
+
+def test_autograd_answers_score_full():
+    assert check("09.p1", silu_grad_torch, hidden=True).full
+    assert check("09.p3", mlp_torch, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic():
+    a = check("09.p3", mlp_right, hidden=True).text()
+    b = check("09.p3", mlp_right, hidden=True).text()
+    assert a == b and a.count("hidden case") == 5
+
+
+def test_hard_coded_answer_fails_hidden_cases():
+    fb = check("09.p3", mlp_hard_coded, hidden=True)
+    assert fb.points <= 4 * 1 / 8 + 1e-9 and "hidden case" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: functions
+
+
+def _likely(fb):
+    return " ".join(l.strip() for l in fb.lines if "Likely mistake:" in l)
+
+
+@pytest.mark.parametrize(
+    "item_id, fn, words",
+    [
+        ("p1", silu_grad_sigma, "SiLU′ taken as σ(x)"),
+        ("p1", silu_grad_sigma_prime, "SiLU′ taken as σ′(x)"),
+        ("p1", lambda x: x * _sig(x), "SiLU(x) = x·σ(x) itself"),
+        ("p2", swiglu_no_U, "dG is missing the factor U"),
+        ("p2", swiglu_dU_with_G, "dU uses G where SiLU(G) belongs"),
+        ("p2", swiglu_sigma, "in dG = dH ⊙ U ⊙ SiLU′(G): SiLU′ taken as σ(x)"),
+        ("p2", swiglu_swapped, "did you swap the two outputs?"),
+        ("p3", mlp_gate_only, "dX has the gate branch dG W_gateᵀ only"),
+        ("p3", mlp_overwritten, "overwritten"),
+        ("p3", mlp_dU_with_G, "in the up branch of dX: dU uses G where SiLU(G) belongs"),
+        ("p3", mlp_no_silu_in_H, "you used G ⊙ U"),
+        ("p4", residual_forgot, "forgot the residual"),
+        ("p4", residual_skip_only, "you returned dY only"),
+        ("p4", residual_gate_only, "in the MLP part of dX = dY + MLP's dX: dX has the gate branch"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_function_mistakes_are_named(item_id, fn, words, hidden, capfd):
+    fb = check(f"09.{item_id}", fn, hidden=hidden)
+    assert fb.points < fb.max_points, fb.text()
+    assert words in _likely(fb), fb.text()
+    assert capfd.readouterr().err == ""
+
+
+def test_dW_transposed_is_named():
+    fb = check("09.p3", mlp_dW_transposed)
+    assert fb.points == 0 and "transpose of the right one" in fb.text()
+
+
+def test_naive_sigmoid_fails_only_the_large_inputs(capfd):
+    fb = check("09.p1", silu_grad_naive)
+    text = fb.text()
+    assert 0 < fb.points < 2 and "public case 3" in text and "should be finite" in text
+    assert "overflow" in text  # the warning is shown on stdout, not graded
+    assert capfd.readouterr().err == ""
+
+
+def test_stub_and_non_function():
+    def stub(x):
+        raise NotImplementedError()
+
+    assert check("09.p1", stub).points == 0 and "NotImplementedError" in check("09.p1", stub).text()
+    fb = check("09.p2", "swiglu_backward")
+    assert fb.points == 0 and "should be a function" in fb.text()
+    fb = check("09.p3", lambda dY, X, W_gate, W_up, W_down: mlp_right(dY, X, W_gate, W_up, W_down)[:3])
+    assert fb.points == 0 and "should return 4 values" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers: other items
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "shape of X and of the MLP's output"),
+        ("w1", "d", "W_gate's (and W_up's) shape"),
+        ("w3", "a", "drops the up branch"),
+        ("w3", "c", "Averaging halves"),
+        ("p5", "a", "down_proj's adapter consumes what down_proj consumes"),
+        ("p5", "d", "not what it consumes"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"09.{item_id}", answer)
+    assert fb.points == 0
+    joined = " ".join(fb.lines)
+    assert text in joined and "Reread" in joined
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w2", 0.25, "σ′(0)"),
+        ("w2", 0.0, "the value, not the slope"),
+        ("w2", 1.0, "ReLU's slope"),
+        ("p6", RIGHT["p6"] - 1, "forgot the residual"),
+        ("p6", lesson09._p6_mistakes()[3].value, "gate branch"),
+        ("p6", 1.0, "skip path"),
+        ("p7", lora.param_count(576, 1536, 16), "that is one adapter"),
+        ("p7", 3 * lora.param_count(576, 576, 16), "576 × 576"),
+        ("p7", 30 * 101_376, "all 30 layers"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"09.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
