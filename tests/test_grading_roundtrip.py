@@ -1,7 +1,9 @@
 """The grading round trip through real nbgrader: release, example class, autograde (with hidden
 cases), feedback, grades.csv — and a second run that changes nothing and loses nothing.
 
-One graded class is shared by every test here (autograding executes each notebook in a kernel)."""
+Each lesson is graded once, in its own temporary course folder, and shared by the tests of its own
+class (``TestRoundTrip02`` …): autograding executes every example notebook in a kernel, and one class
+per lesson lets pytest-xdist (``--dist loadscope``) spread the lessons over the workers."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from coursekit import course
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
 EXAMPLES = ROOT / "autograder" / "examples"
+LESSONS = course.lesson_ids(ROOT)
 
 
 def _wrong_rows() -> list[tuple[str, str, str, str]]:
@@ -30,14 +33,6 @@ def _wrong_rows() -> list[tuple[str, str, str, str]]:
 
 
 WRONG = _wrong_rows()
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    work = tmp_path_factory.mktemp("course")
-    # Release into the temporary course too: tests never rewrite the repository's lessons/.
-    table = course.grade_class(root=ROOT, examples=True, course_dir=work, release_dir=work / "release", progress=False)
-    return work, table
 
 
 def _cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
@@ -60,63 +55,85 @@ def _feedback(work: Path, aid: str, sid: str) -> str:
     return html.unescape((work / "feedback" / sid / aid / f"{aid}.html").read_text())
 
 
-@pytest.mark.parametrize("aid", course.lesson_ids(ROOT))
-def test_blank_scores_zero_on_every_test_cell(graded, aid):
-    work, _ = graded
-    cells = _cell_scores(work, aid, "ex-blank")
-    assert cells, "no autograded cells recorded"
-    assert all(score == 0 for score, _ in cells.values()), {k: v for k, v in cells.items() if v[0]}
-
-
-@pytest.mark.parametrize("aid", course.lesson_ids(ROOT))
-def test_perfect_scores_every_autograded_point(graded, aid):
-    work, _ = graded
-    cells = _cell_scores(work, aid, "ex-perfect")
-    lost = {k: v for k, v in cells.items() if v[0] != v[1]}
-    assert not lost, f"the solution loses points in the autograde run (hidden cases included): {lost}"
-    code, max_code, _ = _submission(work, aid, "ex-perfect")
-    assert code == max_code > 0
-
-
 def test_every_example_folder_says_what_it_expects():
     folders = sorted(p for p in EXAMPLES.glob("*/*") if p.is_dir())
     assert folders
     readme = (EXAMPLES / "README.md").read_text()
     for f in folders:
+        assert f.parent.name in LESSONS, f"{f.relative_to(ROOT)}: no lesson {f.parent.name}"
         assert (f / "expected.json").is_file(), f"{f.relative_to(ROOT)} has no expected.json"
         assert f"ex-{f.name}" in readme, f"autograder/examples/README.md does not list ex-{f.name}"
 
 
-@pytest.mark.parametrize("aid,sid,cell,text", WRONG)
-def test_typical_mistakes_score_in_between_and_say_why(graded, aid, sid, cell, text):
+class _RoundTrip:
+    """The round trip of one lesson (``AID``); subclasses below, one per lesson."""
+
+    AID = ""
+
+    @pytest.fixture(scope="class")
+    def graded(self, tmp_path_factory):
+        work = tmp_path_factory.mktemp(f"course{self.AID[:2]}")
+        # Release into the temporary course too: tests never rewrite the repository's lessons/.
+        table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
+                                   release_dir=work / "release", progress=False)
+        return work, table
+
+    def test_blank_scores_zero_on_every_test_cell(self, graded):
+        work, _ = graded
+        cells = _cell_scores(work, self.AID, "ex-blank")
+        assert cells, "no autograded cells recorded"
+        assert all(score == 0 for score, _ in cells.values()), {k: v for k, v in cells.items() if v[0]}
+
+    def test_perfect_scores_every_autograded_point(self, graded):
+        work, _ = graded
+        cells = _cell_scores(work, self.AID, "ex-perfect")
+        lost = {k: v for k, v in cells.items() if v[0] != v[1]}
+        assert not lost, f"the solution loses points in the autograde run (hidden cases included): {lost}"
+        code, max_code, _ = _submission(work, self.AID, "ex-perfect")
+        assert code == max_code > 0
+
+    def test_table_and_grades_csv(self, graded):
+        work, table = graded
+        rows = course.read_grades_csv(work / "grades.csv")
+        students = {(r["assignment"], r["student_id"]) for r in rows}
+        for sid in ["ex-blank", "ex-perfect"] + [w[1] for w in WRONG if w[0] == self.AID]:
+            assert (self.AID, sid) in students
+            assert sid in table
+        assert "Not graded" not in table
+
+
+def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text):
     work, _ = graded
-    code, max_code, _ = _submission(work, aid, sid)
+    code, max_code, _ = _submission(work, self.AID, sid)
     assert 0 < code < max_code
-    score, max_score = _cell_scores(work, aid, sid)[cell]
+    score, max_score = _cell_scores(work, self.AID, sid)[cell]
     assert score < max_score, f"{sid}: {cell} should lose points"
-    fb = _feedback(work, aid, sid)
+    fb = _feedback(work, self.AID, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
     assert "hidden case" in fb, "the autograde run adds hidden cases"
 
 
-def test_table_and_grades_csv(graded):
-    work, table = graded
-    rows = course.read_grades_csv(work / "grades.csv")
-    students = {(r["assignment"], r["student_id"]) for r in rows}
-    for aid in course.lesson_ids(ROOT):
-        for sid in ("ex-blank", "ex-perfect"):
-            assert (aid, sid) in students
-    for aid, sid, _, _ in WRONG:
-        assert (aid, sid) in students
-        assert sid in table
-    assert "Not graded" not in table
-
-
-def test_regrading_gives_the_same_grades_and_loses_nothing(graded):
+def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
     work, table = graded
     before = course.read_grades_csv(work / "grades.csv")
-    again = course.grade_class(lessons=["02"], root=ROOT, examples=True, course_dir=work, release_dir=work / "release", progress=False)
+    again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release",
+                               progress=False)
     after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
-    assert [l for l in again.splitlines() if L02 in l] == [l for l in table.splitlines() if L02 in l]
+    assert [l for l in again.splitlines() if self.AID in l] == [l for l in table.splitlines() if self.AID in l]
+
+
+for _aid in LESSONS:
+    _ns = {"AID": _aid}
+    _rows = [(sid, cell, text) for aid, sid, cell, text in WRONG if aid == _aid]
+    if _rows:
+        def _test(self, graded, sid, cell, text):  # a fresh function per class: marks attach to the function
+            _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text)
+
+        _ns["test_typical_mistakes_score_in_between_and_say_why"] = pytest.mark.parametrize(
+            "sid,cell,text", _rows, ids=[f"{sid}-{cell}" for sid, cell, _ in _rows])(_test)
+    if _aid == L02:  # one lesson re-graded is enough to show the gradebook keeps every record
+        _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _regrading_gives_the_same_grades_and_loses_nothing
+    _name = f"TestRoundTrip{_aid[:2]}"
+    globals()[_name] = type(_name, (_RoundTrip,), _ns)
