@@ -1,0 +1,276 @@
+"""Graded items of lesson 12, "Adapters as artifacts"."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ... import artifacts, lora
+from .. import Choice, Numeric, Ordering
+from ..checkers import Feedback, Mistake, _describe_exception, compare_arrays, quiet
+
+READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
+READ_RESUME = "Reread 'A resumable checkpoint' in Know this."
+READ_DIR = "Reread 'What is in an adapter directory' in Know this."
+
+# SmolLM2-135M (the course's base): hidden 576, 9 query heads and 3 KV heads of width 64, 30 decoder layers.
+SMOL = dict(hidden=576, head_dim=64, kv_heads=3, layers=30)
+P1_R = 8
+
+
+def smol_qv_params(r: int = P1_R) -> int:
+    """Adapter parameters of LoRA rank r on q_proj (576 → 576) and v_proj (576 → 192) in every layer: r(d + m) each."""
+    d, kv = SMOL["hidden"], SMOL["kv_heads"] * SMOL["head_dim"]
+    return SMOL["layers"] * (lora.param_count(d, d, r) + lora.param_count(d, kv, r))
+
+
+# --------------------------------------------------------------------------- p3: reload(base, adapter_dir)
+
+LORA_TARGETS = ["fc1", "fc2"]
+
+
+def _case(seed: int, d_in: int, hidden: int, n_classes: int, r: int, lora_alpha: int) -> dict:
+    return dict(seed=seed, d_in=d_in, hidden=hidden, n_classes=n_classes, r=r, lora_alpha=lora_alpha)
+
+
+def _public() -> list[dict]:
+    return [_case(0, 8, 16, 4, 4, 8), _case(1, 6, 10, 3, 2, 4)]
+
+
+def _hidden(rng: np.random.Generator) -> list[dict]:
+    out = []
+    for _ in range(3):
+        r = int(rng.integers(1, 5))
+        out.append(_case(int(rng.integers(2, 10_000)), int(rng.integers(4, 12)), int(rng.integers(6, 20)),
+                         int(rng.integers(2, 6)), r, int(rng.choice([a for a in (1, 2, 4, 8, 16) if a != r]))))
+    return out
+
+
+def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Train a LoRA adapter (dropout on) on a TinyNet for ``steps`` AdamW steps and export it to ``out_dir``.
+
+    Returns (X, logits of the trained adapter in eval mode, logits of the bare base in eval mode). The caller's
+    global RNG states are left as they were.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    saved = artifacts.rng_state()
+    try:
+        torch.manual_seed(case["seed"])
+        net = dict(d_in=case["d_in"], hidden=case["hidden"], n_classes=case["n_classes"], seed=case["seed"])
+        X, y = artifacts.tiny_data(32, case["d_in"], case["n_classes"], seed=case["seed"])
+        model = get_peft_model(artifacts.TinyNet(**net), LoraConfig(
+            r=case["r"], lora_alpha=case["lora_alpha"], lora_dropout=0.1, target_modules=LORA_TARGETS))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+        model.train()
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(X), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        artifacts.export_adapter(model, out_dir)
+        model.eval()
+        with torch.no_grad():
+            ref = model(X)
+            base_out = artifacts.TinyNet(**net).eval()(X)
+    finally:
+        artifacts.set_rng_state(saved)
+    return X, ref, base_out
+
+
+def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[str]]:
+    """Run the student's reload on one case; (passed, feedback lines)."""
+    net = dict(d_in=case["d_in"], hidden=case["hidden"], n_classes=case["n_classes"], seed=case["seed"])
+    noise: list[str] = []   # what the student's code wrote to stderr or warned: shown, not graded
+    with tempfile.TemporaryDirectory(prefix="coursekit-12-") as tmp:
+        with quiet([]):      # the grader's own library warnings are nobody's business
+            X, ref, base_out = trained_adapter(case, tmp)
+        base = artifacts.TinyNet(**net)  # a fresh nn.Module is in train mode, as from_pretrained receives it
+        saved = artifacts.rng_state()
+        try:
+            with quiet(noise):
+                model = fn(base=base, adapter_dir=tmp)
+                if model is None:
+                    return False, [f"✗ {tag}: reload returned None; return the model with the adapter attached."]
+                if not callable(model):
+                    return False, [f"✗ {tag}: reload should return a model (an nn.Module); got {type(model).__name__}."]
+                with torch.no_grad():
+                    out1, out2 = model(X), model(X)
+                lines: list[str] = []
+                if not torch.equal(out1, out2):
+                    lines.append("two calls on the same input gave different logits: dropout is still active. The model is "
+                                 "in training mode (PeftModel.from_pretrained(..., is_trainable=True) or a .train() leaves it "
+                                 "so); for inference load with is_trainable=False or call model.eval(). " + READ_RELOAD)
+                    model.eval()
+                    with torch.no_grad():
+                        out1 = model(X)
+                trainable = [n for n, p in model.named_parameters() if p.requires_grad] if hasattr(model, "named_parameters") else []
+        except NotImplementedError:
+            raise
+        except Exception as e:  # the student's bug, reported, not raised
+            return False, [f"✗ {tag}: " + _describe_exception(e, "reload", {"base": None, "adapter_dir": None})]
+        finally:
+            artifacts.set_rng_state(saved)
+    note = ["    (your code wrote warnings or to stderr, not graded: " + "; ".join(dict.fromkeys(noise))[:300] + ")"] if noise else []
+    if not isinstance(out1, torch.Tensor):
+        return False, [f"✗ {tag}: calling the returned model on a batch gave {type(out1).__name__}, not a tensor of logits; "
+                       f"return the model itself (the PeftModel)."] + note
+    lines = ["    " + l for l in lines]
+    if tuple(out1.shape) != tuple(ref.shape):
+        return False, [f"✗ {tag}: the logits have shape {tuple(out1.shape)}; expected {tuple(ref.shape)}."] + lines + note
+    if torch.allclose(out1, base_out, rtol=0, atol=1e-7) and not torch.allclose(ref, base_out, rtol=0, atol=1e-7):
+        return False, [f"✗ {tag}: your outputs equal the base model's: you created a fresh adapter (B = 0) instead of "
+                       f"loading the saved one. get_peft_model(base, LoraConfig(...)) initialises lora_B to zero; "
+                       f"PeftModel.from_pretrained(base, adapter_dir) reads the trained factors. " + READ_RELOAD] + lines + note
+    if torch.equal(out1, ref):
+        if lines:
+            return False, [f"✗ {tag}: in eval mode the logits equal the trained adapter's, but:"] + lines + note
+        if trainable:
+            note = note + [f"    (note: {len(trainable)} adapter tensors still require grad, e.g. {trainable[0]}: fine for "
+                    f"resuming training, unnecessary for inference.)"]
+        return True, [f"✓ {tag}: the logits equal the trained adapter's bit for bit."] + note
+    if torch.allclose(out1, ref, rtol=1e-5, atol=1e-6):
+        diff = (out1 - ref).abs().max().item()
+        return False, [f"✗ {tag}: the logits are close to the trained adapter's but not bitwise equal (largest difference "
+                       f"{diff:.1e}). A reload computes exactly what was saved; merging (merge_and_unload) or a dtype cast "
+                       f"rounds differently. Merging is not saving: return the unmerged PeftModel. " + READ_RELOAD] + lines + note
+    _, msg = compare_arrays(out1.numpy(), ref.numpy().astype(np.float64), "logits", 0.0, 0.0)
+    return False, [f"✗ {tag}: the logits are not the trained adapter's:"] + ["    " + m for m in msg] + [
+        "    Load the folder you were given with PeftModel.from_pretrained(base, adapter_dir), onto the base you were given."] + lines + note
+
+
+@dataclass
+class ReloadItem:
+    """Implement ``reload(base, adapter_dir)``: graded by the logits of the returned model against the trained
+    adapter's (bitwise), with the fresh-adapter, dropout and merge mistakes named."""
+
+    title: str
+    points: float
+
+    def check(self, answer: Any, ctx: Any) -> Feedback:
+        if not callable(answer):
+            return Feedback(0, self.points, [f"reload should be a function; got {type(answer).__name__}. Define it with def reload(base, adapter_dir):"])
+        cases = [(c, False) for c in _public()]
+        if ctx.hidden:
+            cases += [(c, True) for c in _hidden(ctx.rng())]
+        passed, lines, seen = 0, [], {}
+        for i, (case, hidden) in enumerate(cases, 1):
+            tag = f"{'hidden' if hidden else 'public'} case {i}" + (
+                "" if hidden else f" (TinyNet d_in={case['d_in']}, hidden={case['hidden']}, r={case['r']}, lora_alpha={case['lora_alpha']})")
+            try:
+                ok, msg = _check_reload_case(answer, case, tag)
+            except NotImplementedError:
+                return Feedback(0, self.points, ["reload still raises NotImplementedError: replace the stub with your code."])
+            passed += ok
+            head = re.sub(r"\d", "", msg[0].split(": ", 1)[-1]) if msg else ""  # numbers aside
+            if not ok and head in seen:  # the same mistake again: say so once, not five times
+                lines.append(f"✗ {tag}: the same mistake as {seen[head]}.")
+            else:
+                if not ok:
+                    seen[head] = tag.split(" (")[0]
+                lines += msg
+        if not ctx.hidden:
+            lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
+        return Feedback(self.points * passed / len(cases), self.points, lines)
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "what an inference adapter export holds",
+        1,
+        hints={
+            "a": "A is not regenerated: training changed it, and B alone means nothing without the A it was trained with. "
+                 "Reread 'Two artifacts' in Know this.",
+            "c": "Optimizer moments are for resuming training; an inference export does not need them. "
+                 "Reread 'Two artifacts' in Know this.",
+            "d": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it "
+                 "to its base. Reread 'Two artifacts' in Know this.",
+        },
+    ),
+    "w2": Choice(
+        "resuming without the RNG state, dropout on",
+        1,
+        hints={
+            "a": "Dropout draws a new mask from the global RNG at every training forward, not only at initialisation. " + READ_RESUME,
+            "b": "Nothing fails: the run continues, silently on a different path. " + READ_RESUME,
+            "d": "Resumed steps are training steps: dropout is on, and its masks come from the RNG you did not restore. " + READ_RESUME,
+        },
+    ),
+    "w3": Choice(
+        "outputs of a freshly attached adapter",
+        1,
+        hints={
+            "a": "lora_A is random, but lora_B starts at zero, so (XA)B = 0 exactly.",
+            "b": "A new LoraConfig gives a new adapter, initialised; the same r and lora_alpha do not bring the trained factors back. " + READ_RELOAD,
+            "c": "The adapter adds zero to the base layer's output; the output itself is the base model's.",
+        },
+    ),
+    "p1": Numeric(
+        f"adapter parameters of r = {P1_R} on q_proj and v_proj of SmolLM2-135M",
+        1,
+        name="n_params",
+        expected=lambda: smol_qv_params(),
+        rtol=0,
+        mistakes=lambda: [
+            Mistake("v as 576", SMOL["layers"] * 2 * lora.param_count(576, 576, P1_R),
+                    "you gave v_proj 576 outputs; with 3 KV heads of width 64 it maps 576 → 192 (grouped-query attention). " + READ_DIR),
+            Mistake("one layer", smol_qv_params() // SMOL["layers"], "that is one decoder layer; there are 30. " + READ_DIR),
+            Mistake("q only", SMOL["layers"] * lora.param_count(576, 576, P1_R), "that counts q_proj only; add v_proj (576 → 192). " + READ_DIR),
+            Mistake("dense", SMOL["layers"] * (576 * 576 + 576 * 192), "that is the dense q and v weights; the adapter has r(d + m) per module. " + READ_DIR),
+        ],
+    ),
+    "p2": Numeric(
+        "bytes of tensor data in that adapter's adapter_model.safetensors (float32)",
+        1,
+        name="n_bytes",
+        expected=lambda: 4 * smol_qv_params(),
+        rtol=0,
+        mistakes=lambda: [
+            Mistake("params", smol_qv_params(), "that is the parameter count; each float32 takes 4 bytes. " + READ_DIR),
+            Mistake("bf16", 2 * smol_qv_params(), "that is 2 bytes per value (bf16); PEFT saves the adapter in its dtype, float32 here. " + READ_DIR),
+            Mistake("bits", 32 * smol_qv_params(), "that is bits; divide by 8. " + READ_DIR),
+        ],
+    ),
+    "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
+    "p4": Ordering(
+        "resume a run from a checkpoint, in order",
+        2,
+        labels={
+            "base": "build the same base and check its fingerprint",
+            "attach": "attach the adapter with the same LoraConfig",
+            "optimizer": "build the optimizer and scheduler over the adapter's parameters",
+            "load": "load the adapter weights, optimizer and scheduler state and the sampler position",
+            "rng": "restore the torch, NumPy and Python RNG states",
+            "step": "run step k + 1",
+        },
+    ),
+    "p5": Choice(
+        "which omissions break the bitwise resume here",
+        2,
+        options="abcdef",
+        multi=True,
+        hints={
+            "e": "Nothing in this loop draws from Python's random module, so leaving its state out changes nothing here "
+                 "(the lesson's run shows it). Save it anyway: a data pipeline that shuffles with random would need it. " + READ_RESUME,
+            "f": "The checkpoint need not hold the frozen base: it is rebuilt from its own files, and the fingerprint proves it "
+                 "is the same. " + READ_RESUME,
+        },
+    ),
+    "p6": Choice(
+        "merge_and_unload() then save_pretrained()",
+        1,
+        hints={
+            "a": "After merge_and_unload() there is no adapter left to save: lora_A and lora_B were folded into W and removed. "
+                 "Reread 'Merging is not saving' in Know this.",
+            "c": "Nothing fails; that is the trap. Reread 'Merging is not saving' in Know this.",
+            "d": "The weights are W + sAB, not W: the merge changed them. Reread 'Merging is not saving' in Know this.",
+        },
+    ),
+}

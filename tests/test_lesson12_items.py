@@ -1,0 +1,236 @@
+"""Lesson 12 ("Adapters as artifacts"): graded items score right answers fully, typical wrong answers less, with
+the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from coursekit import artifacts
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson12
+from coursekit.grading.lessons.lesson12 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "12-adapters-as-artifacts" / "12-adapters-as-artifacts.ipynb"
+
+
+def right_reload(base, adapter_dir):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
+def fresh_adapter(base, adapter_dir):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"])).eval()
+
+
+def fresh_adapter_train_mode(base, adapter_dir):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["fc1", "fc2"]))
+
+
+def trainable_reload(base, adapter_dir):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+
+
+def merged_reload(base, adapter_dir):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+
+
+def own_base(base, adapter_dir):
+    # Ignores the base it is given and builds the lesson's own: right for the first public case only.
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(artifacts.TinyNet(seed=0), adapter_dir).eval()
+
+
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": 460_800, "p2": 1_843_200, "p3": right_reload,
+         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"a", "b", "c", "d"}, "p6": "b"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
+    k = keys.load("12")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p4", "p5", "p6"} <= set(k)
+    assert not list(ROOT.rglob("keys12.json"))
+    text = (keys.KEY_DIR / "12.key").read_text()
+    assert "attach" not in text and "seed" not in text
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("12\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert len(written) == 2
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_notebook_writes_only_to_a_temporary_folder():
+    text = NOTEBOOK.read_text()
+    assert "tempfile.mkdtemp" in text
+    assert not list((ROOT / "solutions" / "12-adapters-as-artifacts").glob("*.pt"))
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("item_id", sorted(set(RIGHT) - {"p3"}))
+def test_right_answers_score_full(item_id):
+    for hidden in (False, True):
+        fb = check(f"12.{item_id}", RIGHT[item_id], hidden=hidden)
+        assert fb.full, fb.text()
+
+
+def test_reload_right_answer_scores_full_with_hidden_cases_and_leaves_rng_alone():
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    fb = check("12.p3", right_reload, hidden=True)
+    assert fb.full, fb.text()
+    assert fb.text().count("hidden case") == 3 and "bit for bit" in fb.text()
+    assert torch.equal(torch.get_rng_state(), before)  # grading does not move the student's RNG
+
+
+def test_expected_numbers_come_from_the_architecture():
+    assert lesson12.smol_qv_params() == 30 * (8 * 1152 + 8 * 768) == 460_800
+    assert ITEMS["p2"].expected() == 4 * 460_800
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "B alone means nothing"),
+        ("w1", "c", "Optimizer moments are for resuming"),
+        ("w1", "d", "merged model"),
+        ("w2", "a", "at every training forward"),
+        ("w2", "d", "Resumed steps are training steps"),
+        ("w3", "b", "A new LoraConfig gives a new adapter"),
+        ("w3", "c", "adds zero"),
+        ("p6", "a", "no adapter left to save"),
+        ("p6", "d", "W + sAB, not W"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"12.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text()
+    assert "Reread" in fb.text() or item_id == "w3" and answer == "c"
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("p1", 30 * 2 * 8 * 1152, "576 → 192"),
+        ("p1", 15_360, "one decoder layer"),
+        ("p1", 30 * 8 * 1152, "counts q_proj only"),
+        ("p2", 460_800, "4 bytes"),
+        ("p2", 921_600, "bf16"),
+        ("p2", 32 * 460_800, "bits"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"12.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_multi_and_ordering_partial_credit():
+    fb = check("12.p5", {"a", "b", "c", "d", "e"})
+    assert 0 < fb.points < 2 and "Python's random" in fb.text()
+    fb = check("12.p5", {"b", "c", "d"})
+    assert 0 < fb.points < 2 and "missing" in fb.text()
+    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])
+    assert 0 < fb.points < 2 and "position 1: 'rng'" in fb.text()
+
+
+def test_fresh_adapter_is_named():
+    fb = check("12.p3", fresh_adapter, hidden=False)
+    assert fb.points == 0
+    assert "your outputs equal the base model's: you created a fresh adapter (B = 0) instead of loading the saved one" in fb.text()
+    assert "the same mistake as public case 1" in fb.text()
+
+
+def test_fresh_adapter_in_train_mode_names_both_mistakes():
+    fb = check("12.p3", fresh_adapter_train_mode, hidden=False)
+    assert fb.points == 0 and "fresh adapter (B = 0)" in fb.text() and "dropout is still active" in fb.text()
+
+
+def test_training_mode_reload_is_named():
+    fb = check("12.p3", trainable_reload, hidden=False)
+    assert fb.points == 0 and "dropout is still active" in fb.text() and "is_trainable=True" in fb.text()
+
+
+def test_merged_reload_is_named():
+    fb = check("12.p3", merged_reload, hidden=False)
+    assert fb.points == 0 and "not bitwise equal" in fb.text() and "Merging is not saving" in fb.text()
+
+
+def test_hidden_cases_defeat_an_answer_that_ignores_its_arguments():
+    fb = check("12.p3", own_base, hidden=True)
+    assert fb.points == pytest.approx(3 / 5) and "✓ public case 1" in fb.text() and "✗ public case 2" in fb.text()
+
+
+@pytest.mark.parametrize("bad, text", [(None, "should be a function"), (lambda base, adapter_dir: None, "returned None"),
+                                       (lambda base: base, "could not be called")])
+def test_reload_bad_answers(bad, text):
+    fb = check("12.p3", bad, hidden=False)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_stub_reports_not_implemented():
+    def stub(base, adapter_dir):
+        raise NotImplementedError()
+
+    fb = check("12.p3", stub, hidden=False)
+    assert fb.points == 0 and "NotImplementedError" in fb.text()
