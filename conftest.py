@@ -22,3 +22,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if isinstance(item, IPyNbCell):
             item.output_timeout = max(getattr(item, "output_timeout", 0), NBVAL_OUTPUT_TIMEOUT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A solution notebook cell must not write to stderr: students see it in red, and nbgrader zeroes a
+    test cell with stderr output. Library notes and warnings belong silenced in the setup cell."""
+    outcome = yield
+    try:
+        from nbval.plugin import IPyNbCell
+    except ImportError:
+        return
+    if not isinstance(item, IPyNbCell) or outcome.excinfo is not None:
+        return
+    text = "".join(o.get("text", "") for o in (item.test_outputs or [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    if text.strip():
+        pytest.fail(f"cell {item.cell_num} of {item.parent.name} wrote to stderr:\n{text[:1500]}", pytrace=False)
