@@ -112,29 +112,84 @@ def trainable_report(model: torch.nn.Module) -> dict:
     return {"rows": rows, "trainable": sum(r[2] for r in rows), "total": total}
 
 
-def preflight(model: torch.nn.Module, batch: dict) -> dict:
-    """Checks before a long run, on one batch: something trains, the loss and every gradient are finite, and
-    **every adapter receives a gradient**.
+def _default_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
 
-    With B = 0 at initialisation, ∇A = s Xᵀ D Bᵀ is zero everywhere, but ∇B = s Zᵀ D is not — unless no
-    gradient D reaches that layer. So a ``lora_B`` with an all-zero gradient means the path above it is cut:
-    a detached or frozen-and-no-grad module, or (bitsandbytes 0.50.2 on AVX512-BF16 CPUs) a 4-bit layer
-    repacked for inference after an eval pass, which passes no input gradient (coursekit.model).
 
-    Returns a dict with the loss and counts. Raises :class:`PreflightError` naming the offending parameters.
+def preflight(model: torch.nn.Module, batch: Any, *, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+              optimizer: torch.optim.Optimizer | None = None, trainable: Callable[[str], bool] | None = None,
+              overfit_steps: int = 0, overfit_factor: float = 2.0) -> dict:
+    """Checks before a long run, on one batch (seed 000, "Run a small preflight"; lesson 11).
+
+    Always:
+
+    1. something trains (:func:`trainable_report`); with ``trainable`` (a predicate on parameter names, e.g.
+       ``lambda n: "lora_" in n``), every matching parameter must have ``requires_grad`` set (else: the adapter
+       is not trainable), and the names that are trainable but do not match are reported (``unexpected``);
+    2. the loss is finite, and every trainable gradient exists and is finite;
+    3. **every adapter receives a gradient**. With B = 0 at initialisation, ∇A = s Xᵀ D Bᵀ is zero everywhere,
+       but ∇B = s Zᵀ D is not — unless no gradient D reaches that layer. So a ``lora_B`` with an all-zero gradient
+       means the path above it is cut: a detached or frozen-and-no-grad module, or (bitsandbytes 0.50.2 on
+       AVX512-BF16 CPUs) a 4-bit layer repacked for inference after an eval pass (coursekit.model).
+
+    With an ``optimizer`` (opt-in: it copies every parameter once, so the capstone does not pass one):
+
+    4. the optimizer owns every trainable tensor, and one ``optimizer.step()`` leaves every *frozen* parameter
+       bit-identical (``torch.equal``). Frozen means ``requires_grad`` is False, or, with ``trainable``, that the
+       name does not match. AdamW skips a parameter whose ``.grad`` is None but decays one whose gradient is a
+       tensor of zeros, θ ← θ(1 − lr·λ), so a weight "frozen" by zeroing its gradient still moves;
+    5. if ``overfit_steps`` > 0, that many further steps on this same batch must bring the loss below
+       first loss / ``overfit_factor``: a pipeline that cannot memorise one tiny batch has a bug (passing says
+       nothing about generalisation).
+
+    Afterwards every parameter and the optimizer's state are restored, so the run starts where it would have.
+
+    Args:
+        model: any ``nn.Module``. batch: whatever ``loss_fn`` takes; by default a dict of keyword arguments for
+            ``model(**batch)``, whose output has ``.loss`` (a transformers / PEFT causal LM).
+        loss_fn: ``loss_fn(model, batch)`` → a scalar loss tensor, for models without ``.loss``.
+        optimizer: a ``torch.optim.Optimizer`` built over the model's parameters (enables checks 4 and 5).
+        trainable: predicate on ``named_parameters()`` names: which parameters are meant to train.
+        overfit_steps: ≥ 0 (needs ``optimizer``). overfit_factor: > 1.
+
+    Returns a dict: ``loss`` (first loss), ``trainable``, ``total`` (parameter counts), ``tensors`` (trainable
+    tensors), ``rows`` (name, shape, count of each trainable tensor), ``unexpected`` (trainable names not matching
+    ``trainable``), and with an optimizer ``frozen_checked`` (frozen tensors compared) and ``losses`` (the loss
+    before each step). Raises :class:`PreflightError` naming the offending parameters and the likely cause,
+    TypeError / ValueError for bad arguments.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    if not isinstance(overfit_steps, int) or overfit_steps < 0:
+        raise ValueError(f"overfit_steps must be a non-negative integer, got {overfit_steps!r}.")
+    if overfit_steps and optimizer is None:
+        raise ValueError("overfit_steps > 0 needs an optimizer to take the steps.")
+    if not overfit_factor > 1:
+        raise ValueError(f"overfit_factor must be > 1, got {overfit_factor}.")
+    loss_fn = loss_fn or _default_loss
     rep = trainable_report(model)
+    named = list(model.named_parameters())
+    if trainable is not None:
+        frozen_adapter = [n for n, p in named if trainable(n) and not p.requires_grad]
+        if frozen_adapter:
+            raise PreflightError(f"{len(frozen_adapter)} parameters meant to train have requires_grad=False (e.g. "
+                                 f"{frozen_adapter[0]}): the adapter is not trainable. A PeftModel loaded with "
+                                 f"from_pretrained(...) is frozen unless is_trainable=True; or something called "
+                                 f"requires_grad_(False) on the whole model after get_peft_model.")
+    unexpected = [n for n, p in named if p.requires_grad and trainable is not None and not trainable(n)]
     if rep["trainable"] == 0:
         raise PreflightError("no trainable parameters: the adapter was not attached, or everything is frozen.")
     model.train()
     model.zero_grad(set_to_none=True)
-    out = model(**batch)
-    loss = out.loss
+    loss = loss_fn(model, batch)
     if not torch.isfinite(loss):
-        raise PreflightError(f"the loss is {loss.item()} on the first batch: check the labels (is any token supervised?) and the dtype.")
+        raise PreflightError(f"the loss is {loss.item()} on the first batch: check the labels (is any token supervised?), "
+                             f"the inputs (NaN or inf in the data?) and the dtype.")
     loss.backward()
     missing, zero, nonfinite = [], [], []
-    for n, p in model.named_parameters():
+    for n, p in named:
         if not p.requires_grad:
             continue
         if p.grad is None:
@@ -143,8 +198,8 @@ def preflight(model: torch.nn.Module, batch: dict) -> dict:
             nonfinite.append(n)
         elif "lora_B" in n and not p.grad.abs().sum() > 0:
             zero.append(n)
-    model.zero_grad(set_to_none=True)
     if missing or zero or nonfinite:
+        model.zero_grad(set_to_none=True)
         parts = []
         if missing:
             parts.append(f"{len(missing)} trainable tensors got no gradient at all (e.g. {missing[0]})")
@@ -155,7 +210,69 @@ def preflight(model: torch.nn.Module, batch: dict) -> dict:
         if nonfinite:
             parts.append(f"{len(nonfinite)} gradients are not finite (e.g. {nonfinite[0]})")
         raise PreflightError("; ".join(parts))
-    return {"loss": loss.item(), "trainable": rep["trainable"], "total": rep["total"], "tensors": len(rep["rows"])}
+    out = {"loss": loss.item(), "trainable": rep["trainable"], "total": rep["total"], "tensors": len(rep["rows"]),
+           "rows": rep["rows"], "unexpected": unexpected}
+    if optimizer is None:
+        model.zero_grad(set_to_none=True)
+        return out
+    out.update(_preflight_steps(model, batch, loss_fn, optimizer, trainable, overfit_steps, overfit_factor, loss.item()))
+    return out
+
+
+def _preflight_steps(model, batch, loss_fn, optimizer, trainable, overfit_steps, overfit_factor, first_loss) -> dict:
+    """Checks 4 and 5 of :func:`preflight`; the gradients of the first batch are already in ``.grad``."""
+    import copy
+
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    named = list(model.named_parameters())
+    not_owned = [n for n, p in named if p.requires_grad and id(p) not in owned]
+    if not_owned:
+        model.zero_grad(set_to_none=True)
+        raise PreflightError(f"{len(not_owned)} trainable tensors are not in the optimizer (e.g. {not_owned[0]}): they get "
+                             f"gradients but never move. Build the optimizer after attaching the adapter, from "
+                             f"[p for p in model.parameters() if p.requires_grad].")
+    is_frozen = (lambda n, p: not trainable(n)) if trainable is not None else (lambda n, p: not p.requires_grad)
+    saved = {n: p.detach().clone() for n, p in named}
+    saved_opt = copy.deepcopy(optimizer.state_dict())
+    losses = [first_loss]
+    try:
+        optimizer.step()
+        moved = [(n, (p.detach() - saved[n]).abs().max().item()) for n, p in named
+                 if is_frozen(n, p) and not torch.equal(p.detach(), saved[n])]
+        if moved:
+            n, dmax = moved[0]
+            in_opt = sum(1 for nn, p in named if is_frozen(nn, p) and id(p) in owned)
+            raise PreflightError(
+                f"{len(moved)} frozen tensors changed in one optimizer step (e.g. {n}, max |change| {dmax:.3g}). The "
+                f"optimizer owns {in_opt} frozen tensors, and they have gradient tensors (possibly all zeros): AdamW's "
+                f"decoupled weight decay θ ← θ(1 − lr·λ) moves a parameter whose gradient is zero (only a None "
+                f"gradient is skipped). Freeze with requires_grad_(False) and build the optimizer from "
+                f"[p for p in model.parameters() if p.requires_grad].")
+        for _ in range(overfit_steps):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise PreflightError(f"the loss became {loss.item()} after {len(losses)} steps on one batch: the "
+                                     f"learning rate is too high, or the dtype overflows.")
+            losses.append(loss.item())
+            loss.backward()
+            optimizer.step()
+        if overfit_steps:
+            with torch.no_grad():
+                losses.append(loss_fn(model, batch).item())
+            if not losses[-1] <= losses[0] / overfit_factor:
+                raise PreflightError(
+                    f"the loss on one tiny batch went {losses[0]:.4g} → {losses[-1]:.4g} in {overfit_steps} steps, not "
+                    f"below {losses[0] / overfit_factor:.4g} (1/{overfit_factor:g} of the start): a model that cannot "
+                    f"memorise one batch has a pipeline bug (labels all −100 or misaligned, an adapter cut off the "
+                    f"loss, a learning rate of 0), or needs more steps or a larger learning rate.")
+    finally:
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(saved[n])
+        optimizer.load_state_dict(saved_opt)
+        model.zero_grad(set_to_none=True)
+    return {"frozen_checked": sum(1 for n, p in named if is_frozen(n, p)), "losses": losses}
 
 
 def _pad_id(tokenizer) -> int:

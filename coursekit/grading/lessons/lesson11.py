@@ -1,0 +1,383 @@
+"""Graded items of lesson 11, "Optimizers and preflight"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import lora, optim, walk
+from ..checkers import Case, Feedback, Mistake
+from .. import Array, Choice, Function, Numeric
+
+READ_STATE = "Reread 'What AdamW owns' in Know this."
+READ_OWN = "Reread 'Ownership: only trainable tensors' in Know this."
+READ_ZERO = "Reread 'Zero gradient, None gradient, not owned' in Know this."
+READ_ALGEBRA = "Reread 'The factor-update algebra' in Know this."
+READ_RESCALE = "Reread 'Same product, different training' in Know this."
+
+
+# --------------------------------------------------------------------------- references
+
+
+def factor_update(A, B, dA, dB, s):
+    """Reference for p1: δ(ΔW) = s(δA·B + A·δB + δA·δB)."""
+    return optim.factor_update(A, B, dA, dB, s)
+
+
+def rescaled_grads(X, W, A, B, s, D, c):
+    """Reference for p5: the loss gradients of the rescaled factors cA and B/c, for upstream gradient D."""
+    Ac, Bc = optim.rescale_factors(A, B, c)
+    _, cache = lora.lora_forward(X, W, Ac, Bc, s)
+    _, dA, dB = lora.lora_backward(D, cache)
+    return dA, dB
+
+
+def _decay_only(p: float, lr: float, wd: float, steps: int) -> float:
+    """AdamW on an entry whose gradient is 0 at every step: the moments stay 0, only the decay acts."""
+    x = np.array([[p]])
+    st = walk.AdamWState.zeros_like(x)
+    for _ in range(steps):
+        x, st = walk.adamw_step(x, np.zeros_like(x), st, lr=lr, weight_decay=wd)
+    return float(x[0, 0])
+
+
+def _a_term_ratios(c: float = 10.0, lr: float = 0.01) -> np.ndarray:
+    """‖s·δA'·B'‖ for factors (cA, B/c) divided by the same for c = 1, after one SGD step and one AdamW step."""
+    rng = np.random.default_rng(11)
+    X, W, A = rng.standard_normal((4, 6)), rng.standard_normal((6, 5)), rng.standard_normal((6, 2)) * 0.5
+    B, D, s = rng.standard_normal((2, 5)) * 0.5, rng.standard_normal((4, 5)) * 0.1, 2.0
+    out = []
+    for kind in ("sgd", "adamw"):
+        norms = []
+        for cc in (1.0, c):
+            Ac, Bc = optim.rescale_factors(A, B, cc)
+            dA, _ = rescaled_grads(X, W, A, B, s, D, cc)
+            if kind == "sgd":
+                new = walk.sgd_step(Ac, dA, lr)
+            else:
+                new = walk.adamw_step(Ac, dA, walk.AdamWState.zeros_like(Ac), lr=lr, weight_decay=0.0)[0]
+            norms.append(np.linalg.norm(s * (new - Ac) @ Bc))
+        out.append(norms[1] / norms[0])
+    return np.array(out)
+
+
+# --------------------------------------------------------------------------- p1 cases and mistakes
+
+
+def _fu_case(rng: np.random.Generator, step: float) -> dict:
+    d, m, r = int(rng.integers(2, 6)), int(rng.integers(2, 6)), int(rng.integers(1, 4))
+    return dict(A=rng.standard_normal((d, r)), B=rng.standard_normal((r, m)), dA=rng.standard_normal((d, r)) * step,
+                dB=rng.standard_normal((r, m)) * step, s=float(rng.choice([0.5, 2.0, 4.0])))
+
+
+def _fu_public() -> list[Case]:
+    return [
+        Case(dict(A=np.array([[1.0], [2.0]]), B=np.array([[3.0, -1.0]]), dA=np.array([[0.5], [0.0]]),
+                  dB=np.array([[0.0, 1.0]]), s=1.0), "d = m = 2, r = 1, s = 1: the cross term δA·δB is [[0, 0.5], [0, 0]]"),
+        Case(_fu_case(np.random.default_rng(111), 0.3), "random factors, s ≠ 1"),
+        Case(dict(A=np.zeros((3, 2)), B=np.zeros((2, 4)), dA=np.random.default_rng(112).standard_normal((3, 2)),
+                  dB=np.random.default_rng(113).standard_normal((2, 4)), s=2.0),
+             "A = B = 0: only the cross term is left"),
+    ]
+
+
+def _fu_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_fu_case(rng, float(rng.choice([0.1, 1.0, 3.0])))) for _ in range(5)]
+
+
+def _fu_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    A, B, dA, dB = (np.asarray(kw[k], dtype=np.float64) for k in ("A", "B", "dA", "dB"))
+    s = float(kw["s"])
+    out = [
+        Mistake("no cross", s * (dA @ B + A @ dB),
+                "you missed the cross term s·δA·δB: (A + δA)(B + δB) − AB = δA·B + A·δB + δA·δB. It is second order "
+                "(small for small steps) but not zero. " + READ_ALGEBRA),
+        Mistake("no s", dA @ B + A @ dB + dA @ dB, f"the scale s = {s:g} is missing: ΔW = s·A·B, so its change carries s too. " + READ_ALGEBRA),
+        Mistake("no cross no s", dA @ B + A @ dB, f"both the cross term δA·δB and the scale s = {s:g} are missing. " + READ_ALGEBRA),
+        Mistake("new product", s * (A + dA) @ (B + dB), "you returned the new ΔW, s(A + δA)(B + δB); the question asks for its change "
+                                                      "(subtract s·A·B). " + READ_ALGEBRA),
+        Mistake("cross only", s * dA @ dB, "you kept only the cross term; δA·B and A·δB are the first-order terms. " + READ_ALGEBRA),
+        Mistake("cross sign", s * (dA @ B + A @ dB - dA @ dB), "the cross term enters with a plus sign: s(δA·B + A·δB + δA·δB). " + READ_ALGEBRA),
+    ]
+    return {"result": out}
+
+
+# --------------------------------------------------------------------------- p2: choosing what the optimizer owns
+
+
+class _Lin(torch.nn.Module):
+    """A PEFT-shaped adapted linear layer: base_layer, and lora_A / lora_B per adapter name."""
+
+    def __init__(self, d: int, m: int, r: int, adapters: tuple[str, ...]):
+        super().__init__()
+        self.base_layer = torch.nn.Linear(d, m)
+        self.lora_A = torch.nn.ModuleDict({a: torch.nn.Linear(d, r, bias=False) for a in adapters})
+        self.lora_B = torch.nn.ModuleDict({a: torch.nn.Linear(r, m, bias=False) for a in adapters})
+
+
+def _toy_model(layers: int, inactive: bool, head: bool, norm: bool, width: int = 6) -> torch.nn.Module:
+    """Parameter structure of a PEFT model (forward is not needed): frozen base, a trainable "default" adapter,
+    optionally a frozen second adapter "other" (PEFT freezes inactive adapters), a trainable head (like PEFT's
+    ``modules_to_save``) and a trainable norm."""
+    adapters = ("default", "other") if inactive else ("default",)
+    m = torch.nn.Module()
+    m.layers = torch.nn.ModuleList([_Lin(width, width, 2, adapters) for _ in range(layers)])
+    if norm:
+        m.norm = torch.nn.LayerNorm(width)
+    m.score = torch.nn.Linear(width, 3)
+    for n, p in m.named_parameters():
+        p.requires_grad_(".default." in n or (head and n.startswith("score.")) or (norm and n.startswith("norm.")))
+    return m
+
+
+def trainable_params(model):
+    """Reference for p2."""
+    return optim.trainable_params(model)
+
+
+@dataclass
+class ParamSelection:
+    """Implement ``trainable_params(model)``: the list of parameters an optimizer should own. Checked on PEFT-shaped
+    toy models whose names trap a selection by name (a frozen inactive adapter, a trainable head)."""
+
+    title: str
+    points: float
+    name: str = "trainable_params"
+
+    def cases(self, ctx: Any) -> list[tuple[str, torch.nn.Module]]:
+        torch.manual_seed(0)
+        out = [
+            ("public case 1 (two adapted layers, base frozen)", _toy_model(2, False, False, False)),
+            ("public case 2 (a frozen inactive adapter 'other' and a trainable head 'score')", _toy_model(2, True, True, False)),
+        ]
+        if ctx.hidden:
+            rng = ctx.rng()
+            for i in range(4):
+                out.append((f"hidden case {i + 3}", _toy_model(int(rng.integers(1, 4)), bool(rng.integers(0, 2)),
+                                                               bool(rng.integers(0, 2)), bool(rng.integers(0, 2)))))
+        return out
+
+    def check(self, answer: Any, ctx: Any) -> Feedback:
+        if not callable(answer):
+            return Feedback(0, self.points, [f"{self.name} should be a function; got {type(answer).__name__}. "
+                                             f"Define it with def {self.name}(model):"])
+        cases = self.cases(ctx)
+        passed, lines = 0, []
+        for tag, model in cases:
+            bad = self._one(answer, model)
+            if bad is None:
+                return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub with your code."])
+            if bad:
+                lines.append(f"✗ {tag}:")
+                lines += ["    " + b for b in bad]
+            else:
+                passed += 1
+                lines.append(f"✓ {tag}")
+        if not ctx.hidden:
+            lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
+        return Feedback(self.points * passed / len(cases), self.points, lines)
+
+    def _one(self, fn, model: torch.nn.Module) -> list[str] | None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        try:
+            got = fn(model)
+        except NotImplementedError:
+            return None
+        except Exception as e:
+            return [f"{self.name}(model) raised {type(e).__name__}: {e}"]
+        try:
+            got = list(got)
+        except TypeError:
+            return [f"{self.name} should return a list of parameters; got {type(got).__name__}."]
+        if any(isinstance(g, str) for g in got):
+            return ["you returned names (strings); the optimizer needs the Parameter objects themselves: "
+                    "[p for p in model.parameters() if p.requires_grad]. " + READ_OWN]
+        if any(isinstance(g, tuple) for g in got):
+            return ["you returned (name, parameter) pairs; return the parameters only. " + READ_OWN]
+        if not all(isinstance(g, torch.Tensor) for g in got):
+            kinds = sorted({type(g).__name__ for g in got})
+            return [f"{self.name} should return Parameter objects; got elements of type {', '.join(kinds)}. " + READ_OWN]
+        ids = [id(g) for g in got]
+        if any(i not in names for i in ids):
+            return ["some returned tensors are not parameters of the model (copies? .data or .detach() makes a new tensor "
+                    "object, and the optimizer would update the copy, not the model). " + READ_OWN]
+        want = [p for p in model.parameters() if p.requires_grad]
+        want_ids = {id(p) for p in want}
+        out = []
+        if len(ids) != len(set(ids)):
+            out.append("a parameter appears twice: the optimizer would refuse it (or step it twice). " + READ_OWN)
+        extra = [names[i] for i in dict.fromkeys(ids) if i not in want_ids]
+        missing = [names[id(p)] for p in want if id(p) not in set(ids)]
+        if extra:
+            out.append(f"{len(extra)} returned parameters are frozen (requires_grad=False), e.g. {extra[0]}.")
+            if len(set(ids)) == len(names):
+                out.append("You returned every parameter. AdamW skips a frozen one only while its .grad is None; any gradient "
+                           "tensor (even zeros) gives it exp_avg / exp_avg_sq state and weight decay. " + READ_OWN)
+            elif any("lora_" in n for n in extra):
+                out.append("You seem to select by name: a LoRA tensor of an inactive adapter is frozen. Select by "
+                           "p.requires_grad, which is what PEFT sets. " + READ_OWN)
+        if missing:
+            out.append(f"{len(missing)} trainable parameters are missing, e.g. {missing[0]}.")
+            if any("lora_" not in n for n in missing):
+                out.append("Not every trainable tensor has 'lora' in its name (a head in modules_to_save, a trainable norm): "
+                           "select by p.requires_grad, not by name. " + READ_OWN)
+        return out
+
+
+# --------------------------------------------------------------------------- p5 cases and mistakes
+
+
+def _rg_case(rng: np.random.Generator) -> dict:
+    n, d, m, r = int(rng.integers(1, 4)), int(rng.integers(2, 5)), int(rng.integers(2, 5)), int(rng.integers(1, 3))
+    return dict(X=rng.standard_normal((n, d)), W=rng.standard_normal((d, m)), A=rng.standard_normal((d, r)),
+                B=rng.standard_normal((r, m)), s=float(rng.choice([0.5, 2.0])), D=rng.standard_normal((n, m)),
+                c=float(rng.choice([0.25, 3.0, 10.0, -2.0])))
+
+
+def _rg_public() -> list[Case]:
+    return [
+        Case(dict(X=np.array([[1.0, 2.0]]), W=np.eye(2), A=np.array([[1.0], [0.5]]), B=np.array([[1.0, -1.0]]), s=1.0,
+                  D=np.array([[0.5, -0.5]]), c=2.0), "a small case, c = 2"),
+        Case(_rg_case(np.random.default_rng(115)) | dict(c=10.0), "random, c = 10"),
+    ]
+
+
+def _rg_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_rg_case(rng)) for _ in range(5)]
+
+
+def _rg_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    X, W, A, B, D = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B", "D"))
+    s, c = float(kw["s"]), float(kw["c"])
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    _, dA, dB = lora.lora_backward(D, cache)
+    same = "the product AB did not change, but the gradients did: "
+    return {
+        "dA": [Mistake("unscaled", dA, same + "∇(cA) = s Xᵀ D (B/c)ᵀ = ∇A / c. " + READ_RESCALE),
+               Mistake("inverted", c * dA, "∇(cA) = ∇A / c, not c·∇A: the gradient of cA goes through B/c. " + READ_RESCALE)],
+        "dB": [Mistake("unscaled", dB, same + "∇(B/c) = s (X·cA)ᵀ D = c·∇B. " + READ_RESCALE),
+               Mistake("inverted", dB / c, "∇(B/c) = c·∇B, not ∇B / c: Z = X(cA) is c times larger. " + READ_RESCALE)],
+    }
+
+
+# --------------------------------------------------------------------------- items
+
+P3 = dict(p=2.5, lr=0.05, wd=0.2, steps=3)
+
+ITEMS = {
+    "w1": Choice(
+        "what torch.optim.AdamW stores per parameter",
+        1,
+        hints={
+            "a": "AdamW keeps running averages, not the history: memory would grow with every step. " + READ_STATE,
+            "c": "The learning rate lives in the param group, shared by all its tensors; per tensor AdamW keeps two moments "
+                 "shaped like it and a step count. " + READ_STATE,
+            "d": "A copy of the frozen base is never part of the optimizer's state; the optimizer only sees the tensors you give it. " + READ_STATE,
+        },
+    ),
+    "w2": Numeric(
+        "numbers in AdamW's moments for one r = 16 adapter on a 4096 × 4096 projection",
+        1,
+        name="floats",
+        expected=lambda: 2 * lora.param_count(4096, 4096, 16),
+        rtol=0,
+        atol=0.5,
+        mistakes=lambda: [
+            Mistake("one moment", lora.param_count(4096, 4096, 16), "that is one moment (or the adapter's own size, r(d + m)); "
+                                                                    "AdamW keeps two: exp_avg and exp_avg_sq. " + READ_STATE),
+            Mistake("dense", 2 * 4096 * 4096, "that is the state of the dense 4096 × 4096 weight; the optimizer owns only "
+                                              "A and B, r(d + m) entries. " + READ_STATE),
+            Mistake("three", 3 * lora.param_count(4096, 4096, 16), "the step count is one scalar per tensor, not a tensor "
+                                                                   "the size of the parameter: count two moments. " + READ_STATE),
+            Mistake("bytes", 4 * 2 * lora.param_count(4096, 4096, 16), "that is bytes in fp32; the question asks for the count of numbers."),
+        ],
+    ),
+    "w3": Choice(
+        "AdamW(model.parameters(), weight_decay=0.1) on a PEFT model",
+        1,
+        hints={
+            "a": "torch.optim.AdamW skips every parameter whose .grad is None before it applies the decay, and a frozen "
+                 "base weight's .grad stays None. " + READ_ZERO,
+            "b": "AdamW does not check requires_grad; it accepts frozen tensors without complaint and skips them because "
+                 "their .grad is None. " + READ_ZERO,
+            "d": "State is created lazily, at the first step where the parameter has a gradient: a None gradient means no "
+                 "state. " + READ_ZERO,
+        },
+    ),
+    "p1": Function(
+        "implement factor_update",
+        3,
+        name="factor_update",
+        reference=factor_update,
+        public=_fu_public,
+        hidden=_fu_hidden,
+        outputs=("result",),
+        mistakes=_fu_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+    "p2": ParamSelection("implement trainable_params", 3),
+    "p3": Numeric(
+        "an entry with a zero gradient after three AdamW steps",
+        1,
+        name="p",
+        expected=lambda: _decay_only(**P3),
+        rtol=0,
+        atol=1e-6,
+        mistakes=lambda: [
+            Mistake("unchanged", P3["p"], "a zero gradient is a tensor, not None: AdamW applies the decoupled decay "
+                                          "θ ← θ(1 − lr·λ) at every step. " + READ_ZERO),
+            Mistake("one step", _decay_only(P3["p"], P3["lr"], P3["wd"], 1), "that is one step; the question asks for three, "
+                                                                           "each multiplying by (1 − lr·λ). " + READ_ZERO),
+            Mistake("no lr", P3["p"] * (1 - P3["wd"]) ** 3, "the decay factor is (1 − lr·λ) = 0.99, not (1 − λ). " + READ_ZERO),
+            Mistake("subtract", P3["p"] - 3 * P3["lr"] * P3["wd"], "decoupled decay multiplies: θ(1 − lr·λ), it does not "
+                                                                   "subtract lr·λ. " + READ_ZERO),
+            Mistake("adam step", _decay_only(**P3) - 3 * P3["lr"], "the Adam part is m̂ / (√v̂ + ε) = 0 / (0 + ε) = 0 when "
+                                                                  "every gradient is zero; only the decay acts. " + READ_ZERO),
+        ],
+    ),
+    "p4": Choice(
+        "which parameter does opt.step() change",
+        1,
+        hints={
+            "a": "AdamW skips a parameter whose .grad is None: no decay, no state. " + READ_ZERO,
+            "c": "With weight_decay = 0 and a zero gradient, the Adam step is 0 / (0 + ε) = 0: nothing moves. " + READ_ZERO,
+            "d": "A tensor that is not in the optimizer's param groups is never touched by step(), whatever its gradient. " + READ_ZERO,
+        },
+    ),
+    "p5": Function(
+        "implement rescaled_grads",
+        2,
+        name="rescaled_grads",
+        reference=rescaled_grads,
+        public=_rg_public,
+        hidden=_rg_hidden,
+        outputs=("dA", "dB"),
+        mistakes=_rg_mistakes,
+        rtol=1e-9,
+        atol=1e-12,
+    ),
+    "p6": Array(
+        "how rescaling by c = 10 changes the δA'·B' term: [SGD ratio, AdamW first-step ratio]",
+        2,
+        name="ratios",
+        expected=_a_term_ratios,
+        rtol=1e-4,
+        atol=0,
+        mistakes=lambda: [
+            Mistake("same", [0.1, 0.1], "SGD's step on cA is −lr·∇A/c, and B/c shrinks it once more: 1/c² for SGD. AdamW's "
+                                        "first step has size ≈ lr per entry whatever the gradient's scale, so only B/c "
+                                        "shrinks it: 1/c. " + READ_RESCALE),
+            Mistake("same2", [0.01, 0.01], "AdamW's first step is lr·g/(|g| + ε) ≈ lr·sign(g): the 1/c in the gradient "
+                                           "cancels, and only B/c remains, so AdamW's ratio is 1/c = 0.1. " + READ_RESCALE),
+            Mistake("one", [1.0, 1.0], "the product AB is the same, but the step is not: the gradients of cA and B/c are "
+                                       "∇A/c and c·∇B. " + READ_RESCALE),
+            Mistake("swapped", [0.1, 0.01], "the two ratios are swapped: SGD gives 1/c², AdamW 1/c. " + READ_RESCALE),
+            Mistake("inverse", [100.0, 10.0], "you took the c = 1 step over the rescaled one: the question asks rescaled / "
+                                              "original. " + READ_RESCALE),
+        ],
+    ),
+}

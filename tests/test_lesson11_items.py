@@ -1,0 +1,199 @@
+"""Lesson 11 ("Optimizers and preflight"): graded items score right answers fully, typical wrong answers less, with
+the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson11 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "11-optimizers-and-preflight" / "11-optimizers-and-preflight.ipynb"
+
+
+# --------------------------------------------------------------------------- right answers, written as a student would
+
+
+def factor_update(A, B, dA, dB, s):
+    return s * ((A + dA) @ (B + dB) - A @ B)
+
+
+def trainable_params(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def rescaled_grads(X, W, A, B, s, D, c):
+    Ac, Bc = c * A, B / c
+    return X.T @ (s * D @ Bc.T), s * (X @ Ac).T @ D
+
+
+def ratios(c=10.0, lr=0.01):
+    rng = np.random.default_rng(0)
+    X, W, A, B, D = (rng.standard_normal(sh) for sh in [(3, 4), (4, 5), (4, 2), (2, 5), (3, 5)])
+    out = []
+    for adam in (False, True):
+        norms = []
+        for cc in (1.0, c):
+            g, _ = rescaled_grads(X, W, A, B, 1.0, D, cc)
+            step = -lr * g / (np.abs(g) + 1e-8) if adam else -lr * g
+            norms.append(np.linalg.norm(step @ (B / cc)))
+        out.append(norms[1] / norms[0])
+    return out
+
+
+RIGHT = {"w1": "b", "w2": 262144, "w3": "c", "p1": factor_update, "p2": trainable_params,
+         "p3": 2.5 * 0.99**3, "p4": "b", "p5": rescaled_grads, "p6": ratios()}
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"11.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_typed_decimals_are_accepted():
+    assert check("11.p3", 2.425748).full
+    assert check("11.p6", [0.01, 0.1]).full
+
+
+# --------------------------------------------------------------------------- wrong answers and their diagnostics
+
+
+@pytest.mark.parametrize("fn,text", [
+    (lambda A, B, dA, dB, s: s * (dA @ B + A @ dB), "missed the cross term"),
+    (lambda A, B, dA, dB, s: dA @ B + A @ dB + dA @ dB, "scale s = "),
+    (lambda A, B, dA, dB, s: s * (A + dA) @ (B + dB), "subtract s·A·B"),
+])
+def test_factor_update_mistakes_are_named(fn, text):
+    fb = check("11.p1", fn, hidden=True)
+    assert not fb.full and text in fb.text(), fb.text()
+
+
+def test_factor_update_without_s_still_passes_only_the_s_equal_one_case():
+    fb = check("11.p1", lambda A, B, dA, dB, s: dA @ B + A @ dB + dA @ dB, hidden=False)
+    assert 0 < fb.points < ITEMS["p1"].points
+
+
+@pytest.mark.parametrize("fn,texts,score", [
+    (lambda m: [p for n, p in m.named_parameters() if "lora" in n], ["select by p.requires_grad", "score.weight"], 1.5),
+    (lambda m: list(m.parameters()), ["You returned every parameter", "weight decay"], 0.0),
+    (lambda m: [n for n, p in m.named_parameters() if p.requires_grad], ["names (strings)"], 0.0),
+    (lambda m: [p.detach() for p in m.parameters() if p.requires_grad], ["not parameters of the model"], 0.0),
+    (lambda m: [p for n, p in m.named_parameters() if p.requires_grad and "lora" in n], ["modules_to_save"], 1.5),
+])
+def test_trainable_params_mistakes_are_named(fn, texts, score):
+    fb = check("11.p2", fn, hidden=False)
+    assert fb.points == score, fb.text()
+    for t in texts:
+        assert t in fb.text(), fb.text()
+
+
+def test_trainable_params_stub_and_non_function():
+    def stub(model):
+        raise NotImplementedError()
+    assert check("11.p2", stub).points == 0 and "NotImplementedError" in check("11.p2", stub).text()
+    assert "should be a function" in check("11.p2", [1, 2]).text()
+
+
+def test_trainable_params_hidden_cases_vary():
+    fb = check("11.p2", RIGHT["p2"], hidden=True)
+    assert fb.text().count("hidden case") == 4
+
+
+@pytest.mark.parametrize("answer,text", [
+    (2.5, "a zero gradient is a tensor, not None"),
+    (2.5 * 0.99, "that is one step"),
+    (2.5 * 0.8**3, "(1 − lr·λ) = 0.99"),
+    (2.5 - 3 * 0.05 * 0.2, "multiplies"),
+])
+def test_decay_mistakes_are_named(answer, text):
+    fb = check("11.p3", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("letter,text", [("a", "None"), ("c", "0 / (0 + ε)"), ("d", "param groups")])
+def test_p4_wrong_letters_teach(letter, text):
+    fb = check("11.p4", letter)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_rescaled_grads_mistakes_are_named():
+    fb = check("11.p5", lambda X, W, A, B, s, D, c: (X.T @ (s * D @ B.T), s * (X @ A).T @ D), hidden=True)
+    assert fb.points == 0 and "∇(cA) = s Xᵀ D (B/c)ᵀ = ∇A / c" in fb.text()
+    fb = check("11.p5", lambda X, W, A, B, s, D, c: (c * X.T @ (s * D @ B.T), s * (X @ A).T @ D / c), hidden=True)
+    assert fb.points == 0 and "not c·∇A" in fb.text()
+
+
+@pytest.mark.parametrize("answer,text", [([0.1, 0.1], "1/c² for SGD"), ([0.01, 0.01], "AdamW's ratio is 1/c"),
+                                         ([1, 1], "the step is not"), ([0.1, 0.01], "swapped")])
+def test_p6_mistakes_are_named(answer, text):
+    fb = check("11.p6", answer)
+    assert not fb.full and text in fb.text(), fb.text()
+
+
+def test_w2_mistakes_are_named():
+    assert "keeps two" in check("11.w2", 131072).text()
+    assert "dense" in check("11.w2", 2 * 4096 * 4096).text()
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("11")
+    assert isinstance(k["seed"], int) and {"w1", "w3", "p4"} <= set(k)
+    text = (keys.KEY_DIR / "11.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys11.json"))
+
+
+def _cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("11\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert meta["grade_id"] == f"{calls[0]}_test"
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cell():
+    _, cells = _cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p7_explain"]
+    assert written[0].metadata["nbgrader"]["points"] == 2
