@@ -1,0 +1,286 @@
+"""Graded items of lesson 10, "A whole block"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import block, lora, mlp
+from ..checkers import Case, Mistake
+from .. import Choice, Function, Numeric
+
+READ_BLOCK = "Reread 'The block, projection by projection' in Know this."
+READ_BACK = "Reread 'Backward through the block' in Know this."
+READ_DETACH = "Reread 'Frozen is not detached, block edition' in Know this."
+READ_COUNT = "Reread 'Counting adapters and parameters' in Know this."
+READ_REAL = "Reread 'The real model' in Know this."
+
+# SmolLM2-135M's projection shapes in PEFT's module names. The notebook reads them from the loaded
+# model's config and asserts they equal these; tests/test_lesson10_items.py checks them against the
+# prepared checkpoint's config.json when it exists.
+SMOLLM2_CONFIG = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                      head_dim=64, num_hidden_layers=30)
+SMOLLM2_SHAPES = {block.HF_NAMES[p]: sh for p, sh in block.projection_shapes(SMOLLM2_CONFIG).items()}
+SMOLLM2_LAYERS = SMOLLM2_CONFIG["num_hidden_layers"]
+
+
+# --------------------------------------------------------------------------- P1: adapters and factor matrices
+
+
+def adapter_and_factor_count(targets, n_layers):
+    """Reference for P1: ``(adapters, factor_matrices)`` = (modules × layers, 2 × adapters)."""
+    n = len(list(targets)) * int(n_layers)
+    return n, 2 * n
+
+
+def _p1_public() -> list[Case]:
+    return [
+        Case(dict(targets=["q_proj", "v_proj"], n_layers=30), "Q/V on SmolLM2's 30 layers"),
+        Case(dict(targets=["q_proj", "k_proj", "v_proj", "o_proj"], n_layers=30), "Q/K/V/O, 30 layers"),
+        Case(dict(targets=[block.HF_NAMES[p] for p in block.PROJECTIONS], n_layers=1), "all seven, one block"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    names = [block.HF_NAMES[p] for p in block.PROJECTIONS]
+    cases = []
+    for _ in range(4):
+        k = int(rng.integers(1, 8))
+        targets = [str(t) for t in rng.choice(names, size=k, replace=False)]
+        # deeper than SmolLM2 (31–80 layers), so an answer tuned to 30 layers cannot pass by chance
+        cases.append(Case(dict(targets=targets, n_layers=int(rng.integers(31, 81)))))
+    return cases
+
+
+def _p1_mistakes(kw: dict, got: dict) -> dict:
+    k, L = len(kw["targets"]), kw["n_layers"]
+    return {
+        "adapters": [
+            Mistake("one layer", k, f"that is one layer's count: every one of the {L} layers has its own adapters (modules × layers). " + READ_COUNT),
+            Mistake("factors", 2 * k * L, "that is the number of factor matrices; each adapter owns two of them (A and B), so adapters = modules × layers. " + READ_COUNT),
+        ],
+        "factor_matrices": [
+            Mistake("= adapters", k * L, "each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT),
+            Mistake("one layer", 2 * k, f"that is one layer's count: multiply by the {L} layers. " + READ_COUNT),
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- P2: LoRA parameters of one block
+
+
+def lora_param_count(shapes, targets, r):
+    """Reference for P2: ``Σ_{t in targets} r (d_in + d_out)`` over one block."""
+    return sum(lora.param_count(int(shapes[t][0]), int(shapes[t][1]), int(r)) for t in targets)
+
+
+def _p2_public() -> list[Case]:
+    return [
+        Case(dict(shapes=dict(SMOLLM2_SHAPES), targets=["q_proj", "v_proj"], r=8), "SmolLM2's shapes, Q/V, r = 8"),
+        Case(dict(shapes={"q_proj": (4096, 4096)}, targets=["q_proj"], r=16), "lesson 02's 4096 × 4096 at r = 16"),
+        Case(dict(shapes=dict(SMOLLM2_SHAPES), targets=["gate_proj", "down_proj"], r=4), "gate and down, r = 4"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for _ in range(4):
+        d, f, kv = (int(v) for v in rng.integers(8, 300, size=3))
+        shapes = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d),
+                  "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+        k = int(rng.integers(1, 7))  # never all seven, so "summed every shape" differs from the answer
+        targets = [str(t) for t in rng.choice(sorted(shapes), size=k, replace=False)]
+        cases.append(Case(dict(shapes=shapes, targets=targets, r=int(rng.choice([2, 4, 8, 16, 32])))))
+    return cases
+
+
+def _p2_mistakes(kw: dict, got: dict) -> dict:
+    shapes, targets, r = kw["shapes"], kw["targets"], kw["r"]
+    sel = [shapes[t] for t in targets]
+    return {"result": [
+        Mistake("dense", sum(d * m for d, m in sel), "that is the size of the dense weights d·m; an adapter has r(d + m) entries (A is d × r, B is r × m). " + READ_COUNT),
+        Mistake("square", sum(2 * r * d for d, _ in sel), "you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT),
+        Mistake("all shapes", sum(r * (d + m) for d, m in shapes.values()), "you summed over every module in shapes; count only the target modules. " + READ_COUNT),
+        Mistake("twice", 2 * sum(r * (d + m) for d, m in sel), "r(d + m) already counts both factors (r·d for A, r·m for B); don't double it. " + READ_COUNT),
+        Mistake("r²", sum(r * (d + m) + r * r for d, m in sel), "there is no r × r matrix in LoRA: A is d × r and B is r × m. " + READ_COUNT),
+    ]}
+
+
+# --------------------------------------------------------------------------- P3: SmolLM2, Q/V, r = 8
+
+
+def _p3_expected() -> float:
+    return float(SMOLLM2_LAYERS * lora_param_count(SMOLLM2_SHAPES, ["q_proj", "v_proj"], 8))
+
+
+def _p3_mistakes() -> list[Mistake]:
+    L, r = SMOLLM2_LAYERS, 8
+    d = SMOLLM2_SHAPES["q_proj"][0]
+    per_layer = lora_param_count(SMOLLM2_SHAPES, ["q_proj", "v_proj"], r)
+    return [
+        Mistake("no GQA", L * 2 * r * (d + d), "v_proj is not 576 × 576 in SmolLM2: with 3 KV heads of 64 it projects 576 → 192 (grouped-query attention). " + READ_COUNT),
+        Mistake("one layer", per_layer, f"that is one layer; SmolLM2 has {L} layers, each with its own q and v adapters. " + READ_COUNT),
+        Mistake("q only", L * r * sum(SMOLLM2_SHAPES["q_proj"]), "that counts q_proj only; add v_proj's r(576 + 192). " + READ_COUNT),
+        Mistake("all-linear", L * lora_param_count(SMOLLM2_SHAPES, list(SMOLLM2_SHAPES), r), "that is all seven projections (all-linear); the question asks for Q/V only. " + READ_COUNT),
+        Mistake("r = 16", 2 * L * per_layer, "that is r = 16 (or both factors counted twice); use r = 8 and r(d + m) per module. " + READ_COUNT),
+    ]
+
+
+# --------------------------------------------------------------------------- P5: the o adapter's gradients inside the block
+
+
+def o_adapter_grads(dy, cache):
+    """Reference for P5: ``(dA_o, dB_o)`` from :func:`coursekit.block.block_backward`."""
+    g = block.block_backward(dy, cache)
+    return g["A_o"], g["B_o"]
+
+
+def _p5_case(rng: np.random.Generator, targets, T: int, d: int, n_heads: int, f: int, r: int, s: float) -> dict:
+    w, ad = block.init_block(rng, d=d, n_heads=n_heads, f=f, targets=targets, r=r)
+    x = rng.standard_normal((T, d))
+    _, cache = block.block_forward(x, w, ad, s=s, n_heads=n_heads)
+    return dict(dy=rng.standard_normal((T, d)), cache=cache)
+
+
+def _p5_public() -> list[Case]:
+    rng = np.random.default_rng(10)
+    return [
+        Case(_p5_case(rng, ("o",), T=4, d=8, n_heads=2, f=12, r=2, s=2.0), "only o adapted, s = 2"),
+        Case(_p5_case(rng, ("q", "v", "o"), T=5, d=6, n_heads=3, f=10, r=1, s=0.5), "q, v and o adapted, rank 1"),
+        Case(_p5_case(rng, block.PROJECTIONS, T=3, d=8, n_heads=4, f=16, r=3, s=4.0), "all seven adapted"),
+    ]
+
+
+def _p5_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for _ in range(3):
+        n_heads = int(rng.integers(1, 4))
+        d = n_heads * int(rng.integers(2, 5))
+        others = [p for p in block.PROJECTIONS if p != "o" and rng.random() < 0.5]
+        cases.append(Case(_p5_case(rng, ["o"] + others, T=int(rng.integers(2, 7)), d=d, n_heads=n_heads,
+                                   f=int(rng.integers(4, 17)), r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
+    return cases
+
+
+def _p5_mistakes(kw: dict, got: dict) -> dict:
+    dy, cache = kw["dy"], kw["cache"]
+    dh = dy + block.rmsnorm_backward(_du2(dy, cache), cache["norm2"])[0]
+    s = cache["s"]
+    out = {"dA_o": [], "dB_o": []}
+
+    def add(D, label, msg, scale=1.0):
+        _, dA, dB = block.projection_backward("o", D, cache)
+        out["dA_o"].append(Mistake(label, scale * dA, msg))
+        out["dB_o"].append(Mistake(label, scale * dB, msg))
+
+    add(dy, "residual only", "you used dy as the gradient at the o projection's output, the residual path alone. "
+        "h = x + o feeds the MLP branch too, so dh = dy + (the MLP branch's gradient through RMSNorm). " + READ_BACK)
+    add(dh - dy, "MLP only", "you used only the MLP branch's gradient at h; the residual add y = h + MLP(h) also passes dy "
+        "straight to h: dh = dy + the MLP branch. " + READ_BACK)
+    add(dh, "missing s", f"the scale s = {s:g} is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK, 1.0 / s)
+    add(_du2(dy, cache), "skipped RMSNorm", "you stopped at the RMSNorm input's gradient du2 without passing it back through "
+        "RMSNorm (and without adding the residual dy). " + READ_BACK)
+    return out
+
+
+def _du2(dy, cache):
+    dH = block.projection_backward("down", dy, cache)[0]
+    dG, dU = mlp.swiglu_backward(dH, cache["swiglu"])
+    return block.projection_backward("gate", dG, cache)[0] + block.projection_backward("up", dU, cache)[0]
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "the input of the o_proj adapter",
+        1,
+        hints={
+            "a": "x is the block's input; it reaches o_proj only through RMSNorm, q/k/v and attention. Every adapter consumes its own projection's input. " + READ_BLOCK,
+            "b": "u1 = RMSNorm(x) is what q, k and v (and their adapters) see; o_proj sees the attention output. " + READ_BLOCK,
+            "d": "P is T × T per head and has no projection weight; the context P V of every head, merged, is o_proj's input. " + READ_BLOCK,
+        },
+    ),
+    "w2": Numeric(
+        "factor matrices for Q/K/V/O on 30 layers",
+        1,
+        name="factor matrices",
+        expected=lambda: float(block.factor_count(("q", "k", "v", "o"), 30)),
+        rtol=0,
+        mistakes=lambda: [
+            Mistake("adapters", 120, "that is the number of adapters (4 modules × 30 layers); each adapter owns two factor matrices, A and B. " + READ_COUNT),
+            Mistake("one layer", 8, "that is one layer; the adapters repeat in each of the 30 layers. " + READ_COUNT),
+            Mistake("4 × 30 + ...", 480, "each adapter owns two matrices (A and B), not four. " + READ_COUNT),
+        ],
+    ),
+    "w3": Choice(
+        "a frozen o_proj between the loss and the q/v adapters",
+        1,
+        hints={
+            "b": "Freezing only stops W_o from being updated (no ∇W_o is formed); the product mh W_o stays in the graph, so dh W_oᵀ reaches the attention heads. " + READ_DETACH,
+            "c": "The residual h = x + o bypasses attention entirely: q and v sit inside the attention branch, and they are fed through o_proj, frozen or not. " + READ_DETACH,
+            "d": "q and v are on the same side of o_proj; both get gradient through it (q via the scores, v via the weighted sum). " + READ_DETACH,
+        },
+    ),
+    "p1": Function(
+        "count adapters and factor matrices",
+        2,
+        name="block_adapter_count",
+        reference=adapter_and_factor_count,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("adapters", "factor_matrices"),
+        mistakes=_p1_mistakes,
+        rtol=0,
+        atol=0,
+    ),
+    "p2": Function(
+        "LoRA parameters of one block",
+        3,
+        name="lora_param_count",
+        reference=lora_param_count,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        mistakes=_p2_mistakes,
+        rtol=0,
+        atol=0,
+    ),
+    "p3": Numeric(
+        "trainable parameters, SmolLM2-135M, Q/V, r = 8",
+        2,
+        name="trainable parameters",
+        expected=_p3_expected,
+        rtol=0,
+        mistakes=_p3_mistakes,
+    ),
+    "p4": Choice(
+        "a blanket detach of a frozen o_proj",
+        2,
+        hints={
+            "a": "o_proj's own weights would not learn either way, but under no_grad its output is a constant: nothing flows back through it to the heads, so q and v of that layer get no gradient at all. " + READ_DETACH,
+            "c": "The layers below are still reached: the residual h = x + o carries dh around the attention branch to x and on down. Only the adapters inside the cut branch starve. " + READ_DETACH,
+            "d": "The residual never passes through q or v: they sit inside the attention branch, which the no_grad cut off completely. Their gradient is not smaller; it is absent. " + READ_DETACH,
+        },
+    ),
+    "p5": Function(
+        "the o adapter's gradients inside the block",
+        4,
+        name="o_adapter_grads",
+        reference=o_adapter_grads,
+        public=_p5_public,
+        hidden=_p5_hidden,
+        outputs=("dA_o", "dB_o"),
+        mistakes=_p5_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
+    ),
+    "p6": Choice(
+        "what all-linear leaves out on SmolLM2",
+        2,
+        options="abcde",
+        multi=True,
+        hints={
+            "d": "o_proj is an nn.Linear inside every layer; all-linear adapts it (lora_A/lora_B appear under each o_proj). " + READ_REAL,
+            "e": "down_proj is an nn.Linear inside every MLP; all-linear adapts it. " + READ_REAL,
+        },
+    ),
+}

@@ -1,0 +1,306 @@
+"""Lesson 10 ("A whole block"): graded items score right answers fully, the typical counting and block-backward
+mistakes lose points with a diagnosis that names them, and the notebook's test cells agree with the item registry."""
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit import block, mlp
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson10
+from coursekit.grading.lessons.lesson10 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+LID = "10-a-whole-block"
+NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
+
+
+# --------------------------------------------------------------------------- students
+
+
+def count_right(targets, n_layers):
+    n = len(targets) * n_layers
+    return n, 2 * n
+
+
+def count_one_layer(targets, n_layers):
+    return len(targets), 2 * len(targets)
+
+
+def count_matrices_as_adapters(targets, n_layers):
+    n = len(targets) * n_layers
+    return n, n
+
+
+def params_right(shapes, targets, r):
+    return sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+def params_square(shapes, targets, r):
+    return sum(2 * r * shapes[t][0] for t in targets)
+
+
+def params_dense(shapes, targets, r):
+    return sum(shapes[t][0] * shapes[t][1] for t in targets)
+
+
+def params_all_shapes(shapes, targets, r):
+    return sum(r * (d + m) for d, m in shapes.values())
+
+
+def params_twice(shapes, targets, r):
+    return 2 * params_right(shapes, targets, r)
+
+
+def _dh(dy, cache):
+    dH = block.projection_backward("down", dy, cache)[0]
+    dG, dU = mlp.swiglu_backward(dH, cache["swiglu"])
+    du2 = block.projection_backward("gate", dG, cache)[0] + block.projection_backward("up", dU, cache)[0]
+    return dy + block.rmsnorm_backward(du2, cache["norm2"])[0]
+
+
+def _o_grads(dh, cache, scale=None):
+    A, B = cache["adapters"]["o"]
+    mh, s = cache["mh"], cache["s"] if scale is None else scale
+    return mh.T @ (s * dh @ B.T), s * (mh @ A).T @ dh
+
+
+def o_right(dy, cache):
+    return _o_grads(_dh(dy, cache), cache)
+
+
+def o_residual_only(dy, cache):
+    return _o_grads(dy, cache)
+
+
+def o_mlp_only(dy, cache):
+    return _o_grads(_dh(dy, cache) - dy, cache)
+
+
+def o_missing_s(dy, cache):
+    return _o_grads(_dh(dy, cache), cache, scale=1.0)
+
+
+def o_swapped(dy, cache):
+    dA, dB = o_right(dy, cache)
+    return dB, dA
+
+
+def o_from_block(dy, cache):
+    g = block.block_backward(dy, cache)
+    return g["A_o"], g["B_o"]
+
+
+RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": count_right, "p2": params_right, "p3": 460_800,
+         "p4": "b", "p5": o_right, "p6": {"a", "b", "c"}}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("10")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w3", "p4", "p6"} <= set(k)
+    text = (keys.KEY_DIR / "10.key").read_text()
+    assert "seed" not in text and "{" not in text
+    assert not list(ROOT.rglob("keys10.json"))
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("10\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cells():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert 1 <= len(written) <= 2
+    for c in written:
+        m = c.metadata["nbgrader"]
+        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_warm_up_and_practice_counts():
+    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
+    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
+
+
+def test_no_key_or_case_generator_in_the_notebook():
+    nb, _ = _nbgrader_cells()
+    text = "\n".join(c.source for c in nb.cells if "nbgrader" in c.metadata and c.metadata["nbgrader"]["grade"])
+    assert "_hidden" not in text and "keys" not in text
+
+
+def test_smollm2_shapes_match_the_prepared_checkpoint():
+    """The grader's shape constants are the real model's config (prepared once, shared through the cache)."""
+    from coursekit.model import prepare_model
+
+    cfg = json.loads((prepare_model(progress=False) / "config.json").read_text())
+    assert {block.HF_NAMES[p]: sh for p, sh in block.projection_shapes(cfg).items()} == lesson10.SMOLLM2_SHAPES
+    assert cfg["num_hidden_layers"] == lesson10.SMOLLM2_LAYERS
+
+
+def test_p3_is_the_count_peft_reports():
+    # PEFT's get_nb_trainable_parameters on the loaded model gives 460,800 (asserted in the notebook).
+    assert ITEMS["p3"].expected() == 460_800 == block.lora_param_count(
+        block.projection_shapes(lesson10.SMOLLM2_CONFIG), ("q", "v"), 8, 30)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden, capfd):
+    fb = check(f"10.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+    assert capfd.readouterr().err == ""
+
+
+def test_whole_block_backward_also_scores_full():
+    assert check("10.p5", o_from_block, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic():
+    for item, fn, n in (("p1", count_right, 4), ("p2", params_right, 4), ("p5", o_right, 3)):
+        a = check(f"10.{item}", fn, hidden=True).text()
+        assert a == check(f"10.{item}", fn, hidden=True).text() and a.count("hidden case") == n
+
+
+def test_hard_coded_counts_fail_hidden_cases():
+    def hard(targets, n_layers):
+        return {2: (60, 120), 4: (120, 240)}.get(len(targets), (7, 14))
+
+    fb = check("10.p1", hard, hidden=True)
+    assert fb.points <= 2 * 3 / 7 + 1e-9 and "hidden case" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+def _likely(fb):
+    return " ".join(l.strip() for l in fb.lines if "Likely mistake:" in l)
+
+
+@pytest.mark.parametrize(
+    "item, fn, words",
+    [
+        ("p1", count_one_layer, "that is one layer's count"),
+        ("p1", count_matrices_as_adapters, "each adapter owns two factor matrices"),
+        ("p2", params_square, "as if every projection were square"),
+        ("p2", params_dense, "size of the dense weights"),
+        ("p2", params_all_shapes, "count only the target modules"),
+        ("p2", params_twice, "don't double it"),
+        ("p5", o_residual_only, "the residual path alone"),
+        ("p5", o_mlp_only, "only the MLP branch's gradient"),
+        ("p5", o_missing_s, "is missing: dB_o = s"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_function_mistakes_are_named(item, fn, words, hidden, capfd):
+    fb = check(f"10.{item}", fn, hidden=hidden)
+    assert fb.points < fb.max_points, fb.text()
+    assert words in _likely(fb), fb.text()
+    assert capfd.readouterr().err == ""
+
+
+def test_swapped_outputs_get_a_shape_message():
+    fb = check("10.p5", o_swapped)
+    assert fb.points == 0 and "dA_o has shape" in fb.text()
+
+
+def test_stubs_and_non_functions():
+    def stub(dy, cache):
+        raise NotImplementedError()
+
+    assert check("10.p5", stub).points == 0 and "NotImplementedError" in check("10.p5", stub).text()
+    fb = check("10.p1", "block_adapter_count")
+    assert fb.points == 0 and "should be a function" in fb.text()
+    fb = check("10.p1", lambda targets, n_layers: len(targets) * n_layers)
+    assert fb.points == 0 and "should return 2 values" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w2", 120, "that is the number of adapters"),
+        ("w2", 8, "that is one layer"),
+        ("p3", 552_960, "grouped-query attention"),
+        ("p3", 15_360, "that is one layer"),
+        ("p3", 276_480, "counts q_proj only"),
+        ("p3", 2_442_240, "all seven projections"),
+        ("p3", 921_600, "r = 16"),
+        ("p3", 460_801, "not right"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"10.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "its own projection's input"),
+        ("w1", "b", "what q, k and v"),
+        ("w1", "d", "has no projection weight"),
+        ("w3", "b", "Freezing only stops W_o from being updated"),
+        ("w3", "c", "bypasses attention entirely"),
+        ("w3", "d", "same side of o_proj"),
+        ("p4", "a", "output is a constant"),
+        ("p4", "c", "layers below are still reached"),
+        ("p4", "d", "it is absent"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"10.{item_id}", answer)
+    assert fb.points == 0
+    joined = " ".join(fb.lines)
+    assert text in joined and "Reread" in joined
+
+
+def test_multi_choice_partial_credit_and_hints():
+    fb = check("10.p6", {"a", "b"})
+    assert 0 < fb.points < 2 and "missing" in fb.text()
+    fb = check("10.p6", {"a", "b", "c", "d"})
+    assert 0 < fb.points < 2 and "all-linear adapts it" in fb.text()
+    assert check("10.p6", {"d", "e"}).points == 0
