@@ -1,0 +1,238 @@
+"""Graded items of lesson 13, "Merging"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import lora, merging
+from ..checkers import Case, Mistake
+from .. import Choice, Function, Numeric
+from ..lora_mistakes import merge_mistakes
+
+READ_LAYOUT = "(Lesson 13, 'The merge in PEFT's layout'.)"
+READ_DROPOUT = "(Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)"
+READ_PRECISION = "(Lesson 13, 'Merging in low precision'.)"
+
+
+# --------------------------------------------------------------------------- references
+
+
+def merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+    """Reference for p1: ``weight + (lora_alpha / r) lora_B @ lora_A`` (m × d); lora_dropout plays no part."""
+    return merging.merge_peft(weight, lora_A, lora_B, lora.scaling(lora_alpha, r))
+
+
+def unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
+    """Reference for p2: ``weight_merged − (lora_alpha / r) lora_B @ lora_A`` (m × d)."""
+    return merging.unmerge_peft(weight_merged, lora_A, lora_B, lora.scaling(lora_alpha, r))
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _random_case(rng: np.random.Generator, square: bool = False) -> dict:
+    d = int(rng.integers(2, 7))
+    m = d if square else int(rng.integers(2, 7))
+    r = int(rng.integers(2, 5))  # r >= 2 and lora_alpha != r: every wrong scale shows
+    lora_alpha = float(rng.choice([a for a in (1, 2, 4, 8, 16, 32) if a != r]))
+    return dict(
+        weight=rng.standard_normal((m, d)),
+        lora_A=rng.standard_normal((r, d)),
+        lora_B=rng.standard_normal((m, r)),  # nonzero B: with B = 0 every wrong merge is right
+        lora_alpha=lora_alpha,
+        r=r,
+        lora_dropout=float(rng.choice([0.05, 0.1, 0.2])),
+    )
+
+
+def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(13)
+    return [
+        Case(_random_case(rng, square=True), "square weight (m = d), lora_dropout > 0"),
+        Case(_random_case(rng), "rectangular weight"),
+        Case(_random_case(rng), "another rectangular weight"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_random_case(rng, square=(i % 2 == 0))) for i in range(5)]
+
+
+def _without_dropout(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k != "lora_dropout"}
+
+
+def _p2_case(kw: dict) -> dict:
+    kw = _without_dropout(kw)
+    w = kw.pop("weight")
+    kw["weight_merged"] = merge(w, kw["lora_A"], kw["lora_B"], kw["lora_alpha"], kw["r"], 0.0)
+    return kw
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(31)
+    return [Case(_p2_case(_random_case(rng, square=True)), "square weight"), Case(_p2_case(_random_case(rng)), "rectangular weight")]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_p2_case(_random_case(rng, square=(i == 0)))) for i in range(4)]
+
+
+# --------------------------------------------------------------------------- mistakes
+
+
+def _row_vector(weight, lora_A, lora_B, **kw) -> dict:
+    """The seeds' names: W = weight.T (d × m), A = lora_A.T (d × r), B = lora_B.T (r × m)."""
+    return dict(W=np.asarray(weight).T, A=np.asarray(lora_A).T, B=np.asarray(lora_B).T, lora_alpha=kw["lora_alpha"], r=kw["r"])
+
+
+def _scale_mistakes(rv: dict) -> list[Mistake]:
+    """lesson 02's merge mistakes (wrong scales, update only), brought back to PEFT's m × d layout."""
+    return [Mistake(m.label, m.value.T, m.message) for m in merge_mistakes(rv)["W_merged"] if m.label != "transposed"]
+
+
+def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    weight, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("weight", "lora_A", "lora_B"))
+    s, p = lora.scaling(kw["lora_alpha"], kw["r"]), float(kw["lora_dropout"])
+    delta = s * B @ A
+    out = _scale_mistakes(_row_vector(**kw))
+    out += [
+        Mistake("times (1-p)", weight + (1 - p) * delta,
+                f"you multiplied the update by (1 − p) = {1 - p:g}. PEFT's lora_dropout is inverted dropout: it already "
+                f"divides by (1 − p) while training, so in eval mode the adapter path is exactly s (XA) B and the merge "
+                f"takes no dropout factor. {READ_DROPOUT}"),
+        Mistake("over (1-p)", weight + delta / (1 - p),
+                f"you divided the update by (1 − p) = {1 - p:g}: in eval mode dropout is the identity, so the merge takes no "
+                f"dropout factor at all. {READ_DROPOUT}"),
+        Mistake("row-vector layout", (weight.T + s * A.T @ B.T),
+                f"you returned the merged weight in the row-vector layout (d × m, W + s A B). In PEFT's layout weight is "
+                f"m × d (out × in), and the merged weight must keep that shape: weight + s · lora_B @ lora_A. {READ_LAYOUT}"),
+    ]
+    if weight.shape[0] == weight.shape[1]:
+        out.append(Mistake("update transposed", weight + delta.T,
+                           f"you added the update transposed ((lora_B @ lora_A)ᵀ = lora_Aᵀ lora_Bᵀ): in PEFT's layout the update "
+                           f"is lora_B @ lora_A, m × d like weight. {READ_LAYOUT}"))
+    return {"weight_merged": out}
+
+
+def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    Wm, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("weight_merged", "lora_A", "lora_B"))
+    s = lora.scaling(kw["lora_alpha"], kw["r"])
+    # Unmerging is merging with −B: lesson 02's wrong scales apply unchanged.
+    out = _scale_mistakes(_row_vector(Wm, A, -B, lora_alpha=kw["lora_alpha"], r=kw["r"]))
+    out += [
+        Mistake("added", Wm + s * B @ A, "you added the update a second time: unmerge subtracts it, weight_merged − s · lora_B @ lora_A."),
+        Mistake("row-vector layout", (Wm - s * B @ A).T,
+                f"your base weight is transposed (d × m): in PEFT's layout it keeps weight_merged's shape, m × d. {READ_LAYOUT}"),
+        Mistake("unchanged", Wm, "you returned weight_merged unchanged: subtract s · lora_B @ lora_A to get the base back."),
+    ]
+    return {"weight": out}
+
+
+# --------------------------------------------------------------------------- items
+
+P4_CASE = dict(W=1.0, delta=0.005, dtype="bfloat16")
+
+ITEMS = {
+    "w1": Choice(
+        "the merged weight in PEFT's layout",
+        1,
+        hints={
+            "a": "lora_A.weight is r × d and lora_B.weight is m × r: lora_A @ lora_B pairs d with m (usually an error), and "
+                 "even when d = m it gives an r × r matrix, not the m × d update. " + READ_LAYOUT,
+            "c": "The scale s = lora_alpha / r is part of the adapter's output, so it is part of the merge too. " + READ_LAYOUT,
+            "d": "weight is m × d and lora_B @ lora_A is m × d already: transposing it adds the wrong matrix (or fails). " + READ_LAYOUT,
+        },
+    ),
+    "w2": Choice(
+        "what lora_dropout does in eval mode",
+        1,
+        hints={
+            "a": "model.eval() switches nn.Dropout off: nothing is dropped. " + READ_DROPOUT,
+            "b": "That is what *non*-inverted dropout would need at test time. torch's Dropout scales by 1 / (1 − p) while "
+                 "training instead, so at eval time it is the identity. " + READ_DROPOUT,
+            "d": "Dropout sits on the input of the adapter path (before lora_A), and in eval mode it is the identity. " + READ_DROPOUT,
+        },
+    ),
+    "w3": Choice(
+        "merge, then unmerge, in float32",
+        1,
+        hints={
+            "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a few units in the last place, not bit for bit.",
+            "c": "A and B are kept (PEFT keeps them after merge()), so the update can be subtracted again.",
+            "d": "Rounding does not need a zero B to be small: float32 keeps the update to ~1e-7 relative to W.",
+        },
+    ),
+    "p1": Function(
+        "implement merge (PEFT layout)",
+        3,
+        name="merge",
+        reference=merge,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("weight_merged",),
+        mistakes=p1_mistakes,
+    ),
+    "p2": Function(
+        "implement unmerge (PEFT layout)",
+        2,
+        name="unmerge",
+        reference=unmerge,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("weight",),
+        mistakes=p2_mistakes,
+    ),
+    "p3": Numeric(
+        "the spacing of bfloat16 numbers at 1.0",
+        1,
+        name="spacing",
+        expected=lambda: merging.spacing(1.0, "bfloat16"),
+        mistakes=lambda: [
+            Mistake("below one", 2.0**-8, "2⁻⁸ is the spacing just *below* 1.0 (and half the spacing above it, the largest "
+                                          f"update that rounds away). Above 1.0 bfloat16's 8 significant bits give 2⁻⁷. {READ_PRECISION}"),
+            Mistake("float16", 2.0**-10, f"2⁻¹⁰ is float16's spacing at 1.0 (11 significant bits); bfloat16 keeps 8. {READ_PRECISION}"),
+            Mistake("float32", 2.0**-23, f"2⁻²³ is float32's spacing at 1.0; bfloat16 keeps only 8 significant bits. {READ_PRECISION}"),
+            Mistake("16 bits", 2.0**-16, f"bfloat16 has 16 bits in all, but 8 are the exponent and 1 the sign: 8 significant bits "
+                                         f"(7 stored + the implicit 1). {READ_PRECISION}"),
+        ],
+    ),
+    "p4": Numeric(
+        "relative residual of a bfloat16 merge of one entry: w = 1.0, Δw = 0.005",
+        2,
+        name="relative_residual",
+        expected=lambda: merging.merge_residual(**P4_CASE),
+        rtol=1e-3,
+        mistakes=lambda: [
+            Mistake("rounds away", 1.0, "1.005 is not rounded back to 1.0: it is nearer 1 + 2⁻⁷ = 1.0078125 (half the spacing is "
+                                        f"0.0039 < 0.005), so the merge overshoots. {READ_PRECISION}"),
+            Mistake("exact", 0.0, f"that is exact arithmetic; in bfloat16 1.005 is not a number, it rounds to a neighbour. {READ_PRECISION}"),
+            Mistake("carried", 2.0**-7, "0.0078125 is the update the merged entry carries; the question asks for "
+                                        "|carried − Δw| / |Δw|."),
+            Mistake("absolute", 2.0**-7 - 0.005, "that is the absolute error |carried − Δw|; divide it by |Δw| = 0.005."),
+        ],
+    ),
+    "p5": Choice(
+        "the mode for merging and checking an adapter trained with lora_dropout",
+        1,
+        hints={
+            "a": "Train mode draws a new dropout mask on every call: the unmerged outputs change from call to call, and "
+                 "no fixed merged weight can match them. " + READ_DROPOUT,
+            "c": "Multiplying by (1 − p) would be right for non-inverted dropout; torch's Dropout already divides by (1 − p) "
+                 "while training, so eval mode takes no factor. " + READ_DROPOUT,
+            "d": "Dropout is not switched off by merging; it is switched off by model.eval(), which is also what the "
+                 "comparison needs. " + READ_DROPOUT,
+        },
+    ),
+    "p6": Choice(
+        "where to merge an adapter trained against an NF4 base",
+        1,
+        hints={
+            "a": "Re-quantizing W + sAB to NF4 rounds again, on a grid far coarser than the update (lesson 13 measures it on a "
+                 "real layer): most of sAB vanishes and a second quantization error is added. (Lesson 13, 'Where to merge'.)",
+            "c": "An adapter is tied to its base checkpoint, not to the precision it was trained in: the same weights in bf16 are "
+                 "the base it belongs to. (Lesson 13, 'Where to merge'.)",
+            "d": "A GGUF Q4_1 file is a quantized deployment artifact: merging there re-quantizes, like (a). (Lesson 13, 'Where to merge'.)",
+        },
+    ),
+}

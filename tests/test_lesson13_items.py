@@ -1,0 +1,244 @@
+"""Lesson 13 ("Merging"): graded items score right answers fully, typical wrong answers less, with the
+diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson13 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "13-merging" / "13-merging.ipynb"
+
+
+def right_merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+    return weight + (lora_alpha / r) * (lora_B @ lora_A)
+
+
+def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
+    return weight_merged - (lora_alpha / r) * (lora_B @ lora_A)
+
+
+RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": right_merge, "p2": right_unmerge,
+         "p3": 2**-7, "p4": 0.5625, "p5": "b", "p6": "b"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("13")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p5", "p6"} <= set(k)
+    text = (keys.KEY_DIR / "13.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def _nbgrader_cells():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def test_notebook_metadata_and_no_outputs():
+    nb, _ = _nbgrader_cells()
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None
+
+
+def test_test_cells_match_items_and_points():
+    _, cells = _nbgrader_cells()
+    graded = {}
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        if c.cell_type == "code" and meta["grade"]:
+            assert meta["locked"] and not meta["solution"]
+            calls = re.findall(r'grade\("13\.(\w+)"', c.source)
+            assert len(calls) == 1, c.source
+            graded[calls[0]] = meta["points"]
+            assert len([l for l in c.source.splitlines() if l.strip()]) == 2  # import + one call
+    assert set(graded) == set(ITEMS)
+    for item_id, points in graded.items():
+        assert points == ITEMS[item_id].points, item_id
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids))
+
+
+def test_answer_cells_and_hand_graded_cell():
+    _, cells = _nbgrader_cells()
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(ITEMS)
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+    written = [c for c in cells if c.cell_type == "markdown"]
+    assert len(written) == 1
+    m = written[0].metadata["nbgrader"]
+    assert m["grade"] and m["solution"] and not m["locked"] and m["points"] > 0
+
+
+def test_notebook_loads_the_real_model_once():
+    nb, _ = _nbgrader_cells()
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert src.count("load_model(") == 1
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"13.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_right_merge_works_on_torch_tensors_too():
+    import torch
+
+    def torch_merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+        w, a, b = (torch.tensor(t) for t in (weight, lora_A, lora_B))
+        return w + (lora_alpha / r) * b @ a
+
+    assert check("13.p1", torch_merge, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("13.p1", right_merge, hidden=True).text()
+    assert a == check("13.p1", right_merge, hidden=True).text() and a.count("hidden case") == 5
+    publics = [c.kwargs for c in ITEMS["p1"].public()]
+    table = [(kw["weight"].shape, right_merge(**kw)) for kw in publics]
+
+    def lookup(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+        for kw in publics:
+            if kw["weight"].shape == weight.shape and np.array_equal(kw["weight"], weight):
+                return right_merge(**kw)
+        return weight  # no idea
+
+    assert len(table) == 3
+    assert check("13.p1", lookup, hidden=False).full
+    fb = check("13.p1", lookup, hidden=True)
+    assert fb.points == pytest.approx(3 * 3 / 8) and "unchanged" not in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "not the m × d update"),
+        ("w1", "c", "part of the merge too"),
+        ("w1", "d", "m × d already"),
+        ("w2", "a", "switches nn.Dropout off"),
+        ("w2", "b", "*non*-inverted dropout"),
+        ("w2", "d", "before lora_A"),
+        ("w3", "a", "rounds twice"),
+        ("w3", "c", "PEFT keeps them"),
+        ("w3", "d", "does not need a zero B"),
+        ("p5", "a", "new dropout mask on every call"),
+        ("p5", "c", "already divides by (1 − p) while training"),
+        ("p5", "d", "switched off by model.eval()"),
+        ("p6", "a", "Re-quantizing W + sAB to NF4 rounds again"),
+        ("p6", "c", "tied to its base checkpoint"),
+        ("p6", "d", "re-quantizes"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"13.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text()
+
+
+@pytest.mark.parametrize("blank", [None, ..., "", "z", 3])
+def test_blank_or_malformed_choice_scores_zero(blank):
+    fb = check("13.w1", blank)
+    assert fb.points == 0 and fb.lines
+
+
+def _merge_with(f):
+    def fn(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+        return f(weight, lora_A, lora_B, lora_alpha / r, lora_dropout, lora_alpha, r)
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_merge_with(lambda w, A, B, s, p, a, r: w + (1 - p) * s * B @ A), "multiplied the update by (1 − p)"),
+        (_merge_with(lambda w, A, B, s, p, a, r: w + s * B @ A / (1 - p)), "divided the update by (1 − p)"),
+        (_merge_with(lambda w, A, B, s, p, a, r: w + B @ A), "the scale is missing"),
+        (_merge_with(lambda w, A, B, s, p, a, r: w + a * B @ A), "you scaled by lora_alpha"),
+        (_merge_with(lambda w, A, B, s, p, a, r: w + (r / a) * B @ A), "r / lora_alpha"),
+        (_merge_with(lambda w, A, B, s, p, a, r: s * B @ A), "only the update"),
+        (_merge_with(lambda w, A, B, s, p, a, r: w.T + s * A.T @ B.T), "row-vector layout"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_merge_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
+    fb = check("13.p1", fn, hidden=hidden)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+
+
+def test_transposed_update_is_named_on_square_weights():
+    fb = check("13.p1", _merge_with(lambda w, A, B, s, p, a, r: w + s * (B @ A).T))
+    assert fb.points < 3
+    assert "added the update transposed" in fb.text()
+    assert "could not be broadcast" in fb.text()  # rectangular cases fail loudly, and are reported, not raised
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged + lora_alpha / r * lora_B @ lora_A, "added the update a second time"),
+        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged - lora_B @ lora_A, "the scale is missing"),
+        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged, "unchanged"),
+        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: (weight_merged - lora_alpha / r * lora_B @ lora_A).T, "transposed (d × m)"),
+    ],
+)
+def test_unmerge_mistakes(fn, text):
+    fb = check("13.p2", fn)
+    assert fb.points < 2 and text in fb.text(), fb.text()
+
+
+def test_function_stub_and_non_function():
+    def stub(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+        raise NotImplementedError()
+
+    assert check("13.p1", stub).points == 0
+    fb = check("13.p1", "merge")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("p3", 2**-8, "spacing just *below* 1.0"),
+        ("p3", 2**-10, "float16"),
+        ("p3", 2**-23, "float32"),
+        ("p3", 2**-16, "8 significant bits"),
+        ("p3", 0.01, "not right (tolerance"),
+        ("p4", 1.0, "1.005 is not rounded back to 1.0"),
+        ("p4", 0.0, "exact arithmetic"),
+        ("p4", 2**-7, "the update the merged entry carries"),
+        ("p4", 2**-7 - 0.005, "divide it by |Δw|"),
+        ("p4", 0.4, "not right (tolerance"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"13.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_numeric_expected_values_come_from_coursekit():
+    assert ITEMS["p3"].expected() == 2**-7
+    # 0.005 is 0.0050048828125 in bfloat16; 1.0050049 rounds up to 1 + 2**-7.
+    assert ITEMS["p4"].expected() == pytest.approx(abs(2**-7 - 0.005) / 0.005)
+    assert check("13.p4", "0.5625").points == 0  # a string is not a number
