@@ -86,6 +86,26 @@ def test_graded_cells_match_coursekit_items(lid):
 
 
 @pytest.mark.parametrize("lid", LESSONS)
+def test_answer_cells_and_hand_graded_cells(lid):
+    """One autograded answer cell per item, each with the solution delimiters; every hand-graded
+    answer is a markdown cell worth points; grade ids are unique."""
+    cells = [c for c in _nb("solutions", lid).cells if "nbgrader" in c.metadata]
+    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
+    assert len(answers) == len(lesson_items(lid[:2])), f"{lid}: one answer cell per autograded item"
+    for c in answers:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source, c.metadata["nbgrader"]["grade_id"]
+        assert not c.metadata["nbgrader"]["grade"] and not c.metadata["nbgrader"]["locked"]
+    for c in cells:
+        m = c.metadata["nbgrader"]
+        if c.cell_type == "markdown" and m.get("solution"):
+            assert m["grade"] and not m["locked"] and m["points"] > 0, f"{lid}: {m['grade_id']}"
+        if c.cell_type == "code" and m.get("grade"):
+            assert m["locked"] and not m["solution"], f"{lid}: test cell {m['grade_id']} must be locked"
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert len(ids) == len(set(ids)), f"{lid}: duplicate grade ids"
+
+
+@pytest.mark.parametrize("lid", LESSONS)
 def test_release_has_no_solutions(lid):
     text = (ROOT / "lessons" / lid / f"{lid}.ipynb").read_text()
     assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text

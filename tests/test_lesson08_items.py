@@ -2,7 +2,6 @@
 the diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
 import math
-import re
 from pathlib import Path
 
 import nbformat
@@ -89,43 +88,6 @@ def _nbgrader_cells():
     return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
 
 
-def test_notebook_metadata_and_no_outputs():
-    nb, _ = _nbgrader_cells()
-    assert nb.metadata["kernelspec"]["name"] == "python3"
-    for c in nb.cells:
-        if c.cell_type == "code":
-            assert c.outputs == [] and c.execution_count is None
-
-
-def test_test_cells_match_items_and_points():
-    _, cells = _nbgrader_cells()
-    graded = {}
-    for c in cells:
-        meta = c.metadata["nbgrader"]
-        if c.cell_type == "code" and meta["grade"]:
-            assert meta["locked"] and not meta["solution"]
-            calls = re.findall(r'grade\("08\.(\w+)"', c.source)
-            assert len(calls) == 1, c.source
-            graded[calls[0]] = meta["points"]
-            assert len([l for l in c.source.splitlines() if l.strip()]) == 2
-    assert set(graded) == set(ITEMS)
-    for item_id, points in graded.items():
-        assert points == ITEMS[item_id].points, item_id
-
-
-def test_answer_cells_and_hand_graded_cells():
-    _, cells = _nbgrader_cells()
-    answers = [c for c in cells if c.cell_type == "code" and c.metadata["nbgrader"]["solution"]]
-    assert len(answers) == len(ITEMS)
-    for c in answers:
-        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
-    written = [c for c in cells if c.cell_type == "markdown"]
-    assert [c.metadata["nbgrader"]["grade_id"] for c in written] == ["p8_explain", "p9_explain"]
-    for c in written:
-        m = c.metadata["nbgrader"]
-        assert m["grade"] and m["solution"] and not m["locked"] and m["points"] == 2
-
-
 def test_notebook_p6_case_is_the_graded_one():
     """The P6 arrays printed in the notebook are the ones the item grades against."""
     nb, _ = _nbgrader_cells()
@@ -135,11 +97,6 @@ def test_notebook_p6_case_is_the_graded_one():
     for name in ("X", "A", "B", "dQ", "dK", "dC"):
         np.testing.assert_array_equal(ns[f"{name}_p6"], lesson08.P6_CASE[name], err_msg=name)
     assert ns["s_p6"] == lesson08.P6_CASE["s"]
-
-
-def test_warm_up_and_practice_counts():
-    assert len([i for i in ITEMS if i.startswith("w")]) >= 3
-    assert len([i for i in ITEMS if i.startswith("p")]) >= 5
 
 
 # --------------------------------------------------------------------------- right answers
