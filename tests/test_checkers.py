@@ -450,3 +450,12 @@ def test_function_numpy_runtime_warning_goes_to_stdout(capfd):
         fb = _grade(divides)
     out, err = capfd.readouterr()
     assert err == "" and not caught and "RuntimeWarning" in "\n".join(fb.lines) and fb.full
+
+
+def test_numeric_accepts_a_bfloat16_tensor(capfd):
+    import torch
+
+    one = torch.tensor(1.0, dtype=torch.bfloat16)
+    spacing = torch.nextafter(one, torch.tensor(2.0, dtype=torch.bfloat16)) - one
+    fb = _run_silently(capfd, check_numeric, spacing, 2.0**-7, 1, "spacing")
+    assert fb.full, fb.lines

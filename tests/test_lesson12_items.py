@@ -190,3 +190,11 @@ def test_stub_reports_not_implemented():
 
     fb = check("12.p3", stub, hidden=False)
     assert fb.points == 0 and "NotImplementedError" in fb.text()
+
+
+def test_p4_accepts_every_valid_resume_order():
+    for order in (["base", "attach", "optimizer", "load", "rng", "step"], ["base", "attach", "optimizer", "rng", "load", "step"],
+                  ["base", "attach", "rng", "optimizer", "load", "step"]):
+        assert check("12.p4", order).full, order
+    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])  # lora_A's init would redraw after it
+    assert not fb.full and "'rng'" in fb.text()

@@ -190,7 +190,7 @@ def test_function_stub_and_non_function():
         ("p4", 1.0, "1.005 is not rounded back to 1.0"),
         ("p4", 0.0, "exact arithmetic"),
         ("p4", 2**-7, "the update the merged entry carries"),
-        ("p4", 2**-7 - 0.005, "divide it by |Δw|"),
+        ("p4", 2**-7 - 0.005, "relative to |Δw|"),
         ("p4", 0.4, "not right (tolerance"),
     ],
 )

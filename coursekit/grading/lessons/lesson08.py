@@ -198,8 +198,8 @@ def _p3_mistakes() -> list[Mistake]:
     return [
         Mistake("allowed", T * (T + 1) // 2, "that counts the allowed entries (the lower triangle with its diagonal); the question "
                 "asks for the masked ones, above the diagonal. " + READ_MASK),
-        Mistake("half", T * T // 2, "the diagonal is allowed (query t sees itself), so the masked triangle has T(T − 1)/2 entries, "
-                "not T²/2. " + READ_MASK),
+        Mistake("half", T * T // 2, "T²/2 splits the square down the middle, but the diagonal is allowed (query t sees itself): count the "
+                "entries strictly above it. " + READ_MASK),
         Mistake("all", T * T, "that is every entry of P; only the entries above the diagonal (key u > query t) are masked. " + READ_MASK),
         Mistake("double", T * (T - 1), "that counts both triangles; only the upper one (key u > query t) is masked. " + READ_MASK),
     ]

@@ -159,7 +159,8 @@ def _p1_public() -> list[Case]:
     return [
         Case(dict(x=_P1_X.copy()), "x = [0, 2, −3, −1, 0.5, 4]: SiLU′(0) = 0.5, SiLU′(2) ≈ 1.0908, SiLU′(−3) ≈ −0.0881"),
         Case(dict(x=np.linspace(-6.0, 6.0, 13)), "13 points from −6 to 6"),
-        Case(dict(x=np.array([[-800.0, -40.0], [40.0, 800.0]])), "large |x| (a 2 × 2 array): no overflow, no NaN"),
+        # Large |x| checks overflow; the moderate entries keep σ(x) (a classic wrong slope) from passing here.
+        Case(dict(x=np.array([[-800.0, -40.0, -2.0], [1.5, 40.0, 800.0]])), "large |x| (a 2 × 3 array): no overflow, no NaN"),
     ]
 
 
@@ -167,7 +168,7 @@ def _p1_hidden(rng: np.random.Generator) -> list[Case]:
     return [
         Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3)),
         Case(dict(x=rng.standard_normal((3, 4)) * 5)),
-        Case(dict(x=rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6))),
+        Case(dict(x=np.concatenate([rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6), rng.uniform(-3, 3, size=2)]))),
     ]
 
 
@@ -279,9 +280,9 @@ ITEMS = {
         rtol=1e-9,
         atol=1e-12,
         mistakes=lambda: [
-            Mistake("sigma'", 0.25, "0.25 is σ′(0) = σ(0)(1 − σ(0)), the sigmoid's slope; SiLU′(0) = σ(0)(1 + 0) = 0.5. " + READ_SILU),
+            Mistake("sigma'", 0.25, "0.25 is σ′(0) = σ(0)(1 − σ(0)), the sigmoid's slope; SiLU is x·σ(x): use the product rule, then set x = 0. " + READ_SILU),
             Mistake("silu", 0.0, "0 is SiLU(0), the value, not the slope. " + READ_SILU),
-            Mistake("relu", 1.0, "1 is a ReLU's slope for x > 0; SiLU′(0) = σ(0) = 0.5. " + READ_SILU),
+            Mistake("relu", 1.0, "1 is a ReLU's slope for x > 0; SiLU is smooth at 0: differentiate x·σ(x) with the product rule. " + READ_SILU),
         ],
     ),
     "w3": Choice(
@@ -349,7 +350,7 @@ ITEMS = {
         2,
         name="dx",
         expected=_p6_expected,
-        rtol=1e-6,
+        rtol=1e-4,  # the prompt: graded to 4 significant digits
         atol=1e-9,
         mistakes=_p6_mistakes,
     ),

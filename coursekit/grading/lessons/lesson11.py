@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import lora, optim, walk
-from ..checkers import Case, Feedback, Mistake
+from ..checkers import quiet, Case, Feedback, Mistake
 from .. import Array, Choice, Function, Numeric
 
 READ_STATE = "Reread 'What AdamW owns' in Know this."
@@ -182,12 +182,20 @@ class ParamSelection:
 
     def _one(self, fn, model: torch.nn.Module) -> list[str] | None:
         names = {id(p): n for n, p in model.named_parameters()}
+        flags = {n: p.requires_grad for n, p in model.named_parameters()}
+        want = [p for p in model.parameters() if p.requires_grad]  # before the student's code can change a flag
+        noise: list[str] = []
         try:
-            got = fn(model)
+            with quiet(noise):
+                got = fn(model)
         except NotImplementedError:
             return None
         except Exception as e:
             return [f"{self.name}(model) raised {type(e).__name__}: {e}"]
+        changed = [n for n, p in model.named_parameters() if p.requires_grad != flags[n]]
+        if changed:
+            return [f"{self.name} changed requires_grad of {len(changed)} parameters (e.g. {changed[0]}): it must only read "
+                    "the model. Which tensors train is the PEFT setup's decision; select by p.requires_grad. " + READ_OWN]
         try:
             got = list(got)
         except TypeError:
@@ -204,7 +212,6 @@ class ParamSelection:
         if any(i not in names for i in ids):
             return ["some returned tensors are not parameters of the model (copies? .data or .detach() makes a new tensor "
                     "object, and the optimizer would update the copy, not the model). " + READ_OWN]
-        want = [p for p in model.parameters() if p.requires_grad]
         want_ids = {id(p) for p in want}
         out = []
         if len(ids) != len(set(ids)):
@@ -332,7 +339,7 @@ ITEMS = {
                                           "θ ← θ(1 − lr·λ) at every step. " + READ_ZERO),
             Mistake("one step", _decay_only(P3["p"], P3["lr"], P3["wd"], 1), "that is one step; the question asks for three, "
                                                                            "each multiplying by (1 − lr·λ). " + READ_ZERO),
-            Mistake("no lr", P3["p"] * (1 - P3["wd"]) ** 3, "the decay factor is (1 − lr·λ) = 0.99, not (1 − λ). " + READ_ZERO),
+            Mistake("no lr", P3["p"] * (1 - P3["wd"]) ** 3, "the decay factor per step is (1 − lr·λ), not (1 − λ). " + READ_ZERO),
             Mistake("subtract", P3["p"] - 3 * P3["lr"] * P3["wd"], "decoupled decay multiplies: θ(1 − lr·λ), it does not "
                                                                    "subtract lr·λ. " + READ_ZERO),
             Mistake("adam step", _decay_only(**P3) - 3 * P3["lr"], "the Adam part is m̂ / (√v̂ + ε) = 0 / (0 + ε) = 0 when "
@@ -368,14 +375,13 @@ ITEMS = {
         rtol=1e-4,
         atol=0,
         mistakes=lambda: [
-            Mistake("same", [0.1, 0.1], "SGD's step on cA is −lr·∇A/c, and B/c shrinks it once more: 1/c² for SGD. AdamW's "
-                                        "first step has size ≈ lr per entry whatever the gradient's scale, so only B/c "
-                                        "shrinks it: 1/c. " + READ_RESCALE),
+            Mistake("same", [0.1, 0.1], "SGD and AdamW react differently to the gradient's scale: follow ∇A/c through each "
+                                        "optimizer's step, then multiply by B/c. " + READ_RESCALE),
             Mistake("same2", [0.01, 0.01], "AdamW's first step is lr·g/(|g| + ε) ≈ lr·sign(g): the 1/c in the gradient "
-                                           "cancels, and only B/c remains, so AdamW's ratio is 1/c = 0.1. " + READ_RESCALE),
+                                           "cancels; what is left to shrink the term? " + READ_RESCALE),
             Mistake("one", [1.0, 1.0], "the product AB is the same, but the step is not: the gradients of cA and B/c are "
                                        "∇A/c and c·∇B. " + READ_RESCALE),
-            Mistake("swapped", [0.1, 0.01], "the two ratios are swapped: SGD gives 1/c², AdamW 1/c. " + READ_RESCALE),
+            Mistake("swapped", [0.1, 0.01], "the two ratios are in the wrong order: the answer is [SGD ratio, AdamW ratio]. " + READ_RESCALE),
             Mistake("inverse", [100.0, 10.0], "you took the c = 1 step over the rescaled one: the question asks rescaled / "
                                               "original. " + READ_RESCALE),
         ],

@@ -181,6 +181,28 @@ class ReloadItem:
 
 # --------------------------------------------------------------------------- items
 
+class _ResumeOrdering(Ordering):
+    """The resume order, where more than one order is right.
+
+    Restoring the RNG states must come after attaching the adapter (lora_A's initialisation draws random
+    numbers) and before the step; building the optimizer and loading state draw none, so "rng" may sit
+    anywhere in between. Any order that keeps base < attach < optimizer < load < step and attach < rng < step
+    earns full points; others are scored against the key's order, as usual.
+    """
+
+    def check(self, answer: Any, ctx) -> Feedback:
+        if isinstance(answer, (list, tuple)):
+            ans = [str(a).strip().lower() for a in answer]
+            key = list(ctx.key())
+            if sorted(ans) == sorted(key):
+                pos = {k: i for i, k in enumerate(ans)}
+                chain = ["base", "attach", "optimizer", "load", "step"]
+                if all(pos[a] < pos[b] for a, b in zip(chain, chain[1:])) and pos["attach"] < pos["rng"] < pos["step"]:
+                    return Feedback(self.points, self.points, ["The order is right (restoring the RNG states may sit anywhere "
+                                                               "after the adapter is attached and before the step)."])
+        return super().check(answer, ctx)
+
+
 ITEMS = {
     "w1": Choice(
         "what an inference adapter export holds",
@@ -239,7 +261,7 @@ ITEMS = {
         ],
     ),
     "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
-    "p4": Ordering(
+    "p4": _ResumeOrdering(
         "resume a run from a checkpoint, in order",
         2,
         labels={

@@ -188,9 +188,10 @@ ITEMS = {
         1,
         name="spacing",
         expected=lambda: merging.spacing(1.0, "bfloat16"),
+        rtol=1e-2,  # the prompt: graded to 2 significant digits
         mistakes=lambda: [
             Mistake("below one", 2.0**-8, "2⁻⁸ is the spacing just *below* 1.0 (and half the spacing above it, the largest "
-                                          f"update that rounds away). Above 1.0 bfloat16's 8 significant bits give 2⁻⁷. {READ_PRECISION}"),
+                                          f"update that rounds away). At 1.0 the exponent steps up, and the spacing with it. {READ_PRECISION}"),
             Mistake("float16", 2.0**-10, f"2⁻¹⁰ is float16's spacing at 1.0 (11 significant bits); bfloat16 keeps 8. {READ_PRECISION}"),
             Mistake("float32", 2.0**-23, f"2⁻²³ is float32's spacing at 1.0; bfloat16 keeps only 8 significant bits. {READ_PRECISION}"),
             Mistake("16 bits", 2.0**-16, f"bfloat16 has 16 bits in all, but 8 are the exponent and 1 the sign: 8 significant bits "
@@ -202,14 +203,14 @@ ITEMS = {
         2,
         name="relative_residual",
         expected=lambda: merging.merge_residual(**P4_CASE),
-        rtol=1e-3,
+        rtol=1e-2,  # the prompt: graded to 2 significant digits
         mistakes=lambda: [
-            Mistake("rounds away", 1.0, "1.005 is not rounded back to 1.0: it is nearer 1 + 2⁻⁷ = 1.0078125 (half the spacing is "
-                                        f"0.0039 < 0.005), so the merge overshoots. {READ_PRECISION}"),
+            Mistake("rounds away", 1.0, "1.005 is not rounded back to 1.0: half the spacing above 1.0 is smaller than 0.005, so it rounds "
+                                        f"to the next bfloat16 number up. {READ_PRECISION}"),
             Mistake("exact", 0.0, f"that is exact arithmetic; in bfloat16 1.005 is not a number, it rounds to a neighbour. {READ_PRECISION}"),
             Mistake("carried", 2.0**-7, "0.0078125 is the update the merged entry carries; the question asks for "
                                         "|carried − Δw| / |Δw|."),
-            Mistake("absolute", 2.0**-7 - 0.005, "that is the absolute error |carried − Δw|; divide it by |Δw| = 0.005."),
+            Mistake("absolute", 2.0**-7 - 0.005, "that is the absolute error |carried − Δw|; the question asks for it relative to |Δw|."),
         ],
     ),
     "p5": Choice(
