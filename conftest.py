@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# One OpenMP thread per process. pytest-xdist runs two workers on this 2-core machine, and each worker's
+# notebook kernels and nbgrader kernels run torch; with torch's default of one thread per core, four or
+# more spinning threads share two cores and a 6-minute training cell (lesson 19) took over 40 minutes.
+# Set before torch is imported anywhere; the workers and every kernel they start inherit it. Override by
+# exporting OMP_NUM_THREADS (e.g. on a machine with more cores than workers).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # nbval waits a hard-coded 5 s for each iopub message after a cell's execute_reply (nbval 0.11,
 # plugin.py: ``self.output_timeout = 5``; not configurable, see computationalmodelling/nbval#136 and
