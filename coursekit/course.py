@@ -279,9 +279,10 @@ def format_table(rows: list[Row]) -> str:
     if not rows:
         return "No submissions graded."
     w = max(len(r.student) for r in rows)
-    lines = [f"{'lesson':<28} {'student':<{w}} {'score':>7} {'max':>5}", "-" * (44 + w)]
+    lw = max(len("lesson"), *(len(r.lesson) for r in rows))  # lesson ids grow long (05-backward-through-…)
+    lines = [f"{'lesson':<{lw}} {'student':<{w}} {'score':>7} {'max':>5}", "-" * (lw + w + 16)]
     for r in rows:
-        lines.append(f"{r.lesson:<28} {r.student:<{w}} {r.score:7.2f} {r.max_score:5g}")
+        lines.append(f"{r.lesson:<{lw}} {r.student:<{w}} {r.score:7.2f} {r.max_score:5g}")
     return "\n".join(lines)
 
 
