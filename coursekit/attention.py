@@ -39,10 +39,11 @@ arguments of one library and one floating dtype); the arithmetic is the same.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import numpy as np
+
+from .lora import _dtype_name, _is_torch  # one definition of "is this a tensor" for the kernels
 
 __all__ = [
     "AttentionShapeError",
@@ -68,15 +69,6 @@ class AttentionDtypeError(TypeError):
 
 
 # --------------------------------------------------------------------------- NumPy / torch helpers
-
-
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")  # NumPy-only users never pay torch's import time
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _dtype_name(x: Any) -> str:
-    return str(x.dtype).replace("torch.", "")
 
 
 def _check_floats(**arrays: Any) -> bool:
