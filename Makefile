@@ -59,6 +59,7 @@ capstone: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lora.py
+	$(BIN)/python benchmarks/bench_quant.py
 	$(BIN)/python benchmarks/bench_capstone.py
 
 clean:
