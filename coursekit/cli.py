@@ -1,6 +1,7 @@
 """The coursekit command: doctor, prepare-model, capstone, release, grade, keys.
 
-``coursekit doctor``  what is installed and which bitsandbytes implementation runs each 4-bit op here.
+``coursekit doctor``  what is installed, which bitsandbytes implementation runs each 4-bit op here, a self-test of
+                      bitsandbytes' dequantize against coursekit.quant, and the eval-mode repack trap (~10 s).
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
 ``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
                       (``--examples``: the example class instead).
@@ -81,7 +82,8 @@ def _capstone(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="coursekit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("doctor", help="print versions, CPU features and the bitsandbytes backend of each 4-bit op")
+    d = sub.add_parser("doctor", help="print versions, CPU features, the bitsandbytes backend of each 4-bit op, "
+                                      "a dequantize self-test against coursekit.quant and the repack trap")
     d.set_defaults(func=_doctor)
     for name, fn, helptext in (
         ("release", _release, "regenerate lessons/ from solutions/ with nbgrader"),

@@ -14,6 +14,14 @@ is the point of the lesson:
   (``bitsandbytes.backends.default.ops._dequantize_4bit_compute``), and record which native
   functions were called and whether the torch fallback ran.
 
+Two further probes check behaviour rather than wiring:
+
+* :func:`self_test`: bitsandbytes' real ``dequantize_4bit`` (the C++ kernel) against the bit-exact
+  :func:`coursekit.quant.dequantize_4bit` on the model's weight shapes, plus the (5, 80) case that bitsandbytes
+  0.50.2's AVX512 kernel dequantizes with the wrong absmax.
+* :func:`repack_trap`: whether an eval-mode forward without grad makes a ``Linear4bit`` drop its input gradient
+  later (AVX512-BF16 CPUs), and that :func:`coursekit.model.keep_4bit_layers_trainable` prevents it.
+
 Sources: ``/work/shared/reference/bitsandbytes-4bit-internals.md`` §4 (runtime backend selection on
 CPU) and the installed ``site-packages/bitsandbytes/backends/cpu/ops.py`` (CPU registrations and their
 fallback conditions), ``backends/default/ops.py`` (pure-torch defaults), ``cextension.py`` (native
@@ -35,6 +43,7 @@ import warnings
 from typing import Any, Callable
 
 __all__ = ["OPS", "collect", "format_report", "versions", "cpu_facts", "dispatcher_kernels", "observe_op",
+           "self_test", "repack_trap", "MODEL_SHAPES", "BAD_CASE", "LARGER_BLOCK_CASE", "SELF_TEST_VARIANTS",
            "nibble_pack", "nibble_unpack", "SMOLLM2_GGUF"]
 
 #: The 4-bit ops of a QLoRA forward/backward (``quantize_4bit``, ``dequantize_4bit``, ``gemv_4bit``),
@@ -344,9 +353,426 @@ def _implementation(disp: dict[str, bool], own: bool | None) -> str:
     return "not available"
 
 
+# --------------------------------------------------------------------------- self-test: bitsandbytes vs coursekit.quant
+
+#: Projection weight shapes ``(out_features, in_features)`` of the embedded SmolLM2-135M-Instruct: hidden size 576,
+#: MLP intermediate size 1536, 3 key/value heads of 64 → 192 (config.json of the prepared checkpoint).
+MODEL_SHAPES = {"q_proj, o_proj": (576, 576), "k_proj, v_proj": (192, 576), "gate_proj, up_proj": (1536, 576),
+                "down_proj": (576, 1536)}
+
+#: The known bad case of bitsandbytes 0.50.2's AVX512 ``dequantize_4bit``: NF4, blocksize 64, a weight whose last
+#: dim (80) is a multiple of 16 but not of the blocksize (reference note §4, "Bug found").
+BAD_CASE = {"shape": (5, 80), "blocksize": 64, "quant_type": "nf4", "double_quant": False, "dtype": "float32"}
+
+#: The same bug on the model's own rows at a larger blocksize: 576 is a multiple of 64 but not of 128, so a
+#: SmolLM2 q_proj quantized with blocksize 128 is dequantized wrongly by the AVX512 kernel too.
+LARGER_BLOCK_CASE = {"shape": (576, 576), "blocksize": 128, "quant_type": "nf4", "double_quant": False, "dtype": "float32"}
+
+#: quant_type and double quantization of each model-shape case.
+SELF_TEST_VARIANTS = (("nf4", False), ("nf4", True), ("fp4", False))
+
+_DTYPES = ("float32", "bfloat16")
+
+
+def _reference_state(st: Any) -> Any:
+    """A ``bitsandbytes.functional.QuantState`` as a :class:`coursekit.quant.QuantState` (same tensors, no copy)."""
+    import torch
+    from . import quant as cq
+
+    state2 = None
+    if getattr(st, "nested", False):  # the absmax are 8-bit codes of (absmax - offset), dequantized in fp32
+        s2 = st.state2
+        state2 = cq.QuantState(absmax=s2.absmax, shape=st.absmax.shape, code=s2.code, dtype=torch.float32,
+                               blocksize=s2.blocksize, quant_type="dynamic")
+    return cq.QuantState(absmax=st.absmax, shape=st.shape, code=st.code, dtype=st.dtype, blocksize=st.blocksize,
+                         quant_type=st.quant_type, offset=st.offset if state2 is not None else None, state2=state2)
+
+
+def _bad_case_applicability(native_loaded: bool, has_avx512: bool | None, capability: str) -> tuple[bool, str]:
+    """Does the buggy kernel run here? It is the native AVX512 ``dequantizeBlockwise4bitCpu`` path only."""
+    if not native_loaded:
+        return False, ("bitsandbytes' native library did not load, so dequantize_4bit runs its pure-torch default, "
+                       "which indexes absmax by flat position")
+    if not has_avx512:
+        return False, (f"no AVX512 on this CPU (torch capability {capability}): the native kernel takes its scalar "
+                       "loop, which indexes absmax by flat position")
+    return True, "native library loaded and AVX512 present: the AVX512 dequantize kernel runs"
+
+
+def _compare(got: Any, want: Any) -> dict[str, Any]:
+    """Exact comparison with ``==`` (so −0.0 equals +0.0, the FP4 sign-of-zero difference); the bit patterns are
+    compared too, to count how many values differ only in the sign of zero."""
+    import torch
+
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return {"agrees": False, "n_values": want.numel(), "n_differ": want.numel(), "max_abs_diff": float("nan"),
+                "n_signed_zero": 0, "note": f"bitsandbytes returned {tuple(got.shape)} {got.dtype}, "
+                                            f"expected {tuple(want.shape)} {want.dtype}"}
+    differ = got != want
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[want.dtype]
+    bits_differ = got.contiguous().view(ints) != want.contiguous().view(ints)
+    n = int(differ.sum())
+    return {"agrees": n == 0, "n_values": want.numel(), "n_differ": n,
+            "max_abs_diff": float((got.float() - want.float()).abs().max()) if want.numel() else 0.0,
+            "n_signed_zero": int((bits_differ & ~differ).sum()), "note": None}
+
+
+def _self_test_case(W: Any, blocksize: int, quant_type: str, double_quant: bool, name: str) -> dict[str, Any]:
+    """Quantize ``W`` with bitsandbytes, dequantize the same bytes with bitsandbytes (spied: which kernel ran) and
+    with coursekit.quant, compare exactly."""
+    import bitsandbytes.functional as F
+    from . import quant as cq
+
+    t0 = time.perf_counter()
+    q, st = F.quantize_4bit(W, blocksize=blocksize, quant_type=quant_type, compress_statistics=double_quant)
+    t1 = time.perf_counter()
+    calls: list[str] = []
+    fallback: list[int] = []
+    with _spies(calls, fallback):
+        got = F.dequantize_4bit(q, st)
+    t2 = time.perf_counter()
+    want = cq.dequantize_4bit(q, _reference_state(st))
+    four_bit = sorted({c for c in calls if re.match(_OWN_NATIVE["dequantize_4bit"], c)})
+    case = {"name": name, "shape": tuple(W.shape), "blocksize": blocksize, "quant_type": quant_type,
+            "double_quant": double_quant, "dtype": str(W.dtype).replace("torch.", ""),
+            "kernel": ", ".join(four_bit) if four_bit else ("torch fallback" if fallback else "no native call seen"),
+            "quantize_ms": round(1e3 * (t1 - t0), 2), "dequantize_ms": round(1e3 * (t2 - t1), 2)}
+    case.update(_compare(got, want))
+    case["_tensors"] = (q, st, got, want)  # for the bad case's explanation; dropped before returning
+    return case
+
+
+def _row_scaled(shape: tuple[int, int], seed: int) -> Any:
+    """A weight whose rows alternate between scale 0.1 and 1: a block that straddles two rows then has a
+    very different absmax from its neighbours, so a wrong absmax index shows up as a large error."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([0.1, 1.0]).repeat((shape[0] + 1) // 2)[: shape[0]]
+    return torch.randn(*shape, generator=g) * scale[:, None]
+
+
+def _wrong_index_model(case: dict[str, Any]) -> dict[str, Any]:
+    """Check the bug's explanation on the bad case: bitsandbytes' output should equal
+    ``code[q] · absmax[row · (K // blocksize) + col // blocksize]`` exactly (the right block is
+    ``(row · K + col) // blocksize``). Also name the first wrong value's row, column and both block indices."""
+    import torch
+    from . import quant as cq
+
+    q, st, got, want = case["_tensors"]
+    rows, K = case["shape"]
+    bs = case["blocksize"]
+    absmax = cq._absmax_fp32(_reference_state(st))
+    codes = cq.unpack_nibbles(q.reshape(-1), rows * K).reshape(rows, K)
+    r = torch.arange(rows)[:, None]
+    c = torch.arange(K)[None, :]
+    wrong_block = r * (K // bs) + c // bs
+    right_block = (r * K + c) // bs
+    out: dict[str, Any] = {"formula_matches": None, "example": None}
+    if int(wrong_block.max()) < absmax.numel():
+        model = (st.code.float()[codes] * absmax[wrong_block]).to(got.dtype)
+        out["formula_matches"] = bool(torch.equal(model, got))
+    bad = (got != want).nonzero()
+    if len(bad):
+        i, j = (int(v) for v in bad[0])
+        out["example"] = {"row": i, "col": j, "right_block": int(right_block[i, j]), "used_block": int(wrong_block[i, j]),
+                          "bnb": float(got[i, j]), "reference": float(want[i, j])}
+    rows_hit = sorted({int(v) for v in bad[:, 0]}) if len(bad) else []
+    out["rows_affected"] = rows_hit
+    return out
+
+
+def _bad_layer_demo(in_features: int = 80, out_features: int = 32, seed: int = 2) -> dict[str, Any]:
+    """The bug's consequence in a layer: ``bnb.nn.Linear4bit(80 → 32, nf4)`` whose rows alternate in scale (0.1, 1),
+    fed 16 random inputs. Relative output error ``‖Y − X Wᵀ‖ / ‖X Wᵀ‖`` against the float layer, for bitsandbytes'
+    forward and for ``F.linear`` with coursekit.quant's dequantization of the same bytes (the NF4 rounding alone).
+    The layer stays in train mode, so it never repacks for gemv_4bit: the forward is dequantize_4bit, then F.linear."""
+    import torch
+    import bitsandbytes as bnb
+    from . import quant as cq
+
+    W = _row_scaled((out_features, in_features), seed)
+    X = torch.randn(16, in_features, generator=torch.Generator().manual_seed(seed + 1))
+    lin = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+    lin.weight = bnb.nn.Params4bit(W.clone(), requires_grad=False, quant_type="nf4")
+    lin = lin.to("cpu")  # quantizes (blocksize 64, double quantization: Params4bit's defaults)
+    st = lin.weight.quant_state
+    with torch.no_grad():
+        Y_bnb = lin(X)
+        Y_ref = torch.nn.functional.linear(X, cq.dequantize_4bit(lin.weight.data, _reference_state(st)))
+        Y = torch.nn.functional.linear(X, W)
+    rel = lambda A: float((A - Y).norm() / Y.norm())  # noqa: E731
+    return {"layer": f"bnb.nn.Linear4bit({in_features} → {out_features}, quant_type nf4)", "weight_shape": tuple(W.shape),
+            "blocksize": st.blocksize, "rel_err_bnb": round(rel(Y_bnb), 4), "rel_err_reference": round(rel(Y_ref), 4)}
+
+
+def self_test(seed: int = 0) -> dict[str, Any]:
+    """Run bitsandbytes' real ``dequantize_4bit`` (the native C++ CPU kernel when it runs here) on the shapes and
+    blocksizes the course's model uses and compare it, value by value, with :func:`coursekit.quant.dequantize_4bit`
+    (bit-exact with bitsandbytes' formula ``code[q] · absmax[flat index // blocksize]``).
+
+    Cases: each of :data:`MODEL_SHAPES` at blocksize 64 with nf4, nf4 + double quantization and fp4
+    (:data:`SELF_TEST_VARIANTS`), in float32 and bfloat16 (24 cases); :data:`LARGER_BLOCK_CASE` (a q_proj-shaped
+    weight at blocksize 128, where 576-wide rows are not whole blocks); and :data:`BAD_CASE` (NF4, blocksize 64,
+    shape (5, 80)), on which bitsandbytes 0.50.2's AVX512 kernel reads the wrong absmax. Each weight is quantized
+    once by bitsandbytes; both sides dequantize the same bytes and state. "Agrees" means every value is equal
+    under ``==`` (−0.0 equals +0.0: FP4 has a negative zero code). Takes ~2 s; writes nothing to stderr.
+
+    Returns a dict:
+        ``cases``: list of dicts, model shapes first, bad case last: ``name``, ``shape``, ``blocksize``,
+            ``quant_type``, ``double_quant``, ``dtype``, ``kernel`` (the native 4-bit dequantize function seen, or
+            "torch fallback"), ``agrees``, ``n_values``, ``n_differ``, ``max_abs_diff``, ``n_signed_zero`` (values
+            equal under == whose bits differ), ``quantize_ms``, ``dequantize_ms``, ``status`` ("agrees", "DIFFERS"
+            or, for the bad case on a CPU without the AVX512 kernel, "not applicable"), ``kind`` ("model" or
+            "known bug"), ``note``.
+        ``model_shapes_agree``: every model-shape case agrees.
+        ``bad_case``: ``applicable`` (the AVX512 native kernel runs here), ``reason``, ``differs``, ``formula_matches``
+            (bitsandbytes' output equals ``code[q] · absmax[row·(K // blocksize) + col // blocksize]``), ``example``
+            (first wrong value: row, col, right and used block), ``rows_affected``.
+        ``layer``: :func:`_bad_layer_demo`'s relative output errors (bitsandbytes vs the reference dequantization).
+        ``explanation``: plain-language lines for the report.
+        ``messages``: warnings and log lines silenced while running; ``error``: None, or what failed; ``seconds``.
+    """
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"cases": [], "model_shapes_agree": None, "bad_case": None, "layer": None, "explanation": [],
+                           "messages": [], "error": None, "seconds": None}
+    try:
+        with _quiet(out["messages"]):
+            import torch
+            from bitsandbytes import cextension
+            from bitsandbytes.backends.cpu import ops as cops
+
+            native = not isinstance(cextension.lib, cextension.ErrorHandlerMockBNBNativeLibrary)
+            avx512 = bool(getattr(cops, "_has_avx512", False))
+            applicable, reason = _bad_case_applicability(native, avx512, torch.backends.cpu.get_cpu_capability())
+            g = torch.Generator().manual_seed(seed)
+            for dtype_name in _DTYPES:
+                for name, shape in MODEL_SHAPES.items():
+                    W = torch.randn(*shape, generator=g).to(getattr(torch, dtype_name))
+                    for quant_type, dq in SELF_TEST_VARIANTS:
+                        case = _self_test_case(W, 64, quant_type, dq, name)
+                        case.update(kind="model", status="agrees" if case["agrees"] else "DIFFERS")
+                        case.pop("_tensors")
+                        out["cases"].append(case)
+            lb = LARGER_BLOCK_CASE
+            W = torch.randn(*lb["shape"], generator=g).to(getattr(torch, lb["dtype"]))
+            larger = _self_test_case(W, lb["blocksize"], lb["quant_type"], lb["double_quant"], "q_proj at blocksize 128")
+            larger.update(kind="model, larger blocksize",
+                          status="DIFFERS" if not larger["agrees"] else ("agrees" if applicable else "not applicable"))
+            larger.pop("_tensors")
+            out["cases"].append(larger)
+            b = BAD_CASE
+            W = _row_scaled(b["shape"], seed).to(getattr(torch, b["dtype"]))
+            bad = _self_test_case(W, b["blocksize"], b["quant_type"], b["double_quant"], "known bad case")
+            bad.update(kind="known bug",
+                       status="DIFFERS" if not bad["agrees"] else ("agrees" if applicable else "not applicable"))
+            why = _wrong_index_model(bad) if not bad["agrees"] else {"formula_matches": None, "example": None,
+                                                                      "rows_affected": []}
+            bad.pop("_tensors")
+            out["cases"].append(bad)
+            out["model_shapes_agree"] = all(c["agrees"] for c in out["cases"] if c["kind"] == "model")
+            out["bad_case"] = {"applicable": applicable, "reason": reason, "differs": not bad["agrees"], **why}
+            out["layer"] = _bad_layer_demo()
+            out["explanation"] = _self_test_explanation(out, bad)
+    except Exception as e:  # a probe must not crash doctor
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _span(rows: list[int]) -> str:
+    if not rows:
+        return "(none)"
+    return f"{rows[0]}–{rows[-1]}" if rows == list(range(rows[0], rows[-1] + 1)) and len(rows) > 1 else ", ".join(map(str, rows))
+
+
+def _self_test_explanation(out: dict[str, Any], bad: dict[str, Any]) -> list[str]:
+    bc, layer = out["bad_case"], out["layer"]
+    model = [c for c in out["cases"] if c["kind"] == "model"]
+    n_ok = sum(c["agrees"] for c in model)
+    shape = "×".join(map(str, bad["shape"]))
+    n_zero = sum(c["n_signed_zero"] for c in model)
+    lines = [f"Model shapes: {n_ok} of {len(model)} cases agree exactly with coursekit.quant (every value equal under ==, "
+             "which counts −0.0 and +0.0 as equal" + (f"; {n_zero} FP4 values differ only in that sign" if n_zero else "")
+             + ")."]
+    if n_ok < len(model):
+        worst = max((c for c in model if not c["agrees"]), key=lambda c: c["max_abs_diff"])
+        lines.append(f"UNEXPECTED: bitsandbytes differs on a model shape, e.g. {worst['shape']} {worst['quant_type']} "
+                     f"{worst['dtype']}: {worst['n_differ']} values, max abs diff {worst['max_abs_diff']:.3g}. "
+                     "Do not trust this bitsandbytes build's dequantize here.")
+    if bad["agrees"]:
+        lines.append(f"Known bad case {shape} (NF4, blocksize {bad['blocksize']}): agrees. "
+                     + (f"Not applicable here: {bc['reason']}." if not bc["applicable"] else
+                        "The AVX512 kernel ran and read the right absmax: this bitsandbytes has the bug fixed."))
+        return lines
+    ex = bc.get("example") or {}
+    lines.append(f"Known bad case {shape} (NF4, blocksize {bad['blocksize']}, kernel {bad['kernel']}): "
+                 f"{bad['n_differ']} of {bad['n_values']} values differ, max abs error {bad['max_abs_diff']:.3g}.")
+    if not bc["applicable"]:
+        lines.append(f"UNEXPECTED: the AVX512 kernel should not run here ({bc['reason']}), yet the values differ.")
+    K, bs = bad["shape"][1], bad["blocksize"]
+    lines.append(f"Why: blocks of {bs} run over the flattened weight, so with rows of {K} values a block straddles two "
+                 f"rows. bitsandbytes' AVX512 kernel (csrc/cpu_ops.cpp, dequantizeBlockwise4bitCpu) looks the scale up as absmax[row·({K} // {bs}) + col // {bs}] instead "
+                 f"of absmax[(row·{K} + col) // {bs}], so values in rows {_span(bc.get('rows_affected') or [])} are "
+                 "multiplied by another block's absmax"
+                 + (f" (e.g. row {ex['row']}, col {ex['col']} belongs to block {ex['right_block']} but is scaled by "
+                    f"block {ex['used_block']}'s absmax: {ex['bnb']:.4g} instead of {ex['reference']:.4g})" if ex else "")
+                 + ".")
+    if bc.get("formula_matches") is not None:
+        lines.append("Checked: bitsandbytes' output " + ("equals" if bc["formula_matches"] else "does NOT equal")
+                     + " code[q] · absmax[row·(K // blocksize) + col // blocksize] exactly.")
+    if layer:
+        lines.append(f"Consequence: {layer['layer']} with rows scaled alternately by 0.1 and 1 has a relative output "
+                     f"error of {layer['rel_err_bnb']:.2f} against the float layer, against {layer['rel_err_reference']:.2f} "
+                     "for F.linear with coursekit.quant's dequantization of the same bytes (NF4 rounding alone).")
+    lines.append("The model's own shapes are unaffected at blocksize 64 (bitsandbytes' default and the course's): every "
+                 "SmolLM2 projection has in_features 576 or 1536, multiples of 64, where both indexings name the same "
+                 "block (the model-shape rows above agree). "
+                 "The bug needs a last dim that is a multiple of 16 but not of the blocksize (80, 96, 112 at 64); "
+                 "other even last dims take a path that indexes correctly, odd ones fall back to pure torch.")
+    larger = next((c for c in out["cases"] if c["kind"] == "model, larger blocksize"), None)
+    if larger is not None and not larger["agrees"]:
+        lines.append(f"But at blocksize {larger['blocksize']} the same model rows are hit: 576 is not a multiple of "
+                     f"{larger['blocksize']}, and {larger['n_differ']} of {larger['n_values']} values of a q_proj-shaped "
+                     f"weight differ (max abs error {larger['max_abs_diff']:.3g}). Keep bnb_4bit blocksize at 64 on this "
+                     "CPU, or check your own shapes with this self-test.")
+    return lines
+
+
+# --------------------------------------------------------------------------- the repack trap
+
+
+def _callers_of(name: str, modules: tuple[str, ...] = ("model", "train", "capstone")) -> list[str]:
+    """Functions in coursekit's own modules whose body calls ``name`` (read with ``ast``, nothing imported)."""
+    import ast
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for mod in modules:
+        path = os.path.join(here, f"{mod}.py")
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != name):
+            called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None)
+                      for c in ast.walk(fn) if isinstance(c, ast.Call)}
+            if name in called:
+                found.append(f"coursekit.{mod}.{fn.name}")
+    return found
+
+
+def _trap_run(cure: bool, seed: int, compute_dtype: Any) -> dict[str, Any]:
+    """One tiny ``Linear4bit(64 → 64, nf4)``: eval-mode forward under no_grad, then ``.train()`` and a
+    forward/backward with ``X.requires_grad``; ``cure`` applies keep_4bit_layers_trainable before the eval pass.
+    Reports whether the weight was repacked, whether ``X.grad`` arrived, and (if it did) whether it equals
+    ``D · dequant(W)`` computed with coursekit.quant."""
+    import torch
+    import bitsandbytes as bnb
+    from . import quant as cq
+    from .model import keep_4bit_layers_trainable
+
+    g = torch.Generator().manual_seed(seed)
+    lin = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=compute_dtype, quant_type="nf4")
+    lin.weight = bnb.nn.Params4bit(torch.randn(64, 64, generator=g), requires_grad=False, quant_type="nf4")
+    lin = lin.to("cpu")
+    state0 = _reference_state(lin.weight.quant_state)
+    W_hat = cq.dequantize_4bit(lin.weight.data.clone(), state0)  # before any repack
+    if cure:
+        keep_4bit_layers_trainable(lin)
+    lin.eval()
+    with torch.no_grad():
+        lin(torch.randn(2, 64, generator=g, dtype=compute_dtype))
+    repacked = bool(getattr(lin.weight.quant_state, "packing_format_for_cpu", False))
+    lin.train()
+    X = torch.randn(3, 64, generator=g, dtype=compute_dtype, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Y = lin(X)
+        D = torch.randn(Y.shape, generator=g, dtype=compute_dtype)
+        Y.backward(D)
+    warned = [str(w.message) for w in caught if "autograd kernel was not registered" in str(w.message)]
+    out: dict[str, Any] = {"repacked": repacked, "grad_present": X.grad is not None,
+                           "autograd_warning": warned[0].split(".")[0] if warned else None,
+                           "grad_equals_reference": None, "max_abs_diff": None}
+    if X.grad is not None:
+        ref = D @ W_hat.to(compute_dtype)
+        out["grad_equals_reference"] = bool(torch.equal(X.grad, ref))
+        out["max_abs_diff"] = float((X.grad.float() - ref.float()).abs().max())
+    return out
+
+
+def repack_trap(compute_dtype: str = "bfloat16", seed: int = 0) -> dict[str, Any]:
+    """Probe bitsandbytes' CPU inference repack: does an eval-mode forward without grad cut the input gradient of a
+    later training step, and does :func:`coursekit.model.keep_4bit_layers_trainable` prevent it?
+
+    On a CPU with AVX512-BF16 (``bitsandbytes.functional.has_avx512bf16()``), ``Linear4bit.forward`` in eval mode
+    with an input that does not require grad permanently repacks its weight for ``gemv_4bit`` (bitsandbytes 0.50.2
+    ``nn/modules.py``); every later call, in train mode too, goes through ``gemv_4bit``, an op with no autograd
+    kernel, so the input receives no gradient (and LoRA adapters below such a layer stop learning).
+
+    Args:
+        compute_dtype: "bfloat16" (what coursekit.model.load_model uses) or "float32".
+        seed: seed of the weight, inputs and upstream gradient D.
+    Returns a dict:
+        ``applicable``: AVX512-BF16 here (the repack can happen); ``reason``.
+        ``without_cure`` / ``with_cure``: ``repacked``, ``grad_present`` (``X.grad is not None``),
+            ``autograd_warning`` (torch's "autograd kernel was not registered" warning, silenced),
+            ``grad_equals_reference`` (``X.grad == D · dequant(W)`` exactly, dequant by coursekit.quant; None if no
+            gradient), ``max_abs_diff``.
+        ``affected``: the gradient went missing without the cure. ``cured``: with the cure the gradient is present
+            and equals the reference.
+        ``coursekit_callers``: coursekit functions that call keep_4bit_layers_trainable (found in the source).
+        ``messages``, ``error``, ``seconds``.
+    """
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"applicable": None, "reason": None, "compute_dtype": compute_dtype, "without_cure": None,
+                           "with_cure": None, "affected": None, "cured": None,
+                           "coursekit_callers": _callers_of("keep_4bit_layers_trainable"), "messages": [], "error": None,
+                           "seconds": None}
+    try:
+        with _quiet(out["messages"]):
+            import torch
+            import bitsandbytes.functional as F
+
+            bf16 = bool(F.has_avx512bf16())
+            out["applicable"] = bf16
+            out["reason"] = ("AVX512-BF16 present: Linear4bit repacks its weight on an eval-mode forward without grad"
+                             if bf16 else "no AVX512-BF16: Linear4bit never repacks and gemv_4bit has no CPU kernel")
+            dt = getattr(torch, compute_dtype)
+            out["without_cure"] = _trap_run(False, seed, dt)
+            out["with_cure"] = _trap_run(True, seed, dt)
+            out["affected"] = not out["without_cure"]["grad_present"]
+            out["cured"] = bool(out["with_cure"]["grad_present"] and out["with_cure"]["grad_equals_reference"])
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _matmul_speed(reps: int = 20) -> dict[str, Any]:
+    """Best-of-``reps`` wall time of ``F.linear`` of a (16, 576) input with a (1536, 576) weight (SmolLM2's up_proj) in
+    float32 and in bfloat16, in microseconds: is bf16 compute fast or emulated here?"""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    X, W = torch.randn(16, 576, generator=g), torch.randn(1536, 576, generator=g)
+    best = {}
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        x, w = X.to(dt), W.to(dt)
+        torch.nn.functional.linear(x, w)
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            ts.append(time.perf_counter() - t)
+        best[name] = round(1e6 * min(ts), 1)
+    return {"shape": "(16, 576) @ (1536, 576)ᵀ", "us": best}
+
+
 def collect() -> dict[str, Any]:
     """Probe this machine. Never raises; a failing probe leaves an entry in ``errors``. Takes a few seconds
-    (importing torch and bitsandbytes dominates). Nothing is written to stderr: warnings and log messages
+    (importing torch and bitsandbytes and the self-test dominate). Nothing is written to stderr: warnings and log messages
     from the imports are kept in ``messages``.
 
     Returns a dict with:
@@ -362,7 +788,12 @@ def collect() -> dict[str, Any]:
             ``notes`` (why, from backends/cpu/ops.py).
         ``fallbacks``: the documented dequantize_4bit fallback conditions, each with what was observed here.
         ``paged_optimizer``: one PagedAdamW step on a CPU parameter, see ``_paged_optimizer_check``.
-        ``caveats``: short strings for the lesson (paged optimizers, fast compute dtypes, ...).
+        ``self_test``: bitsandbytes' dequantize_4bit against coursekit.quant on the model's shapes and the known
+            bad case, see :func:`self_test` (absent if bitsandbytes did not import).
+        ``repack_trap``: the eval-mode repack that cuts input gradients, and its cure, see :func:`repack_trap`.
+        ``matmul_speed``: float32 vs bfloat16 ``F.linear`` time, see ``_matmul_speed``.
+        ``caveats``: short strings for the lesson (paged optimizers, compute dtypes, the repack, ...), each backed
+            by something observed or measured in this run.
         ``messages``: what the imports logged or warned (e.g. the missing ``kernels`` hub package).
         ``errors``: probes that failed, as strings.
         ``seconds``: wall time of ``collect()`` in seconds.
@@ -415,24 +846,55 @@ def collect() -> dict[str, Any]:
         bf16 = report["cpu"].get("avx512bf16")
         paged = _paged_optimizer_check() if bnb_ok else {"ran": False, "state_paged": None, "warning": None, "error": "no bitsandbytes"}
         report["paged_optimizer"] = paged
-        report["caveats"] = [
-            "Paged optimizers (PagedAdamW, ...) fall back to ordinary, non-paged state on CPU "
-            "(bitsandbytes/optim/optimizer.py get_state_buffer); paging needs CUDA unified memory. Observed here: "
-            + (f"PagedAdamW stepped, state paged={paged['state_paged']}, warning {paged['warning']!r}."
-               if paged["ran"] else f"PagedAdamW failed: {paged['error']}."),
-            ("bf16 runs fast here (AVX512-BF16): the fused gemv_4bit kernel is bf16-only, and bf16 matmuls use "
-             "native instructions." if bf16 else
-             "No AVX512-BF16 here: gemv_4bit has no CPU kernel, and bf16 matmuls are emulated; fp32 compute is "
-             "usually as fast or faster."),
-            "Training goes through gemm_4bit = dequantize, then F.linear: every step dequantizes each frozen weight "
-            "in the forward pass and again in the backward pass; no weight gradient is computed.",
-            "After an eval-mode forward with an input that needs no grad, Linear4bit repacks its weight for "
-            "gemv_4bit (AVX512-BF16 CPUs only); that op has no autograd, so stay in train mode while training.",
-            "quantize_4bit runs in pure torch on CPU: quantizing a whole model at load time is the slow step, "
-            "not the forward pass.",
-        ]
+        if bnb_ok:
+            report["self_test"] = self_test()
+            report["repack_trap"] = repack_trap()
+            for key in ("self_test", "repack_trap"):
+                if report[key]["error"]:
+                    report["errors"].append(f"{key}: {report[key]['error']}")
+        speed = _matmul_speed()
+        report["matmul_speed"] = speed
+        report["caveats"] = _caveats(paged, bf16, speed, report.get("self_test"), report.get("repack_trap"))
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report
+
+
+def _caveats(paged: dict[str, Any], bf16: bool | None, speed: dict[str, Any], st: dict[str, Any] | None,
+             trap: dict[str, Any] | None) -> list[str]:
+    """Short statements for the lesson, each backed by what was observed or measured in this run."""
+    us = speed["us"]
+    ratio = us["bfloat16"] / us["float32"]
+    out = [
+        "Paged optimizers (PagedAdamW, ...) fall back to ordinary, non-paged state on CPU "
+        "(bitsandbytes/optim/optimizer.py get_state_buffer); paging needs CUDA unified memory. Observed here: "
+        + (f"PagedAdamW stepped, state paged={paged['state_paged']}, warning {paged['warning']!r}."
+           if paged["ran"] else f"PagedAdamW failed: {paged['error']}."),
+        (f"Compute dtype: measured here, F.linear {speed['shape']} takes {us['float32']:.0f} µs in float32 and "
+         f"{us['bfloat16']:.0f} µs in bfloat16 (×{ratio:.2f}). "
+         + ("This CPU has AVX512-BF16, so gemv_4bit has a native kernel; it computes in bf16 only (an fp32 input is "
+            "cast to bf16), and it runs only after an eval-mode repack (see Repack trap)." if bf16 else
+            "No AVX512-BF16 here: gemv_4bit has no CPU kernel, and the 4-bit layers always dequantize, then matmul "
+            "in the compute dtype.")
+         + " Training runs dequantize + F.linear in the compute dtype either way, so this is the speed that matters there."),
+        "Training goes through gemm_4bit = dequantize, then F.linear (bitsandbytes MatMul4Bit): every step dequantizes "
+        "each frozen weight in the forward pass and again in the backward pass (∂L/∂X = D · dequant(W)); no weight "
+        "gradient is computed.",
+    ]
+    if trap and trap.get("error") is None:
+        callers = ", ".join(trap["coursekit_callers"]) or "nothing"
+        out.append("After an eval-mode forward whose input needs no grad (e.g. under torch.no_grad), Linear4bit "
+                   "permanently repacks its weight for gemv_4bit on AVX512-BF16 CPUs; that op has no autograd, so "
+                   "going back to train() does not help: input gradients stay missing. "
+                   + ("Observed here (see Repack trap). " if trap["affected"] else "Not observed on this CPU. ")
+                   + f"coursekit.model.keep_4bit_layers_trainable switches it off; called by {callers}.")
+    if st and st.get("error") is None and st["cases"]:
+        up = next((c for c in st["cases"] if c["shape"] == (1536, 576) and c["quant_type"] == "nf4"
+                   and not c["double_quant"] and c["dtype"] == "float32"), None)
+        if up:
+            out.append(f"quantize_4bit has no CPU kernel and runs in pure torch: measured here, quantizing a 1536×576 "
+                       f"fp32 weight to NF4 took {up['quantize_ms']:.1f} ms, dequantizing it ({up['kernel']}) "
+                       f"{up['dequantize_ms']:.2f} ms. Quantizing happens once, at load time.")
+    return out
 
 
 # --------------------------------------------------------------------------- formatting
@@ -444,9 +906,63 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
+def _wrap(text: str, indent: str = "  ", width: int = 116) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+
+
+def _format_self_test(st: dict | None) -> list[str]:
+    if not st:
+        return []
+    out = ["", "Self-test: bitsandbytes vs coursekit.quant (bitsandbytes quantizes; both dequantize the same bytes; "
+               "exact ==)"]
+    rows = [[c["name"], "×".join(map(str, c["shape"])), str(c["blocksize"]),
+             c["quant_type"] + ("+dq" if c["double_quant"] else ""), c["dtype"], c["kernel"].replace("cdequantize_", ""),
+             c["status"], f"{c['max_abs_diff']:.3g}", f"{c['n_differ']}/{c['n_values']}"] for c in st.get("cases", [])]
+    if rows:
+        out += ["  " + l for l in _table(rows, ["case", "shape", "blocksize", "quant_type", "dtype", "bnb kernel",
+                                                "result", "max abs diff", "n differing"])]
+    for line in st.get("explanation", []):
+        out += _wrap("- " + line)
+    if st.get("error"):
+        out += [f"  self-test failed: {st['error']}"]
+    out += [f"  ({st.get('seconds')} s)"]
+    return out
+
+
+def _format_repack_trap(t: dict | None) -> list[str]:
+    if not t:
+        return []
+    out = ["", f"Repack trap: Linear4bit(64 → 64, nf4, compute {t.get('compute_dtype')}): eval forward under no_grad, "
+               "then train() and a backward"]
+    if t.get("error"):
+        return out + [f"  probe failed: {t['error']}"]
+
+    def row(label: str, r: dict) -> list[str]:
+        grad = "present" if r["grad_present"] else "MISSING (None)"
+        eq = r["grad_equals_reference"]
+        ref = "-" if eq is None else ("yes" if eq else f"NO (max abs diff {r['max_abs_diff']:.3g})")
+        return [label, "yes" if r["repacked"] else "no", grad, ref]
+
+    out += ["  " + l for l in _table([row("as bitsandbytes ships it", t["without_cure"]),
+                                       row("keep_4bit_layers_trainable first", t["with_cure"])],
+                                      ["run", "weight repacked", "input gradient", "= D · dequant(W) (coursekit.quant)"])]
+    verdict = ("AFFECTED: the eval pass repacked the weight for gemv_4bit, which has no autograd, so the input got no "
+               "gradient" + (f" (torch warned: {t['without_cure']['autograd_warning']!r}, silenced)"
+                             if t["without_cure"]["autograd_warning"] else "") + "."
+               if t["affected"] else f"Not affected here ({t['reason']}).")
+    out += _wrap("- " + verdict)
+    if t["affected"]:
+        out += _wrap("- Cured: with keep_4bit_layers_trainable the weight is not repacked and the input gradient equals "
+                     "D · dequant(W) exactly." if t["cured"] else "- NOT cured by keep_4bit_layers_trainable: investigate.")
+    callers = ", ".join(t.get("coursekit_callers") or []) or "nothing (!)"
+    out += _wrap(f"- What coursekit does about it: keep_4bit_layers_trainable (coursekit.model) is called by {callers}; "
+                 "call it yourself on any 4-bit model you build another way before an eval pass.")
+    return out
+
+
 def format_report(report: dict) -> str:
     """Plain-text report: versions; CPU and native library; one row per op (op | implementation | why/notes);
-    the observed dequantize fallbacks; caveats. Lines are at most ~120 characters except long notes."""
+    the observed dequantize fallbacks; the self-test (one row per case) and the repack trap; caveats. Lines are at most ~120 characters except long notes."""
     out: list[str] = ["coursekit doctor: what is installed and what runs here", ""]
     v = report.get("versions", {})
     out += ["Versions"] + ["  " + l for l in _table([[k, v[k] or "not installed"] for k in v], ["package", "version"])]
@@ -479,6 +995,8 @@ def format_report(report: dict) -> str:
         rows = [[f["case"], f["condition"], {True: "fell back", False: "native kernel", None: "not observed"}[f["fell_back"]]]
                 for f in report["fallbacks"]]
         out += ["  " + l for l in _table(rows, ["case", "documented condition", "observed here"])]
+    out += _format_self_test(report.get("self_test"))
+    out += _format_repack_trap(report.get("repack_trap"))
     if report.get("caveats"):
         out += ["", "Caveats"] + [f"  - {s}" for s in report["caveats"]]
     if report.get("messages"):
