@@ -84,31 +84,28 @@ def nibble_pack(codes: Any) -> Any:
     Returns:
         ``np.ndarray`` of dtype uint8 and shape ``((n + 1) // 2,)``.
     Raises:
-        ValueError: a code outside 0..15.
-    Source: ``bitsandbytes/backends/default/ops.py`` (quantize_4bit default):
+        ValueError (``coursekit.quant.QuantError``): a code outside 0..15.
+    A NumPy face of :func:`coursekit.quant.pack_nibbles`. Source: ``bitsandbytes/backends/default/ops.py`` (quantize_4bit default):
     ``packed = (q[::2] << 4) | q[1::2]``; reference note §2 step 6.
     """
     import numpy as np
+    import torch
 
-    q = np.asarray(codes).astype(np.int64).reshape(-1)
-    if q.size and (q.min() < 0 or q.max() > 15):
-        raise ValueError(f"4-bit codes must lie in 0..15; got min {q.min()}, max {q.max()}")
-    if q.size % 2:
-        q = np.concatenate([q, [0]])
-    return ((q[0::2] << 4) | q[1::2]).astype(np.uint8)
+    from .quant import pack_nibbles
+
+    return pack_nibbles(torch.as_tensor(np.asarray(codes).astype(np.int64))).numpy().reshape(-1)
 
 
 def nibble_unpack(packed: Any, n: int) -> Any:
     """Inverse of :func:`nibble_pack`: uint8 bytes → the first ``n`` 4-bit codes (int64, shape ``(n,)``)."""
     import numpy as np
+    import torch
 
-    b = np.asarray(packed).astype(np.int64).reshape(-1)
-    out = np.empty(2 * b.size, dtype=np.int64)
-    out[0::2], out[1::2] = b >> 4, b & 0xF
-    return out[:n]
+    from .quant import unpack_nibbles
+
+    return unpack_nibbles(torch.as_tensor(np.asarray(packed).astype(np.uint8)), n).numpy()
 
 
-@contextlib.contextmanager
 def _quiet(sink: list[str]):
     """Silence warnings, stderr and bitsandbytes/torch logging; collect what they said into ``sink``."""
     buf = io.StringIO()
