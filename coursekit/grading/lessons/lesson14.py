@@ -1,0 +1,363 @@
+"""Graded items of lesson 14, "Blockwise quantization"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import quant, walk
+from ..checkers import Case, Mistake
+from .. import Array, Choice, Function, Numeric
+
+READ_ABSMAX = "(Lesson 14, 'Absmax scaling'.)"
+READ_BLOCKS = "(Lesson 14, 'Blocks'.)"
+READ_OUTLIERS = "(Lesson 14, 'Outliers and block size'.)"
+READ_TOY = "(Lesson 14, 'The toy INT4 base'.)"
+READ_WALK = "(Lesson 14, 'The rank-one walk on Ŵ'.)"
+READ_BACKWARD = "(Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)"
+READ_QAT = "(Lesson 14, 'QAT and the straight-through estimator'.)"
+
+
+def _q(bits: int) -> int:
+    return 2 ** (int(bits) - 1) - 1
+
+
+# --------------------------------------------------------------------------- references
+
+
+def absmax_quantize_block(x, bits):
+    """Reference for p1: one block, ``absmax = max |x|``, ``code = round(x / absmax · Q)`` (Q = 127 or 7);
+    an all-zero block gives absmax 0 and codes 0. Returns ``(codes, absmax)``."""
+    codes, absmax = quant.absmax_quantize(x, bits=int(bits), blocksize=max(len(x), 1))
+    return codes.astype(np.float64), float(absmax[0])
+
+
+def absmax_quantize_blocks(x, bits, blocksize):
+    """Reference for p2: blockwise absmax over a 1-D array (the last block may be shorter)."""
+    codes, absmax = quant.absmax_quantize(x, bits=int(bits), blocksize=int(blocksize))
+    return codes.astype(np.float64), absmax
+
+
+def _w_hat(W, step, rounding=np.round):
+    return step * rounding(np.asarray(W, dtype=np.float64) / step)
+
+
+def _walk_D(X, W_used, A, B, s, target):
+    Y = X @ W_used + s * (X @ A) @ B
+    return walk.cross_entropy_backward(walk.cross_entropy_forward(Y, target)[1])
+
+
+def toy_walk_D(X, W, A, B, s, target, step):
+    """Reference for p3: on the toy INT4 base Ŵ = step · round(W / step), one row X (1 × d):
+    ``D = softmax(X Ŵ + s (XA) B) − onehot(target)`` and ``∇X = D Ŵᵀ + s D Bᵀ Aᵀ``. Returns ``(D, dX)``."""
+    W_hat = quant.toy_int4(W, step)[1]
+    D = _walk_D(X, W_hat, A, B, s, target)
+    return D, D @ W_hat.T + s * (D @ B.T) @ A.T
+
+
+# --------------------------------------------------------------------------- p1 / p2 cases and mistakes
+
+
+def _p1_public() -> list[Case]:
+    return [
+        Case(dict(x=np.array([0.12, -0.9, 0.35, 0.6]), bits=8), "int8, absmax 0.9 (Warm-up 1's block)"),
+        Case(dict(x=np.array([0.12, -0.9, 0.35, 0.6]), bits=4), "the same block in int4"),
+        Case(dict(x=np.array([0.03, -0.01, 2.5, 0.02, -0.04, 0.01]), bits=4), "int4, one outlier"),
+        Case(dict(x=np.zeros(4), bits=8), "an all-zero block: absmax 0, codes 0 (no division by zero)"),
+    ]
+
+
+def _block(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.standard_normal(n) * float(rng.choice([0.02, 1.0, 5.0]))
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(dict(x=_block(rng, int(rng.integers(3, 65))), bits=int(b))) for b in (8, 4, 8, 4, 4)]
+
+
+def _code_mistakes(x: np.ndarray, bits: int, absmax_of) -> list[Mistake]:
+    """Wrong codes for the values ``x`` given a function mapping x to the per-value absmax it should use."""
+    q = _q(bits)
+    am = absmax_of(x)
+    safe = np.where(am == 0, 1.0, am)
+    floor, trunc = np.where(am == 0, 0.0, np.floor(x / safe * q)), np.where(am == 0, 0.0, np.trunc(x / safe * q))
+    both = " (here also what truncation toward zero gives: you truncated toward zero or used floor)" if np.array_equal(floor, trunc) else ""
+    out = [
+        Mistake("forgot Q", np.where(am == 0, 0.0, np.round(x / safe)),
+                f"you divided by absmax but forgot to multiply by Q = {q} (2^(bits−1) − 1: 127 for int8, 7 for int4): "
+                f"x / absmax lies in [−1, 1], so your codes are only −1, 0 or 1. {READ_ABSMAX}"),
+        Mistake("floor", floor,
+                f"you used floor where round belongs{both}: floor sends every value down (e.g. 84.67 → 84, −0.3 → −1), "
+                f"a bias of half a step on average; code = round(x / absmax · Q). {READ_ABSMAX}"),
+        Mistake("truncated", trunc,
+                f"you truncated toward zero (int(...) or .astype(int)) instead of rounding to nearest: 84.67 becomes 84, "
+                f"not 85. Use np.round. {READ_ABSMAX}"),
+        Mistake("unrounded", np.where(am == 0, 0.0, x / safe * q),
+                f"your codes are not integers: round x / absmax · Q to the nearest integer. {READ_ABSMAX}"),
+    ]
+    other = 4 if bits == 8 else 8
+    out.append(Mistake("other bits", np.where(am == 0, 0.0, np.round(x / safe * _q(other))),
+                       f"you used Q = {_q(other)}, the scale of int{other}; for int{bits} Q = 2^({bits}−1) − 1 = {q}. {READ_ABSMAX}"))
+    return out
+
+
+def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    x, bits = np.asarray(kw["x"], dtype=np.float64), int(kw["bits"])
+    codes = _code_mistakes(x, bits, lambda v: np.full(v.shape, np.abs(v).max()))
+    am = float(np.abs(x).max())
+    absmax = [Mistake("max not abs", float(x.max()),
+                      f"absmax is the largest |x|, not the largest x: here max(x) = {x.max():g} but max |x| = {am:g}. {READ_ABSMAX}")] \
+        if x.max() != am else []
+    return {"codes": codes, "absmax": absmax}
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(1414)
+    x = rng.standard_normal(12) * 0.1
+    x[2] = 1.5  # an outlier in the first block only
+    return [
+        Case(dict(x=x, bits=4, blocksize=4), "int4, 3 blocks of 4, an outlier in block 0"),
+        Case(dict(x=rng.standard_normal(10), bits=8, blocksize=4), "int8, 10 values: the last block holds 2"),
+        Case(dict(x=np.array([0.5, -0.25, 0.0, 0.0, 0.0, 0.0, 3.0, -1.0]), bits=4, blocksize=2), "int4, an all-zero block in the middle"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for bits in (4, 8, 4, 4):
+        bs = int(rng.choice([2, 4, 8, 16]))
+        x = _block(rng, int(rng.integers(2, 6)) * bs + int(rng.integers(0, bs)))
+        x[int(rng.integers(0, x.size))] *= 20.0  # one outlier: per-block and per-tensor absmax differ
+        out.append(Case(dict(x=x, bits=bits, blocksize=bs)))
+    return out
+
+
+def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    x, bits, bs = np.asarray(kw["x"], dtype=np.float64), int(kw["bits"]), int(kw["blocksize"])
+    q = _q(bits)
+    per_tensor_msg = (f"you used one absmax for the whole tensor (max |x| = {np.abs(x).max():g}) instead of one per block of "
+                      f"{bs}: each block scales by its own max |x|, so one outlier coarsens only its own block. {READ_BLOCKS}")
+    per_block = np.repeat(quant.absmax_quantize(x, bits, bs)[1], bs)[: x.size]
+    codes = [Mistake("per tensor", np.round(x / np.abs(x).max() * q), per_tensor_msg)]
+    codes += _code_mistakes(x, bits, lambda v: per_block)
+    absmax = [Mistake("per tensor", np.array([np.abs(x).max()]), per_tensor_msg),
+              Mistake("per tensor, repeated", np.full(-(-x.size // bs), np.abs(x).max()), per_tensor_msg)]
+    if x.size % bs:
+        full = x[: x.size - x.size % bs]
+        absmax.append(Mistake("dropped last block", quant.absmax_quantize(full, bits, bs)[1],
+                              f"you dropped the last, shorter block ({x.size % bs} values): {x.size} values in blocks of {bs} make "
+                              f"{-(-x.size // bs)} blocks. {READ_BLOCKS}"))
+    return {"codes": codes, "absmax": absmax}
+
+
+# --------------------------------------------------------------------------- p3 cases and mistakes
+
+
+def _walk_case(rng: np.random.Generator, step: float) -> dict:
+    d, m, r = int(rng.integers(2, 5)), int(rng.integers(2, 5)), int(rng.integers(1, 3))
+    return dict(
+        X=rng.standard_normal((1, d)),
+        W=rng.uniform(-6.4 * step, 6.4 * step, (d, m)),  # codes stay inside −8..7
+        A=rng.standard_normal((d, r)) * 0.5,
+        B=rng.standard_normal((r, m)) * 0.5,            # nonzero B: the adapter's path in ∇X shows
+        s=float(rng.choice([0.5, 1.0, 2.0])),
+        target=int(rng.integers(0, m)),
+        step=step,
+    )
+
+
+def _p3_public() -> list[Case]:
+    ex = walk.seed_example()
+    seed = dict(ex, B=np.array([[0.3, -0.2]]), step=0.2)
+    rng = np.random.default_rng(14)
+    return [
+        Case(seed, "the seed's X, W, A, target with B = [0.3, −0.2], step 0.2"),
+        Case(_walk_case(rng, 0.2), "random, step 0.2"),
+        Case(_walk_case(rng, 0.25), "random, step 0.25"),
+    ]
+
+
+def _p3_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_walk_case(rng, float(step))) for step in (0.2, 0.1, 0.25, 0.5)]
+
+
+def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    X, W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B"))
+    s, t, step = float(kw["s"]), kw["target"], float(kw["step"])
+    Wh = _w_hat(W, step)
+    D = _walk_D(X, Wh, A, B, s, t)
+    adapter = s * (D @ B.T) @ A.T
+    D_W = _walk_D(X, W, A, B, s, t)
+    out_D = [Mistake("W in forward", D_W,
+                     f"your D is the unquantized walk's: the forward must use Ŵ = step · round(W / step), the base the model "
+                     f"actually runs, so p and D change with Ŵ. {READ_WALK}")]
+    out_dX = [
+        Mistake("W in DWᵀ", D @ W.T + adapter,
+                f"you used W instead of Ŵ in D·Ŵᵀ: backward goes through the same reconstructed base as the forward; the "
+                f"original W is not in the model any more. {READ_BACKWARD}"),
+        Mistake("W everywhere", D_W @ W.T + s * (D_W @ B.T) @ A.T,
+                f"this is the unquantized walk's ∇X: both the forward (D) and the base path (D·Ŵᵀ) must use Ŵ. {READ_WALK}"),
+        Mistake("no adapter path", D @ Wh.T,
+                f"∇X is missing the adapter's path s·D·Bᵀ·Aᵀ: both input paths add (lesson 05). {READ_BACKWARD}"),
+        Mistake("no base path", adapter,
+                f"∇X is missing the base path D·Ŵᵀ: a frozen, quantized base still passes gradient to X. {READ_BACKWARD}"),
+    ]
+    for name, fn, msg in (("floor", np.floor, "floor"), ("truncated", np.trunc, "truncation toward zero")):
+        Wb = _w_hat(W, step, fn)
+        if not np.allclose(Wb, Wh):
+            Db = _walk_D(X, Wb, A, B, s, t)
+            text = f"your Ŵ uses {msg} instead of round: code = round(W / step). {READ_TOY}"
+            out_D.append(Mistake(name, Db, text))
+            out_dX.append(Mistake(name, Db @ Wb.T + s * (Db @ B.T) @ A.T, text))
+    return {"D": out_D, "dX": out_dX}
+
+
+# --------------------------------------------------------------------------- the seed's walk on Ŵ
+
+
+def seed_walk(rounding=np.round, steps: int = 1):
+    """The seed's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W."""
+    ex = walk.seed_example()
+    if rounding is not None:
+        ex["W"] = _w_hat(ex["W"], 0.2, rounding)
+    return walk.run_walk(**ex, steps=steps)
+
+
+def _seed_mistakes(attr: str) -> list[Mistake]:
+    pick = (lambda rec: getattr(rec, attr))
+    return [
+        Mistake("W", pick(seed_walk(None)[0]), f"that is the unquantized walk's value (lesson 06): run the same steps with W replaced by Ŵ. {READ_WALK}"),
+        Mistake("truncated", pick(seed_walk(np.trunc)[0]),
+                f"your Ŵ has 0.8 where round gives 1.0: 0.91 / 0.2 = 4.55 rounds to 5, not 4 (truncation). {READ_TOY}"),
+        Mistake("floor", pick(seed_walk(np.floor)[0]), f"your Ŵ uses floor (−2.35 → −3) instead of round. {READ_TOY}"),
+    ]
+
+
+ABSMAX_OUTLIER = 8.4
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Numeric(
+        "int8 absmax code of 0.6 in the block [0.12, −0.9, 0.35, 0.6]",
+        1,
+        name="code",
+        expected=lambda: float(quant.absmax_quantize([0.12, -0.9, 0.35, 0.6], bits=8, blocksize=4)[0][3]),
+        rtol=0.0,
+        atol=1e-9,
+        mistakes=lambda: [
+            Mistake("floor", 84, f"0.6 / 0.9 · 127 = 84.67 rounds to 85; 84 is floor (or truncation). {READ_ABSMAX}"),
+            Mistake("unrounded", 0.6 / 0.9 * 127, f"a code is an integer: round 0.6 / 0.9 · 127 = 84.67 to the nearest one. {READ_ABSMAX}"),
+            Mistake("forgot Q", 1, f"you divided by absmax but forgot to multiply by Q = 127: x / absmax lies in [−1, 1]. {READ_ABSMAX}"),
+            Mistake("int4", 5, f"5 is the int4 code (Q = 7); the question asks for int8, Q = 127. {READ_ABSMAX}"),
+            Mistake("absmax 1", 76, f"you used absmax = 1 (0.6 · 127 = 76.2); scale by the block's absmax = max |x| = 0.9 first. {READ_ABSMAX}"),
+            Mistake("max not abs", 127, f"absmax is max |x| = 0.9 (from −0.9), not max x = 0.6. {READ_ABSMAX}"),
+        ],
+    ),
+    "w2": Choice(
+        "why bitsandbytes gives every block of 64 values its own absmax",
+        1,
+        hints={
+            "a": "Blocks cost work and memory (one absmax per block); they are there for accuracy, not speed. " + READ_BLOCKS,
+            "c": "The codes address levels (16 for 4 bits), not positions: the block size is a separate choice (32 … 4096). " + READ_BLOCKS,
+            "d": "In QLoRA the codes are frozen; nothing about blocks makes them trainable. " + READ_BACKWARD,
+        },
+    ),
+    "w3": Array(
+        "toy INT4 codes of the seed's W at step 0.2",
+        1,
+        name="codes",
+        expected=lambda: quant.toy_int4(walk.seed_example()["W"], 0.2)[0],
+        rtol=0.0,
+        atol=1e-9,
+        mistakes=lambda: [
+            Mistake("truncated", np.trunc(walk.seed_example()["W"] / 0.2),
+                    f"0.91 / 0.2 = 4.55 rounds to 5: you truncated toward zero. {READ_TOY}"),
+            Mistake("floor", np.floor(walk.seed_example()["W"] / 0.2), f"you used floor: −2.35 rounds to −2, not −3. {READ_TOY}"),
+            Mistake("W hat", quant.toy_int4(walk.seed_example()["W"], 0.2)[1],
+                    f"that is Ŵ = 0.2 · code, the reconstruction; the question asks for the integer codes. {READ_TOY}"),
+        ],
+    ),
+    "p1": Function(
+        "implement absmax_quantize_block",
+        3,
+        name="absmax_quantize_block",
+        reference=absmax_quantize_block,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("codes", "absmax"),
+        mistakes=p1_mistakes,
+    ),
+    "p2": Function(
+        "implement absmax_quantize_blocks",
+        2,
+        name="absmax_quantize_blocks",
+        reference=absmax_quantize_blocks,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("codes", "absmax"),
+        mistakes=p2_mistakes,
+    ),
+    "p3": Function(
+        "implement toy_walk_D (D and ∇X on the toy INT4 base)",
+        3,
+        name="toy_walk_D",
+        reference=toy_walk_D,
+        public=_p3_public,
+        hidden=_p3_hidden,
+        outputs=("D", "dX"),
+        mistakes=p3_mistakes,
+    ),
+    "p4": Array(
+        "first-step ∇B of the seed's walk on Ŵ",
+        2,
+        name="dB",
+        expected=lambda: seed_walk()[0].dB,
+        rtol=1e-4,
+        atol=1e-6,
+        mistakes=lambda: _seed_mistakes("dB"),
+    ),
+    "p5": Numeric(
+        "loss after the first AdamW step of the walk on Ŵ",
+        1,
+        name="loss_after",
+        expected=lambda: seed_walk()[0].loss_after,
+        rtol=1e-4,
+        mistakes=lambda: _seed_mistakes("loss_after") + [
+            Mistake("before", seed_walk()[0].loss, f"that is the loss before the step (step 1); the question asks for step 8's recomputed loss. {READ_WALK}"),
+        ],
+    ),
+    "p6": Choice(
+        "which block size gives the lower int4 error on a weight with a few outliers",
+        1,
+        hints={
+            "a": "A larger block does not estimate the scale better: its absmax is the largest |x| among more values, so an outlier "
+                 "is more likely and it coarsens the grid for all 4096 values. The plot shows the error growing with blocksize. " + READ_OUTLIERS,
+            "b": "The codes are 4 bits either way, but the grid spacing is absmax / 7 per block, and absmax depends on the block. " + READ_OUTLIERS,
+            "d": "Fewer absmax values save metadata (bits per parameter), not rounding error: the rounding happens on each block's grid. " + READ_OUTLIERS,
+        },
+    ),
+    "p7": Choice(
+        "what QLoRA's backward needs from the quantized base",
+        1,
+        hints={
+            "a": "That is quantization-aware training, where W itself is trained through a simulated quantizer. In QLoRA W is frozen: "
+                 "nobody asks for ∂L/∂W, so the derivative of round is never needed. " + READ_QAT,
+            "b": "The codes and absmax are frozen: no optimizer owns them, and there is no gradient for an integer code. " + READ_BACKWARD,
+            "c": "The base is not skipped: ∇X = DŴᵀ + s D Bᵀ Aᵀ, and earlier layers' adapters need the DŴᵀ part. " + READ_BACKWARD,
+        },
+    ),
+    "p8": Numeric(
+        "the largest |x| that rounds to code 0 in an int4 block with absmax 8.4",
+        1,
+        name="threshold",
+        expected=lambda: 0.5 * ABSMAX_OUTLIER / _q(4),
+        rtol=1e-3,
+        mistakes=lambda: [
+            Mistake("full step", ABSMAX_OUTLIER / 7, f"8.4 / 7 = 1.2 is the whole step between levels; a value rounds to 0 up to half a step. {READ_OUTLIERS}"),
+            Mistake("int8", 0.5 * ABSMAX_OUTLIER / 127, f"that is int8's half step (Q = 127); int4 has Q = 7. {READ_OUTLIERS}"),
+            Mistake("int8 step", ABSMAX_OUTLIER / 127, f"that is int8's step (Q = 127); int4 has Q = 7, and a value rounds to 0 up to half a step. {READ_OUTLIERS}"),
+            Mistake("16 levels", 0.5 * ABSMAX_OUTLIER / 8, f"signed absmax int4 uses codes −7..7, Q = 7, not 8. {READ_ABSMAX}"),
+        ],
+    ),
+}

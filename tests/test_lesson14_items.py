@@ -1,0 +1,283 @@
+"""Lesson 14 ("Blockwise quantization"): graded items score right answers fully, typical wrong answers less,
+with the diagnostics a student needs; the notebook's test cells agree with the item registry."""
+
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit import quant, walk
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson14 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "14-blockwise-quantization" / "14-blockwise-quantization.ipynb"
+
+
+def right_block(x, bits):
+    q = 2 ** (bits - 1) - 1
+    absmax = np.abs(x).max()
+    if absmax == 0:
+        return np.zeros_like(x), 0.0
+    return np.round(x / absmax * q), absmax
+
+
+def right_blocks(x, bits, blocksize):
+    parts = [right_block(x[i:i + blocksize], bits) for i in range(0, len(x), blocksize)]
+    return np.concatenate([c for c, _ in parts]), np.array([a for _, a in parts])
+
+
+def _softmax(Y):
+    e = np.exp(Y - Y.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def right_walk_D(X, W, A, B, s, target, step):
+    W_hat = np.round(W / step) * step
+    D = _softmax(X @ W_hat + s * (X @ A) @ B)
+    D[0, target] -= 1.0
+    return D, D @ W_hat.T + s * D @ B.T @ A.T
+
+
+RIGHT = {"w1": 85, "w2": "b", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
+         "p4": [[-0.10630311, 0.10630311]], "p5": 0.43536600, "p6": "c", "p7": "d", "p8": 0.6}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("14")
+    assert isinstance(k["seed"], int)
+    assert {"w2", "p6", "p7"} <= set(k)
+    text = (keys.KEY_DIR / "14.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def test_notebook_test_cells_match_the_registry():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    tests = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
+             if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"}
+    assert {gid.removesuffix("_test") for gid in tests} == set(ITEMS)
+    for gid, cell in tests.items():
+        item = gid.removesuffix("_test")
+        assert cell.metadata["nbgrader"]["points"] == ITEMS[item].points, gid
+        assert f'grade("14.{item}"' in cell.source
+
+
+def test_notebook_loads_no_real_model():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "load_model(" not in src
+
+
+def test_seed_numbers_carry_over():
+    codes, W_hat = quant.toy_int4(walk.seed_example()["W"])
+    np.testing.assert_array_equal(codes, [[3, -2], [1, 5]])
+    np.testing.assert_allclose(W_hat, [[0.6, -0.4], [0.2, 1.0]])
+    plain = walk.run_walk(**walk.seed_example(), steps=1)[0]
+    toy = walk.run_walk(**(walk.seed_example() | dict(W=W_hat)), steps=1)[0]
+    assert toy.loss < plain.loss  # the seed: the quantized toy starts lower on this target
+    np.testing.assert_allclose(plain.dB, [[-0.138026, 0.138026]], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"14.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_right_functions_work_on_torch_tensors_too():
+    import torch
+
+    def torch_block(x, bits):
+        t = torch.tensor(x)
+        am = t.abs().max()
+        if am == 0:
+            return torch.zeros_like(t), am
+        return torch.round(t / am * (2 ** (bits - 1) - 1)), am
+
+    assert check("14.p1", torch_block, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("14.p3", right_walk_D, hidden=True).text()
+    assert a == check("14.p3", right_walk_D, hidden=True).text() and a.count("hidden case") == 4
+    publics = [c.kwargs for c in ITEMS["p1"].public()]
+
+    def lookup(x, bits):
+        for kw in publics:
+            if kw["bits"] == bits and kw["x"].shape == x.shape and np.array_equal(kw["x"], x):
+                return right_block(x, bits)
+        return np.zeros_like(x), 1.0
+
+    assert check("14.p1", lookup, hidden=False).full
+    assert check("14.p1", lookup, hidden=True).points == pytest.approx(3 * 4 / 9)
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w2", "a", "for accuracy, not speed"),
+        ("w2", "c", "address levels"),
+        ("w2", "d", "codes are frozen"),
+        ("p6", "a", "error growing with blocksize"),
+        ("p6", "b", "absmax / 7 per block"),
+        ("p6", "d", "metadata"),
+        ("p7", "a", "quantization-aware training"),
+        ("p7", "b", "no gradient for an integer code"),
+        ("p7", "c", "DŴᵀ + s D Bᵀ Aᵀ"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"14.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text() and "(Lesson 14, '" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("blank", [None, ..., "", "z", 3])
+def test_blank_or_malformed_choice_scores_zero(blank):
+    assert check("14.w2", blank).points == 0
+
+
+def _block_with(codes_fn):
+    def fn(x, bits):
+        q = 2 ** (bits - 1) - 1
+        am = np.abs(x).max()
+        if am == 0:
+            return np.zeros_like(x), 0.0
+        return codes_fn(x, am, q), am
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_block_with(lambda x, am, q: np.round(x / am)), "forgot to multiply by Q"),
+        (_block_with(lambda x, am, q: np.floor(x / am * q)), "floor where round belongs"),
+        (_block_with(lambda x, am, q: (x / am * q).astype(int)), "truncated toward zero"),
+        (_block_with(lambda x, am, q: x / am * q), "not integers"),
+        (_block_with(lambda x, am, q: np.round(x / am * 127)), "scale of int8"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_block_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
+    fb = check("14.p1", fn, hidden=hidden)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+
+
+def test_block_zero_division_is_reported_not_raised():
+    def naive(x, bits):
+        return np.round(x / np.abs(x).max() * (2 ** (bits - 1) - 1)), np.abs(x).max()
+
+    fb = check("14.p1", naive)
+    assert 0 < fb.points < 3 and "every entry should be finite" in fb.text(), fb.text()
+
+
+def test_max_instead_of_abs_max():
+    def fn(x, bits):
+        am = x.max()
+        return np.round(x / abs(am) * (2 ** (bits - 1) - 1)) if am else np.zeros_like(x), am
+
+    fb = check("14.p1", fn)
+    assert fb.points < 3 and "not the largest x" in fb.text(), fb.text()
+
+
+def test_per_tensor_absmax_is_named():
+    def per_tensor(x, bits, blocksize):
+        c, a = right_block(x, bits)
+        return c, np.array([a])
+
+    fb = check("14.p2", per_tensor, hidden=True)
+    assert fb.points < 2 and "one absmax for the whole tensor" in fb.text(), fb.text()
+
+    def per_tensor_repeated(x, bits, blocksize):
+        c, a = right_block(x, bits)
+        return c, np.full(-(-len(x) // blocksize), a)
+
+    fb = check("14.p2", per_tensor_repeated)
+    assert fb.points < 2 and "one absmax for the whole tensor" in fb.text(), fb.text()
+
+
+def test_dropped_last_block_and_forgot_q_in_blocks():
+    def dropped(x, bits, blocksize):
+        n = len(x) - len(x) % blocksize
+        c, a = right_blocks(x[:n], bits, blocksize)
+        return np.concatenate([c, np.zeros(len(x) - n)]), a
+
+    assert "dropped the last, shorter block" in check("14.p2", dropped).text()
+
+    def forgot_q(x, bits, blocksize):
+        c, a = right_blocks(x, bits, blocksize)
+        return np.round(c / (2 ** (bits - 1) - 1)), a
+
+    fb = check("14.p2", forgot_q)
+    assert fb.points == 0 and "forgot to multiply by Q" in fb.text(), fb.text()
+
+
+def _walk_with(W_in_dX=False, W_in_D=False, rounding=np.round, adapter=True):
+    def fn(X, W, A, B, s, target, step):
+        W_hat = rounding(W / step) * step
+        D = _softmax(X @ (W if W_in_D else W_hat) + s * (X @ A) @ B)
+        D[0, target] -= 1.0
+        dX = D @ (W if W_in_dX else W_hat).T + (s * D @ B.T @ A.T if adapter else 0)
+        return D, dX
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_walk_with(W_in_dX=True), "you used W instead of Ŵ in D·Ŵᵀ"),
+        (_walk_with(W_in_dX=True, W_in_D=True), "unquantized walk's"),
+        (_walk_with(rounding=np.floor), "floor instead of round"),
+        (_walk_with(rounding=np.trunc), "truncation toward zero"),
+        (_walk_with(adapter=False), "missing the adapter's path"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
+    fb = check("14.p3", fn, hidden=hidden)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", 84, "floor"),
+        ("w1", 1, "forgot to multiply by Q"),
+        ("w1", 5, "int4 code"),
+        ("w1", 0.6 / 0.9 * 127, "a code is an integer"),
+        ("w1", 127, "not max x"),
+        ("w1", 80, "not right"),
+        ("w3", [[3, -2], [1, 4]], "truncated toward zero"),
+        ("w3", [[3, -3], [1, 4]], "floor"),
+        ("w3", [[0.6, -0.4], [0.2, 1.0]], "the reconstruction"),
+        ("p4", [[-0.138026, 0.138026]], "unquantized walk's value"),
+        ("p5", 0.613588, "unquantized walk's value"),
+        ("p5", 0.437488, "loss before the step"),
+        ("p8", 1.2, "whole step"),
+        ("p8", 8.4 / 254, "int8's half step"),
+        ("p8", 0.525, "Q = 7, not 8"),
+    ],
+)
+def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"14.{item_id}", answer)
+    assert fb.points < ITEMS[item_id].points and text in fb.text(), fb.text()
+
+
+def test_truncated_W_hat_walk_is_recognised():
+    trunc = walk.run_walk(**(walk.seed_example() | dict(W=np.array([[0.6, -0.4], [0.2, 0.8]]))), steps=1)[0]
+    fb = check("14.p4", trunc.dB)
+    assert fb.points < 2 and "rounds to 5, not 4" in fb.text(), fb.text()
