@@ -459,3 +459,13 @@ def test_numeric_accepts_a_bfloat16_tensor(capfd):
     spacing = torch.nextafter(one, torch.tensor(2.0, dtype=torch.bfloat16)) - one
     fb = _run_silently(capfd, check_numeric, spacing, 2.0**-7, 1, "spacing")
     assert fb.full, fb.lines
+
+
+def test_low_precision_hint_only_when_rounding_could_explain_the_miss():
+    from coursekit.grading.checkers import compare_arrays
+
+    expected = np.array([1.0 + 1e-7, 2.0, 3.0])
+    _, near = compare_arrays(expected.astype(np.float32), expected, "Y", rtol=1e-9, atol=0.0)
+    assert any("machine epsilon" in l for l in near), near
+    _, wrong = compare_arrays((2 * expected).astype(np.float32), expected, "Y", rtol=1e-9, atol=0.0)
+    assert not any("machine epsilon" in l for l in wrong), wrong
