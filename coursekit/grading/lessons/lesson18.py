@@ -1,0 +1,327 @@
+"""Graded items of lesson 18, "GGUF"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import gguf_file
+from ..checkers import Case, Mistake
+from .. import Choice, Function, Numeric, Ordering
+
+READ_CONTAINER = "(Lesson 18, 'A container, not an encoding'.)"
+READ_Q4_1 = "(Lesson 18, 'Inside a Q4_1 block'.)"
+READ_BITS = "(Lesson 18, 'Bits per weight'.)"
+READ_ROUTES = "(Lesson 18, 'Route one' and 'Route two'.)"
+READ_ROUTE_TWO = "(Lesson 18, 'Route two: a packed kernel with its own backward'.)"
+READ_LOSS = "(Lesson 18, 'What Q4_1 already lost'.)"
+READ_WHY = "(Lesson 18, 'Why training usually starts elsewhere'.)"
+
+# The embedding of the shipped file: 49,152 tokens × 576, stored as Q8_0 (32 int8 codes + one fp16 scale = 34 bytes per 32).
+EMBED_SHAPE = (49152, 576)
+
+
+# --------------------------------------------------------------------------- references
+
+
+def dequantize_q4_1(block_bytes):
+    """Reference for p2: float32 (n_blocks, 32), w = d·q + m (coursekit.gguf_file, bit-exact with gguf.quants)."""
+    return gguf_file.dequantize_q4_1(block_bytes)
+
+
+def q4_1_input_grad(D, packed):
+    """Reference for p3: dX = D Ŵ (n × d) for Y = X Ŵᵀ, Ŵ (m × d) decoded from packed rows (m, d/32·20)."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    W_hat = gguf_file.dequantize_q4_1(packed).reshape(packed.shape[0], -1).astype(np.float64)
+    return np.asarray(D, dtype=np.float64) @ W_hat
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _blocks(rng: np.random.Generator, n: int, scale: float = 0.01, min_scale: float = 0.1) -> np.ndarray:
+    """n random Q4_1 blocks (n, 20): fp16 d > 0, fp16 m (mostly negative, never 0), random nibbles."""
+    b = rng.integers(0, 256, size=(n, 20), dtype=np.uint8)
+    d = (np.abs(rng.standard_normal(n)) + 0.1) * scale
+    m = -(np.abs(rng.standard_normal(n)) + 0.2) * min_scale * rng.choice([1, 1, 1, -1], size=n)
+    b[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(n, 2)
+    b[:, 2:4] = m.astype("<f2").view(np.uint8).reshape(n, 2)
+    return b
+
+
+def _readable_block() -> np.ndarray:
+    """One block anyone can decode by hand: d = 0.5, m = −4, low nibbles 0..15, high nibbles 15..0."""
+    b = np.zeros((1, 20), dtype=np.uint8)
+    b[0, 0:2] = np.array([0.5], dtype="<f2").view(np.uint8)
+    b[0, 2:4] = np.array([-4.0], dtype="<f2").view(np.uint8)
+    lo = np.arange(16, dtype=np.uint8)
+    b[0, 4:] = lo | ((15 - lo) << 4)
+    return b
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(18)
+    return [
+        Case(dict(block_bytes=_readable_block()), "one block: d = 0.5, m = −4, low nibbles 0..15, high nibbles 15..0"),
+        Case(dict(block_bytes=_blocks(rng, 3)), "three random blocks"),
+        Case(dict(block_bytes=_blocks(rng, 5, scale=0.002, min_scale=0.03)), "five blocks with weight-sized scales"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(dict(block_bytes=_blocks(rng, int(rng.integers(1, 9)), scale=float(10.0 ** rng.uniform(-3, -1)),
+                                          min_scale=float(10.0 ** rng.uniform(-2, 0))))) for _ in range(6)]
+
+
+def _packed(rng: np.random.Generator, m: int, d: int) -> np.ndarray:
+    return _blocks(rng, m * d // 32, scale=0.004, min_scale=0.03).reshape(m, d // 32 * 20)
+
+
+def _p3_public() -> list[Case]:
+    rng = np.random.default_rng(81)
+    return [
+        Case(dict(D=rng.standard_normal((2, 32)), packed=_packed(rng, 32, 32)), "square: m = d = 32, two tokens"),
+        Case(dict(D=rng.standard_normal((3, 4)), packed=_packed(rng, 4, 64)), "m = 4 outputs, d = 64 inputs, three tokens"),
+    ]
+
+
+def _p3_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for i in range(4):
+        m = 32 if i == 0 else int(rng.integers(2, 9))
+        d = 32 if i == 0 else 32 * int(rng.integers(1, 4))
+        out.append(Case(dict(D=rng.standard_normal((int(rng.integers(1, 4)), m)), packed=_packed(rng, m, d))))
+    return out
+
+
+# --------------------------------------------------------------------------- mistakes
+
+
+def _decode_variants(block_bytes) -> dict[str, np.ndarray]:
+    """What typical wrong decoders return for these blocks (float64), by label."""
+    # Misread bytes can be inf or NaN; NumPy would warn on stderr, and a test cell with stderr scores 0.
+    with np.errstate(all="ignore"):
+        return _variants(block_bytes)
+
+
+def _variants(block_bytes) -> dict[str, np.ndarray]:
+    b = np.asarray(block_bytes, dtype=np.uint8).reshape(-1, 20)
+    n = b.shape[0]
+    d = b[:, 0:2].copy().view("<f2").astype(np.float64)
+    m = b[:, 2:4].copy().view("<f2").astype(np.float64)
+    qs = b[:, 4:].astype(np.int64)
+    lo, hi = qs & 0x0F, qs >> 4
+    halves = np.concatenate([lo, hi], axis=1)
+    inter = np.stack([lo, hi], axis=2).reshape(n, 32)
+    inter_hi = np.stack([hi, lo], axis=2).reshape(n, 32)
+    swapped = np.concatenate([hi, lo], axis=1)
+    out = {
+        "interleaved": d * inter + m,
+        "interleaved, high first": d * inter_hi + m,
+        "halves swapped": d * swapped + m,
+        "no minimum": d * halves,
+        "Q4_0": d * (halves - 8),
+        "Q4_0 plus m": d * (halves - 8) + m,
+        "d and m swapped": m * halves + d,
+        "bits as integers": b[:, 0:2].copy().view("<u2").astype(np.float64) * halves + b[:, 2:4].copy().view("<u2").astype(np.float64),
+        "big-endian": b[:, 0:2].copy().view(">f2").astype(np.float64) * halves + b[:, 2:4].copy().view(">f2").astype(np.float64),
+    }
+    # The pre-GGUF ggml layout: float d, float m (4 bytes each), then the nibbles; 20 bytes leave 12 for codes.
+    d32 = b[:, 0:4].copy().view("<f4").astype(np.float64)
+    m32 = b[:, 4:8].copy().view("<f4").astype(np.float64)
+    q12 = b[:, 8:].astype(np.int64)
+    out["fp32 header"] = d32 * np.concatenate([q12 & 0x0F, q12 >> 4], axis=1) + m32
+    return out
+
+
+_MESSAGES = {
+    "interleaved": "you interleaved the nibbles (byte j → elements 2j and 2j + 1). In ggml's Q4_1 the low nibbles of the 16 "
+                   "code bytes are elements 0..15 and the high nibbles are elements 16..31. " + READ_Q4_1,
+    "interleaved, high first": "you interleaved the nibbles with the high one first (element 2j from the high nibble): that is "
+                               "bitsandbytes' NF4 packing (lesson 15), not ggml's. In Q4_1 the low nibbles are elements 0..15 "
+                               "and the high nibbles 16..31. " + READ_Q4_1,
+    "halves swapped": "you took the high nibbles as elements 0..15 and the low ones as 16..31: it is the other way round "
+                      "(qs[j] & 0x0F is element j, qs[j] >> 4 is element j + 16). " + READ_Q4_1,
+    "no minimum": "you forgot the minimum m: Q4_1 stores w = d·q + m, and m (bytes 2..3, float16) shifts every weight of "
+                  "the block. Without it all 32 values are ≥ 0. " + READ_Q4_1,
+    "Q4_0": "you decoded Q4_0 (w = d·(q − 8), symmetric, no minimum). Q4_1 is the asymmetric one: w = d·q + m. " + READ_Q4_1,
+    "Q4_0 plus m": "you subtracted 8 from the codes (Q4_0's centring) and also added m. Q4_1 codes are 0..15 as stored: "
+                   "w = d·q + m. " + READ_Q4_1,
+    "d and m swapped": "you swapped d and m: bytes 0..1 are the step d, bytes 2..3 the minimum m; w = d·q + m. " + READ_Q4_1,
+    "bits as integers": "you read d's and m's two bytes as integers (uint16) instead of reinterpreting them as float16: "
+                        "use .view(np.float16) on the bytes (little-endian), then convert to float32. " + READ_Q4_1,
+    "big-endian": "you read d and m big-endian. GGUF is little-endian: bytes [lo, hi] viewed as '<f2' (np.float16 on this "
+                  "machine). " + READ_Q4_1,
+    "fp32 header": "you treated d (and m) as float32, 4 bytes each: that was ggml's Q4_1 layout before 2023 (24-byte "
+                   "blocks). In GGUF both are float16 (ggml_half): 2 + 2 + 16 = 20 bytes per 32 weights. " + READ_Q4_1,
+}
+
+
+def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    return {"w": [Mistake(k, v, _MESSAGES[k]) for k, v in _decode_variants(kw["block_bytes"]).items()]}
+
+
+def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    packed = np.asarray(kw["packed"], dtype=np.uint8)
+    D = np.asarray(kw["D"], dtype=np.float64)
+    m = packed.shape[0]
+    W_hat = q4_1_input_grad(np.eye(m), packed)  # Ŵ, m × d
+    out = [Mistake("zero", np.zeros((D.shape[0], W_hat.shape[1])),
+                   "you returned zeros: the weight is frozen, but frozen is not detached (lesson 05). The base path "
+                   "still carries the gradient to X: dX = D Ŵ. " + READ_ROUTE_TWO)]
+    if m == W_hat.shape[1]:
+        out.append(Mistake("transposed", D @ W_hat.T,
+                           "you multiplied by Ŵᵀ. The layer computes Y = X Ŵᵀ with Ŵ stored m × d (out × in, one row of "
+                           "blocks per output), so dX = D Ŵ: the backward walks the packed rows the other way "
+                           "(transposed access). " + READ_ROUTE_TWO))
+    with np.errstate(all="ignore"):
+        for k, v in _decode_variants(packed).items():
+            if k != "fp32 header":
+                out.append(Mistake(k, D @ v.reshape(m, -1), "your Ŵ is decoded wrongly: " + _MESSAGES[k]))
+    return {"dX": out}
+
+
+# --------------------------------------------------------------------------- items
+
+
+def _w3_mistakes():
+    return [
+        Mistake("codes only", 4.0, "4 bits is the code alone. Each block of 32 also stores d and m, 2 bytes each: "
+                                   f"(16 + 2 + 2) bytes × 8 / 32. {READ_BITS}"),
+        Mistake("one scale", 4.5, "4.5 bits is 4-bit codes plus one 16-bit number per 32 weights (Q4_0, whose 18-byte blocks "
+                                  "have no minimum; by coincidence also NF4's 4 + 32/64). Q4_1 stores d and m. " + READ_BITS),
+        Mistake("fp32 d and m", 6.0, "6 bits would be d and m as float32 (the pre-GGUF layout); GGUF's Q4_1 stores both as "
+                                     "float16. " + READ_BITS),
+        Mistake("bytes per block", 20.0, "20 is the bytes per block; the question asks for bits per weight: 20 × 8 / 32. " + READ_BITS),
+        Mistake("bits per block", 160.0, "160 is the bits per block of 32 weights; divide by 32. " + READ_BITS),
+        Mistake("NF4 + DQ", 4.127, "4.127 is NF4 with double quantization (lesson 15), not Q4_1. " + READ_BITS),
+    ]
+
+
+def _embed_bytes(bits: float) -> float:
+    return EMBED_SHAPE[0] * EMBED_SHAPE[1] * bits / 8
+
+
+def _p6_mistakes():
+    return [
+        Mistake("assumed Q4_1", _embed_bytes(5.0), "that is the size if the embedding were Q4_1, like the projections. Measure, "
+                                                  "don't assume: the file stores token_embd.weight as Q8_0 (34 bytes per 32). "
+                                                  + READ_CONTAINER),
+        Mistake("bf16", _embed_bytes(16.0), "that is the embedding in bf16 (2 bytes per weight), as in route one's checkpoint; "
+                                            "the question asks about the GGUF file. " + READ_CONTAINER),
+        Mistake("fp32", _embed_bytes(32.0), "that is the embedding in float32; the file stores it as Q8_0. " + READ_CONTAINER),
+        Mistake("8 bits flat", _embed_bytes(8.0), "that counts 8 bits per weight: Q8_0 also stores one float16 scale per 32 "
+                                                  "weights, so 34 bytes per block (8.5 bits per weight). " + READ_BITS),
+        Mistake("4 bits flat", _embed_bytes(4.0), "that counts 4 bits per weight with no block metadata, and the embedding is not "
+                                                  "even 4-bit here: it is Q8_0. " + READ_CONTAINER),
+    ]
+
+
+ITEMS = {
+    "w1": Choice(
+        "what a GGUF file is",
+        1,
+        hints={
+            "a": "GGUF does not fix one encoding: each tensor in the file carries its own type (F32, Q8_0, Q4_1, ...). The "
+                 "shipped file mixes three. " + READ_CONTAINER,
+            "c": "GGUF is a file format: it stores metadata and tensors and runs nothing; no autograd lives in it. " + READ_CONTAINER,
+            "d": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments "
+                 "in the file, and nothing about it forbids or provides them. " + READ_CONTAINER,
+        },
+    ),
+    "w2": Choice(
+        "how a Q4_1 block reconstructs a weight",
+        1,
+        hints={
+            "a": "w = d·q has no offset: every weight of the block would have the sign of d. Q4_1 adds the block minimum m. " + READ_Q4_1,
+            "b": "w = d·(q − 8) is Q4_0, the symmetric format with one scale per block. Q4_1 stores a minimum instead. " + READ_Q4_1,
+            "d": "d is the step between levels and m the smallest value: w = d·q + m, not the other way round. " + READ_Q4_1,
+        },
+    ),
+    "w3": Numeric(
+        "bits per weight of Q4_1",
+        1,
+        name="bits_per_weight",
+        expected=lambda: gguf_file.bits_per_weight("Q4_1"),
+        rtol=1e-3,
+        mistakes=_w3_mistakes,
+        unit="bits",
+    ),
+    "p1": Choice(
+        "what the shipped file stores, tensor by tensor",
+        2,
+        options="abcdef",
+        multi=True,
+        hints={
+            "a": "Not every matrix is Q4_1: token_embd.weight (49,152 × 576) is Q8_0. Measure, don't assume. " + READ_CONTAINER,
+            "d": "SmolLM2 ties its embeddings: the file has no output.weight, and the output layer reuses token_embd.weight "
+                 "(Q8_0). " + READ_CONTAINER,
+            "f": "The Q8_0 embedding alone is about 31 % of the file's bytes; the Q4_1 projections are about 69 %. " + READ_CONTAINER,
+        },
+    ),
+    "p2": Function(
+        "implement dequantize_q4_1",
+        4,
+        name="dequantize_q4_1",
+        reference=dequantize_q4_1,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("w",),
+        mistakes=p2_mistakes,
+    ),
+    "p3": Function(
+        "implement the packed layer's input gradient dX = D Ŵ",
+        3,
+        name="q4_1_input_grad",
+        reference=q4_1_input_grad,
+        public=_p3_public,
+        hidden=_p3_hidden,
+        outputs=("dX",),
+        mistakes=p3_mistakes,
+        rtol=1e-5,
+        atol=1e-6,
+    ),
+    "p4": Ordering(
+        "route one, from the GGUF file to a QLoRA adapter: put the steps in order",
+        2,
+        labels={
+            "read": "read the GGUF's metadata and tensor table",
+            "dequantize": "dequantize every tensor to floats (Q4_1: w = d·q + m)",
+            "bf16": "save the dequantized weights as a bf16 checkpoint",
+            "nf4": "load that checkpoint with BitsAndBytesConfig: each linear weight is quantized again, to NF4",
+            "adapter": "attach LoRA adapters (A, B) to the target modules",
+            "train": "train A and B; the gradient reaches them through the frozen NF4 base",
+            "validate": "merge or export the adapter and measure it again on the base you will serve",
+        },
+    ),
+    "p5": Choice(
+        "GGUF and backpropagation",
+        1,
+        hints={
+            "a": "Nothing in the format forbids gradients: a file stores tensors, and gradients come from the code that runs "
+                 "on them. Route one trains this very file's weights. " + READ_WHY,
+            "b": "Dequantizing gives Ŵ = d·q + m, not the original weights: the Q4_1 rounding is kept (route one's "
+                 "checkpoint is bit for bit the bf16 rounding of Ŵ). " + READ_LOSS,
+            "d": "LoRA on a frozen base needs dX = D Ŵ for a fixed Ŵ, not a derivative of the rounding that chose the codes; "
+                 "that would be quantization-aware training. " + READ_ROUTE_TWO,
+        },
+    ),
+    "p6": Numeric(
+        "bytes of token_embd.weight in the shipped file",
+        1,
+        name="embed_bytes",
+        expected=lambda: _embed_bytes(gguf_file.bits_per_weight("Q8_0")),
+        rtol=1e-6,
+        mistakes=_p6_mistakes,
+        unit="bytes",
+    ),
+    "p7": Choice(
+        "NF4 of a Q4_1 weight, measured against the original",
+        1,
+        hints={
+            "a": "NF4 quantizes what it is given, Ŵ = Q4_1(W); it never sees W, so it cannot remove the Q4_1 error. " + READ_LOSS,
+            "b": "NF4 has only 16 levels per block of 64: re-quantizing Ŵ adds an error about as large as NF4's on W. " + READ_LOSS,
+            "d": "The two rounding errors are nearly uncorrelated, so their squares add (Pythagoras), not the errors "
+                 "themselves: √(0.078² + 0.092²) ≈ 0.12 < 0.17. " + READ_LOSS,
+        },
+    ),
+}

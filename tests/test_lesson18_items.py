@@ -1,0 +1,279 @@
+"""Lesson 18 ("GGUF"): graded items score right answers fully, typical wrong answers less, with the
+diagnostics a student needs; the references agree with gguf.quants; the notebook matches the registry."""
+
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson18
+from coursekit.grading.lessons.lesson18 import ITEMS
+
+gguf = pytest.importorskip("gguf")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "18-gguf" / "18-gguf.ipynb"
+
+
+def _fields(block_bytes):
+    b = np.asarray(block_bytes, dtype=np.uint8).reshape(-1, 20)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    return b, d, m, b[:, 4:]
+
+
+def right_dequantize(block_bytes):
+    b, d, m, qs = _fields(block_bytes)
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) + m
+
+
+def right_input_grad(D, packed):
+    return D @ right_dequantize(packed).astype(np.float64).reshape(packed.shape[0], -1)
+
+
+RIGHT = {"w1": "b", "w2": "c", "w3": 5.0, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
+         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 30_081_024, "p7": "c"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("18")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "p1", "p4", "p5", "p7"} <= set(k)
+    text = (keys.KEY_DIR / "18.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def test_notebook_loads_no_model():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "load_model(" not in src and "from_pretrained(" not in src
+
+
+# --------------------------------------------------------------------------- references
+
+
+def test_references_agree_with_gguf_on_hidden_cases():
+    rng = np.random.default_rng(0)
+    for case in list(ITEMS["p2"].public()) + list(ITEMS["p2"].hidden(rng)):
+        b = case.kwargs["block_bytes"]
+        ours = lesson18.dequantize_q4_1(b)
+        theirs = gguf.quants.dequantize(b, gguf.GGMLQuantizationType.Q4_1).reshape(-1, 32)
+        assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    for case in list(ITEMS["p3"].public()) + list(ITEMS["p3"].hidden(rng)):
+        D, packed = case.kwargs["D"], case.kwargs["packed"]
+        W = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q4_1).astype(np.float64)
+        np.testing.assert_allclose(lesson18.q4_1_input_grad(D, packed), D @ W, rtol=1e-12)
+
+
+def test_readable_public_block():
+    w = lesson18.dequantize_q4_1(ITEMS["p2"].public()[0].kwargs["block_bytes"])[0]
+    np.testing.assert_array_equal(w[:16], 0.5 * np.arange(16) - 4)
+    np.testing.assert_array_equal(w[16:], 0.5 * (15 - np.arange(16)) - 4)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"18.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_float64_and_torch_decoders_are_right_too():
+    import torch
+
+    def f64(block_bytes):
+        b, d, m, qs = _fields(block_bytes)
+        return d.astype(np.float64) * np.concatenate([qs & 0x0F, qs >> 4], axis=1) + m.astype(np.float64)
+
+    def torch_dec(block_bytes):
+        b = torch.from_numpy(np.asarray(block_bytes, dtype=np.uint8).reshape(-1, 20).copy())
+        d = b[:, 0:2].contiguous().view(torch.float16).float()
+        m = b[:, 2:4].contiguous().view(torch.float16).float()
+        qs = b[:, 4:]
+        return d * torch.cat([qs & 15, qs >> 4], dim=1).float() + m
+
+    assert check("18.p2", f64, hidden=True).full
+    assert check("18.p2", torch_dec, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("18.p2", right_dequantize, hidden=True).text()
+    assert a == check("18.p2", right_dequantize, hidden=True).text() and a.count("hidden case") == 6
+    publics = [c.kwargs["block_bytes"] for c in ITEMS["p2"].public()]
+
+    def lookup(block_bytes):
+        for b in publics:
+            if b.shape == block_bytes.shape and np.array_equal(b, block_bytes):
+                return right_dequantize(b)
+        return np.zeros((len(block_bytes), 32), dtype=np.float32)
+
+    assert check("18.p2", lookup, hidden=False).full
+    assert check("18.p2", lookup, hidden=True).points == pytest.approx(4 * 3 / 9)
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+def _decoder(order=None, with_m=True, center=0, swap_dm=False):
+    def fn(block_bytes):
+        b, d, m, qs = _fields(block_bytes)
+        lo, hi = qs & 0x0F, qs >> 4
+        if order == "interleaved":
+            q = np.stack([lo, hi], axis=2).reshape(len(b), 32)
+        elif order == "interleaved-hi":
+            q = np.stack([hi, lo], axis=2).reshape(len(b), 32)
+        elif order == "swapped":
+            q = np.concatenate([hi, lo], axis=1)
+        else:
+            q = np.concatenate([lo, hi], axis=1)
+        q = q.astype(np.float32) - center
+        if swap_dm:
+            d, m = m, d
+        return d * q + (m if with_m else 0)
+    return fn
+
+
+def bits_as_ints(block_bytes):
+    b, _, _, qs = _fields(block_bytes)
+    d = b[:, 0:2].copy().view(np.uint16).astype(np.float32)
+    m = b[:, 2:4].copy().view(np.uint16).astype(np.float32)
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1) + m
+
+
+def big_endian(block_bytes):
+    b, _, _, qs = _fields(block_bytes)
+    d = b[:, 0:2].copy().view(">f2").astype(np.float32)
+    m = b[:, 2:4].copy().view(">f2").astype(np.float32)
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1) + m
+
+
+def fp32_header(block_bytes):
+    b = np.asarray(block_bytes, dtype=np.uint8).reshape(-1, 20)
+    d = b[:, 0:4].copy().view(np.float32)
+    m = b[:, 4:8].copy().view(np.float32)
+    qs = b[:, 8:]
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1) + m
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_decoder("interleaved"), "you interleaved the nibbles (byte j"),
+        (_decoder("interleaved-hi"), "bitsandbytes' NF4 packing"),
+        (_decoder("swapped"), "the other way round"),
+        (_decoder(with_m=False), "you forgot the minimum m"),
+        (_decoder(with_m=False, center=8), "you decoded Q4_0"),
+        (_decoder(center=8), "you subtracted 8"),
+        (_decoder(swap_dm=True), "you swapped d and m"),
+        (bits_as_ints, "as integers (uint16)"),
+        (big_endian, "big-endian"),
+        (fp32_header, "you treated d (and m) as float32"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_decoder_mistakes_lose_points_with_a_diagnosis(fn, text, hidden, capsys):
+    fb = check("18.p2", fn, hidden=hidden)
+    assert fb.points < 4 and text in fb.text(), fb.text()
+    assert capsys.readouterr().err == ""  # misread bytes give inf/NaN: the grader must not warn on stderr
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (lambda D, packed: D @ right_dequantize(packed).reshape(packed.shape[0], -1).T, "you multiplied by Ŵᵀ"),
+        (lambda D, packed: np.zeros((D.shape[0], packed.shape[1] // 20 * 32)), "frozen is not detached"),
+        (lambda D, packed: D @ _decoder("interleaved")(packed).reshape(packed.shape[0], -1), "your Ŵ is decoded wrongly: you interleaved"),
+        (lambda D, packed: D @ _decoder(with_m=False)(packed).reshape(packed.shape[0], -1), "your Ŵ is decoded wrongly: you forgot the minimum"),
+    ],
+)
+def test_input_grad_mistakes(fn, text, capsys):
+    fb = check("18.p3", fn, hidden=True)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+    assert capsys.readouterr().err == ""
+
+
+def test_function_stub_and_non_function():
+    def stub(block_bytes):
+        raise NotImplementedError()
+
+    assert check("18.p2", stub).points == 0
+    fb = check("18.p2", "dequantize_q4_1")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "each tensor in the file carries its own type"),
+        ("w1", "c", "runs nothing"),
+        ("w1", "d", "not a training state"),
+        ("w2", "a", "has no offset"),
+        ("w2", "b", "is Q4_0"),
+        ("w2", "d", "not the other way round"),
+        ("p5", "a", "Nothing in the format forbids gradients"),
+        ("p5", "b", "the Q4_1 rounding is kept"),
+        ("p5", "d", "quantization-aware training"),
+        ("p7", "a", "NF4 quantizes what it is given"),
+        ("p7", "b", "adds an error about as large"),
+        ("p7", "d", "their squares add"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"18.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [({"a", "b", "c", "e"}, "token_embd.weight (49,152 × 576) is Q8_0"),
+     ({"b", "c", "d", "e"}, "SmolLM2 ties its embeddings"),
+     ({"b", "c", "e", "f"}, "about 31 % of the file's bytes"),
+     ({"b", "e"}, "One true statement is missing")],
+)
+def test_multi_choice_partial_credit(answer, text):
+    fb = check("18.p1", answer)
+    assert 0 <= fb.points < 2 and text in fb.text(), fb.text()
+
+
+def test_ordering_names_the_first_misplaced_step():
+    fb = check("18.p4", ["read", "dequantize", "nf4", "bf16", "adapter", "train", "validate"])
+    assert 0 < fb.points < 2 and "'nf4'" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w3", 4, "the code alone"),
+        ("w3", 4.5, "Q4_0"),
+        ("w3", 6, "float32"),
+        ("w3", 20, "bytes per block"),
+        ("w3", 160, "bits per block"),
+        ("w3", 4.127, "double quantization"),
+        ("w3", 5.5, "not right (tolerance"),
+        ("p6", 49152 * 576 * 5 // 8, "Measure, don't assume"),
+        ("p6", 49152 * 576 * 2, "bf16"),
+        ("p6", 49152 * 576 * 4, "float32"),
+        ("p6", 49152 * 576, "34 bytes per block"),
+        ("p6", 49152 * 576 // 2, "not even 4-bit"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"18.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_numeric_expected_values():
+    assert ITEMS["w3"].expected() == 5.0
+    assert ITEMS["p6"].expected() == 30_081_024
