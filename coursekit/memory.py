@@ -17,13 +17,21 @@ Units: every function returns **bytes** (floats, because a 4-bit code is half a 
 decimal gigabytes, 1 GB = 1e9 bytes, as in the seed. The totals are deliberately partial: they leave
 out activations, quantization metadata (see :func:`nf4_metadata_bytes`), fp32 master copies,
 attention buffers, temporary dequantized weights, kernel workspace and allocator overhead.
+
+Measured buckets (lesson 17): :func:`tensor_bytes` (persistent tensors, each storage once),
+:func:`optimizer_state_bytes` (AdamW's moments after a step), :class:`SavedTensors` /
+:func:`saved_activation_bytes` (what autograd saves for backward, deterministic) and
+:func:`peak_rss_delta` (the process's peak resident growth, noisy).
 """
 
 from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:  # torch is imported lazily: the ledger itself is plain arithmetic
+    import torch
 
 __all__ = [
     "GB",
@@ -34,6 +42,11 @@ __all__ = [
     "total",
     "to_gb",
     "nf4_metadata_bytes",
+    "tensor_bytes",
+    "SavedTensors",
+    "saved_activation_bytes",
+    "optimizer_state_bytes",
+    "peak_rss_delta",
 ]
 
 GB = 1e9
@@ -154,3 +167,173 @@ def nf4_metadata_bytes(n_params: float, blocksize: int = 64, double_quant: bool 
     if not double_quant:
         return 4.0 * blocks
     return 1.0 * blocks + 4.0 * math.ceil(blocks / blocksize2)
+
+
+# --------------------------------------------------------------------------- measured buckets
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes held by ``tensors``, each underlying storage once (a view of a bigger tensor counts its whole storage).
+
+    Args: any iterable of torch tensors (parameters, buffers, optimizer state...). Returns bytes (int).
+    Source: ``Tensor.untyped_storage().nbytes()``; two tensors share memory iff they share a storage.
+    """
+    import torch
+
+    seen: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
+            k = _storage_key(t)
+            seen[k] = k[1]
+    return int(sum(seen.values()))
+
+
+def _exclusion_keys(exclude: object) -> set[tuple[int, int]]:
+    import torch
+
+    if exclude is None:
+        return set()
+    items = exclude if isinstance(exclude, (list, tuple, set)) else [exclude]
+    keys: set[tuple[int, int]] = set()
+    for x in items:
+        if isinstance(x, torch.nn.Module):
+            tensors = [*x.parameters(), *x.buffers()]
+        elif isinstance(x, torch.Tensor):
+            tensors = [x]
+        else:
+            raise TypeError(f"exclude takes modules or tensors, got {type(x).__name__}")
+        keys |= {_storage_key(t) for t in tensors if t.untyped_storage().nbytes() > 0}
+    return keys
+
+
+class SavedTensors:
+    """What autograd saved for backward while the context was open, counted by unique storage.
+
+    Use as ``with memory.SavedTensors(exclude=model) as saved: loss = model(**batch).loss``; then
+    ``saved.nbytes`` is the bytes of every distinct storage that some operation saved for its backward
+    (activations: layer inputs, softmax outputs, masks...), ``saved.n_saved`` the number of saves (one
+    storage saved by two operations counts once in ``nbytes``, twice in ``n_saved``) and
+    ``saved.by_dtype`` the bytes per dtype; ``saved.largest(k)`` lists the biggest. Storages of
+    ``exclude`` (modules: their parameters and buffers; or tensors) are left out: a frozen weight that a
+    matmul saves to form its input gradient is already counted with the weights. Units: bytes (int).
+    Deterministic for a fixed model and batch (no allocator involved). The numbers are final when the
+    context exits (``nbytes`` is 0 inside it).
+
+    How: ``torch.autograd.graph.saved_tensors_hooks`` calls a pack hook for every tensor an autograd
+    node saves (``ctx.save_for_backward`` and built-in ops); storages are identified by their data
+    pointer and held until the context exits, so a freed address cannot be counted twice.
+    Gradient checkpointing (``torch.utils.checkpoint``, reentrant or not) shows up as what it keeps:
+    the inputs of each checkpointed region, which torch saves with ``save_for_backward``; the saves
+    inside a region go to checkpoint's own hooks or happen under ``no_grad`` (hooks nest: only the
+    innermost context sees a save). Not seen: tensors a custom ``autograd.Function`` keeps as plain
+    ``ctx`` attributes (bitsandbytes' ``MatMul4Bit`` keeps only its packed weight that way, which is a
+    parameter anyway).
+    """
+
+    def __init__(self, exclude: object = None) -> None:
+        import torch
+
+        self._exclude = _exclusion_keys(exclude)
+        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
+        self._dtypes: dict[tuple[int, int], torch.dtype] = {}
+        self._shapes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.n_saved = 0
+        self.nbytes = 0
+        self.by_dtype: dict[str, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.n_saved += 1
+        try:
+            k = _storage_key(t)
+        except (NotImplementedError, RuntimeError):  # sparse or other storage-less tensors: not counted
+            return t
+        if k[1] > 0:
+            if k not in self._exclude and k not in self._storages:
+                self._storages[k] = t.untyped_storage()
+                self._dtypes[k] = t.dtype
+                self._shapes[k] = tuple(t.shape)
+        return t
+
+    def __enter__(self) -> "SavedTensors":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+        self.nbytes = int(sum(k[1] for k in self._storages))
+        by: dict[str, int] = {}
+        for k, dt in self._dtypes.items():
+            name = str(dt).replace("torch.", "")
+            by[name] = by.get(name, 0) + k[1]
+        self.by_dtype = by
+        self._storages.clear()  # release the references; the graph keeps what backward needs
+
+    def __repr__(self) -> str:
+        return f"SavedTensors(nbytes={self.nbytes:,}, n_storages={self.n_storages}, n_saved={self.n_saved})"
+
+    @property
+    def n_storages(self) -> int:
+        """Distinct storages saved (after exclusion)."""
+        return len(self._dtypes)
+
+    def largest(self, k: int = 5) -> list[tuple[int, tuple[int, ...], str]]:
+        """The ``k`` largest saved storages as ``(bytes, shape of the first tensor saved from it, dtype)``."""
+        rows = [(key[1], self._shapes[key], str(self._dtypes[key]).replace("torch.", "")) for key in self._dtypes]
+        return sorted(rows, key=lambda r: -r[0])[:k]
+
+
+def saved_activation_bytes(fn: Callable[[], Any], exclude: object = None) -> tuple[Any, int]:
+    """Run ``fn()`` and count the bytes autograd saved for backward (see :class:`SavedTensors`).
+
+    Returns ``(fn(), bytes)``: keep the result (e.g. the loss) alive if you want to call backward on it.
+    """
+    with SavedTensors(exclude=exclude) as saved:
+        out = fn()
+    return out, saved.nbytes
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in ``optimizer.state`` (AdamW: ``exp_avg``, ``exp_avg_sq`` and the ``step`` counter).
+
+    The state is created lazily at the first ``step()``: before it, this is 0. Units: bytes (int).
+    """
+    return tensor_bytes(v for st in optimizer.state.values() for v in st.values() if hasattr(v, "untyped_storage"))
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_delta(fn: Callable[[], Any]) -> tuple[Any, int | None]:
+    """Run ``fn()``; return ``(fn(), peak resident memory during it minus resident memory before it)`` in bytes.
+
+    Linux only (``None`` elsewhere, or if the peak cannot be reset): writes ``5`` to
+    ``/proc/self/clear_refs`` to reset the process's high-water mark ``VmHWM``, reads ``VmRSS`` before and
+    ``VmHWM`` after. It measures the whole process's resident pages, so it includes allocator caching
+    and anything other threads allocate, and it *undercounts* memory that the allocator reuses from
+    pages already resident. A rough, noisy number: compare orders of magnitude, not bytes.
+    """
+    before = _proc_status_bytes("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        before = None
+    out = fn()
+    peak = _proc_status_bytes("VmHWM")
+    if before is None or peak is None:
+        return out, None
+    return out, max(0, peak - before)

@@ -96,3 +96,100 @@ def test_bad_block_size():
 def test_module_exports():
     for name in memory.__all__:
         assert hasattr(memory, name)
+
+
+# --------------------------------------------------------------------------- measured buckets (lesson 17)
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+from coursekit.memory import SavedTensors, optimizer_state_bytes, peak_rss_delta, saved_activation_bytes, tensor_bytes  # noqa: E402
+
+F32 = 4  # bytes per float32
+
+
+def _tiny():
+    """Linear(4→3) → ReLU → Linear(3→2) in float32, on a batch of 5 rows (x is 5 × 4)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(5, 4)
+
+
+def test_saved_bytes_of_a_trainable_tiny_net_by_hand():
+    net, x = _tiny()
+    with SavedTensors(exclude=net) as saved:
+        net(x).sum()
+    # Linear 1 saves its input x (5×4) for ∇W1 (x needs no gradient, so W1 is not saved);
+    # ReLU saves its output (5×3); Linear 2 saves that same output for ∇W2 (one storage, counted once)
+    # and W2 (3×2) for the gradient to the ReLU output, which is a parameter and excluded.
+    assert saved.nbytes == (5 * 4 + 5 * 3) * F32 == 140
+    assert saved.n_saved == 4 and saved.n_storages == 2
+    assert saved.by_dtype == {"float32": 140}
+    assert saved.largest(1) == [(80, (5, 4), "float32")]
+    with SavedTensors() as all_saved:
+        net(x).sum()
+    assert all_saved.nbytes == 140 + 3 * 2 * F32  # W2's storage when parameters are not excluded
+
+
+def test_a_frozen_net_saves_weights_not_its_input():
+    net, x = _tiny()
+    net.requires_grad_(False)
+    x.requires_grad_(True)  # an earlier adapter needs ∇x: every layer must pass the gradient through
+    with SavedTensors(exclude=net) as saved:
+        net(x).sum()
+    assert saved.nbytes == 5 * 3 * F32  # only the ReLU output; x is not needed (no ∇W)
+    with SavedTensors() as all_saved:
+        net(x).sum()
+    assert all_saved.nbytes == (5 * 3 + 4 * 3 + 3 * 2) * F32  # + W1 and W2, saved for ∇x
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpointing_keeps_only_the_region_input(use_reentrant):
+    net, x = _tiny()
+    x.requires_grad_(True)
+    with SavedTensors(exclude=net) as saved:
+        y = checkpoint(net, x, use_reentrant=use_reentrant).sum()
+    assert saved.nbytes == 5 * 4 * F32
+    y.backward()  # the recomputation inside backward is outside the context and not counted
+    assert saved.nbytes == 80 and net[0].weight.grad is not None
+
+
+def test_saved_activation_bytes_returns_the_result_and_releases_storages():
+    net, x = _tiny()
+    out, n = saved_activation_bytes(lambda: net(x).sum(), exclude=net)
+    assert n == 140 and out.requires_grad
+    out.backward()
+    assert net[2].weight.grad.shape == (2, 3)
+    with SavedTensors() as saved:
+        pass
+    assert saved.nbytes == 0 and saved.n_saved == 0 and "nbytes=0" in repr(saved)
+
+
+def test_views_share_one_storage():
+    w = torch.zeros(6, 4)
+    assert tensor_bytes([w, w.t(), w[0], w[1:3]]) == 6 * 4 * F32
+    assert tensor_bytes([w, torch.zeros(3, dtype=torch.bfloat16)]) == 96 + 6
+    assert tensor_bytes([]) == 0
+
+
+def test_adamw_state_after_one_step():
+    lin = nn.Linear(4, 3)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+    assert optimizer_state_bytes(opt) == 0  # created lazily at the first step
+    lin(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    # exp_avg and exp_avg_sq for 12 + 3 parameters, plus one float32 step counter per parameter tensor
+    assert optimizer_state_bytes(opt) == 2 * 15 * F32 + 2 * F32 == 128
+
+
+def test_exclude_rejects_other_types():
+    with pytest.raises(TypeError, match="modules or tensors"):
+        SavedTensors(exclude="model")
+
+
+def test_peak_rss_delta_sees_a_large_allocation():
+    n = 50_000_000  # 200 MB of float32, every page written
+    out, delta = peak_rss_delta(lambda: float(torch.ones(n).sum()))
+    assert out == n
+    if delta is not None:  # Linux with /proc/self/clear_refs
+        assert delta >= 0.9 * n * F32

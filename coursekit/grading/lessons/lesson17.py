@@ -1,0 +1,254 @@
+"""Graded items of lesson 17, "What QLoRA actually costs" (solutions/17-what-qlora-actually-costs).
+
+Numeric items and the ``ledger_gb`` function are checked against :mod:`coursekit.memory`; choice keys
+live encoded in ``keys/17.key``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import memory
+from .. import Choice, Function, Numeric
+from ..checkers import Case, Mistake
+
+READ_LEDGER = "(Lesson 17, 'The ledger, bucket by bucket'.)"
+READ_META = "(Lesson 17, 'The metadata the QLoRA column leaves out'.)"
+READ_LEFT_OUT = "(Lesson 17, 'What the partial totals leave out'.)"
+READ_ACT = "(Lesson 17, 'Measured: activations saved for backward'.)"
+READ_CKPT = "(Lesson 17, 'Measured: gradient checkpointing'.)"
+READ_UNITS = "(Lesson 17, 'Vary it'.)"
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def ledger_gb(n_params, n_adapter, method, double_quant=True):
+    """Reference for p5: the seed's partial total in decimal GB, plus NF4 block scales under ``"qlora"``.
+
+    Buckets from :func:`coursekit.memory.ledger` (bf16 weights and gradients, two fp32 Adam moments,
+    4-bit codes); metadata from :func:`coursekit.memory.nf4_metadata_bytes` (blocksize 64, blocksize2 256).
+    """
+    b = memory.total(memory.ledger(n_params, n_adapter, method))
+    if str(method).strip().lower() == "qlora":
+        b += memory.nf4_metadata_bytes(n_params, double_quant=bool(double_quant))
+    return memory.to_gb(b)
+
+
+def _gb(n, a, method, double_quant=True, meta_scale=1.0, **kw) -> float:
+    b = memory.total(memory.ledger(n, a, method, **kw))
+    if method == "qlora":
+        b += meta_scale * memory.nf4_metadata_bytes(n, double_quant=double_quant)
+    return memory.to_gb(b)
+
+
+def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True) -> list[Mistake]:
+    """The classic wrong totals for one configuration, each with what went wrong."""
+    right = _gb(n, a, method, double_quant)
+    dq_word = "with" if double_quant else "without"
+    out = [
+        Mistake("one moment", _gb(n, a, method, double_quant, n_moments=1),
+                "you forgot Adam's second moment: AdamW keeps two fp32 buffers (m and v) per trainable parameter, "
+                f"8 bytes, not 4. {READ_LEDGER}"),
+        Mistake("no moments", _gb(n, a, method, double_quant, n_moments=0),
+                f"you left out the optimizer state: two fp32 Adam moments per trainable parameter (8 bytes). {READ_LEDGER}"),
+        Mistake("GiB", right * 1e9 / 2**30,
+                f"that is the right total in GiB (2**30 bytes); the ledger uses decimal GB, 1 GB = 1e9 bytes. {READ_UNITS}"),
+        Mistake("bytes", right * 1e9, "that is the right total in bytes; return decimal GB (divide by 1e9)."),
+    ]
+    if method in ("lora", "qlora"):
+        out += [
+            Mistake("base gradients", right + 2 * n / 1e9,
+                    "you counted gradients for the frozen base (2 bytes per base parameter). Under LoRA and QLoRA "
+                    f"the base is frozen: no gradient is stored for it, only for the adapter. {READ_LEDGER}"),
+            Mistake("base trained", right + 10 * n / 1e9,
+                    "you gave the frozen base gradients and Adam moments (10 bytes per base parameter): under LoRA and "
+                    f"QLoRA only the adapter trains. {READ_LEDGER}"),
+            Mistake("no adapter", right - 12 * a / 1e9,
+                    f"you left out the adapter bucket: its bf16 weights and gradients and two fp32 moments, 12 bytes per "
+                    f"adapter parameter. {READ_LEDGER}"),
+        ]
+    if method == "qlora":
+        meta = memory.to_gb(memory.nf4_metadata_bytes(n, double_quant=double_quant))
+        out += [
+            Mistake("4 bytes", right + (4 - 0.5) * n / 1e9,
+                    "you counted each 4-bit code as 4 bytes. Four *bits* are half a byte: two NF4 codes share one byte, "
+                    f"so the base codes take n_params / 2 bytes. {READ_LEDGER}"),
+            Mistake("bf16 base", right + 1.5 * n / 1e9,
+                    f"you stored the QLoRA base in bf16 (2 bytes per weight); QLoRA stores 4-bit codes, half a byte. {READ_LEDGER}"),
+            Mistake("no metadata", right - meta,
+                    f"you left out the NF4 block scales ({dq_word} double quantization here); the task adds them to the "
+                    f"QLoRA column. {READ_META}"),
+            Mistake("metadata in bytes", right + 7 * meta,
+                    "your metadata is 8 times too large: the overhead is 0.5 (or ≈0.127) *bits* per parameter; divide "
+                    f"bits by 8 to get bytes. {READ_META}"),
+            Mistake("other double_quant", _gb(n, a, method, not double_quant),
+                    f"that total uses the metadata {'without' if double_quant else 'with'} double quantization; this case "
+                    f"has double_quant={double_quant}. {READ_META}"),
+        ]
+    if method == "full":
+        out.append(Mistake("adapter in full FT", right + 12 * a / 1e9,
+                           "full fine-tuning trains the base itself and has no adapter: leave the adapter bucket out. "
+                           f"{READ_LEDGER}"))
+    return [m for m in out if not np.isclose(m.value, right, rtol=1e-9)]
+
+
+# --------------------------------------------------------------------------- p5: cases
+
+
+def _p5_public() -> list[Case]:
+    return [
+        Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": "full", "double_quant": True}, "seed: 7B, full fine-tuning (84 GB)"),
+        Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": "lora", "double_quant": True}, "seed: 7B, LoRA (14.24 GB)"),
+        Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": "qlora", "double_quant": False},
+             "seed: 7B, QLoRA, metadata without double quantization"),
+        Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": "qlora", "double_quant": True},
+             "seed: 7B, QLoRA, metadata with double quantization"),
+    ]
+
+
+def _p5_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for method, dq in (("full", True), ("lora", False), ("qlora", True), ("qlora", False), ("qlora", True), ("lora", True)):
+        n = int(rng.integers(10**8, 10**11))
+        a = int(rng.integers(10**5, 10**8))
+        cases.append(Case({"n_params": n, "n_adapter": a, "method": method, "double_quant": dq}))
+    return cases
+
+
+def _p5_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
+    return {"total_gb": _total_mistakes(kwargs["n_params"], kwargs["n_adapter"], kwargs["method"], kwargs["double_quant"])}
+
+
+# --------------------------------------------------------------------------- p1, p2, w2: numbers
+
+P1 = dict(n=34e9, a=50e6)  # the prompt: a 34B base, a 50M adapter, QLoRA with double-quantized NF4 metadata
+
+
+def _p1_expected() -> float:
+    return ledger_gb(P1["n"], P1["a"], "qlora", True)
+
+
+def _w2_mistakes() -> list[Mistake]:
+    return [
+        Mistake("total", 4.5, f"4.5 bits is the whole cost per weight (4-bit code + 0.5); the question asks for the metadata alone. {READ_META}"),
+        Mistake("double quant", 8 / 64 + 32 / (64 * 256), f"≈0.127 bits is the overhead *with* double quantization; here the absmax stays fp32. {READ_META}"),
+        Mistake("one absmax", 32, f"32 bits is one fp32 absmax, shared by a whole block of 64 weights: divide by the block size. {READ_META}"),
+        Mistake("bytes", 0.5 / 8, f"0.0625 is bytes per parameter (4 bytes / 64); the question asks for bits. {READ_META}"),
+    ]
+
+
+def _p2_expected() -> float:
+    return 8 / 128 + 32 / (128 * 256)
+
+
+def _p2_mistakes() -> list[Mistake]:
+    return [
+        Mistake("blocksize 64", 8 / 64 + 32 / (64 * 256), f"≈0.127 is the overhead for blocksize 64; this question uses blocksize 128. {READ_META}"),
+        Mistake("no double quant", 32 / 128, f"0.25 is the overhead with fp32 absmax (no double quantization). {READ_META}"),
+        Mistake("no second level", 8 / 128, "you forgot the second level: every 256 8-bit absmax values share one fp32 constant, "
+                                             f"adding 32 / (128 · 256) bits per weight. {READ_META}"),
+        Mistake("total", 4 + _p2_expected(), f"that includes the 4-bit code itself; the question asks for the metadata alone. {READ_META}"),
+        Mistake("bytes", _p2_expected() / 8, f"that is bytes per parameter; the question asks for bits. {READ_META}"),
+    ]
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    # ------------------------------------------------------------------ warm-up
+    "w1": Choice(
+        "the largest bucket of the QLoRA partial total (7B base, 20M adapter)",
+        1,
+        hints={
+            "a": "A frozen base has no optimizer state: under QLoRA that bucket is 0. " + READ_LEDGER,
+            "b": "The adapter bucket is 20M × 12 bytes = 0.24 GB, a small share of 3.74 GB. " + READ_LEDGER,
+            "c": "7B × 0.5 byte = 3.5 GB of 4-bit codes, 94 % of the partial total.",
+            "d": "A frozen base stores no gradient: under QLoRA that bucket is 0. " + READ_LEDGER,
+        },
+    ),
+    "w2": Numeric(
+        "NF4 metadata without double quantization, bits per parameter",
+        1,
+        name="bits_per_param",
+        expected=lambda: memory.nf4_metadata_bytes(64 * 10**6, double_quant=False) * 8 / (64 * 10**6),
+        rtol=1e-3,
+        mistakes=_w2_mistakes,
+        unit="bits",
+    ),
+    "w3": Choice(
+        "what gradient checkpointing trades",
+        1,
+        hints={
+            "a": "Checkpointing changes which activations are kept, not their precision. " + READ_CKPT,
+            "b": "Each checkpointed layer keeps only its input; backward runs the layer's forward again to rebuild the rest.",
+            "c": "The optimizer state is untouched: AdamW still holds two moments per trainable parameter. " + READ_CKPT,
+            "d": "The weights stay where they are: checkpointing only drops activations saved for backward. " + READ_CKPT,
+        },
+    ),
+    # ------------------------------------------------------------------ practice
+    "p1": Numeric(
+        "QLoRA partial total plus double-quantized NF4 metadata: 34B base, 50M adapter",
+        2,
+        name="qlora_gb",
+        expected=_p1_expected,
+        rtol=1e-4,
+        mistakes=lambda: _total_mistakes(P1["n"], P1["a"], "qlora", True),
+        unit="GB",
+    ),
+    "p2": Numeric(
+        "NF4 metadata with double quantization at blocksize 128, bits per parameter",
+        1,
+        name="bits_per_param",
+        expected=_p2_expected,
+        rtol=1e-3,
+        mistakes=_p2_mistakes,
+        unit="bits",
+    ),
+    "p3": Choice(
+        "why checkpointing saved less than the layer count suggests",
+        1,
+        hints={
+            "a": "bitsandbytes saves no dequantized weight: its MatMul4Bit keeps only the packed codes, which are weights "
+                 "anyway and were excluded from the count. " + READ_ACT,
+            "b": "The logits over the 49,152-token vocabulary are computed after the last checkpointed layer, and the loss "
+                 "keeps a full-size copy for its backward; each layer also keeps its input.",
+            "c": "Checkpointing is plain autograd bookkeeping (torch.utils.checkpoint); it works the same on CPU, and the "
+                 "count did drop. " + READ_CKPT,
+            "d": "Optimizer state is not saved for backward: it lives in optimizer.state, a separate bucket. " + READ_ACT,
+        },
+    ),
+    "p4": Choice(
+        "what the seed's partial totals leave out",
+        2,
+        options="abcdef",
+        multi=True,
+        hints={
+            "b": "The base codes are the QLoRA column's main row (3.5 GB for 7B). " + READ_LEFT_OUT,
+            "d": "The adapter's Adam moments are in the adapter row (0.24 GB holds weights, gradients and moments). " + READ_LEFT_OUT,
+        },
+    ),
+    "p5": Function(
+        "implement ledger_gb (partial total plus NF4 metadata)",
+        4,
+        name="ledger_gb",
+        reference=ledger_gb,
+        public=_p5_public,
+        hidden=_p5_hidden,
+        outputs=("total_gb",),
+        mistakes=_p5_mistakes,
+        rtol=1e-6,
+        atol=1e-9,
+    ),
+    "p6": Choice(
+        "24 GiB card, 25 GB ledger",
+        1,
+        hints={
+            "a": "24 GiB is 24 · 2**30 bytes ≈ 25.77 GB: larger than 25 GB. Compare in one unit first. " + READ_UNITS,
+            "b": "24 GiB ≈ 25.77 GB holds the 25 GB of persistent tensors, with 0.77 GB left for everything the partial "
+                 "total leaves out: measure the peak before trusting it.",
+            "c": "GB is 1e9 bytes, GiB is 2**30 ≈ 1.074e9 bytes: they differ by 7.4 %. " + READ_UNITS,
+            "d": "24 GiB ≈ 25.77 GB, so the margin is 0.77 GB, not 5 GB, and activations still have to fit in it. " + READ_UNITS,
+        },
+    ),
+}

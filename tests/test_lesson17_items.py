@@ -1,0 +1,200 @@
+"""Lesson 17 ("What QLoRA actually costs"): graded items score right answers fully, the classic ledger
+mistakes (Adam's two moments, base gradients under LoRA, 4 bits as 4 bytes, GB vs GiB) less, with a
+diagnosis; the notebook's test cells agree with the item registry."""
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursekit import memory
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson17 import ITEMS, ledger_gb
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "17-what-qlora-actually-costs" / "17-what-qlora-actually-costs.ipynb"
+
+
+def by_hand(n_params, n_adapter, method, double_quant=True):
+    """ledger_gb written out in bytes per parameter, independent of coursekit.memory."""
+    if method == "full":
+        return 12 * n_params / 1e9
+    total = (2 if method == "lora" else 0.5) * n_params + 12 * n_adapter
+    if method == "qlora":
+        blocks = math.ceil(n_params / 64)
+        total += blocks + 4 * math.ceil(blocks / 256) if double_quant else 4 * blocks
+    return total / 1e9
+
+
+RIGHT = {"w1": "c", "w2": 0.5, "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"), "p2": 8 / 128 + 32 / (128 * 256),
+         "p3": "b", "p4": {"a", "c", "e", "f"}, "p5": by_hand, "p6": "b"}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("17")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w3", "p3", "p4", "p6"} <= set(k)
+    text = (keys.KEY_DIR / "17.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def test_notebook_loads_the_real_model_once():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert src.count("load_model(") == 1
+
+
+def test_reference_matches_the_seed_and_coursekit():
+    assert ledger_gb(7e9, 20e6, "full") == pytest.approx(84)
+    assert ledger_gb(7e9, 20e6, "lora") == pytest.approx(14.24)
+    assert ledger_gb(7e9, 20e6, "qlora", False) == pytest.approx(3.74 + 0.4375)
+    assert ledger_gb(7e9, 20e6, "qlora", True) == pytest.approx(3.74 + memory.nf4_metadata_bytes(7e9) / 1e9)
+    for n, a in ((1.3e9, 4e6), (123_456_789, 98_765)):
+        for m in ("full", "lora", "qlora"):
+            for dq in (False, True):
+                assert ledger_gb(n, a, m, dq) == pytest.approx(by_hand(n, a, m, dq), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"17.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("17.p5", by_hand, hidden=True).text()
+    assert a == check("17.p5", by_hand, hidden=True).text() and a.count("hidden case") == 6
+    public = {(c.kwargs["method"], c.kwargs["double_quant"]): by_hand(**c.kwargs) for c in ITEMS["p5"].public()}
+
+    def lookup(n_params, n_adapter, method, double_quant=True):
+        return public.get((method, double_quant), 0.0) if n_params == 7_000_000_000 else 0.0
+
+    assert check("17.p5", lookup, hidden=False).full
+    fb = check("17.p5", lookup, hidden=True)
+    assert fb.points == pytest.approx(4 * 4 / 10)
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "no optimizer state"),
+        ("w1", "b", "0.24 GB"),
+        ("w1", "d", "stores no gradient"),
+        ("w3", "a", "not their precision"),
+        ("w3", "c", "optimizer state is untouched"),
+        ("w3", "d", "weights stay where they are"),
+        ("p3", "a", "MatMul4Bit keeps only the packed codes"),
+        ("p3", "c", "works the same on CPU"),
+        ("p3", "d", "not saved for backward"),
+        ("p6", "a", "24 GiB is 24 · 2**30 bytes"),
+        ("p6", "c", "differ by 7.4 %"),
+        ("p6", "d", "not 5 GB"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"17.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_multi_choice_partial_credit_and_hints():
+    fb = check("17.p4", {"a", "b", "c", "e", "f"})
+    assert 0 < fb.points < 2 and "main row" in fb.text()
+    fb = check("17.p4", {"a", "c", "d"})
+    assert fb.points == pytest.approx(2 * (2 - 1) / 4) and "adapter row" in fb.text() and "2 true statements are missing" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w2", 4.5, "whole cost per weight"),
+        ("w2", 8 / 64 + 32 / (64 * 256), "*with* double quantization"),
+        ("w2", 32, "one fp32 absmax"),
+        ("w2", 0.0625, "bytes per parameter"),
+        ("p2", 8 / 64 + 32 / (64 * 256), "blocksize 64"),
+        ("p2", 0.25, "fp32 absmax"),
+        ("p2", 8 / 128, "forgot the second level"),
+        ("p2", 4 + 8 / 128 + 32 / (128 * 256), "includes the 4-bit code"),
+        ("p1", by_hand(34e9, 50e6, "qlora") + 3.5 * 34, "each 4-bit code as 4 bytes"),
+        ("p1", by_hand(34e9, 50e6, "qlora") - 4 * 50e6 / 1e9, "Adam's second moment"),
+        ("p1", by_hand(34e9, 50e6, "qlora") + 2 * 34, "gradients for the frozen base"),
+        ("p1", by_hand(34e9, 50e6, "qlora") * 1e9 / 2**30, "in GiB"),
+        ("p1", by_hand(34e9, 50e6, "qlora") * 1e9, "in bytes"),
+        ("p1", by_hand(34e9, 50e6, "qlora") + 1.5 * 34, "stored the QLoRA base in bf16"),
+        ("p1", 0.5 * 34 + 0.6, "left out the NF4 block scales"),
+        ("p1", by_hand(34e9, 50e6, "qlora", False), "without double quantization"),
+        ("p1", 20.0, "not right (tolerance"),
+    ],
+)
+def test_numeric_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"17.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def _variant(**kw):
+    """by_hand with one classic mistake switched on."""
+    def fn(n_params, n_adapter, method, double_quant=True):
+        moments = kw.get("moments", 8)
+        if method == "full":
+            return (4 + moments) * n_params / kw.get("unit", 1e9)
+        base = {"lora": 2, "qlora": kw.get("code_bytes", 0.5)}[method] * n_params
+        total = base + (4 + moments) * n_adapter + kw.get("base_grads", 0) * n_params
+        if method == "qlora":
+            blocks = math.ceil(n_params / 64)
+            total += blocks + 4 * math.ceil(blocks / 256) if double_quant else 4 * blocks
+        return total / kw.get("unit", 1e9)
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text, lost_everywhere",
+    [
+        (_variant(moments=4), "you forgot Adam's second moment", True),
+        (_variant(base_grads=2), "you counted gradients for the frozen base", False),
+        (_variant(code_bytes=4), "you counted each 4-bit code as 4 bytes", False),
+        (_variant(unit=2**30), "the right total in GiB", True),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_ledger_mistakes_lose_points_with_a_diagnosis(fn, text, lost_everywhere, hidden):
+    fb = check("17.p5", fn, hidden=hidden)
+    assert fb.points < 4 and text in fb.text(), fb.text()
+    assert (fb.points == 0) == lost_everywhere
+
+
+def test_metadata_mistakes_in_the_function():
+    def no_meta(n_params, n_adapter, method, double_quant=True):
+        return by_hand(n_params, n_adapter, method if method != "qlora" else "qlora", double_quant) - (
+            memory.nf4_metadata_bytes(n_params, double_quant=double_quant) / 1e9 if method == "qlora" else 0)
+
+    fb = check("17.p5", no_meta)
+    assert fb.points == 2 and "left out the NF4 block scales" in fb.text()
+
+    def swapped(n_params, n_adapter, method, double_quant=True):
+        return by_hand(n_params, n_adapter, method, not double_quant)
+
+    fb = check("17.p5", swapped)
+    assert fb.points == 2 and "this case has double_quant=" in fb.text()
+
+
+def test_function_stub_and_non_function():
+    def stub(n_params, n_adapter, method, double_quant=True):
+        raise NotImplementedError()
+
+    assert check("17.p5", stub).points == 0
+    fb = check("17.p5", 3.74)
+    assert fb.points == 0 and "should be a function" in fb.text()
