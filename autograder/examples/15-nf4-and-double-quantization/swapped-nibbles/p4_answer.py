@@ -1,0 +1,2 @@
+# Your answer goes in `answer_p4`.
+answer_p4 = 11 | (3 << 4)

@@ -1,0 +1,380 @@
+"""Graded items of lesson 15, "NF4 and double quantization"."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ... import quant
+from ..checkers import Case, Mistake
+from .. import Array, Choice, Function, Numeric
+
+READ_LEVELS = "(Lesson 15, 'Sixteen levels from normal quantiles'.)"
+READ_BLOCK = "(Lesson 15, 'Quantizing one block by hand'.)"
+READ_PACK = "(Lesson 15, 'Two codes per byte'.)"
+READ_FP4 = "(Lesson 15, 'FP4, the other table'.)"
+READ_DQ = "(Lesson 15, 'Double quantization'.)"
+READ_BITS = "(Lesson 15, 'Bits per parameter, counted'.)"
+READ_COMPUTE = "(Lesson 15, 'Storage dtype and compute dtype'.)"
+READ_CONTRACTS = "(Lesson 15, 'Four bits, different contracts'.)"
+
+
+# --------------------------------------------------------------------------- references
+
+
+def _grid_levels(offset: float, n_pos: int, n_neg: int) -> torch.Tensor:
+    """Φ⁻¹ at ``n_pos`` (and mirrored ``n_neg``) evenly spaced probabilities from ``offset`` towards 0.5,
+    on bitsandbytes' float32 grid, in float64 (unnormalised, unsorted halves)."""
+    pos = torch.special.ndtri(torch.linspace(offset, 0.5, n_pos + 1)[:-1].double())
+    neg = -torch.special.ndtri(torch.linspace(offset, 0.5, n_neg + 1)[:-1].double())
+    return pos, neg
+
+
+def nf4_levels(offset):
+    """Reference for p1: the 16 NF4 levels for a given outermost quantile ``offset``, sorted, fp32.
+
+    8 positive quantiles, 7 negative ones and an exact 0, divided by the largest (so the ends are ±1).
+    At ``offset = quant.NF4_OFFSET`` this is ``quant.nf4_code()`` (bitsandbytes' table) bit for bit.
+    """
+    pos, neg = _grid_levels(float(offset), 8, 7)
+    values = torch.cat([neg.float(), torch.zeros(1), pos.float()]).sort().values
+    return (values / values.max()).numpy()
+
+
+def quantize_block_nf4(x, levels):
+    """Reference for p2: one block (fewer than 64 values, even count) quantized as bitsandbytes does.
+
+    Returns ``(packed, absmax)``: uint8 bytes of shape ``(n // 2,)`` (element 2i in the high nibble) and
+    the block's absmax as a float. ``levels`` is the NF4 table (the cases always pass bitsandbytes' table).
+    """
+    t = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    packed, state = quant.quantize_4bit(t, blocksize=64, quant_type="nf4")
+    return packed.reshape(-1).numpy(), float(state.absmax[0])
+
+
+def nf4_codes_of(scaled) -> np.ndarray:
+    """Code of each scaled value: the number of fp32 midpoints strictly below it (ties go to the lower code)."""
+    code = quant.nf4_code()
+    bounds = (code[:-1] + code[1:]) / 2
+    return torch.bucketize(torch.as_tensor(np.asarray(scaled, dtype=np.float32)), bounds, right=False).numpy()
+
+
+@lru_cache(maxsize=None)
+def clean_ties() -> tuple[float, ...]:
+    """NF4 midpoints that are exactly halfway between their two levels in float32 *and* float64, so that
+    every correct method (midpoint search in either precision, or nearest level with the first index on a
+    tie) gives the lower code. Tie cases use only these."""
+    c32 = quant.nf4_code().numpy()
+    c64 = c32.astype(np.float64)
+    out = []
+    for i in range(15):
+        m = np.float32((c32[i] + c32[i + 1]) / np.float32(2))
+        if m - c32[i] == c32[i + 1] - m and np.float64(m) - c64[i] == c64[i + 1] - np.float64(m):
+            out.append(float(m))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- P1 cases and mistakes
+
+
+def _p1_public() -> list[Case]:
+    return [Case(dict(offset=quant.NF4_OFFSET), "offset 0.9677083 (bitsandbytes' table)"),
+            Case(dict(offset=0.99), "offset 0.99")]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(dict(offset=float(np.round(rng.uniform(0.9, 0.995), 6)))) for _ in range(4)]
+
+
+def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    offset = float(kw["offset"])
+    pos8, neg7 = _grid_levels(offset, 8, 7)
+    pos8 = pos8.float()
+    right = nf4_levels(offset)
+    symmetric = torch.cat([-pos8, pos8]).sort().values
+    raw = torch.cat([neg7.float(), torch.zeros(1), pos8]).sort().values
+    out = [
+        Mistake("symmetric 8+8", (symmetric / symmetric.max()).numpy(),
+                "you built 8 negative and 8 positive levels, mirror images with no level at 0. NF4 takes 8 quantiles on "
+                "the positive side and 7 on the negative side, plus an exact 0, so that a zero weight (and the padding) "
+                f"is stored exactly. {READ_LEVELS}"),
+        Mistake("not normalised", raw.numpy(),
+                f"your levels end at ±Φ⁻¹(offset) ≈ ±{float(pos8.max()):.4f}: divide by the largest so that they end at "
+                f"exactly −1 and +1 (the block's absmax maps to ±1). {READ_LEVELS}"),
+        Mistake("mirrored", -right[::-1],
+                "your table has 8 negative and 7 positive levels: the extra quantile belongs to the positive side "
+                f"(bitsandbytes: 9 grid points for the positive half, 8 for the negative one, 0.5 dropped). {READ_LEVELS}"),
+    ]
+    if abs(offset - quant.NF4_OFFSET) > 1e-9:
+        out.append(Mistake("ignored offset", nf4_levels(quant.NF4_OFFSET),
+                           f"you returned bitsandbytes' table for offset 0.9677083, but this case asks for offset {offset:g}: "
+                           f"build the probability grid from the offset argument. {READ_LEVELS}"))
+    return {"levels": out}
+
+
+# --------------------------------------------------------------------------- P2 cases and mistakes
+
+
+def _levels32() -> np.ndarray:
+    return quant.nf4_code().numpy()
+
+
+HAND_BLOCK = np.array([1.2, -0.5, 0.0795803, -2.0, 0.3, 0.0, -0.9, 1.6], dtype=np.float32)
+"""The block of the notebook's 'Quantizing one block by hand' (absmax 2, one exact tie at 0.0795803 / 2)."""
+
+
+def _block_case(rng: np.random.Generator, ties: int = 0, negative_absmax: bool = False) -> dict:
+    n = int(rng.choice([8, 12, 16, 24, 32]))
+    x = rng.standard_normal(n)
+    if ties:
+        # A power-of-two absmax makes x / absmax exact, so a value placed at absmax · midpoint is a true tie.
+        am = 2.0 ** -int(rng.integers(1, 5))
+        x = x / np.abs(x).max() * am * 0.97
+        spots = rng.choice(n, size=ties + 1, replace=False)
+        x[spots[0]] = -am if negative_absmax else am
+        for j in spots[1:]:
+            x[j] = am * float(rng.choice(clean_ties()))
+    else:
+        # absmax below 1, so that a block quantized without dividing by it gets different codes
+        x = x / np.abs(x).max() * float(rng.uniform(0.05, 0.6))
+        i = int(np.argmax(np.abs(x)))
+        if negative_absmax == (x[i] > 0):
+            x = -x
+    return dict(x=x.astype(np.float32), levels=_levels32())
+
+
+def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(1515)
+    return [
+        Case(dict(x=HAND_BLOCK.copy(), levels=_levels32()), "the block quantized by hand in Know this"),
+        Case(_block_case(rng), "16 or so values of a weight, absmax below 1"),
+        Case(_block_case(rng, ties=2, negative_absmax=True), "absmax from a negative value, two exact ties"),
+    ]
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case(_block_case(rng, ties=(2 if i % 2 else 0), negative_absmax=(i in (1, 2)))) for i in range(6)]
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    c = np.asarray(codes, dtype=np.int64)
+    return ((c[0::2] << 4) | c[1::2]).astype(np.uint8)
+
+
+def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    x = np.asarray(kw["x"], dtype=np.float32)
+    levels = np.asarray(kw["levels"], dtype=np.float32)
+    mids = (levels[:-1] + levels[1:]) / np.float32(2)
+    am = np.abs(x).max()
+    scaled = np.clip(x / am, -1, 1)
+    q = np.searchsorted(mids, scaled, side="left")
+    signed_max = x.max()
+    out = [
+        Mistake("nibbles swapped", (q[1::2] << 4) | q[0::2],
+                "your two codes sit in the wrong halves of each byte: bitsandbytes puts element 2i in the HIGH nibble "
+                f"and element 2i+1 in the LOW one, byte = (code[2i] << 4) | code[2i+1]. {READ_PACK}"),
+        Mistake("ties rounded up", _pack(np.searchsorted(mids, scaled, side="right")),
+                "a scaled value exactly on a midpoint between two levels got the UPPER code; bitsandbytes gives it the "
+                "lower one (torch.bucketize with right=False: the code is the number of midpoints strictly below the "
+                f"value). {READ_BLOCK}"),
+        Mistake("forgot to divide by absmax", _pack(np.searchsorted(mids, np.clip(x, -1, 1), side="left")),
+                "you looked the raw values up in the table without dividing by the block's absmax first: the levels "
+                f"live in [−1, 1], the weights do not. {READ_BLOCK}"),
+        Mistake("codes not packed", q,
+                f"you returned the {len(q)} codes, one per value; pack two per byte ({len(q) // 2} bytes), element 2i in "
+                f"the high nibble. {READ_PACK}"),
+    ]
+    if signed_max != am:
+        out.insert(0, Mistake("signed max", _pack(np.searchsorted(mids, np.clip(x / signed_max, -1, 1), side="left")),
+                              "you scaled by max(x) instead of max(|x|): in this block the largest magnitude is a "
+                              f"negative value. absmax means the largest absolute value. {READ_BLOCK}"))
+    am_out = []
+    if signed_max != am:
+        am_out.append(Mistake("signed max", signed_max,
+                              "absmax is max(|x|), the largest magnitude; you returned max(x), and here the largest "
+                              f"magnitude is negative. {READ_BLOCK}"))
+    return {"packed": out, "absmax": am_out}
+
+
+# --------------------------------------------------------------------------- P3 .. P6
+
+P3_SCALED = np.array([0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018], dtype=np.float32)
+P4_CODES = (11, 3)  # codes of elements 6 and 7 (2i and 2i+1, i = 3)
+P5_BLOCKSIZE = 128
+P6_BLOCKSIZE = 32
+
+
+def _p3_mistakes() -> list[Mistake]:
+    code = quant.nf4_code()
+    bounds = (code[:-1] + code[1:]) / 2
+    up = torch.bucketize(torch.from_numpy(P3_SCALED), bounds, right=True).numpy()
+    right = nf4_codes_of(P3_SCALED)
+    return [
+        Mistake("ties rounded up", up,
+                "two of the values sit exactly on a midpoint, and you gave them the UPPER code; a tie goes to the lower "
+                f"code (the number of midpoints strictly below the value). {READ_BLOCK}"),
+        Mistake("counted from the top", 15 - right,
+                f"your codes count from the top of the table (+1 is code 15, not 0): code = index in the sorted table, "
+                f"−1 at 0. {READ_LEVELS}"),
+    ]
+
+
+def _bits(blocksize: int, dq: bool) -> float:
+    return quant.bits_per_parameter(blocksize=blocksize, compress_statistics=dq)
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "how many NF4 levels, and where",
+        1,
+        hints={
+            "a": "Eight and eight with no zero would be symmetric, but then a zero weight (and bitsandbytes' padding) "
+                 "could not be stored exactly. NF4 spends one level on an exact 0. " + READ_LEVELS,
+            "c": "The side with the extra level is the positive one: 8 positive quantiles, 7 negative ones. " + READ_LEVELS,
+            "d": "All 16 codes are used: the 16th level goes to the positive side, it is not left empty. " + READ_LEVELS,
+        },
+    ),
+    "w2": Choice(
+        "what double quantization compresses",
+        1,
+        hints={
+            "a": "The 4-bit codes are left alone. What is quantized a second time are the quantization constants, the "
+                 "per-block absmax values. " + READ_DQ,
+            "b": "The adapter is not quantized at all in QLoRA; double quantization is about the frozen base's "
+                 "metadata. " + READ_DQ,
+            "c": "Activations are not touched by bitsandbytes' 4-bit storage; double quantization shrinks the per-block "
+                 "scales of the stored weight. " + READ_DQ,
+        },
+    ),
+    "w3": Choice(
+        "what a Linear4bit stores, and what its matmul runs in",
+        1,
+        hints={
+            "b": "The bf16 weights are gone after quantization: the layer keeps only the codes and scales, and "
+                 "dequantizes them on every forward. " + READ_COMPUTE,
+            "c": "There is no 4-bit arithmetic on this path: the codes are looked up in the table, multiplied by "
+                 "absmax, and the matmul runs in compute_dtype. " + READ_COMPUTE,
+            "d": "compute_dtype is the dtype of the dequantized weight and of the matmul, not of a saved file; the "
+                 "stored weight is uint8. " + READ_COMPUTE,
+        },
+    ),
+    "p1": Function(
+        "implement nf4_levels(offset)",
+        3,
+        name="nf4_levels",
+        reference=nf4_levels,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("levels",),
+        mistakes=p1_mistakes,
+        rtol=1e-5,  # a float64 or a float32 probability grid both pass; the notebook checks bit-exactness
+        atol=1e-6,
+    ),
+    "p2": Function(
+        "implement quantize_block_nf4(x, levels)",
+        4,
+        name="quantize_block_nf4",
+        reference=quantize_block_nf4,
+        public=_p2_public,
+        hidden=_p2_hidden,
+        outputs=("packed", "absmax"),
+        mistakes=p2_mistakes,
+        rtol=0,
+        atol=0,
+    ),
+    "p3": Array(
+        "NF4 codes of six scaled values",
+        2,
+        name="codes",
+        expected=lambda: nf4_codes_of(P3_SCALED),
+        rtol=0,
+        atol=0,
+        mistakes=_p3_mistakes,
+    ),
+    "p4": Numeric(
+        "the byte holding codes 11 (element 6) and 3 (element 7)",
+        1,
+        name="byte",
+        expected=lambda: float((P4_CODES[0] << 4) | P4_CODES[1]),
+        rtol=0,
+        atol=0,
+        mistakes=lambda: [
+            Mistake("nibbles swapped", (P4_CODES[1] << 4) | P4_CODES[0],
+                    f"that is 0x{(P4_CODES[1] << 4) | P4_CODES[0]:02X}: element 7's code in the high nibble. bitsandbytes "
+                    f"puts element 2i (here 6) in the HIGH nibble: byte = (code[6] << 4) | code[7]. {READ_PACK}"),
+            Mistake("decimal digits", 10 * P4_CODES[0] + P4_CODES[1],
+                    f"you wrote the codes side by side as decimal digits; a nibble is 4 bits, so the high one is worth 16: "
+                    f"byte = 16 · code[6] + code[7]. {READ_PACK}"),
+            Mistake("sum", P4_CODES[0] + P4_CODES[1], f"you added the two codes; the high one is shifted by 4 bits first. {READ_PACK}"),
+        ],
+    ),
+    "p5": Numeric(
+        f"bits per parameter, NF4 with blocksize {P5_BLOCKSIZE}, no double quantization",
+        1,
+        name="bits",
+        expected=lambda: _bits(P5_BLOCKSIZE, False),
+        rtol=1e-4,
+        mistakes=lambda: [
+            Mistake("codes only", 4.0, f"4 bits is the code alone: every block of {P5_BLOCKSIZE} also stores an fp32 absmax, "
+                                       f"32 bits shared by {P5_BLOCKSIZE} weights. {READ_BITS}"),
+            Mistake("blocksize 64", 4.5, f"4.5 is the figure for blocksize 64; with {P5_BLOCKSIZE} the absmax is shared by "
+                                         f"twice as many weights. {READ_BITS}"),
+            Mistake("8-bit absmax", 4 + 8 / P5_BLOCKSIZE, "without double quantization the absmax is fp32 (32 bits), not "
+                                                          f"an 8-bit code. {READ_BITS}"),
+            Mistake("fp16 absmax", 4 + 16 / P5_BLOCKSIZE, f"bitsandbytes stores absmax in fp32 (32 bits), not fp16. {READ_BITS}"),
+        ],
+    ),
+    "p6": Numeric(
+        f"bits per parameter, NF4 with blocksize {P6_BLOCKSIZE}, with double quantization (blocks of 256)",
+        2,
+        name="bits",
+        expected=lambda: _bits(P6_BLOCKSIZE, True),
+        rtol=1e-4,  # the prompt: at least 4 significant digits
+        mistakes=lambda: [
+            Mistake("32-bit nested absmax", 4 + 32 / P6_BLOCKSIZE + 32 / (P6_BLOCKSIZE * 256),
+                    f"you kept 32 bits for each block's absmax. With double quantization each block stores an 8-bit code "
+                    f"of its absmax (8 / {P6_BLOCKSIZE} bits per weight); only the second-level scale, one per 256 blocks, "
+                    f"is fp32. {READ_DQ}"),
+            Mistake("no DQ", 4 + 32 / P6_BLOCKSIZE,
+                    f"that is the count without double quantization (an fp32 absmax per block). With it, the absmax "
+                    f"becomes an 8-bit code. {READ_BITS}"),
+            Mistake("forgot the 8-bit codes", 4 + 32 / (P6_BLOCKSIZE * 256),
+                    f"you forgot the 8-bit codes of the absmax values: each block of {P6_BLOCKSIZE} still stores one "
+                    f"byte, 8 / {P6_BLOCKSIZE} bits per weight. {READ_DQ}"),
+            Mistake("forgot the second-level scale", 4 + 8 / P6_BLOCKSIZE,
+                    f"close, but you forgot the second-level scale: each group of 256 absmax codes has its own fp32 "
+                    f"absmax, 32 / ({P6_BLOCKSIZE} · 256) bits per weight (give at least 4 significant digits). {READ_DQ}"),
+            Mistake("blocksize 64", quant.bits_per_parameter(64, True),
+                    f"≈ 4.127 is the figure for blocksize 64; this question uses {P6_BLOCKSIZE}. {READ_BITS}"),
+        ],
+    ),
+    "p7": Choice(
+        "which statements about 4-bit formats are true",
+        2,
+        options="abcde",
+        multi=True,
+        hints={
+            "d": "Q4_1 uses a uniform grid: x = d · q + m with an fp16 scale d and an fp16 minimum m per block of 32, "
+                 "q = 0..15. No normal quantiles, and zero is not a level. " + READ_CONTRACTS,
+            "e": "The code width is the only thing they share: the codebook, the block size, the scale's type and the "
+                 "byte order all differ, so bytes written for one format decode to garbage with another's kernel. "
+                 + READ_CONTRACTS,
+        },
+    ),
+    "p8": Choice(
+        "what changes with compute_dtype bf16 instead of fp32",
+        1,
+        hints={
+            "a": "The storage does not change with compute_dtype: the weight stays uint8 codes plus absmax. "
+                 + READ_COMPUTE,
+            "b": "absmax is stored in fp32 (or as 8-bit codes with double quantization) whatever compute_dtype is. "
+                 + READ_COMPUTE,
+            "d": "The NF4 table is fixed (16 fp32 values); compute_dtype only decides the dtype of the dequantized "
+                 "weight and of the matmul. " + READ_COMPUTE,
+        },
+    ),
+}

@@ -1,0 +1,252 @@
+"""Lesson 15 ("NF4 and double quantization"): graded items score right answers fully, the recognised
+mistakes (nibbles swapped, ties rounded up, no division by absmax, symmetric 8+8 levels, 32-bit nested
+absmax) lose points with a diagnosis, and the references agree with bitsandbytes bit for bit."""
+
+import logging
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from coursekit import quant
+from coursekit.grading import check, keys
+from coursekit.grading.lessons import lesson15 as L
+from coursekit.grading.lessons.lesson15 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "15-nf4-and-double-quantization" / "15-nf4-and-double-quantization.ipynb"
+
+
+# --------------------------------------------------------------------------- right answers (written independently)
+
+
+def right_levels(offset):
+    pos = torch.special.ndtri(torch.linspace(offset, 0.5, 9)[:-1].double()).float()
+    neg = -torch.special.ndtri(torch.linspace(offset, 0.5, 8)[:-1].double()).float()
+    v = torch.cat([neg, torch.zeros(1), pos]).sort().values
+    return v / v.max()
+
+
+def right_levels_float64(offset):
+    """A float64 probability grid: not bit-exact with bitsandbytes, but within the tolerance."""
+    p_pos = np.linspace(offset, 0.5, 9)[:-1]
+    p_neg = np.linspace(offset, 0.5, 8)[:-1]
+    pos = torch.special.ndtri(torch.tensor(p_pos)).numpy()
+    neg = -torch.special.ndtri(torch.tensor(p_neg)).numpy()
+    v = np.sort(np.concatenate([neg, [0.0], pos]))
+    return v / v.max()
+
+
+def right_block(x, levels):
+    x = np.asarray(x, dtype=np.float32)
+    levels = np.asarray(levels, dtype=np.float32)
+    am = np.abs(x).max()
+    mids = (levels[:-1] + levels[1:]) / np.float32(2)
+    q = np.searchsorted(mids, np.clip(x / am, -1, 1), side="left")
+    return ((q[0::2] << 4) | q[1::2]).astype(np.uint8), float(am)
+
+
+def right_block_argmin(x, levels):
+    """Nearest level by distance, first index on a tie: also right (the tie cases are exact in fp32 and fp64)."""
+    x = np.asarray(x, dtype=np.float32)
+    am = np.abs(x).max()
+    q = np.argmin(np.abs((x / am)[:, None] - np.asarray(levels)[None, :]), axis=1)
+    return (q[0::2] * 16 + q[1::2]).tolist(), am
+
+
+RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
+         "p4": 179, "p5": 4.25, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": "c"}
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("15")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p7", "p8"} <= set(k)
+    text = (keys.KEY_DIR / "15.key").read_text()
+    assert "seed" not in text and "{" not in text
+
+
+def test_notebook_loads_no_model():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "load_model(" not in src and "from_pretrained" not in src and "safe_open" in src
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"15.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+@pytest.mark.parametrize("fn", [right_levels_float64, lambda offset: right_levels(offset).numpy().tolist()])
+def test_other_right_levels_pass(fn):
+    assert check("15.p1", fn, hidden=True).full
+
+
+def test_argmin_and_torch_blocks_pass():
+    def torch_block(x, levels):
+        t, lv = torch.from_numpy(x), torch.as_tensor(levels)
+        am = t.abs().max()
+        q = torch.bucketize(t / am, (lv[:-1] + lv[1:]) / 2)
+        return (q[0::2] << 4) | q[1::2], am
+
+    assert check("15.p2", right_block_argmin, hidden=True).full
+    assert check("15.p2", torch_block, hidden=True).full
+
+
+# --------------------------------------------------------------------------- references vs bitsandbytes
+
+
+def test_references_match_bitsandbytes():
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    bnbF = pytest.importorskip("bitsandbytes.functional")
+    table = bnbF.get_4bit_type("nf4", device="cpu")
+    assert torch.equal(torch.from_numpy(L.nf4_levels(quant.NF4_OFFSET)), table)
+    rng = np.random.default_rng(0)
+    cases = [c.kwargs for c in ITEMS["p2"].public()] + [c.kwargs for c in ITEMS["p2"].hidden(rng)]
+    for kw in cases:
+        packed, st = bnbF.quantize_4bit(torch.from_numpy(kw["x"]), blocksize=64, quant_type="nf4")
+        ours, am = L.quantize_block_nf4(**kw)
+        assert np.array_equal(packed.flatten().numpy(), ours) and st.absmax.item() == am
+    # the P3 codes, ties included, are bitsandbytes' codes (a block whose absmax is 1)
+    x = torch.cat([torch.from_numpy(L.P3_SCALED), torch.tensor([1.0, 0.0])])
+    packed, _ = bnbF.quantize_4bit(x, blocksize=64, quant_type="nf4")
+    assert quant.unpack_nibbles(packed, 6).tolist() == L.nf4_codes_of(L.P3_SCALED).tolist() == RIGHT["p3"]
+
+
+def test_tie_cases_really_tie():
+    ties = L.clean_ties()
+    assert len(ties) >= 4 and 0.03979015 in [round(t, 8) for t in ties]
+    kw = ITEMS["p2"].public()[2].kwargs
+    x = kw["x"]
+    scaled = x / np.abs(x).max()
+    mids = (kw["levels"][:-1] + kw["levels"][1:]) / np.float32(2)
+    assert np.isin(scaled, mids).sum() == 2
+    assert x[np.argmax(np.abs(x))] < 0
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("15.p2", right_block, hidden=True).text()
+    assert a == check("15.p2", right_block, hidden=True).text() and a.count("hidden case") == 6
+    fb = check("15.p1", lambda offset: right_levels(quant.NF4_OFFSET), hidden=True)
+    assert fb.points < 3 and "ignored" not in fb.text() and "build the probability grid from the offset" in fb.text()
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+def _levels_with(build):
+    def fn(offset):
+        pos = torch.special.ndtri(torch.linspace(offset, 0.5, 9)[:-1].double()).float()
+        neg7 = -torch.special.ndtri(torch.linspace(offset, 0.5, 8)[:-1].double()).float()
+        return build(pos, neg7)
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_levels_with(lambda p, n: (lambda v: v / v.max())(torch.cat([-p, p]).sort().values)), "8 negative and 8 positive"),
+        (_levels_with(lambda p, n: torch.cat([n, torch.zeros(1), p]).sort().values), "divide by the largest"),
+        (_levels_with(lambda p, n: (lambda v: -v.flip(0) / v.max())(torch.cat([n, torch.zeros(1), p]).sort().values)),
+         "8 negative and 7 positive"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_level_mistakes(fn, text, hidden):
+    fb = check("15.p1", fn, hidden=hidden)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def _block_with(codes_fn, pack=lambda q: (q[0::2] << 4) | q[1::2], scale=lambda x: np.abs(x).max()):
+    def fn(x, levels):
+        am = scale(x)
+        mids = (levels[:-1] + levels[1:]) / np.float32(2)
+        return pack(codes_fn(np.clip(x / am, -1, 1), mids, x)), float(am)
+    return fn
+
+
+LEFT = lambda s, m, x: np.searchsorted(m, s, side="left")
+
+
+@pytest.mark.parametrize(
+    "fn, text, partial",
+    [
+        (_block_with(LEFT, pack=lambda q: (q[1::2] << 4) | q[0::2]), "bitsandbytes puts element 2i in the HIGH nibble", False),
+        (_block_with(lambda s, m, x: np.searchsorted(m, s, side="right")), "got the UPPER code", True),
+        (_block_with(lambda s, m, x: np.searchsorted(m, np.clip(x, -1, 1))), "without dividing by the block's absmax", False),
+        (_block_with(LEFT, pack=lambda q: q), "pack two per byte", False),
+        (_block_with(LEFT, scale=lambda x: x.max()), "max(x) instead of max(|x|)", True),
+    ],
+)
+def test_block_mistakes(fn, text, partial):
+    fb = check("15.p2", fn, hidden=True)
+    assert fb.points < 4 and text in fb.text(), fb.text()
+    assert (fb.points > 0) == partial, fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("p3", [11, 1, 10, 6, 15, 7], "gave them the UPPER code"),
+        ("p3", [4, 14, 6, 9, 0, 9], "count from the top"),
+        ("p4", 59, "HIGH nibble"),
+        ("p4", 113, "decimal digits"),
+        ("p4", 14, "added the two codes"),
+        ("p5", 4.0, "the code alone"),
+        ("p5", 4.5, "blocksize 64"),
+        ("p5", 4.125, "not fp16"),
+        ("p6", 5.00390625, "kept 32 bits for each block's absmax"),
+        ("p6", 5.0, "without double quantization"),
+        ("p6", 4.00390625, "forgot the 8-bit codes"),
+        ("p6", 4.25, "forgot the second-level scale"),
+        ("p6", 4.127, "blocksize 64"),
+        ("p6", 4.3, "not right (tolerance"),
+    ],
+)
+def test_value_mistakes_are_recognised(item_id, answer, text):
+    fb = check(f"15.{item_id}", answer)
+    assert not fb.full and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "exact 0"),
+        ("w1", "c", "positive one"),
+        ("w2", "a", "absmax values"),
+        ("w3", "c", "no 4-bit arithmetic"),
+        ("p8", "a", "storage does not change"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"15.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text()
+
+
+def test_multi_choice_partial_credit():
+    assert check("15.p7", ["a", "b"]).points == pytest.approx(2 * 2 / 3)
+    fb = check("15.p7", ["a", "b", "c", "e"])
+    assert fb.points == pytest.approx(2 * 2 / 3) and "decode to garbage" in fb.text()
+
+
+def test_numeric_expected_values_come_from_coursekit():
+    assert ITEMS["p5"].expected() == quant.bits_per_parameter(128) == 4.25
+    assert ITEMS["p6"].expected() == quant.bits_per_parameter(32, compress_statistics=True) == 4.25390625
+    assert ITEMS["p4"].expected() == 0xB3
+
+
+def test_function_stub_and_non_function():
+    def stub(x, levels):
+        raise NotImplementedError()
+
+    assert check("15.p2", stub).points == 0
+    fb = check("15.p1", "nf4")
+    assert fb.points == 0 and "should be a function" in fb.text()
