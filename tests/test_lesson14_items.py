@@ -169,6 +169,9 @@ def _block_with(codes_fn):
         (_block_with(lambda x, am, q: (x / am * q).astype(int)), "truncated toward zero"),
         (_block_with(lambda x, am, q: x / am * q), "not integers"),
         (_block_with(lambda x, am, q: np.round(x / am * 127)), "scale of int8"),
+        (_block_with(lambda x, am, q: np.clip(np.round(x / am * (q + 1)), -(q + 1), q)), "instead of Q = 2^(bits−1) − 1"),
+        (_block_with(lambda x, am, q: np.round(x / am * (q + 1))), "instead of Q = 2^(bits−1) − 1"),
+        (_block_with(lambda x, am, q: np.round(x / am * q) / q * am), "reconstructed values"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -226,12 +229,13 @@ def test_dropped_last_block_and_forgot_q_in_blocks():
     assert fb.points == 0 and "forgot to multiply by Q" in fb.text(), fb.text()
 
 
-def _walk_with(W_in_dX=False, W_in_D=False, rounding=np.round, adapter=True):
+def _walk_with(W_in_dX=False, W_in_D=False, rounding=np.round, adapter=True, s_fwd=True, s_dX=True, sign=1.0, onehot=True):
     def fn(X, W, A, B, s, target, step):
         W_hat = rounding(W / step) * step
-        D = _softmax(X @ (W if W_in_D else W_hat) + s * (X @ A) @ B)
-        D[0, target] -= 1.0
-        dX = D @ (W if W_in_dX else W_hat).T + (s * D @ B.T @ A.T if adapter else 0)
+        D = _softmax(X @ (W if W_in_D else W_hat) + (s if s_fwd else 1.0) * (X @ A) @ B)
+        D[0, target] -= 1.0 if onehot else 0.0
+        D = sign * D
+        dX = D @ (W if W_in_dX else W_hat).T + ((s if s_dX else 1.0) * D @ B.T @ A.T if adapter else 0)
         return D, dX
     return fn
 
@@ -244,6 +248,10 @@ def _walk_with(W_in_dX=False, W_in_D=False, rounding=np.round, adapter=True):
         (_walk_with(rounding=np.floor), "floor instead of round"),
         (_walk_with(rounding=np.trunc), "truncation toward zero"),
         (_walk_with(adapter=False), "missing the adapter's path"),
+        (_walk_with(s_dX=False), "you left out the scale s"),
+        (_walk_with(s_fwd=False, s_dX=False), "your forward left out the scale s"),
+        (_walk_with(sign=-1.0), "wrong sign"),
+        (_walk_with(onehot=False), "softmax(Y) alone"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -259,6 +267,7 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("w1", 1, "forgot to multiply by Q"),
         ("w1", 5, "int4 code"),
         ("w1", 0.6 / 0.9 * 127, "a code is an integer"),
+        ("w1", 84.67, "a code is an integer"),
         ("w1", 127, "not max x"),
         ("w1", 80, "not right"),
         ("w3", [[3, -2], [1, 4]], "truncated toward zero"),
@@ -270,6 +279,12 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p8", 1.2, "whole step"),
         ("p8", 8.4 / 254, "int8's half step"),
         ("p8", 0.525, "Q = 7, not 8"),
+        ("w3", [[3, 1], [-2, 5]], "transposed"),
+        ("p4", [[0.10630311, -0.10630311]], "wrong sign"),
+        ("p4", [[0.35434369, -0.35434369]], "that is D"),
+        ("p4", [[-0.10589166, 0.10589166]], "second step"),
+        ("p5", 0.43293864, "second step"),
+        ("p5", 0.43726199, "plain gradient-descent step"),
     ],
 )
 def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
@@ -281,3 +296,28 @@ def test_truncated_W_hat_walk_is_recognised():
     trunc = walk.run_walk(**(walk.seed_example() | dict(W=np.array([[0.6, -0.4], [0.2, 0.8]]))), steps=1)[0]
     fb = check("14.p4", trunc.dB)
     assert fb.points < 2 and "rounds to 5, not 4" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("answer", [[-0.10630311, 0.10630311], (-0.1063031, 0.1063031), np.array([-0.10630311, 0.10630311])])
+def test_p4_accepts_the_row_written_flat(answer):
+    fb = check("14.p4", answer)
+    assert fb.points == ITEMS["p4"].points and "read as the 1 × 2 row" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("item_id, answer, key_text", [("w1", 84, "85"), ("w1", 0.6 / 0.9 * 127, "85"),
+                                                       ("w3", [[3, -2], [1, 4]], "to 5"), ("w3", [[3, -3], [1, 4]], "to −2")])
+def test_mistake_feedback_does_not_state_the_key(item_id, answer, key_text):
+    fb = check(f"14.{item_id}", answer)
+    assert fb.points < ITEMS[item_id].points and "Likely mistake" in fb.text() and key_text not in fb.text(), fb.text()
+
+
+def test_p2_public_cases_have_no_rounding_ties():
+    """A tie (x / absmax · Q exactly k + 0.5) would grade the tie-breaking rule, which the lesson does not teach."""
+    for case in ITEMS["p2"].public():
+        x, bits, bs = case.kwargs["x"], case.kwargs["bits"], case.kwargs["blocksize"]
+        q = 2 ** (bits - 1) - 1
+        for i in range(0, len(x), bs):
+            b = x[i:i + bs]
+            if np.abs(b).max() > 0:
+                frac = np.abs(b / np.abs(b).max() * q) % 1
+                assert not np.any(np.isclose(frac, 0.5)), (case.label, b)

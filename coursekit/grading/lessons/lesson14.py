@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import quant, walk
-from ..checkers import Case, Mistake
+from ..checkers import Case, Feedback, Mistake, as_array
 from .. import Array, Choice, Function, Numeric
 
 READ_ABSMAX = "(Lesson 14, 'Absmax scaling'.)"
@@ -97,6 +97,14 @@ def _code_mistakes(x: np.ndarray, bits: int, absmax_of) -> list[Mistake]:
     other = 4 if bits == 8 else 8
     out.append(Mistake("other bits", np.where(am == 0, 0.0, np.round(x / safe * _q(other))),
                        f"you used Q = {_q(other)}, the scale of int{other}; for int{bits} Q = 2^({bits}−1) − 1 = {q}. {READ_ABSMAX}"))
+    half = 2 ** (bits - 1)
+    msg_half = (f"you scaled by 2^(bits−1) = {half} instead of Q = 2^(bits−1) − 1 = {q}: symmetric absmax maps max |x| onto ±{q} "
+                f"and leaves the code −{half} unused. {READ_ABSMAX}")
+    unclipped = np.where(am == 0, 0.0, np.round(x / safe * half))
+    out.append(Mistake("Q = 2^(b-1), clipped", np.clip(unclipped, -half, half - 1), msg_half))
+    out.append(Mistake("Q = 2^(b-1)", unclipped, msg_half))
+    out.append(Mistake("reconstruction", np.where(am == 0, 0.0, np.round(x / safe * q) / q * am),
+                       f"these are the reconstructed values x̂ = code / Q · absmax; return the integer codes themselves. {READ_ABSMAX}"))
     return out
 
 
@@ -117,7 +125,7 @@ def _p2_public() -> list[Case]:
     return [
         Case(dict(x=x, bits=4, blocksize=4), "int4, 3 blocks of 4, an outlier in block 0"),
         Case(dict(x=rng.standard_normal(10), bits=8, blocksize=4), "int8, 10 values: the last block holds 2"),
-        Case(dict(x=np.array([0.5, -0.25, 0.0, 0.0, 0.0, 0.0, 3.0, -1.0]), bits=4, blocksize=2), "int4, an all-zero block in the middle"),
+        Case(dict(x=np.array([0.5, -0.2, 0.0, 0.0, 0.0, 0.0, 3.0, -1.0]), bits=4, blocksize=2), "int4, an all-zero block in the middle"),
     ]
 
 
@@ -171,13 +179,13 @@ def _p3_public() -> list[Case]:
     rng = np.random.default_rng(14)
     return [
         Case(seed, "the seed's X, W, A, target with B = [0.3, −0.2], step 0.2"),
-        Case(_walk_case(rng, 0.2), "random, step 0.2"),
-        Case(_walk_case(rng, 0.25), "random, step 0.25"),
+        Case(_walk_case(rng, 0.2) | dict(s=2.0), "random, step 0.2, s = 2"),
+        Case(_walk_case(rng, 0.25) | dict(s=0.5), "random, step 0.25, s = 0.5"),
     ]
 
 
 def _p3_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case(_walk_case(rng, float(step))) for step in (0.2, 0.1, 0.25, 0.5)]
+    return [Case(_walk_case(rng, float(step)) | dict(s=s)) for step, s in ((0.2, 2.0), (0.1, 1.0), (0.25, 0.5), (0.5, 2.0))]
 
 
 def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
@@ -200,7 +208,20 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
                 f"∇X is missing the adapter's path s·D·Bᵀ·Aᵀ: both input paths add (lesson 05). {READ_BACKWARD}"),
         Mistake("no base path", adapter,
                 f"∇X is missing the base path D·Ŵᵀ: a frozen, quantized base still passes gradient to X. {READ_BACKWARD}"),
+        Mistake("no s in dX", D @ Wh.T + (D @ B.T) @ A.T,
+                f"the adapter's path of ∇X is s·D·Bᵀ·Aᵀ: you left out the scale s (here s = {s:g}). {READ_WALK}"),
+        Mistake("sign", -(D @ Wh.T + adapter),
+                f"∇X has the wrong sign: it follows from D = softmax(Y) − onehot(target), not onehot − softmax. {READ_WALK}"),
     ]
+    D_no_s = _walk_D(X, Wh, A, B, 1.0, t)
+    out_D += [
+        Mistake("no s in forward", D_no_s, f"your forward left out the scale s: Y = XŴ + s(XA)B (here s = {s:g}). {READ_WALK}"),
+        Mistake("sign", -D, f"D has the wrong sign: D = ∂L/∂Y = softmax(Y) − onehot(target). {READ_WALK}"),
+        Mistake("no onehot", D + np.eye(D.shape[1])[[int(t)]],
+                f"that is softmax(Y) alone: subtract 1 at the target class, D = softmax(Y) − onehot(target). {READ_WALK}"),
+    ]
+    out_dX.append(Mistake("no s anywhere", D_no_s @ Wh.T + (D_no_s @ B.T) @ A.T,
+                          f"you left out the scale s (here s = {s:g}) in the forward and in ∇X's adapter path. {READ_WALK}"))
     for name, fn, msg in (("floor", np.floor, "floor"), ("truncated", np.trunc, "truncation toward zero")):
         Wb = _w_hat(W, step, fn)
         if not np.allclose(Wb, Wh):
@@ -229,10 +250,25 @@ def _seed_mistakes(attr: str) -> list[Mistake]:
         Mistake("truncated", pick(seed_walk(np.trunc)[0]),
                 f"your Ŵ has 0.8 where round gives 1.0: 0.91 / 0.2 = 4.55 rounds to 5, not 4 (truncation). {READ_TOY}"),
         Mistake("floor", pick(seed_walk(np.floor)[0]), f"your Ŵ uses floor (−2.35 → −3) instead of round. {READ_TOY}"),
+        Mistake("two steps", pick(seed_walk(steps=2)[1]),
+                f"that is the value of the second step; the question asks for the first. {READ_WALK}"),
     ]
 
 
 ABSMAX_OUTLIER = 8.4
+
+
+class RowArray(Array):
+    """An :class:`Array` whose expected value is one row (1 × m): a flat list or 1-D array of the same
+    m numbers is the same answer and is read as that row, with a note."""
+
+    def check(self, answer, ctx) -> Feedback:
+        a, want = as_array(answer), np.asarray(self.expected())
+        if a is not None and a.ndim == 1 and want.ndim == 2 and want.shape[0] == 1 and a.size == want.size:
+            fb = super().check(a.reshape(want.shape), ctx)
+            fb.lines.append(f"(Your {self.name} is flat, shape {a.shape}; read as the 1 × {a.size} row it stands for.)")
+            return fb
+        return super().check(answer, ctx)
 
 
 # --------------------------------------------------------------------------- items
@@ -246,8 +282,9 @@ ITEMS = {
         rtol=0.0,
         atol=1e-9,
         mistakes=lambda: [
-            Mistake("floor", 84, f"0.6 / 0.9 · 127 = 84.67 rounds to 85; 84 is floor (or truncation). {READ_ABSMAX}"),
-            Mistake("unrounded", 0.6 / 0.9 * 127, f"a code is an integer: round 0.6 / 0.9 · 127 = 84.67 to the nearest one. {READ_ABSMAX}"),
+            Mistake("floor", 84, f"0.6 / 0.9 · 127 = 84.67, and 84 is what floor (or truncation) makes of it: a code is the nearest integer. {READ_ABSMAX}"),
+            *[Mistake("unrounded", v, f"a code is an integer: round x / absmax · Q to the nearest one. {READ_ABSMAX}")
+              for v in (0.6 / 0.9 * 127, 84.7, 84.67, 84.667)],
             Mistake("forgot Q", 1, f"you divided by absmax but forgot to multiply by Q = 127: x / absmax lies in [−1, 1]. {READ_ABSMAX}"),
             Mistake("int4", 5, f"5 is the int4 code (Q = 7); the question asks for int8, Q = 127. {READ_ABSMAX}"),
             Mistake("absmax 1", 76, f"you used absmax = 1 (0.6 · 127 = 76.2); scale by the block's absmax = max |x| = 0.9 first. {READ_ABSMAX}"),
@@ -272,8 +309,11 @@ ITEMS = {
         atol=1e-9,
         mistakes=lambda: [
             Mistake("truncated", np.trunc(walk.seed_example()["W"] / 0.2),
-                    f"0.91 / 0.2 = 4.55 rounds to 5: you truncated toward zero. {READ_TOY}"),
-            Mistake("floor", np.floor(walk.seed_example()["W"] / 0.2), f"you used floor: −2.35 rounds to −2, not −3. {READ_TOY}"),
+                    f"you truncated toward zero (int(...) or .astype(int)): 0.91 / 0.2 = 4.55, and a code is the nearest integer. {READ_TOY}"),
+            Mistake("floor", np.floor(walk.seed_example()["W"] / 0.2),
+                    f"you used floor, which sends −2.35 and 4.55 down; a code is the nearest integer. {READ_TOY}"),
+            Mistake("transposed", quant.toy_int4(walk.seed_example()["W"], 0.2)[0].T,
+                    f"your codes are transposed: codes[i, j] belongs to W[i, j] (row i of W). {READ_TOY}"),
             Mistake("W hat", quant.toy_int4(walk.seed_example()["W"], 0.2)[1],
                     f"that is Ŵ = 0.2 · code, the reconstruction; the question asks for the integer codes. {READ_TOY}"),
         ],
@@ -308,14 +348,17 @@ ITEMS = {
         outputs=("D", "dX"),
         mistakes=p3_mistakes,
     ),
-    "p4": Array(
+    "p4": RowArray(
         "first-step ∇B of the seed's walk on Ŵ",
         2,
         name="dB",
         expected=lambda: seed_walk()[0].dB,
         rtol=1e-4,
         atol=1e-6,
-        mistakes=lambda: _seed_mistakes("dB"),
+        mistakes=lambda: _seed_mistakes("dB") + [
+            Mistake("sign", -seed_walk()[0].dB, f"your ∇B has the wrong sign: D = softmax(Y) − onehot(target), then ∇B = s ZᵀD. {READ_WALK}"),
+            Mistake("D", seed_walk()[0].D, f"that is D = ∂L/∂Y; ∇B = s ZᵀD multiplies it by Z = XA. {READ_WALK}"),
+        ],
     ),
     "p5": Numeric(
         "loss after the first AdamW step of the walk on Ŵ",
@@ -325,6 +368,10 @@ ITEMS = {
         rtol=1e-4,
         mistakes=lambda: _seed_mistakes("loss_after") + [
             Mistake("before", seed_walk()[0].loss, f"that is the loss before the step (step 1); the question asks for step 8's recomputed loss. {READ_WALK}"),
+            Mistake("SGD", walk.run_walk(**(walk.seed_example() | dict(W=_w_hat(walk.seed_example()["W"], 0.2))), steps=1,
+                                         optimizer="sgd", lr=0.01)[0].loss_after,
+                    f"that is a plain gradient-descent step (B −= lr·∇B); the walk uses AdamW, whose first step moves every "
+                    f"entry with a nonzero gradient by about lr. {READ_WALK}"),
         ],
     ),
     "p6": Choice(
