@@ -104,7 +104,17 @@ def test_float64_and_torch_decoders_are_right_too():
         qs = b[:, 4:]
         return d * torch.cat([qs & 15, qs >> 4], dim=1).float() + m
 
+    def pure_python(block_bytes):  # nested lists, struct-decoded float16 ('e'), Python floats
+        import struct
+
+        out = []
+        for row in np.asarray(block_bytes, dtype=np.uint8):
+            d, m = struct.unpack("<ee", bytes(row[:4]))
+            out.append([d * (x & 15) + m for x in row[4:]] + [d * (x >> 4) + m for x in row[4:]])
+        return out
+
     assert check("18.p2", f64, hidden=True).full
+    assert check("18.p2", pure_python, hidden=True).full
     assert check("18.p2", torch_dec, hidden=True).full
 
 
@@ -145,6 +155,34 @@ def _decoder(order=None, with_m=True, center=0, swap_dm=False):
     return fn
 
 
+def minus_m(block_bytes):
+    b, d, m, qs = _fields(block_bytes)
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1) - m
+
+
+def signed_high(block_bytes):
+    b, d, m, qs = _fields(block_bytes)
+    s = qs.view(np.int8)
+    return d * np.concatenate([s & 0x0F, s >> 4], axis=1) + m
+
+
+def unshifted_high(block_bytes):
+    b, d, m, qs = _fields(block_bytes)
+    return d * np.concatenate([qs & 0x0F, qs & 0xF0], axis=1) + m
+
+
+def float16_math(block_bytes):
+    b = np.asarray(block_bytes, dtype=np.uint8).reshape(-1, 20)
+    d, m, qs = b[:, 0:2].copy().view(np.float16), b[:, 2:4].copy().view(np.float16), b[:, 4:]
+    return d * np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float16) + m
+
+
+def bfloat16_result(block_bytes):
+    import torch
+
+    return torch.from_numpy(right_dequantize(block_bytes)).to(torch.bfloat16)
+
+
 def bits_as_ints(block_bytes):
     b, _, _, qs = _fields(block_bytes)
     d = b[:, 0:2].copy().view(np.uint16).astype(np.float32)
@@ -180,6 +218,11 @@ def fp32_header(block_bytes):
         (bits_as_ints, "as integers (uint16)"),
         (big_endian, "big-endian"),
         (fp32_header, "you treated d (and m) as float32"),
+        (minus_m, "you subtracted m"),
+        (signed_high, "signed (int8) view"),
+        (unshifted_high, "did not shift it down"),
+        (float16_math, "you computed d·q + m in float16"),
+        (bfloat16_result, "rounded to bfloat16"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -267,6 +310,10 @@ def test_ordering_names_the_first_misplaced_step():
         ("p6", 49152 * 576 * 4, "float32"),
         ("p6", 49152 * 576, "34 bytes per block"),
         ("p6", 49152 * 576 // 2, "not even 4-bit"),
+        ("p6", 49152 * 576 * 9 // 8, "scale as float32"),
+        ("p6", 49152 * 576 * 9 // 16, "4.5 bits per weight"),
+        ("p6", 28.6875, "in MiB"),
+        ("p6", 30.081024, "in MB"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):

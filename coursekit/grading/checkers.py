@@ -268,17 +268,22 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
     else:
         lines = [f"{where} = {_num(a[idx], expected[idx])} is not right ({int((~close).sum())} of {a.size} entries are off; "
                  f"tolerance: relative {rtol:g}, absolute {atol:g})."]
-    low = _low_precision(got)
-    # Blame the dtype only when its rounding could explain the miss (a wrong formula in float32 is a wrong formula).
-    if low and np.allclose(a, expected, rtol=100 * _EPS[low], atol=atol + 100 * _EPS[low] * float(np.abs(expected).max())):
-        lines.append(_low_precision_hint(name, low))
+    named = None
     for m in mistakes:
         if m.value is None:
             continue
         mv = np.asarray(m.value, dtype=np.float64)
         if mv.shape == a.shape and np.allclose(a, mv, rtol=max(rtol, 1e-6), atol=max(atol, 1e-9)):
-            lines.append(f"Likely mistake: {m.message}")
+            named = f"Likely mistake: {m.message}"
             break
+    low = _low_precision(got)
+    # Blame the dtype only when its rounding could explain the miss and no known mistake does
+    # (a wrong formula computed in float32 is a wrong formula).
+    if low and named is None and np.allclose(a, expected, rtol=100 * _EPS[low],
+                                             atol=atol + 100 * _EPS[low] * float(np.abs(expected).max())):
+        lines.append(_low_precision_hint(name, low))
+    if named:
+        lines.append(named)
     return "values", lines
 
 

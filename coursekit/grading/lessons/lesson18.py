@@ -11,7 +11,6 @@ from .. import Choice, Function, Numeric, Ordering
 READ_CONTAINER = "(Lesson 18, 'A container, not an encoding'.)"
 READ_Q4_1 = "(Lesson 18, 'Inside a Q4_1 block'.)"
 READ_BITS = "(Lesson 18, 'Bits per weight'.)"
-READ_ROUTES = "(Lesson 18, 'Route one' and 'Route two'.)"
 READ_ROUTE_TWO = "(Lesson 18, 'Route two: a packed kernel with its own backward'.)"
 READ_LOSS = "(Lesson 18, 'What Q4_1 already lost'.)"
 READ_WHY = "(Lesson 18, 'Why training usually starts elsewhere'.)"
@@ -114,6 +113,9 @@ def _variants(block_bytes) -> dict[str, np.ndarray]:
     inter = np.stack([lo, hi], axis=2).reshape(n, 32)
     inter_hi = np.stack([hi, lo], axis=2).reshape(n, 32)
     swapped = np.concatenate([hi, lo], axis=1)
+    # Sign and shift slips: the high nibble of an int8 view shifted arithmetically (negative for bytes ≥ 0x80), or
+    # masked with 0xF0 and never shifted (16× too large).
+    hi_signed = b[:, 4:].view(np.int8).astype(np.int64) >> 4
     out = {
         "interleaved": d * inter + m,
         "interleaved, high first": d * inter_hi + m,
@@ -121,16 +123,32 @@ def _variants(block_bytes) -> dict[str, np.ndarray]:
         "no minimum": d * halves,
         "Q4_0": d * (halves - 8),
         "Q4_0 plus m": d * (halves - 8) + m,
+        "minus m": d * halves - m,
+        "signed high nibble": d * np.concatenate([lo, hi_signed], axis=1) + m,
+        "high nibble unshifted": d * np.concatenate([lo, qs & 0xF0], axis=1) + m,
         "d and m swapped": m * halves + d,
         "bits as integers": b[:, 0:2].copy().view("<u2").astype(np.float64) * halves + b[:, 2:4].copy().view("<u2").astype(np.float64),
         "big-endian": b[:, 0:2].copy().view(">f2").astype(np.float64) * halves + b[:, 2:4].copy().view(">f2").astype(np.float64),
     }
+    # Right formula, wrong arithmetic: float16 throughout (each product and sum rounded to float16), or a float32
+    # result rounded to bfloat16 on return. Both miss by far more than float32's rounding.
+    d16, m16 = b[:, 0:2].copy().view("<f2"), b[:, 2:4].copy().view("<f2")
+    out["float16 arithmetic"] = (d16 * halves.astype(np.float16) + m16).astype(np.float64)
+    f32 = d.astype(np.float32) * halves.astype(np.float32) + m.astype(np.float32)
+    out["bfloat16 result"] = _round_bf16(f32)
     # The pre-GGUF ggml layout: float d, float m (4 bytes each), then the nibbles; 20 bytes leave 12 for codes.
     d32 = b[:, 0:4].copy().view("<f4").astype(np.float64)
     m32 = b[:, 4:8].copy().view("<f4").astype(np.float64)
     q12 = b[:, 8:].astype(np.int64)
     out["fp32 header"] = d32 * np.concatenate([q12 & 0x0F, q12 >> 4], axis=1) + m32
     return out
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 (round to nearest even) → float64, without torch."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    return u.view(np.float32).astype(np.float64)
 
 
 _MESSAGES = {
@@ -146,6 +164,17 @@ _MESSAGES = {
     "Q4_0": "you decoded Q4_0 (w = d·(q − 8), symmetric, no minimum). Q4_1 is the asymmetric one: w = d·q + m. " + READ_Q4_1,
     "Q4_0 plus m": "you subtracted 8 from the codes (Q4_0's centring) and also added m. Q4_1 codes are 0..15 as stored: "
                    "w = d·q + m. " + READ_Q4_1,
+    "minus m": "you subtracted m. Q4_1 stores the block minimum itself (usually negative) and adds it: w = d·q + m. "
+               "(The K-quants, e.g. Q4_K, store a positive offset and subtract it; Q4_1 does not.) " + READ_Q4_1,
+    "signed high nibble": "your high nibbles come out negative for bytes ≥ 0x80: you shifted a signed (int8) view, and >> "
+                          "keeps the sign. Shift the unsigned bytes (uint8): codes are 0..15. " + READ_Q4_1,
+    "high nibble unshifted": "you masked the high nibble with 0xF0 but did not shift it down: elements 16..31 come out 16 "
+                             "times too large. Use qs >> 4. " + READ_Q4_1,
+    "float16 arithmetic": "the formula is right, but you computed d·q + m in float16, which rounds every product and sum "
+                          "(about 3 decimal digits). ggml decodes in float32: convert d and m with .astype(np.float32) "
+                          "before multiplying. " + READ_Q4_1,
+    "bfloat16 result": "the formula is right, but your result was rounded to bfloat16 (8 bits of mantissa). ggml decodes in "
+                       "float32: return float32 (or float64). " + READ_Q4_1,
     "d and m swapped": "you swapped d and m: bytes 0..1 are the step d, bytes 2..3 the minimum m; w = d·q + m. " + READ_Q4_1,
     "bits as integers": "you read d's and m's two bytes as integers (uint16) instead of reinterpreting them as float16: "
                         "use .view(np.float16) on the bytes (little-endian), then convert to float32. " + READ_Q4_1,
@@ -175,7 +204,7 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
                            "(transposed access). " + READ_ROUTE_TWO))
     with np.errstate(all="ignore"):
         for k, v in _decode_variants(packed).items():
-            if k != "fp32 header":
+            if k not in ("fp32 header", "float16 arithmetic", "bfloat16 result"):
                 out.append(Mistake(k, D @ v.reshape(m, -1), "your Ŵ is decoded wrongly: " + _MESSAGES[k]))
     return {"dX": out}
 
@@ -211,6 +240,14 @@ def _p6_mistakes():
         Mistake("fp32", _embed_bytes(32.0), "that is the embedding in float32; the file stores it as Q8_0. " + READ_CONTAINER),
         Mistake("8 bits flat", _embed_bytes(8.0), "that counts 8 bits per weight: Q8_0 also stores one float16 scale per 32 "
                                                   "weights, so 34 bytes per block (8.5 bits per weight). " + READ_BITS),
+        Mistake("fp32 scale", _embed_bytes(9.0), "that counts Q8_0's scale as float32 (36 bytes per 32): in GGUF the scale d "
+                                                 "is float16, so a block is 2 + 32 = 34 bytes. " + READ_BITS),
+        Mistake("Q4_0", _embed_bytes(4.5), "that is the size at 4.5 bits per weight (Q4_0, or NF4); the file stores "
+                                            "token_embd.weight as Q8_0: 34 bytes per 32 weights. " + READ_CONTAINER),
+        Mistake("MiB", _embed_bytes(8.5) / 2**20, "that is the right size in MiB (2²⁰ bytes); the question asks for bytes. "
+                                                  + READ_CONTAINER),
+        Mistake("MB", _embed_bytes(8.5) / 1e6, "that is the right size in MB (10⁶ bytes); the question asks for bytes. "
+                                               + READ_CONTAINER),
         Mistake("4 bits flat", _embed_bytes(4.0), "that counts 4 bits per weight with no block metadata, and the embedding is not "
                                                   "even 4-bit here: it is Q8_0. " + READ_CONTAINER),
     ]
