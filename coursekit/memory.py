@@ -27,7 +27,7 @@ Measured buckets (lesson 17): :func:`tensor_bytes` (persistent tensors, each sto
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 if TYPE_CHECKING:  # torch is imported lazily: the ledger itself is plain arithmetic
@@ -161,7 +161,7 @@ def nf4_metadata_bytes(n_params: float, blocksize: int = 64, double_quant: bool 
     """
     n = _count("n_params", n_params)
     for name, b in (("blocksize", blocksize), ("blocksize2", blocksize2)):
-        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+        if isinstance(b, bool) or not isinstance(b, Integral) or b <= 0:
             raise ValueError(f"{name} must be a positive integer, got {b!r}.")
     blocks = math.ceil(n / blocksize)
     if not double_quant:

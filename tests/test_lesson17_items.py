@@ -166,7 +166,7 @@ def _variant(**kw):
         (_variant(moments=4), "you forgot Adam's second moment", True),
         (_variant(base_grads=2), "you counted gradients for the frozen base", False),
         (_variant(code_bytes=4), "you counted each 4-bit code as 4 bytes", False),
-        (_variant(unit=2**30), "the right total in GiB", True),
+        (_variant(unit=2**30), "in GiB (2**30 bytes)", True),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -198,3 +198,36 @@ def test_function_stub_and_non_function():
     assert check("17.p5", stub).points == 0
     fb = check("17.p5", 3.74)
     assert fb.points == 0 and "should be a function" in fb.text()
+
+
+@pytest.mark.parametrize("answer, points", [(18.14, 2), (18.1396, 2), (18.13955, 2), (18.13, 0), (18.1, 0), (18, 0)])
+def test_p1_accepts_two_decimals_and_names_coarser_rounding(answer, points):
+    import numpy as np
+
+    fb = check("17.p1", answer)
+    assert fb.points == points, fb.text()
+    if not points and answer != 18.13:
+        assert "looks rounded" in fb.text() and "18.139" not in fb.text()
+    assert check("17.p1", np.float32(answer)).points == points
+
+
+def test_function_that_misreads_the_method_or_rounds_is_told_so():
+    def capital(n_params, n_adapter, method, double_quant=True):   # tests method == "QLoRA": qlora falls into LoRA
+        kind = "full" if method == "full" else "qlora" if method == "QLoRA" else "lora"
+        return by_hand(n_params, n_adapter, kind, double_quant)
+
+    fb = check("17.p5", capital)
+    assert fb.points == 2 and "that is the 'lora' column, but this case has method='qlora'" in fb.text(), fb.text()
+
+    def rounded(n_params, n_adapter, method, double_quant=True):
+        return round(by_hand(n_params, n_adapter, method, double_quant), 2)
+
+    fb = check("17.p5", rounded)
+    assert 0 < fb.points < 4 and "looks rounded to 2 decimals" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("junk", [None, "3.74", float("nan"), [1, 2]])
+def test_junk_answers_score_zero_without_raising(junk):
+    for item in ("w2", "p1", "p2", "p5"):
+        assert check(f"17.{item}", junk).points == 0
+    assert check("17.p5", lambda n_params, n_adapter, method, double_quant=True: junk).points == 0

@@ -42,7 +42,13 @@ def _gb(n, a, method, double_quant=True, meta_scale=1.0, **kw) -> float:
     return memory.to_gb(b)
 
 
-def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True) -> list[Mistake]:
+METHODS = ("full", "lora", "qlora")
+P1_RTOL = 5e-4    # a total in GB rounded to two decimals (±0.005 GB) passes for any total above 10 GB
+P5_RTOL = 1e-6
+
+
+def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True, rtol: float = P5_RTOL,
+                    in_function: bool = True) -> list[Mistake]:
     """The classic wrong totals for one configuration, each with what went wrong."""
     right = _gb(n, a, method, double_quant)
     dq_word = "with" if double_quant else "without"
@@ -53,9 +59,16 @@ def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True) 
         Mistake("no moments", _gb(n, a, method, double_quant, n_moments=0),
                 f"you left out the optimizer state: two fp32 Adam moments per trainable parameter (8 bytes). {READ_LEDGER}"),
         Mistake("GiB", right * 1e9 / 2**30,
-                f"that is the right total in GiB (2**30 bytes); the ledger uses decimal GB, 1 GB = 1e9 bytes. {READ_UNITS}"),
-        Mistake("bytes", right * 1e9, "that is the right total in bytes; return decimal GB (divide by 1e9)."),
+                f"your total looks like it is in GiB (2**30 bytes); the ledger uses decimal GB, 1 GB = 1e9 bytes. {READ_UNITS}"),
+        Mistake("bytes", right * 1e9, "your total looks like it is in bytes; the answer is in decimal GB (divide by 1e9)."),
     ]
+    # a function that does not recognise the method string computes another column of the table
+    for other in METHODS if in_function else ():
+        if other != method:
+            out.append(Mistake(f"{other} column", _gb(n, a, other, double_quant),
+                               f"that is the {other!r} column, but this case has method={method!r}: check how your "
+                               f"function tells the methods apart (the cases pass 'full', 'lora' or 'qlora', lowercase). "
+                               f"{READ_LEDGER}"))
     if method in ("lora", "qlora"):
         out += [
             Mistake("base gradients", right + 2 * n / 1e9,
@@ -90,6 +103,12 @@ def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True) 
         out.append(Mistake("adapter in full FT", right + 12 * a / 1e9,
                            "full fine-tuning trains the base itself and has no adapter: leave the adapter bucket out. "
                            f"{READ_LEDGER}"))
+    for digits in (0, 1, 2, 3):
+        if not np.isclose(round(right, digits), right, rtol=rtol):
+            out.append(Mistake("rounded", round(right, digits),
+                               f"your total looks rounded to {digits} decimal{'s' if digits != 1 else ''}, which is coarser "
+                               f"than the tolerance (relative {rtol:g}): " + ("return the unrounded value." if in_function
+                                                                              else "give two decimals or more.")))
     return [m for m in out if not np.isclose(m.value, right, rtol=1e-9)]
 
 
@@ -192,8 +211,8 @@ ITEMS = {
         2,
         name="qlora_gb",
         expected=_p1_expected,
-        rtol=1e-4,
-        mistakes=lambda: _total_mistakes(P1["n"], P1["a"], "qlora", True),
+        rtol=P1_RTOL,
+        mistakes=lambda: _total_mistakes(P1["n"], P1["a"], "qlora", True, rtol=P1_RTOL, in_function=False),
         unit="GB",
     ),
     "p2": Numeric(
@@ -212,7 +231,7 @@ ITEMS = {
             "a": "bitsandbytes saves no dequantized weight: its MatMul4Bit keeps only the packed codes, which are weights "
                  "anyway and were excluded from the count. " + READ_ACT,
             "b": "The logits over the 49,152-token vocabulary are computed after the last checkpointed layer, and the loss "
-                 "keeps a full-size copy for its backward; each layer also keeps its input.",
+                 "keeps their full-size log-softmax for its backward; each layer also keeps its input.",
             "c": "Checkpointing is plain autograd bookkeeping (torch.utils.checkpoint); it works the same on CPU, and the "
                  "count did drop. " + READ_CKPT,
             "d": "Optimizer state is not saved for backward: it lives in optimizer.state, a separate bucket. " + READ_ACT,
@@ -237,7 +256,7 @@ ITEMS = {
         hidden=_p5_hidden,
         outputs=("total_gb",),
         mistakes=_p5_mistakes,
-        rtol=1e-6,
+        rtol=P5_RTOL,
         atol=1e-9,
     ),
     "p6": Choice(
