@@ -250,3 +250,62 @@ def test_function_stub_and_non_function():
     assert check("15.p2", stub).points == 0
     fb = check("15.p1", "nf4")
     assert fb.points == 0 and "should be a function" in fb.text()
+
+
+# --------------------------------------------------------------------------- right answers written differently, near misses
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [lambda p: bytes(p.tolist()), lambda p: bytearray(p.tolist()), lambda p: p.reshape(-1, 1),
+     lambda p: torch.from_numpy(p).reshape(-1, 1), lambda p: torch.from_numpy(p.astype(np.int64)), lambda p: p.tolist()],
+    ids=["bytes", "bytearray", "numpy (n, 1)", "torch uint8 (n, 1)", "torch int64", "list"],
+)
+def test_packed_bytes_in_other_containers_pass(convert):
+    def fn(x, levels):
+        packed, am = right_block(x, levels)
+        return convert(packed), am
+
+    fb = check("15.p2", fn, hidden=True)
+    assert fb.full, fb.text()
+
+
+def test_signed_bytes_are_named():
+    fb = check("15.p2", lambda x, levels: (right_block(x, levels)[0].astype(np.int8), right_block(x, levels)[1]), hidden=True)
+    assert not fb.full and "your bytes are signed" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (lambda offset: right_levels(offset).flip(0), "descending order"),
+        (_levels_with(lambda p, n: (lambda v: v / v.max())(torch.cat([n, torch.zeros(1), p]))), "but not sorted"),
+    ],
+)
+def test_level_order_mistakes(fn, text):
+    fb = check("15.p1", fn, hidden=True)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p3_float64_literals_are_named():
+    lit = np.array([0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018])       # float64, as typed
+    code = quant.nf4_code().double().numpy()
+    codes = np.searchsorted((code[:-1] + code[1:]) / 2, lit).tolist()
+    assert codes != RIGHT["p3"]
+    fb = check("15.p3", codes)
+    assert 0 < fb.points < 2 and "float64 literals" in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("answer, full", [(4.254, True), (4.253, True), (4.2539, True), (4.25, False), (4.252, False)])
+def test_p6_four_significant_digits(answer, full):
+    assert check("15.p6", answer).full == full
+
+
+def test_notebook_guards_the_native_library_comparison():
+    """Without bitsandbytes' compiled library, double quantization rounds to the nearest code instead of through the
+    lookup table; the notebook must check which one ran rather than fail."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "ErrorHandlerMockBNBNativeLibrary" in src
+    lut_cell = next(c.source for c in nb.cells if "nearest_code_blockwise(A)" in c.source)
+    assert "if bnb_native:" in lut_cell and "torch.equal(q_bnb.long(), q_near)" in lut_cell

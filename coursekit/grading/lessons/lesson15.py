@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 
 import numpy as np
@@ -107,6 +108,15 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
                 "your table has 8 negative and 7 positive levels: the extra quantile belongs to the positive side "
                 f"(bitsandbytes: 9 grid points for the positive half, 8 for the negative one, 0.5 dropped). {READ_LEVELS}"),
     ]
+    unsorted = torch.cat([neg7.float(), torch.zeros(1), pos8])       # negative half ascending, positive half descending
+    out += [
+        Mistake("descending", right[::-1].copy(),
+                "you have the right 16 levels in descending order; sort them ascending, so that the index is the code "
+                f"(code 0 is −1, code 15 is +1). {READ_LEVELS}"),
+        Mistake("not sorted", (unsorted / unsorted.max()).numpy(),
+                "you have the right 16 levels, but not sorted: Φ⁻¹ of linspace(offset, 0.5, …) runs from the outside in, "
+                f"so sort the concatenated table ascending (index = code). {READ_LEVELS}"),
+    ]
     if abs(offset - quant.NF4_OFFSET) > 1e-9:
         out.append(Mistake("ignored offset", nf4_levels(quant.NF4_OFFSET),
                            f"you returned bitsandbytes' table for offset 0.9677083, but this case asks for offset {offset:g}: "
@@ -182,6 +192,10 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("forgot to divide by absmax", _pack(np.searchsorted(mids, np.clip(x, -1, 1), side="left")),
                 "you looked the raw values up in the table without dividing by the block's absmax first: the levels "
                 f"live in [−1, 1], the weights do not. {READ_BLOCK}"),
+        Mistake("signed bytes", _pack(q).astype(np.int8),
+                "your bytes are signed (int8, −128..127): the codes are right, but a byte whose high nibble is 8 or more "
+                "came out negative. Return them as integers 0..255 (np.uint8, torch.uint8 or plain ints). "
+                f"{READ_PACK}"),
         Mistake("codes not packed", q,
                 f"you returned the {len(q)} codes, one per value; pack two per byte ({len(q) // 2} bytes), element 2i in "
                 f"the high nibble. {READ_PACK}"),
@@ -200,7 +214,8 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 # --------------------------------------------------------------------------- P3 .. P6
 
-P3_SCALED = np.array([0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018], dtype=np.float32)
+P3_LITERALS = (0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018)   # as printed in the task
+P3_SCALED = np.array(P3_LITERALS, dtype=np.float32)
 P4_CODES = (11, 3)  # codes of elements 6 and 7 (2i and 2i+1, i = 3)
 P5_BLOCKSIZE = 128
 P6_BLOCKSIZE = 32
@@ -211,7 +226,14 @@ def _p3_mistakes() -> list[Mistake]:
     bounds = (code[:-1] + code[1:]) / 2
     up = torch.bucketize(torch.from_numpy(P3_SCALED), bounds, right=True).numpy()
     right = nf4_codes_of(P3_SCALED)
+    lit64 = np.array(P3_LITERALS, dtype=np.float64)                  # the literals as typed, read as float64
+    code64 = code.double().numpy()
+    as64 = np.searchsorted((code64[:-1] + code64[1:]) / 2, lit64, side="left")
     return [
+        Mistake("float64 literals", as64,
+                "you computed with the values as float64 literals. The task's values are float32 "
+                "(np.array([...], dtype=np.float32), or torch.tensor([...])), and only in float32 do the two ties sit "
+                f"exactly on a midpoint; in float64 one of them lands just above it. {READ_BLOCK}"),
         Mistake("ties rounded up", up,
                 "two of the values sit exactly on a midpoint, and you gave them the UPPER code; a tie goes to the lower "
                 f"code (the number of midpoints strictly below the value). {READ_BLOCK}"),
@@ -226,6 +248,35 @@ def _bits(blocksize: int, dq: bool) -> float:
 
 
 # --------------------------------------------------------------------------- items
+
+
+def _as_byte_array(packed):
+    """bytes / bytearray / memoryview as a uint8 array, and bitsandbytes' own (n, 1) layout (or (1, n)) as 1-D:
+    both are the same bytes written differently."""
+    if isinstance(packed, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(packed), dtype=np.uint8).copy()
+    shape = getattr(packed, "shape", None)
+    if shape is not None and len(shape) == 2 and 1 in tuple(shape):
+        return packed.reshape(-1)
+    return packed
+
+
+class _BlockFunction(Function):
+    """P2: the packed bytes may come back as bytes, bytearray, a list, or NumPy / torch (n,), (n, 1) arrays."""
+
+    def check(self, answer, ctx):
+        if callable(answer):
+            student = answer
+
+            @functools.wraps(student)
+            def answer(*args, **kwargs):
+                out = student(*args, **kwargs)
+                if isinstance(out, (tuple, list)) and len(out) == 2:
+                    out = (_as_byte_array(out[0]), out[1])
+                return out
+
+        return super().check(answer, ctx)
+
 
 ITEMS = {
     "w1": Choice(
@@ -274,7 +325,7 @@ ITEMS = {
         rtol=1e-5,  # a float64 or a float32 probability grid both pass; the notebook checks bit-exactness
         atol=1e-6,
     ),
-    "p2": Function(
+    "p2": _BlockFunction(
         "implement quantize_block_nf4(x, levels)",
         4,
         name="quantize_block_nf4",
@@ -333,7 +384,8 @@ ITEMS = {
         2,
         name="bits",
         expected=lambda: _bits(P6_BLOCKSIZE, True),
-        rtol=1e-4,  # the prompt: at least 4 significant digits
+        rtol=0,
+        atol=1e-3,  # the prompt asks for at least 4 significant digits: 4.254 (rounded) and 4.253 (cut off) both pass
         mistakes=lambda: [
             Mistake("32-bit nested absmax", 4 + 32 / P6_BLOCKSIZE + 32 / (P6_BLOCKSIZE * 256),
                     f"you kept 32 bits for each block's absmax. With double quantization each block stores an 8-bit code "
@@ -359,7 +411,7 @@ ITEMS = {
         multi=True,
         hints={
             "d": "Q4_1 uses a uniform grid: x = d · q + m with an fp16 scale d and an fp16 minimum m per block of 32, "
-                 "q = 0..15. No normal quantiles, and zero is not a level. " + READ_CONTRACTS,
+                 "q = 0..15. No normal quantiles, and zero need not be a level. " + READ_CONTRACTS,
             "e": "The code width is the only thing they share: the codebook, the block size, the scale's type and the "
                  "byte order all differ, so bytes written for one format decode to garbage with another's kernel. "
                  + READ_CONTRACTS,
