@@ -1,0 +1,2 @@
+# Your answer goes in `answer_p5`.
+answer_p5 = "a"

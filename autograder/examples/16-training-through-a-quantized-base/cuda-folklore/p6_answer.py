@@ -1,0 +1,2 @@
+# Your answer goes in `answer_p6`.
+answer_p6 = "c"

@@ -1,0 +1,250 @@
+"""Graded items of lesson 16, "Training through a quantized base"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checkers import Case, Mistake
+from .. import Choice, Function, Ordering
+
+READ_GRADIENT = "(Lesson 16, 'How a gradient reaches the adapter through a frozen quantized base'.)"
+READ_PREPARE = "(Lesson 16, 'What prepare_model_for_kbit_training does'.)"
+READ_BACKENDS = "(Lesson 16, 'Backends: what runs on this machine'.)"
+READ_REPACK = "(Lesson 16, 'The AVX512-BF16 repack trap'.)"
+READ_UNCHANGED = "(Lesson 16, 'Everything else is unchanged'.)"
+READ_NF4 = "(Lesson 15, 'NF4 and double quantization'.)"
+
+
+# --------------------------------------------------------------------------- p1: the input gradient of a 4-bit layer
+
+
+def _nf4_table() -> np.ndarray:
+    from ... import quant
+
+    return quant.nf4_code().double().numpy()
+
+
+def dequantize(codes, absmax, code, blocksize) -> np.ndarray:
+    """Ŵ[i, j] = code[codes[i, j]] · absmax[(i·d + j) // blocksize]: blocks run over the **flattened** (row-major)
+    m × d weight, as in bitsandbytes (so a block can span two rows). Returns float64, m × d."""
+    codes = np.asarray(codes)
+    m, d = codes.shape
+    flat = np.arange(m * d) // int(blocksize)
+    return np.asarray(code, dtype=np.float64)[codes] * np.asarray(absmax, dtype=np.float64)[flat].reshape(m, d)
+
+
+def quantized_linear_backward(D, codes, absmax, code, blocksize):
+    """Reference for p1: ∂L/∂X of Y = X Ŵᵀ (``Linear4bit``, weight m × d) for the upstream gradient D (n × m).
+
+    Computed as the vector–Jacobian product of the forward through torch autograd (what ``MatMul4Bit.backward``
+    computes: ``grad_output @ dequantize_4bit(weight)``). Returns n × d, float64.
+    """
+    import torch
+
+    W_hat = torch.tensor(dequantize(codes, absmax, code, blocksize))
+    D_t = torch.tensor(np.asarray(D, dtype=np.float64))
+    X = torch.zeros(D_t.shape[0], W_hat.shape[1], dtype=torch.float64, requires_grad=True)
+    (dX,) = torch.autograd.grad(torch.nn.functional.linear(X, W_hat), X, grad_outputs=D_t)
+    return dX.numpy()
+
+
+def _case(rng: np.random.Generator, m: int, d: int, blocksize: int, n: int = 3) -> dict:
+    nb = -(-m * d // blocksize)
+    return dict(
+        D=rng.standard_normal((n, m)),
+        codes=rng.integers(0, 16, size=(m, d)),
+        absmax=rng.uniform(0.05, 2.0, size=nb),  # very different block scales: every indexing slip shows
+        code=_nf4_table(),
+        blocksize=blocksize,
+    )
+
+
+def _real_case() -> dict:
+    """Codes and absmax of a real NF4 quantization (coursekit.quant, bit-exact with bitsandbytes on CPU)."""
+    import torch
+
+    from ... import quant
+
+    g = torch.Generator().manual_seed(16)
+    W = torch.randn(8, 64, generator=g) * 0.05
+    packed, st = quant.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    codes = quant.unpack_nibbles(packed, W.numel()).reshape(8, 64).numpy().astype(np.int64)
+    rng = np.random.default_rng(160)
+    return dict(D=rng.standard_normal((2, 8)), codes=codes, absmax=st.absmax.double().numpy(),
+                code=st.code.double().numpy(), blocksize=64)
+
+
+def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(16)
+    return [
+        Case(_case(rng, 4, 6, 8), "weight 4 × 6, blocksize 8: blocks span two rows"),
+        Case(_case(rng, 4, 4, 4, n=2), "square weight 4 × 4, blocksize 4"),
+        Case(_real_case(), "a real NF4 quantization: weight 8 × 64, blocksize 64"),
+    ]
+
+
+def _p1_hidden(rng: np.random.Generator) -> list[Case]:
+    shapes = [(3, 5, 4), (6, 6, 8), (5, 10, 16), (7, 3, 4), (4, 12, 8)]
+    return [Case(_case(rng, m, d, bs, n=int(rng.integers(1, 5)))) for m, d, bs in shapes]
+
+
+def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    D = np.asarray(kw["D"], dtype=np.float64)
+    codes, absmax, code, bs = np.asarray(kw["codes"]), np.asarray(kw["absmax"], dtype=np.float64), kw["code"], int(kw["blocksize"])
+    m, d = codes.shape
+    W_hat = dequantize(codes, absmax, code, bs)
+    out = [
+        Mistake("no absmax", D @ np.asarray(code, dtype=np.float64)[codes],
+                f"you multiplied by code[codes] without the blocks' absmax: a 4-bit code is a level in [−1, 1], and each "
+                f"block's absmax scales it back to the weight's size, Ŵ = code[q] · absmax[block]. {READ_NF4}"),
+        Mistake("codes as values", D @ (codes * absmax[np.arange(m * d) // bs].reshape(m, d)),
+                f"you used the code indices 0…15 as if they were values: look each index up in the table first, "
+                f"code[codes], then scale by absmax. {READ_NF4}"),
+    ]
+    row_bug = np.arange(m)[:, None] * (d // bs) + np.arange(d)[None, :] // bs
+    if d % bs and row_bug.max() < absmax.size:
+        out.append(Mistake(
+            "per-row blocks", D @ (np.asarray(code, dtype=np.float64)[codes] * absmax[row_bug]),
+            f"you indexed absmax per row (row · (d // blocksize) + col // blocksize). bitsandbytes takes blocks over the "
+            f"flattened weight, index (row · d + col) // blocksize, so when d = {d} is not a multiple of blocksize = {bs} "
+            f"a block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) {READ_GRADIENT}"))
+    if m == d:
+        out.append(Mistake(
+            "transposed", D @ W_hat.T,
+            f"you multiplied by Ŵᵀ. The layer stores weight as m × d (out × in) and computes Y = X Ŵᵀ, so the input "
+            f"gradient is D Ŵ (n × m times m × d): the seeds' ∇X = D Wᵀ with W = Ŵᵀ. {READ_GRADIENT}"))
+    return {"dX": out}
+
+
+# --------------------------------------------------------------------------- items
+
+ITEMS = {
+    "w1": Choice(
+        "what NF4 places at normal quantiles",
+        1,
+        hints={
+            "a": "absmax is each block's scale, stored per block (in fp32, or in 8 bits with double quantization); it is "
+                 "not placed anywhere. The normal quantiles are the 16 levels the scaled weights are rounded to. " + READ_NF4,
+            "b": "The NF4 table is fixed: the same 16 levels for every block of every layer; only absmax changes from "
+                 "block to block. Nothing is computed from the layer's own ranks. " + READ_NF4,
+            "d": "An evenly spaced grid is plain absmax INT4. NF4's levels crowd near 0 and thin out in the tails, "
+                 "where a normal distribution puts few weights. " + READ_NF4,
+        },
+    ),
+    "w2": Choice(
+        "what double quantization compresses",
+        1,
+        hints={
+            "b": "The 4-bit codes are already packed two per byte; there is nothing left to pack. Double quantization "
+                 "quantizes the per-block constants (absmax). " + READ_NF4,
+            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass stay in "
+                 "the compute dtype. " + READ_NF4,
+            "d": "The adapter is what you train; it stays in full precision, and so does its optimizer state. " + READ_NF4,
+        },
+    ),
+    "w3": Choice(
+        "the dominant persistent memory term: 7B base in 4 bits, 20M-parameter adapter",
+        1,
+        hints={
+            "a": "AdamW keeps two fp32 moments per *adapter* parameter: 20M × 8 bytes = 0.16 GB, against 3.5 GB for "
+                 "7B weights at 4 bits. (Lesson 17, the ledger.)",
+            "b": "The adapter's gradients are 20M × 2 bytes = 0.04 GB; the base has no gradients at all. (Lesson 17, the ledger.)",
+            "c": "With double quantization the constants cost about 0.127 bits per weight, 7e9 × 0.127 / 8 ≈ 0.11 GB: "
+                 "small next to the 4-bit codes themselves. (Lesson 15, bits per parameter.)",
+        },
+    ),
+    "p1": Function(
+        "implement quantized_linear_backward (input gradient of a 4-bit layer)",
+        3,
+        name="quantized_linear_backward",
+        reference=quantized_linear_backward,
+        public=_p1_public,
+        hidden=_p1_hidden,
+        outputs=("dX",),
+        mistakes=p1_mistakes,
+        rtol=1e-6,
+        atol=1e-9,
+    ),
+    "p2": Choice(
+        "how gradients flow when the base weights are 4-bit codes",
+        2,
+        options="abcde",
+        multi=True,
+        hints={
+            "b": "No gradient for the codes is formed, straight-through or otherwise: MatMul4Bit.backward returns None "
+                 "for the weight, and the lesson measured weight.grad is None after backward. " + READ_GRADIENT,
+            "e": "The weight stays packed in 4 bits the whole time; a dequantized copy exists only inside one matmul "
+                 "(forward or backward) and is discarded. " + READ_GRADIENT,
+        },
+    ),
+    "p3": Choice(
+        "what prepare_model_for_kbit_training changed on the NF4 model",
+        2,
+        options="abcdef",
+        multi=True,
+        hints={
+            "e": "Nothing is quantized by it. lm_head (tied to the embedding here) was never a 4-bit layer, and "
+                 "prepare_model_for_kbit_training casts it up to fp32. " + READ_PREPARE,
+            "f": "Adapters come from get_peft_model (coursekit.train.attach_adapter) afterwards; prepare only freezes, "
+                 "casts and switches checkpointing on. " + READ_PREPARE,
+        },
+    ),
+    "p4": Choice(
+        "reentrant checkpointing without the input-require-grads hook",
+        1,
+        hints={
+            "a": "It does not run: measured in this lesson, the loss came back with no grad_fn and backward raised. "
+                 + READ_PREPARE,
+            "b": "Every decoder layer is checkpointed, and none of them receives an input that requires grad, so *no* "
+                 "adapter is connected to the loss, not only layer 0's. " + READ_PREPARE,
+            "d": "The 4-bit weights have requires_grad=False and get no gradient in any configuration. " + READ_PREPARE,
+        },
+    ),
+    "p5": Choice(
+        "the CUDA-specific part of QLoRA",
+        1,
+        hints={
+            "a": "They ran on this CPU: the backend table shows quantize_4bit in pure torch and dequantize_4bit as a "
+                 "native CPU kernel. " + READ_BACKENDS,
+            "b": "Double quantization is arithmetic (an 8-bit blockwise code for the absmax values); the CPU backend "
+                 "has native kernels for it. " + READ_BACKENDS,
+            "c": "In training the 4-bit matmul is dequantize, then an ordinary matmul (gemm_4bit's default), forward "
+                 "and backward, on any backend. " + READ_GRADIENT,
+        },
+    ),
+    "p6": Choice(
+        "is 'NF4 requires an NVIDIA GPU' still correct?",
+        1,
+        hints={
+            "a": "bitsandbytes dispatches its 4-bit ops to several backends now, with pure-torch fallbacks; this "
+                 "lesson quantized, dequantized and trained through NF4 on a CPU. " + READ_BACKENDS,
+            "c": "Training works on CPU too: this lesson backpropagated through real Linear4bit layers and trained an "
+                 "adapter against the NF4 SmolLM2. " + READ_BACKENDS,
+            "d": "NF4 is still bitsandbytes' (transformers' BitsAndBytesConfig calls into it); PyTorch has no NF4 "
+                 "layer of its own. " + READ_BACKENDS,
+        },
+    ),
+    "p7": Choice(
+        "the hyperparameter to rethink when switching from LoRA to QLoRA",
+        1,
+        hints={
+            "a": "The gradient the adapter receives has the same form, D and X at the compute dtype; the base precision "
+                 "does not call for a different learning rate. " + READ_UNCHANGED,
+            "b": "α/r sets the adapter's scale; the base's storage format does not change it. " + READ_UNCHANGED,
+            "d": "Nothing in QLoRA makes small batches unstable; the batch size is a memory and noise trade-off, as "
+                 "with LoRA. " + READ_UNCHANGED,
+        },
+    ),
+    "p8": Ordering(
+        "from a 4-bit-trained adapter to one deployable model",
+        2,
+        labels={
+            "train": "train the adapter against the NF4 base",
+            "save": "save the adapter (A, B, its config) with the base's identity",
+            "attach": "load the same checkpoint in bf16 and attach the saved adapter",
+            "merge": "merge W + sAB into the bf16 weights (merge_and_unload)",
+            "verify": "compare greedy outputs with the adapter on its NF4 base",
+            "export": "save the merged model as the deployable checkpoint",
+        },
+    ),
+}

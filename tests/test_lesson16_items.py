@@ -1,0 +1,238 @@
+"""Lesson 16 ("Training through a quantized base"): graded items score right answers fully, typical wrong answers
+less, with the diagnostics a student needs; the reference backward agrees with a real bitsandbytes Linear4bit."""
+
+import logging
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from coursekit.grading import check, keys
+from coursekit.grading.lessons.lesson16 import ITEMS, dequantize, quantized_linear_backward
+
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "16-training-through-a-quantized-base" / "16-training-through-a-quantized-base.ipynb"
+
+
+def right_backward(D, codes, absmax, code, blocksize):
+    m, d = codes.shape
+    return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
+
+
+RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b", "c", "d"},
+         "p4": "c", "p5": "d", "p6": "b", "p7": "c", "p8": ["train", "save", "attach", "merge", "verify", "export"]}
+
+
+# --------------------------------------------------------------------------- registry, keys, notebook
+
+
+def test_every_item_has_a_right_answer_here():
+    assert set(RIGHT) == set(ITEMS)
+
+
+def test_key_file_holds_choice_keys_and_a_seed():
+    k = keys.load("16")
+    assert isinstance(k["seed"], int)
+    assert {"w1", "w2", "w3", "p2", "p3", "p4", "p5", "p6", "p7", "p8"} <= set(k)
+    assert k["p7"] == "c"  # the seed's own multiple-choice question keeps its key
+    text = (keys.KEY_DIR / "16.key").read_text()
+    assert "seed" not in text and "{" not in text and "verify" not in text
+
+
+def test_notebook_loads_the_real_model_twice_at_most():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert src.count("load_model(") == 2
+    assert "BEGIN SOLUTION" in src and "p9_explain" in {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
+
+
+# --------------------------------------------------------------------------- the reference against bitsandbytes
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (24, 40)])   # 40 % 64 != 0: blocks span rows
+def test_reference_backward_equals_a_real_linear4bit(shape):
+    import bitsandbytes as bnb
+    import torch
+
+    from coursekit import quant
+
+    m, d = shape
+    torch.manual_seed(0)
+    w = torch.randn(m, d) * 0.05
+    layer = bnb.nn.Linear4bit(d, m, bias=False, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True)
+    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
+    layer = layer.to("cpu")
+    qs = layer.weight.quant_state
+    X = torch.randn(3, d, requires_grad=True)
+    D = torch.randn(3, m)
+    layer(X).backward(D)
+    assert layer.weight.grad is None
+
+    codes = quant.unpack_nibbles(layer.weight.data, m * d).reshape(m, d).numpy()
+    absmax = (quant.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset).double().numpy()
+    code = quant.nf4_code().double().numpy()
+    W_hat = dequantize(codes, absmax, code, 64)
+    # the dequantized weight: coursekit.quant's and ours agree to fp32 rounding
+    np.testing.assert_allclose(W_hat, quant.dequantize_4bit(layer.weight.data, qs).double().numpy(), rtol=1e-6, atol=1e-7)
+    ref = quantized_linear_backward(D.double().numpy(), codes, absmax, code, 64)
+    np.testing.assert_allclose(ref, X.grad.double().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_reference_is_a_vector_jacobian_product():
+    """Central differences on L = <D, X Ŵᵀ> give the same ∂L/∂X as the reference (float64)."""
+    case = ITEMS["p1"].public()[0].kwargs
+    W_hat = dequantize(case["codes"], case["absmax"], case["code"], case["blocksize"])
+    D = case["D"]
+    X = np.random.default_rng(0).standard_normal((D.shape[0], W_hat.shape[1]))
+    num, eps = np.zeros_like(X), 1e-6
+    for idx in np.ndindex(*X.shape):
+        Xp, Xm = X.copy(), X.copy()
+        Xp[idx] += eps
+        Xm[idx] -= eps
+        num[idx] = (np.sum(D * (Xp @ W_hat.T)) - np.sum(D * (Xm @ W_hat.T))) / (2 * eps)
+    np.testing.assert_allclose(quantized_linear_backward(**case), num, rtol=1e-6, atol=1e-8)
+
+
+# --------------------------------------------------------------------------- right answers
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("item_id", sorted(RIGHT))
+def test_right_answers_score_full(item_id, hidden):
+    fb = check(f"16.{item_id}", RIGHT[item_id], hidden=hidden)
+    assert fb.full, fb.text()
+
+
+def test_right_backward_in_torch_scores_full():
+    import torch
+
+    def torch_backward(D, codes, absmax, code, blocksize):
+        m, d = codes.shape
+        idx = torch.arange(m * d) // blocksize
+        W = torch.tensor(code)[torch.tensor(codes)] * torch.tensor(absmax)[idx].reshape(m, d)
+        return torch.tensor(D) @ W
+
+    assert check("16.p1", torch_backward, hidden=True).full
+
+
+def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
+    a = check("16.p1", right_backward, hidden=True).text()
+    assert a == check("16.p1", right_backward, hidden=True).text() and a.count("hidden case") == 5
+    publics = [c.kwargs for c in ITEMS["p1"].public()]
+
+    def lookup(D, codes, absmax, code, blocksize):
+        for kw in publics:
+            if kw["codes"].shape == codes.shape and np.array_equal(kw["codes"], codes) and np.array_equal(kw["D"], D):
+                return right_backward(**kw)
+        return np.zeros((D.shape[0], codes.shape[1]))
+
+    assert check("16.p1", lookup, hidden=False).full
+    assert check("16.p1", lookup, hidden=True).points == pytest.approx(3 * 3 / 8)
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+
+def _with_W(f):
+    def fn(D, codes, absmax, code, blocksize):
+        m, d = codes.shape
+        return f(D, codes, absmax, code, blocksize, m, d)
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, text",
+    [
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] * a[np.arange(m * d) // bs].reshape(m, d)).T), "you multiplied by Ŵᵀ"),
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ t[c]), "without the blocks' absmax"),
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ (c * a[np.arange(m * d) // bs].reshape(m, d))), "code indices 0…15"),
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] * a[np.arange(m)[:, None] * (d // bs) + np.arange(d)[None, :] // bs])),
+         "you indexed absmax per row"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_backward_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
+    fb = check("16.p1", fn, hidden=hidden)
+    assert fb.points < 3 and text in fb.text(), fb.text()
+
+
+def test_per_row_blocks_pass_only_where_rows_hold_whole_blocks():
+    fn = _with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] * a[np.arange(m)[:, None] * (d // bs) + np.arange(d)[None, :] // bs]))
+    fb = check("16.p1", fn, hidden=False)
+    assert fb.points == pytest.approx(2.0)  # the square 4 × 4 / blocksize 4 and the 8 × 64 / 64 cases pass
+
+
+def test_stub_and_non_function():
+    def stub(D, codes, absmax, code, blocksize):
+        raise NotImplementedError()
+
+    assert check("16.p1", stub).points == 0
+    fb = check("16.p1", "quantized_linear_backward")
+    assert fb.points == 0 and "should be a function" in fb.text()
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("w1", "a", "not placed anywhere"),
+        ("w1", "b", "The NF4 table is fixed"),
+        ("w1", "d", "plain absmax INT4"),
+        ("w2", "b", "quantizes the per-block constants"),
+        ("w2", "c", "not activations"),
+        ("w2", "d", "stays in full precision"),
+        ("w3", "a", "0.16 GB"),
+        ("w3", "b", "0.04 GB"),
+        ("w3", "c", "0.11 GB"),
+        ("p4", "a", "It does not run"),
+        ("p4", "b", "*no* adapter is connected"),
+        ("p4", "d", "requires_grad=False"),
+        ("p5", "a", "They ran on this CPU"),
+        ("p5", "b", "arithmetic"),
+        ("p5", "c", "dequantize, then an ordinary matmul"),
+        ("p6", "a", "dispatches its 4-bit ops to several backends"),
+        ("p6", "c", "Training works on CPU too"),
+        ("p6", "d", "PyTorch has no NF4"),
+        ("p7", "a", "does not call for a different learning rate"),
+        ("p7", "b", "α/r sets the adapter's scale"),
+        ("p7", "d", "batch size is a memory and noise trade-off"),
+    ],
+)
+def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
+    fb = check(f"16.{item_id}", answer)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+    assert "(Lesson 1" in fb.text()  # every hint says where to reread
+
+
+def test_ledger_numbers_in_w3_hints_match_coursekit():
+    from coursekit import memory
+
+    led = memory.ledger(7e9, 20e6, "qlora")
+    assert led["base_weights"] == pytest.approx(3.5e9)
+    assert 20e6 * 2 * 4 == pytest.approx(0.16e9) and 20e6 * 2 == pytest.approx(0.04e9)
+    assert memory.nf4_metadata_bytes(7e9) / 1e9 == pytest.approx(0.11, abs=0.005)
+
+
+@pytest.mark.parametrize(
+    "item_id, answer, text",
+    [
+        ("p2", {"a", "b", "d"}, "straight-through or otherwise"),
+        ("p2", {"a", "c", "d", "e"}, "stays packed in 4 bits"),
+        ("p2", {"a", "d"}, "One true statement is missing"),
+        ("p3", {"a", "b", "c", "d", "e"}, "Nothing is quantized by it"),
+        ("p3", {"a", "b", "c", "d", "f"}, "get_peft_model"),
+    ],
+)
+def test_multi_mistakes_cost_points_and_say_why(item_id, answer, text):
+    fb = check(f"16.{item_id}", answer)
+    assert 0 <= fb.points < ITEMS[item_id].points and text in fb.text(), fb.text()
+
+
+def test_ordering_names_the_first_misplaced_step():
+    fb = check("16.p8", ["train", "save", "attach", "merge", "export", "verify"])
+    assert 0 < fb.points < 2 and "'export'" in fb.text()
+    fb = check("16.p8", ["train", "merge", "save", "attach", "verify", "export"])
+    assert fb.points < 2 and "'merge'" in fb.text()
+    assert check("16.p8", ["train", "save"]).points == 0
