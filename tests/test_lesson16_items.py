@@ -118,6 +118,33 @@ def test_right_backward_in_torch_scores_full():
     assert check("16.p1", torch_backward, hidden=True).full
 
 
+def test_right_backward_written_differently_scores_full():
+    """float32 arithmetic (bitsandbytes' own), torch autograd, other parameter names, a list: all full marks."""
+    import torch
+
+    def f32(D, codes, absmax, code, blocksize):
+        m, d = codes.shape
+        W = np.float32(code)[codes] * np.repeat(np.float32(absmax), blocksize)[: m * d].reshape(m, d)
+        return np.float32(D) @ W
+
+    def autograd(grad_out, q, scales, table, bs):
+        q = torch.as_tensor(q)
+        m, d = q.shape
+        W = torch.as_tensor(table)[q] * torch.as_tensor(scales).repeat_interleave(bs)[: m * d].reshape(m, d)
+        X = torch.zeros(len(grad_out), d, dtype=W.dtype, requires_grad=True)
+        (X @ W.T).backward(torch.as_tensor(grad_out))
+        return X.grad
+
+    def as_list(D, codes, absmax, code, blocksize):
+        return right_backward(D, codes, absmax, code, blocksize).tolist()
+
+    for fn in (f32, autograd, as_list):
+        fb = check("16.p1", fn, hidden=True)
+        assert fb.full, fb.text()
+    half = lambda D, codes, absmax, code, blocksize: np.float16(f32(D, codes, absmax, code, blocksize))  # noqa: E731
+    assert check("16.p1", half, hidden=True).points == 0
+
+
 def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
     a = check("16.p1", right_backward, hidden=True).text()
     assert a == check("16.p1", right_backward, hidden=True).text() and a.count("hidden case") == 5
@@ -151,6 +178,8 @@ def _with_W(f):
         (_with_W(lambda D, c, a, t, bs, m, d: D @ (c * a[np.arange(m * d) // bs].reshape(m, d))), "code indices 0…15"),
         (_with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] * a[np.arange(m)[:, None] * (d // bs) + np.arange(d)[None, :] // bs])),
          "you indexed absmax per row"),
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] / a[np.arange(m * d) // bs].reshape(m, d))), "you divided the levels by absmax"),
+        (_with_W(lambda D, c, a, t, bs, m, d: D @ (t[c] * a[np.arange(m * d) // bs].reshape(d, m).T)), "blocks run down the columns"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
