@@ -1,0 +1,320 @@
+"""No answer key and no hidden-case seed can be read from what a student gets: the release notebooks
+(lessons/), the installed coursekit package, and the feedback of a graded class. Feedback reports
+hidden cases' outcomes, never the generator of their inputs.
+
+Every key of every lesson (``coursekit.grading.keys.load(NN)``: choice and ordering keys, and the int
+``"seed"`` of the hidden cases) is searched in the forms it would take if it leaked: the key table
+(``"w1": "b"``, ``answer_w1 = "b"``, ``"seed": 1234``), the seed as a bare number, an ordering as a list
+literal. The last tests plant keys in copies and check that the scan finds them, so a scan that
+silently stops matching fails too."""
+
+from __future__ import annotations
+
+import html
+import importlib.metadata
+import inspect
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import coursekit
+from coursekit import course
+from coursekit.grading import Function, lesson_items
+from coursekit.grading import keys as keymod
+from graded_examples import feedback_files, graded_example_class
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = course.lesson_ids(ROOT)
+KEYS = {lid[:2]: keymod.load(lid[:2]) for lid in LESSONS}
+FEEDBACK_LESSON = "02-lora-inside-one-matmul"  # a cheap lesson with three Function items with hidden cases
+
+Pattern = tuple[str, re.Pattern]  # (what it finds, regex)
+
+
+# --------------------------------------------------------------------------- what a leak looks like
+
+
+def seed_pattern(num: str) -> Pattern:
+    """The seed as a number of its own: not part of a longer number, a decimal or a base64 word."""
+    seed = KEYS[num]["seed"]
+    return f"lesson {num}'s hidden-case seed", re.compile(rf"(?<![\w.]){seed}(?!\w|\.\d)")
+
+
+def _literal(value) -> str:
+    """A regex for ``value`` written as Python/JSON source: "b", 'b', ["a", "c"], ('a','c'), {"a", "c"}."""
+    if isinstance(value, str):
+        return rf"[\"']{re.escape(value)}[\"']"
+    items = r"\s*,\s*".join(rf"[\"']{re.escape(v)}[\"']" for v in value)
+    return rf"[\[({{]\s*{items}\s*,?\s*[\])}}]"
+
+
+def key_patterns(num: str) -> list[Pattern]:
+    """Every choice/ordering key of lesson ``num`` next to its item id, as a table entry or an
+    assignment (``"w1": "b"``, ``w1 = "b"``, ``answer_w1 = "b"``); an ordering of 3+ labels also as a
+    bare list literal; plus the seed, bare and as ``"seed": N``."""
+    out = [seed_pattern(num)]
+    for item, value in KEYS[num].items():
+        if item == "seed":
+            continue
+        lit = _literal(value)
+        out.append((f"key of {num}.{item}", re.compile(rf"(?<![A-Za-z0-9]){re.escape(item)}[\"']?\s*[:=]\s*{lit}")))
+        if isinstance(value, list) and len(value) >= 3:
+            out.append((f"key of {num}.{item} (the list alone)", re.compile(lit)))
+    return out
+
+
+def scan(texts: Iterator[tuple[str, str]], patterns: list[Pattern]) -> list[str]:
+    """'<where>: <what>' for every pattern found in every (where, text)."""
+    found = (f"{where}: {what}" for where, text in texts for what, pat in patterns if pat.search(text))
+    return list(dict.fromkeys(found))  # (the labels name a key, never its value: CI logs are read widely)
+
+
+# --------------------------------------------------------------------------- what a student gets
+
+
+def _strings(obj, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(obj, str):
+        yield where, obj
+    elif isinstance(obj, dict):
+        yield where, json.dumps(obj)  # the structure too: {"w1": "b"} in metadata
+        for k, v in obj.items():
+            yield from _strings(k, where)
+            yield from _strings(v, where)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v, where)
+
+
+def notebook_texts(path: Path, label: str | None = None) -> Iterator[tuple[str, str]]:
+    """Every cell's source, every output (text, data, tracebacks), every metadata dict of a notebook,
+    unescaped from the JSON: the whole notebook as a student's tools would show it."""
+    nb = json.loads(path.read_text())
+    label = label or str(path.relative_to(ROOT))
+    yield from _strings(nb.get("metadata", {}), f"{label} (notebook metadata)")
+    for i, cell in enumerate(nb["cells"]):
+        src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        yield f"{label} cell {i} source", src
+        yield from _strings(cell.get("metadata", {}), f"{label} cell {i} metadata")
+        for j, out in enumerate(cell.get("outputs", [])):
+            flat = {k: "".join(v) if isinstance(v, list) and all(isinstance(s, str) for s in v) else v for k, v in out.items()}
+            yield from _strings(flat, f"{label} cell {i} output {j}")
+            yield f"{label} cell {i} output {j}", json.dumps(out.get("data", {}))
+
+
+def lessons_texts() -> Iterator[tuple[str, str]]:
+    """Every file under lessons/: notebooks cell by cell, anything else as text."""
+    for p in sorted((ROOT / "lessons").rglob("*")):
+        if p.is_file() and ".ipynb_checkpoints" not in p.parts:
+            if p.suffix == ".ipynb":
+                yield from notebook_texts(p)
+            else:
+                yield str(p.relative_to(ROOT)), p.read_bytes().decode("utf-8", "replace")
+
+
+def installed_package_files() -> list[Path]:
+    """Every file of the coursekit that Python imports (the package folder, key files included) and
+    of its installed distribution (dist-info, an editable install's finder and .pth), bytecode aside."""
+    pkg = Path(coursekit.__file__).resolve().parent
+    files = {p for p in pkg.rglob("*") if p.is_file() and p.suffix != ".pyc"}
+    for f in importlib.metadata.files("coursekit") or []:
+        p = Path(f.locate()).resolve()
+        installed = (p.is_relative_to(pkg) or any(part.endswith((".dist-info", ".egg-info")) for part in p.parts)
+                     or p.suffix == ".pth" or p.name.startswith("__editable__"))  # not an sdist's SOURCES
+        if installed and p.is_file() and p.suffix != ".pyc":
+            files.add(p)
+    return sorted(files)
+
+
+def package_texts() -> Iterator[tuple[str, str]]:
+    for p in installed_package_files():
+        yield str(p), p.read_bytes().decode("utf-8", "replace")
+
+
+def feedback_texts(path: Path, label: str) -> Iterator[tuple[str, str]]:
+    """A feedback page as the student reads it: the HTML with its entities decoded, and its text
+    without tags (nbconvert splits highlighted source into one <span> per token)."""
+    raw = html.unescape(path.read_text())
+    yield label, raw
+    yield label, html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
+def hidden_generator_sources(num: str) -> dict[str, str]:
+    """name → source of every hidden-case generator of lesson ``num``'s Function items, and of the
+    functions of the same module they call (the random case builders)."""
+    out: dict[str, str] = {}
+
+    def add(fn) -> None:
+        if not inspect.isfunction(fn) or fn.__name__ in out or fn.__name__ == "<lambda>":
+            return
+        out[fn.__name__] = inspect.getsource(fn)
+        mod = inspect.getmodule(fn)
+        for name in names(fn.__code__):
+            g = getattr(mod, name, None)
+            if inspect.isfunction(g) and g.__module__ == fn.__module__:
+                add(g)
+
+    def names(code) -> set[str]:  # globals used, comprehensions' and lambdas' code included
+        return set(code.co_names).union(*(names(c) for c in code.co_consts if inspect.iscode(c)))
+
+    for item in lesson_items(num).values():
+        if isinstance(item, Function):
+            add(item.hidden)
+    return out
+
+
+def source_line_patterns(sources: dict[str, str]) -> list[Pattern]:
+    """Each distinctive line of the generators' source (20+ characters: the signature, a return, a
+    draw from ``rng``), whitespace-tolerant: a traceback or a repr quoting one line of a generator
+    gives away how hidden inputs are drawn. (Lines like ``lora_alpha=lora_alpha,`` are left out: a
+    student's own code may hold them.)"""
+    pats = []
+    for name, src in sources.items():
+        for line in textwrap.dedent(src).splitlines():
+            line = line.split("  #")[0].strip()
+            if len(line) >= 20 and (line.startswith(("def ", "return ")) or "rng" in line):
+                rx = r"\s*".join(re.escape(tok) for tok in line.split())
+                pats.append((f"source of {name}: {line!r}", re.compile(rx)))
+    return pats
+
+
+# --------------------------------------------------------------------------- the scans
+
+
+def test_every_lesson_has_keys_with_a_seed():
+    for num, key in KEYS.items():
+        assert isinstance(key.get("seed"), int) and key["seed"] > 0, f"lesson {num}: the key file needs an int 'seed'"
+        assert len(key) > 1, f"lesson {num}: a key file with a seed only"
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_release_notebook_holds_no_key(lid):
+    """The lesson's own keys, and every lesson's seed, in no cell source, output or metadata."""
+    num = lid[:2]
+    pats = key_patterns(num) + [seed_pattern(n) for n in KEYS if n != num]
+    found = scan(notebook_texts(ROOT / "lessons" / lid / f"{lid}.ipynb"), pats)
+    assert not found, "answer keys readable from the release:\n" + "\n".join(found)
+
+
+def test_lessons_folder_holds_no_key():
+    """Anything else under lessons/ (data files, copies, checkpoints left in place) holds no key either."""
+    pats = [p for num in KEYS for p in key_patterns(num)]
+    found = scan(((w, t) for w, t in lessons_texts() if not w.endswith(".ipynb") and ".ipynb " not in w), pats)
+    assert not found, "\n".join(found)
+
+
+def test_installed_package_holds_no_plain_key():
+    """The package's files hold every key only encoded: no key table, no seed in plain text."""
+    files = installed_package_files()
+    pkg = Path(coursekit.__file__).resolve().parent
+    assert any(p.suffix == ".key" for p in files) and any(p.name == "keys.py" for p in files), (
+        f"the scan does not see the package's files: {pkg}")
+    pats = [p for num in KEYS for p in key_patterns(num)]
+    found = scan(package_texts(), pats)
+    assert not found, "answer keys readable in the installed package:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("num", sorted(KEYS))
+def test_key_file_is_encoded(num):
+    raw = (keymod.KEY_DIR / f"{num}.key").read_text()
+    assert re.fullmatch(r"[A-Za-z0-9+/=]+\n?", raw), f"{num}.key is not the encoded form (coursekit keys write)"
+    assert "seed" not in raw and "{" not in raw
+    with pytest.raises(Exception):
+        json.loads(raw)
+    assert keymod.decode(num, raw) == KEYS[num]
+
+
+def test_key_codec_round_trip():
+    data = {"w1": "b", "p4": ["a", "c"], "seed": 123}
+    assert keymod.decode("99", keymod.encode("99", data)) == data
+    with pytest.raises(Exception):
+        keymod.decode("98", keymod.encode("99", data))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return graded_example_class(tmp_path_factory, FEEDBACK_LESSON)
+
+
+def test_feedback_shows_hidden_outcomes_not_their_generator(graded):
+    """Every student's feedback reports hidden cases (the autograde run adds them) but holds neither
+    the seed nor a line of the code that draws the hidden inputs; the blank student's holds no
+    choice key (everything it shows comes from the grader, not from the student)."""
+    num = FEEDBACK_LESSON[:2]
+    sources = hidden_generator_sources(num)
+    assert sources, f"lesson {num} has no Function item with hidden cases"
+    files = feedback_files(graded, FEEDBACK_LESSON)
+    assert {"ex-blank", "ex-perfect"} <= set(files)
+    pats = [seed_pattern(num)] + source_line_patterns(sources)
+    found = []
+    for sid, path in sorted(files.items()):
+        texts = list(feedback_texts(path, f"feedback of {sid}"))
+        if sid != "ex-blank":
+            assert "hidden case" in texts[0][1], f"{sid}: the feedback does not report hidden cases"
+        found += scan(iter(texts), pats)
+        for name, src in sources.items():  # the whole function, as inspect.getsource gives it
+            if any(src.strip() in t for _, t in texts):
+                found.append(f"feedback of {sid}: the whole of {name}")
+    found += scan(feedback_texts(files["ex-blank"], "feedback of ex-blank"), key_patterns(num))
+    assert not found, "hidden inputs' generator or keys in the feedback:\n" + "\n".join(found)
+
+
+# --------------------------------------------------------------------------- the scan finds a planted key
+
+
+def test_scan_finds_keys_planted_in_a_release_notebook(tmp_path):
+    """Plant keys in a copy of a release notebook (a source, an output, the metadata): each is found."""
+    lid = FEEDBACK_LESSON
+    num = lid[:2]
+    item, value = next((k, v) for k, v in KEYS[num].items() if k != "seed")
+    nb = json.loads((ROOT / "lessons" / lid / f"{lid}.ipynb").read_text())
+    code = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code")
+    plants = {
+        "source": lambda nb: nb["cells"][code].update(source=f"answer_{item} = {json.dumps(value)}\n"),
+        "output": lambda nb: nb["cells"][code].update(outputs=[{"output_type": "stream", "name": "stdout",
+                                                                "text": [json.dumps(KEYS[num]) + "\n"]}]),
+        "metadata": lambda nb: nb["metadata"].update(answers={item: value}),
+        "seed in a markdown cell": lambda nb: nb["cells"][0].update(source=f"hidden cases use seed {KEYS[num]['seed']}."),
+    }
+    assert not scan(notebook_texts(ROOT / "lessons" / lid / f"{lid}.ipynb"), key_patterns(num))
+    for where, plant in plants.items():
+        copy = json.loads(json.dumps(nb))
+        plant(copy)
+        path = tmp_path / f"{where}.ipynb"
+        path.write_text(json.dumps(copy, indent=1))
+        assert scan(notebook_texts(path, where), key_patterns(num)), f"a key planted in the {where} was not found"
+
+
+def test_scan_finds_a_planted_key_in_the_package(tmp_path):
+    """A plain key table next to the package's files, as a forgotten keys/02.json would be, is found."""
+    num = FEEDBACK_LESSON[:2]
+    path = tmp_path / f"{num}.json"
+    path.write_text(json.dumps(KEYS[num], indent=2))
+    found = scan(iter([(str(path), path.read_text())]), key_patterns(num))
+    assert len(found) >= len(KEYS[num]), found  # the seed and every choice key
+
+
+def test_scan_finds_a_generator_or_seed_planted_in_feedback(graded, tmp_path):
+    """Plant the seed, a traceback line of a hidden generator, and a whole generator (HTML-escaped as
+    nbconvert writes it) in copies of a real feedback page: each is found."""
+    num = FEEDBACK_LESSON[:2]
+    sources = hidden_generator_sources(num)
+    page = feedback_files(graded, FEEDBACK_LESSON)["ex-blank"].read_text()
+    name, src = next(iter(sources.items()))
+    line = next(l.strip() for l in src.splitlines()[1:] if len(l.strip()) >= 20)
+    plants = {
+        "seed": f"<pre>rng = np.random.default_rng({KEYS[num]['seed']})</pre>",
+        "traceback line": f'<pre>  File "lesson{num}.py", line 7, in {name}\n    {html.escape(line)}\n</pre>',
+        "whole generator": "<pre>" + html.escape(src) + "</pre>",
+        "key table": "<pre>" + html.escape(json.dumps({k: v for k, v in KEYS[num].items() if k != "seed"})) + "</pre>",
+    }
+    pats = [seed_pattern(num)] + source_line_patterns(sources) + key_patterns(num)
+    assert not scan(feedback_texts(feedback_files(graded, FEEDBACK_LESSON)["ex-blank"], "clean"), pats)
+    for what, snippet in plants.items():
+        path = tmp_path / f"{what}.html"
+        path.write_text(page.replace("</body>", snippet + "</body>", 1))
+        assert scan(feedback_texts(path, what), pats), f"the {what} planted in feedback was not found"
