@@ -1,0 +1,198 @@
+"""nbgrader preprocessors that keep one hostile notebook from forging a score or stopping the grader.
+
+``autograder/nbgrader_config.py`` puts them in nbgrader's autograde pipeline:
+
+- :class:`GuardedExecute` (in place of nbgrader's ``Execute``): an answer cell gets ``answer_timeout``
+  seconds (default 60), other cells nbgrader's ``timeout``; a cell that runs past its limit is
+  interrupted, marked with a plain-words error and the notebook goes on. A notebook that stops its
+  kernel (``sys.exit`` in IPython is harmless, but ``os._exit``, ``quit()``, killing the process)
+  keeps the scores of the cells that ran before; the cell that stopped the kernel and every later
+  cell get an error output saying so, so their tests score 0 (nbgrader would otherwise fail the whole
+  submission, or, for a cell left without output, give full marks).
+- :class:`TamperScan` (after execution, before nbgrader saves the scores): reads the answer cells'
+  code (Python's ``ast``) for changes to coursekit or to the machinery under it (assigning to a
+  coursekit attribute, ``setattr`` on it, writing ``sys.modules``, ``builtins``, ``importlib.reload``,
+  profile/trace hooks, swapping a function's ``__code__``). Every autograded test cell after the
+  first such answer cell scores 0, with an error output naming the cell, the line and what it does.
+
+At run time, :func:`coursekit.grading.grade` refuses to score when a coursekit function (or numpy's,
+torch's, builtins') was replaced by notebook code, and ``check_function`` fails a case whose function
+calls coursekit's reference code. The static scan covers the one thing the kernel cannot see from
+inside: ``grade`` itself replaced by a forgery.
+"""
+
+from __future__ import annotations
+
+import ast
+from nbclient.exceptions import DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from traitlets import Dict, Integer
+
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+
+
+def _nbg(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def _cell_name(cell, index: int) -> str:
+    gid = _nbg(cell).get("grade_id")
+    return f"cell {index + 1} ({gid})" if gid else f"cell {index + 1}"
+
+
+def _error(ename: str, text: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=text, traceback=[f"{ename}: {text}"])
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute, with a short limit for answer cells and a notebook that survives its kernel's death."""
+
+    answer_timeout = Integer(60, help="Seconds an answer (solution) cell may run; 0 or less: nbgrader's timeout.").tag(config=True)
+    notebook_timeouts = Dict(
+        {}, help="Notebook name → seconds for every cell of it (e.g. a capstone that trains in an answer cell)."
+    ).tag(config=True)
+
+    _dead: tuple[str, str] | None = None
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._dead = None
+        self._notebook = (resources or {}).get("unique_key", "")
+        return super().preprocess(nb, resources, km)
+
+    def _get_timeout(self, cell):
+        t = self.notebook_timeouts.get(self._notebook) if getattr(self, "_notebook", "") else None
+        if t is None and cell is not None and _nbg(cell).get("solution") and self.answer_timeout > 0:
+            t = min(self.answer_timeout, self.timeout or self.answer_timeout)
+        if t is None:
+            return super()._get_timeout(cell)
+        return t if t > 0 else None
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self.error_on_timeout = {
+            "ename": "CellTimeoutError",
+            "evalue": f"this cell was still running after {timeout} s and was stopped (an endless loop?). "
+                      "The notebook went on without what the rest of this cell would have defined.",
+            "traceback": [f"CellTimeoutError: this cell was still running after {timeout} s and was stopped (an endless loop?)."],
+        }
+        return await super()._async_handle_timeout(timeout, cell)
+
+    def preprocess_cell(self, cell, resources, index):
+        if self._dead is not None:
+            if cell.cell_type == "code":
+                where, _ = self._dead
+                cell.outputs = [_error("KernelStopped", f"not run: your notebook stopped the Python kernel at {where}, "
+                                                        "so nothing after it ran (and its checks earn nothing).")]
+            return cell, resources
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            where = _cell_name(cell, index)
+            self._dead = (where, cell.source)
+            self.log.warning("the kernel died in %s of %s; the later cells are marked as not run", where, self._notebook)
+            cell.outputs = list(cell.get("outputs", [])) + [_error(
+                "KernelStopped", f"your notebook stopped the Python kernel in this cell ({where}): os._exit, quit(), "
+                                 "exit() or killing the process ends the notebook. Cells before it were graded; "
+                                 "the cells after it could not run and earn nothing.")]
+            return cell, resources
+
+
+# --------------------------------------------------------------------------- static scan
+
+
+_MUTATORS = {"update", "__setitem__", "setdefault", "pop", "popitem", "clear", "__delitem__", "__setattr__"}
+_HOOKS = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile"), ("threading", "settrace"),
+          ("importlib", "reload"), ("gc", "get_referrers")}
+
+
+def _root(node) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dotted(node) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
+    """Findings (one plain sentence each, with the line number) for code that changes coursekit's grader
+    or the machinery it runs on. ``bound``: names that earlier cells bound to coursekit objects (updated)."""
+    bound = set() if bound is None else bound
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # IPython magics or a syntax error: the cell fails on its own
+    found: list[str] = []
+
+    def ck(node) -> bool:  # an expression that reaches coursekit (or sys.modules / builtins)
+        r = _root(node)
+        text = _dotted(node)
+        return r in bound or r in ("coursekit", "builtins", "__builtins__") or text.startswith("sys.modules")
+
+    def note(node, what: str) -> None:
+        found.append(f"line {node.lineno}: `{_dotted(node)[:80]}` {what}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in ("coursekit", "builtins"):
+                    bound.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if (node.module or "").split(".")[0] in ("coursekit", "builtins"):
+                bound.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, (ast.Attribute, ast.Subscript)) and ck(sub):
+                        note(sub, "changes coursekit's grader (or what it runs on)")
+                        break
+                    if isinstance(sub, ast.Attribute) and sub.attr in ("__code__", "__globals__", "__defaults__", "__kwdefaults__"):
+                        note(sub, "swaps a function's code")
+                        break
+            value = getattr(node, "value", None)
+            if value is not None and isinstance(node, ast.Assign):
+                if ck(value) or (isinstance(value, ast.Call) and "coursekit" in _dotted(value)):
+                    bound.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = _dotted(f)
+            if name in ("setattr", "delattr", "object.__setattr__", "vars") and node.args and ck(node.args[0]) and name != "vars":
+                note(node, "changes coursekit's grader (or what it runs on)")
+            elif isinstance(f, ast.Attribute) and f.attr in _MUTATORS and ck(f.value):
+                note(node, "changes coursekit's grader (or what it runs on)")
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in _HOOKS:
+                note(node, "hooks into the interpreter the grader runs in")
+            elif name in ("exec", "eval", "compile") and any("coursekit" in _dotted(a) for a in node.args):
+                note(node, "runs generated code that touches coursekit")
+    return found
+
+
+class TamperScan(NbGraderPreprocessor):
+    """Zero every autograded test cell after an answer cell that changes the grader (see module docstring)."""
+
+    def preprocess(self, nb, resources):
+        bound: set[str] = set()
+        first = None
+        for i, cell in enumerate(nb.cells):
+            md = _nbg(cell)
+            if cell.cell_type == "code" and md.get("solution"):
+                found = scan_source(cell.source, bound)
+                if found and first is None:
+                    first = (_cell_name(cell, i), found)
+                    cell.outputs = [_error("GraderTampering", f"this answer cell changes coursekit's grader: {found[0]}. "
+                                                              "Every autograded check after it earns 0.")] + list(cell.get("outputs", []))
+            elif first is not None and cell.cell_type == "code" and md.get("grade") and not md.get("solution"):
+                where, found = first
+                cell.outputs = [_error("GraderTampering", f"0 points: {where} changes coursekit's grader ({'; '.join(found[:3])}), "
+                                                          "so the checks after it cannot be trusted. Remove that code to be graded.")] \
+                    + list(cell.get("outputs", []))
+        if first is not None:
+            self.log.warning("%s changes the grader: %s", first[0], "; ".join(first[1]))
+        return nb, resources
+
+
+__all__ = ["GuardedExecute", "TamperScan", "scan_source"]
