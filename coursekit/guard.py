@@ -24,7 +24,9 @@ inside: ``grade`` itself replaced by a forgery.
 from __future__ import annotations
 
 import ast
-from nbclient.exceptions import DeadKernelError
+import time
+from jupyter_core.utils import run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from traitlets import Dict, Integer
 
@@ -52,7 +54,12 @@ class GuardedExecute(Execute):
         {}, help="Notebook name → seconds for every cell of it (e.g. a capstone that trains in an answer cell)."
     ).tag(config=True)
 
+    interrupt_grace = Integer(
+        10, help="Seconds a timed-out cell's kernel gets to answer after the interrupt; if it does not, it is stopped."
+    ).tag(config=True)
+
     _dead: tuple[str, str] | None = None
+    _timed_out = False
 
     def preprocess(self, nb, resources=None, km=None):
         self._dead = None
@@ -68,6 +75,7 @@ class GuardedExecute(Execute):
         return t if t > 0 else None
 
     async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = True
         self.error_on_timeout = {
             "ename": "CellTimeoutError",
             "evalue": f"this cell was still running after {timeout} s and was stopped (an endless loop?). "
@@ -79,21 +87,60 @@ class GuardedExecute(Execute):
     def preprocess_cell(self, cell, resources, index):
         if self._dead is not None:
             if cell.cell_type == "code":
-                where, _ = self._dead
-                cell.outputs = [_error("KernelStopped", f"not run: your notebook stopped the Python kernel at {where}, "
+                where, how = self._dead
+                cell.outputs = [_error("KernelStopped", f"not run: your notebook {how} at {where}, "
                                                         "so nothing after it ran (and its checks earn nothing).")]
             return cell, resources
         try:
-            return super().preprocess_cell(cell, resources, index)
+            self._timed_out = False
+            try:
+                cell, resources = super().preprocess_cell(cell, resources, index)
+                stuck = self._timed_out and not self._responsive()
+            except CellTimeoutError:  # after the interrupt the kernel never went idle: nbgrader would fail the notebook
+                stuck = True
+            if stuck:
+                where = _cell_name(cell, index)
+                self._dead = (where, "kept running after it was interrupted (the kernel was stopped)")
+                self.log.warning("%s of %s ignored the interrupt; stopping its kernel", where, self._notebook)
+                cell.outputs = list(cell.get("outputs", [])) + [_error(
+                    "KernelStopped", f"this cell ({where}) kept running after its time limit and an interrupt, so the grader "
+                                     "stopped the Python kernel. Cells before it were graded; the cells after it earn nothing.")]
+                try:
+                    run_sync(self.km.shutdown_kernel)(now=True)
+                except Exception:  # already gone
+                    pass
+            return cell, resources
         except DeadKernelError:
             where = _cell_name(cell, index)
-            self._dead = (where, cell.source)
+            self._dead = (where, "stopped the Python kernel")
             self.log.warning("the kernel died in %s of %s; the later cells are marked as not run", where, self._notebook)
             cell.outputs = list(cell.get("outputs", [])) + [_error(
                 "KernelStopped", f"your notebook stopped the Python kernel in this cell ({where}): os._exit, quit(), "
                                  "exit() or killing the process ends the notebook. Cells before it were graded; "
                                  "the cells after it could not run and earn nothing.")]
             return cell, resources
+
+
+    def _responsive(self) -> bool:
+        """Whether the kernel answers a kernel_info request within ``interrupt_grace`` seconds (a busy kernel cannot)."""
+        kc, wait = self.kc, float(self.interrupt_grace)
+
+        async def probe() -> bool:
+            msg_id = kc.kernel_info()
+            deadline = time.monotonic() + wait
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    msg = await kc.shell_channel.get_msg(timeout=left)
+                except Exception:  # queue.Empty: no answer in time
+                    return False
+                if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                    return True
+            return False
+
+        try:
+            return run_sync(probe)()
+        except Exception:
+            return False
 
 
 # --------------------------------------------------------------------------- static scan

@@ -217,6 +217,24 @@ def test_the_guarded_executor_stops_a_loop_and_survives_a_dead_kernel():
     assert "not run" in later.outputs[0]["evalue"] and determine_grade(later)[0] == 0
 
 
+def test_a_loop_that_ignores_the_interrupt_stops_the_kernel_not_the_grader():
+    from coursekit.guard import GuardedExecute
+
+    def cell(src, **nbg):
+        c = new_code_cell(src)
+        c.metadata["nbgrader"] = {"schema_version": 3, "locked": False, "solution": False, "grade": False, **nbg}
+        return c
+
+    nb = new_notebook(cells=[
+        cell("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", grade_id="a_answer", solution=True),
+        cell("1", grade_id="a_test", grade=True, locked=True, points=1),
+    ])
+    ex = GuardedExecute(timeout=60, answer_timeout=2, interrupt_grace=2, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": "."}})
+    assert "kept running after its time limit and an interrupt" in nb.cells[0].outputs[-1]["evalue"]
+    assert "not run" in nb.cells[1].outputs[0]["evalue"]
+
+
 def test_config_puts_the_guards_in_nbgraders_pipeline():
     from pathlib import Path
 
