@@ -31,6 +31,14 @@ c.Execute.timeout = 2400
 # and answer cells that change coursekit's grader zero every check after them.
 c.GuardedExecute.answer_timeout = int(os.environ.get("COURSEKIT_ANSWER_TIMEOUT", "60"))
 c.GuardedExecute.notebook_timeouts = {"19-capstone-a-real-qlora-run": 2400}  # trains in an answer cell
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "coursekit.guard.DropEmptyMetadata",  # a duplicated cell would otherwise crash OverwriteCells (KeyError)
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 c.Autograde.autograde_preprocessors = [
     "coursekit.guard.GuardedExecute",
     "nbgrader.preprocessors.IgnorePattern",

@@ -143,6 +143,20 @@ class GuardedExecute(Execute):
             return False
 
 
+class DropEmptyMetadata(NbGraderPreprocessor):
+    """After nbgrader's DeduplicateIds: remove the empty ``nbgrader`` metadata it leaves on a duplicated cell.
+
+    nbgrader 0.9.6's OverwriteCells (with ``add_missing_cells``) reads ``metadata.nbgrader.grade_id`` of
+    every cell that has ``nbgrader`` metadata, and a duplicate's is ``{}``: KeyError, and the whole
+    submission fails to grade. Without the empty dict the duplicate is an ordinary cell, as intended."""
+
+    def preprocess_cell(self, cell, resources, index):
+        md = cell.get("metadata", {})
+        if "nbgrader" in md and not md["nbgrader"]:
+            del md["nbgrader"]
+        return cell, resources
+
+
 # --------------------------------------------------------------------------- static scan
 
 
@@ -195,10 +209,10 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
             for t in targets:
                 for sub in ast.walk(t):
                     if isinstance(sub, (ast.Attribute, ast.Subscript)) and ck(sub):
-                        note(sub, "changes coursekit's grader (or what it runs on)")
+                        note(node, f"replaces {_dotted(sub)[:60]}, part of coursekit's grader or what it runs on")
                         break
                     if isinstance(sub, ast.Attribute) and sub.attr in ("__code__", "__globals__", "__defaults__", "__kwdefaults__"):
-                        note(sub, "swaps a function's code")
+                        note(node, "swaps a function's code")
                         break
             value = getattr(node, "value", None)
             if value is not None and isinstance(node, ast.Assign):
@@ -208,9 +222,9 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
             f = node.func
             name = _dotted(f)
             if name in ("setattr", "delattr", "object.__setattr__", "vars") and node.args and ck(node.args[0]) and name != "vars":
-                note(node, "changes coursekit's grader (or what it runs on)")
+                note(node, "changes part of coursekit's grader or what it runs on")
             elif isinstance(f, ast.Attribute) and f.attr in _MUTATORS and ck(f.value):
-                note(node, "changes coursekit's grader (or what it runs on)")
+                note(node, "changes part of coursekit's grader or what it runs on")
             elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in _HOOKS:
                 note(node, "hooks into the interpreter the grader runs in")
             elif name in ("exec", "eval", "compile") and any("coursekit" in _dotted(a) for a in node.args):
@@ -234,12 +248,12 @@ class TamperScan(NbGraderPreprocessor):
                                                               "Every autograded check after it earns 0.")] + list(cell.get("outputs", []))
             elif first is not None and cell.cell_type == "code" and md.get("grade") and not md.get("solution"):
                 where, found = first
-                cell.outputs = [_error("GraderTampering", f"0 points: {where} changes coursekit's grader ({'; '.join(found[:3])}), "
-                                                          "so the checks after it cannot be trusted. Remove that code to be graded.")] \
+                cell.outputs = [_error("GraderTampering", f"0 points: {where} changes coursekit's grader: {'; '.join(found[:3])}. "
+                                                          "The checks after it cannot be trusted. Remove that code to be graded.")] \
                     + list(cell.get("outputs", []))
         if first is not None:
             self.log.warning("%s changes the grader: %s", first[0], "; ".join(first[1]))
         return nb, resources
 
 
-__all__ = ["GuardedExecute", "TamperScan", "scan_source"]
+__all__ = ["DropEmptyMetadata", "GuardedExecute", "TamperScan", "scan_source"]
