@@ -134,7 +134,8 @@ def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text
     assert score < max_score, f"{sid}: {cell} should lose points"
     fb = _feedback(work, self.AID, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
-    assert "hidden case" in fb, "the autograde run adds hidden cases"
+    if (self.AID, sid) not in EXACT_SCORE:  # a hostile notebook may stop every check before any hidden case runs
+        assert "hidden case" in fb, "the autograde run adds hidden cases"
 
 
 def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, graded, sid, score, texts):
