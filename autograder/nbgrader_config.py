@@ -25,6 +25,30 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # when the grader shares the machine.
 # nbgrader's default of 30 s would kill them (nbgrader #915, #1004).
 c.Execute.timeout = 2400
+
+# Hostile or broken notebooks (coursekit/guard.py): an answer cell gets 60 s (an endless loop is stopped
+# and the notebook goes on), a notebook that kills its kernel keeps the scores of the cells before,
+# and answer cells that change coursekit's grader zero every check after them.
+c.GuardedExecute.answer_timeout = int(os.environ.get("COURSEKIT_ANSWER_TIMEOUT", "60"))
+c.GuardedExecute.notebook_timeouts = {"19-capstone-a-real-qlora-run": 2400}  # trains in an answer cell
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "coursekit.guard.DropEmptyMetadata",  # a duplicated cell would otherwise crash OverwriteCells (KeyError)
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+c.Autograde.autograde_preprocessors = [
+    "coursekit.guard.GuardedExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "coursekit.guard.TamperScan",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 c.ExecutePreprocessor.kernel_name = "python3"
 # The grading kernel's own log (e.g. ipykernel's note about TCP transport) is noise in the grader's output.
 c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]

@@ -10,6 +10,14 @@ Example class: for every lesson, ``ex-blank`` (the release, untouched) and ``ex-
 release with every answer cell filled from the solution). For lessons with a folder
 ``autograder/examples/<lesson>/``, each subfolder is one more student, ``ex-<name>``: the perfect
 submission with the answer cells named by its files (``<grade_id>.py`` or ``<grade_id>.md``) replaced.
+A folder may also hold ``submission.py`` defining ``files(nb, aid) -> {file name: content}``: it
+receives that notebook and returns what the student hands in (a notebook, or text/bytes written as
+they are), for submissions that are not answer-cell edits: deleted, duplicated or reordered cells,
+edited locked cells, a renamed notebook, an empty or non-JSON file.
+
+Broken submissions never stop the class: a submission whose notebook is missing, empty, not JSON or
+not a notebook scores 0 with a feedback file that says why (see :func:`check_submission`), and the
+score table lists it; one that nbgrader fails to grade scores 0 the same way.
 """
 
 from __future__ import annotations
@@ -157,12 +165,25 @@ def example_students(root: Path, aid: str) -> dict[str, dict[str, str]]:
     folder = root / "autograder" / "examples" / aid
     if folder.is_dir():
         for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-            students[f"ex-{sub.name}"] = {f.stem: f.read_text() for f in sorted(sub.iterdir()) if f.suffix in (".py", ".md")}
+            students[f"ex-{sub.name}"] = {f.stem: f.read_text() for f in sorted(sub.iterdir())
+                                          if f.suffix in (".py", ".md") and f.name != "submission.py"}
     return students
+
+
+def _submission_files(root: Path, aid: str, sid: str, nb) -> dict:
+    """{file name: notebook or raw content} for one example student (``submission.py``'s ``files``, if any)."""
+    script = root / "autograder" / "examples" / aid / sid.removeprefix("ex-") / "submission.py"
+    if not script.is_file():
+        return {f"{aid}.ipynb": nb}
+    ns: dict = {"__file__": str(script), "__name__": f"example_{sid}"}
+    exec(compile(script.read_text(), str(script), "exec"), ns)
+    return ns["files"](nb, aid)
 
 
 def build_examples(root: Path, aid: str, submitted: Path, release_dir: Path | None = None) -> list[str]:
     """Write the example class's submissions of lesson ``aid`` under ``submitted/<student>/<aid>/``."""
+    import shutil
+
     sol = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
     rel_path = (release_dir or root / "lessons") / aid / f"{aid}.ipynb"
     rel = nbformat.read(rel_path, as_version=4)
@@ -180,8 +201,16 @@ def build_examples(root: Path, aid: str, submitted: Path, release_dir: Path | No
                 if _grade_id(c) in replace:
                     c.source = replace[_grade_id(c)].rstrip("\n")
         dest = submitted / sid / aid
+        if dest.is_dir():  # a re-run rebuilds the example exactly (a renamed notebook must not leave the old name behind)
+            shutil.rmtree(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, dest / f"{aid}.ipynb")
+        for name, content in _submission_files(root, aid, sid, copy.deepcopy(nb)).items():
+            if isinstance(content, bytes):
+                (dest / name).write_bytes(content)
+            elif isinstance(content, str):
+                (dest / name).write_text(content)
+            else:
+                nbformat.write(content, dest / name)
         written.append(sid)
     return written
 
@@ -231,21 +260,102 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
         if examples:
             build_examples(root, aid, submitted, release_dir)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
-    failures = []
+    problems: dict[tuple[str, str], str] = {}
     for aid, sid in tqdm(jobs, desc="autograding", unit="submission", disable=not progress, file=sys.stdout):
-        r = a.autograde(aid, sid, force=True, create=True)
-        if not r.get("success"):
-            failures.append(f"{sid}/{aid}: {(r.get('error') or '').strip()[:300]}")
+        problem = autograde_one(a, aid, sid)
+        if problem:
+            problems[(aid, sid)] = problem
     for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
+    for (aid, sid), problem in problems.items():
+        write_problem_feedback(course / a.coursedir.feedback_directory / sid / aid, aid, problem)
     rows = scores(course, ids)
     export_csv(a, course / "grades.csv")
     table = format_table(rows)
-    if failures:
-        table += "\n\nNot graded (see the log above):\n" + "\n".join(failures)
+    if problems:
+        table += "\n\nGraded 0, with a feedback file saying why:\n" + "\n".join(
+            f"{sid}/{aid}: {p}" for (aid, sid), p in sorted(problems.items()))
     if not jobs:
         table = f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
     return table + f"\n\ngrades.csv, gradebook.db and feedback/ are in {course}"
+
+
+def check_submission(folder: Path, aid: str) -> str | None:
+    """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
+
+    The notebook must be ``<aid>.ipynb``, non-empty, JSON, and a notebook nbformat can read."""
+    nb_path = folder / f"{aid}.ipynb"
+    if not nb_path.is_file():
+        others = sorted(p.name for p in folder.glob("*.ipynb"))
+        if others:
+            return (f"no notebook named {aid}.ipynb was handed in (found {', '.join(others)}). The grader only reads "
+                    f"{aid}.ipynb: rename your notebook back to that name and hand it in again.")
+        return f"no notebook named {aid}.ipynb was handed in. Hand in the lesson's notebook, {aid}.ipynb."
+    raw = nb_path.read_bytes()
+    if not raw.strip():
+        return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
+    try:
+        nbformat.reads(raw.decode("utf-8"), as_version=4)
+    except UnicodeDecodeError:
+        return f"{aid}.ipynb is not a text file (it is not UTF-8), so it is not a notebook. Hand in the .ipynb file Jupyter saves."
+    except Exception as e:
+        kind = "is not JSON" if "JSON" in type(e).__name__ or "json" in str(e).lower()[:200] else "is not a notebook nbformat can read"
+        return (f"{aid}.ipynb {kind} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). It may have been edited in a "
+                f"text editor or cut short. Open it in Jupyter, save it, and hand it in again.")
+    return None
+
+
+def autograde_one(a, aid: str, sid: str) -> str | None:
+    """Autograde one submission; never raises for the student's sake. Returns None when nbgrader graded it,
+    else why it could not be graded (it then scores 0 in the gradebook, and nothing of an earlier
+    run's autograded copy remains to produce stale feedback)."""
+    course = Path(a.coursedir.root)
+    problem = check_submission(course / a.coursedir.submitted_directory / sid / aid, aid)
+    if problem is None:
+        r = a.autograde(aid, sid, force=True, create=True)
+        if r.get("success"):
+            return None
+        log = (r.get("log") or "") + (r.get("error") or "")
+        problem = ("the grader could not run this notebook" +
+                   (": its kernel stopped responding (an endless loop that ignores interrupts, or one that fills the memory?)"
+                    if "unresponsive" in log else "") + ". The instructor has the log.")
+    _record_zero(a, aid, sid)
+    return problem
+
+
+def _record_zero(a, aid: str, sid: str) -> None:
+    """Score 0 on every cell of ``sid``'s submission of ``aid`` (as nbgrader does for a missing notebook),
+    creating the student and submission if needed, and drop any autograded copy of an earlier run."""
+    import shutil
+
+    from nbgrader.api import Gradebook
+
+    with Gradebook(a.coursedir.db_url, a.coursedir.course_id) as gb:
+        gb.update_or_create_student(sid)
+        sub = gb.update_or_create_submission(aid, sid)
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                g.auto_score = 0
+                g.needs_manual_grade = False
+        gb.db.commit()
+    for step in (a.coursedir.autograded_directory, a.coursedir.feedback_directory):
+        stale = Path(a.coursedir.root) / step / sid / aid
+        if stale.is_dir():
+            shutil.rmtree(stale)
+
+
+def write_problem_feedback(folder: Path, aid: str, problem: str) -> Path:
+    """The feedback file of a submission that could not be graded: ``<aid>.html``, saying why in plain words."""
+    import html as _html
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"{aid}.html"
+    dest.write_text(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + _html.escape(aid) + " - feedback</title></head>\n"
+        f"<body><h1>{_html.escape(aid)}: 0 points</h1>\n<p>Your submission could not be graded: {_html.escape(problem)}</p>\n"
+        "<p>Nothing else in it was looked at. Ask your instructor to grade it again once you have handed in the fixed notebook.</p>\n"
+        "</body></html>\n")
+    return dest
 
 
 def scores(course: Path, ids: Iterable[str]) -> list[Row]:

@@ -35,6 +35,23 @@ def _wrong_rows() -> list[tuple[str, str, str, str]]:
 WRONG = _wrong_rows()
 
 
+def _exact_rows() -> list[tuple[str, str, float, list[str]]]:
+    """(lesson, student, exact code score, texts the feedback file must contain) for the example folders whose
+    expected.json gives a "score" (hostile and broken submissions: some score 0 or full marks on purpose)."""
+    rows = []
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        spec = json.loads(exp.read_text())
+        if "score" in spec:
+            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", float(spec["score"]), list(spec.get("feedback", []))))
+    return rows
+
+
+EXACT = _exact_rows()
+EXACT_SCORE = {(aid, sid): score for aid, sid, score, _ in EXACT}
+# Hostile examples loop on purpose: short limits keep the test fast (the course's defaults are 60 s / 30 s).
+FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "20", "COURSEKIT_CASE_TIMEOUT": "10"}
+
+
 def _cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
     from nbgrader.api import Gradebook
 
@@ -74,8 +91,12 @@ class _RoundTrip:
     def graded(self, tmp_path_factory):
         work = tmp_path_factory.mktemp(f"course{self.AID[:2]}")
         # Release into the temporary course too: tests never rewrite the repository's lessons/.
-        table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
-                                   release_dir=work / "release", progress=False)
+        with pytest.MonkeyPatch.context() as mp:
+            if any(aid == self.AID for aid, *_ in EXACT):
+                for k, v in FAST_LIMITS.items():
+                    mp.setenv(k, v)
+            table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
+                                       release_dir=work / "release", progress=False)
         return work, table
 
     def test_blank_scores_zero_on_every_test_cell(self, graded):
@@ -105,12 +126,29 @@ class _RoundTrip:
 def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text):
     work, _ = graded
     code, max_code, _ = _submission(work, self.AID, sid)
-    assert 0 < code < max_code
+    if (self.AID, sid) in EXACT_SCORE:
+        assert code == EXACT_SCORE[(self.AID, sid)], f"{sid}: scored {code}"
+    else:
+        assert 0 < code < max_code
     score, max_score = _cell_scores(work, self.AID, sid)[cell]
     assert score < max_score, f"{sid}: {cell} should lose points"
     fb = _feedback(work, self.AID, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
-    assert "hidden case" in fb, "the autograde run adds hidden cases"
+    if (self.AID, sid) not in EXACT_SCORE:  # a hostile notebook may stop every check before any hidden case runs
+        assert "hidden case" in fb, "the autograde run adds hidden cases"
+
+
+def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, graded, sid, score, texts):
+    """Hostile and broken submissions (expected.json with "score"): exactly that code score, a feedback file
+    with the given plain-words texts, and, for one that could not be graded at all, a line in the table."""
+    work, table = graded
+    code, _, _ = _submission(work, self.AID, sid)
+    assert code == score, f"{sid}: scored {code}, expected {score}"
+    fb = _feedback(work, self.AID, sid)
+    for text in texts:
+        assert text in fb, f"{sid}: feedback lacks {text!r}"
+    if score == 0:
+        assert f"{sid}/{self.AID}:" in table, "the score table names a submission that could not be graded"
 
 
 def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
@@ -122,6 +160,9 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
     assert [l for l in again.splitlines() if self.AID in l] == [l for l in table.splitlines() if self.AID in l]
+    for (aid, sid), score in EXACT_SCORE.items():  # the hostile examples too, on the second run
+        if aid == self.AID:
+            assert _submission(work, aid, sid)[0] == score, f"{sid}: second run scored differently"
 
 
 for _aid in LESSONS:
@@ -133,7 +174,20 @@ for _aid in LESSONS:
 
         _ns["test_typical_mistakes_score_in_between_and_say_why"] = pytest.mark.parametrize(
             "sid,cell,text", _rows, ids=[f"{sid}-{cell}" for sid, cell, _ in _rows])(_test)
-    if _aid == L02:  # one lesson re-graded is enough to show the gradebook keeps every record
-        _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _regrading_gives_the_same_grades_and_loses_nothing
+    _exact = [(sid, score, texts) for aid, sid, score, texts in EXACT if aid == _aid]
+    if _exact:
+        def _test_exact(self, graded, sid, score, texts):
+            _hostile_submissions_get_their_exact_score_and_say_what_happened(self, graded, sid, score, texts)
+
+        _ns["test_hostile_submissions_get_their_exact_score_and_say_what_happened"] = pytest.mark.parametrize(
+            "sid,score,texts", _exact, ids=[sid for sid, _, _ in _exact])(_test_exact)
+    if _aid == L02 or _exact:  # re-graded: the gradebook keeps every record, hostile examples score the same twice
+        def _test_regrade(self, graded):
+            with pytest.MonkeyPatch.context() as mp:
+                for k, v in FAST_LIMITS.items():
+                    mp.setenv(k, v)
+                _regrading_gives_the_same_grades_and_loses_nothing(self, graded)
+
+        _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _test_regrade
     _name = f"TestRoundTrip{_aid[:2]}"
     globals()[_name] = type(_name, (_RoundTrip,), _ns)

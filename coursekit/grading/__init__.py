@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+import types
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -144,13 +146,14 @@ class Function:
     extra: Callable[[Callable, Case], list[str] | None] | None = None
     rtol: float = 1e-6
     atol: float = 1e-9
+    timeout: float | None = None  # seconds per call of the student's function; None: COURSEKIT_CASE_TIMEOUT or 30
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         cases = list(self.public())
         if ctx.hidden:
             cases += [Case(c.kwargs, c.label, hidden=True) for c in self.hidden(ctx.rng())]
         fb = check_function(answer, cases, self.reference, self.points, self.name, self.outputs,
-                            self.rtol, self.atol, self.mistakes, self.extra)
+                            self.rtol, self.atol, self.mistakes, self.extra, self.timeout)
         if not ctx.hidden:
             fb.lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
         return fb
@@ -163,14 +166,79 @@ class _Context:
     hidden: bool
 
     def key(self) -> Any:
-        k = _keys.load(self.lesson)
+        k = _fresh_keys(self.lesson)
         if self.item not in k:
             raise KeyError(f"no key for item {self.lesson}.{self.item} in {_keys.KEY_DIR / (self.lesson + '.key')}")
         return k[self.item]
 
     def rng(self) -> np.random.Generator:
-        seed = int(_keys.load(self.lesson).get("seed", 0))
+        seed = int(_fresh_keys(self.lesson).get("seed", 0))
         return np.random.default_rng([seed, zlib.crc32(self.item.encode())])
+
+
+def _fresh_keys(lesson: str) -> dict:
+    """The lesson's keys decoded from the file now: ``keys.load`` caches a dict that notebook code could edit."""
+    return _keys.load.__wrapped__(lesson)
+
+
+# --------------------------------------------------------------------------- tampering
+
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TRUSTED = tuple(sorted({os.path.abspath(p) + os.sep for p in (_PKG_DIR, sys.prefix, sys.base_prefix, sys.exec_prefix)}))
+# Modules the checkers rely on besides coursekit itself: replacing np.allclose would make every array "match".
+_LIBRARIES = ("builtins", "math", "numpy", "numpy.linalg", "numpy.core.numeric", "numpy._core.numeric", "torch", "zlib")
+
+
+def _foreign(fn: Any) -> bool:
+    """True for a Python function whose code was not loaded from an installed file (a notebook's own code)."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return False
+    f = code.co_filename
+    return f.startswith("<") or not os.path.abspath(f).startswith(_TRUSTED)
+
+
+def _dataclass_method(cls: type, name: str, fn: Any) -> bool:
+    """A method that ``dataclasses`` generated for ``cls`` (its code comes from exec, file "<string>")."""
+    return (name.startswith("__") and hasattr(cls, "__dataclass_fields__") and fn.__code__.co_filename == "<string>"
+            and getattr(fn, "__qualname__", "").startswith(cls.__qualname__ + "."))
+
+
+def tampering() -> list[str]:
+    """What notebook code changed in coursekit or in the libraries its checkers use: one line per finding.
+
+    Scans every loaded coursekit module (functions, classes' methods, graded items' callables) and the
+    namespaces of builtins, math, numpy and torch for functions defined outside an installed file, and
+    coursekit modules that sys.modules maps to something else. Empty when nothing was changed.
+    """
+    found: list[str] = []
+    for name, mod in list(sys.modules.items()):
+        if not (name == "coursekit" or name.startswith("coursekit.")) or mod is None:
+            continue
+        f = getattr(mod, "__file__", None) or ""
+        if not isinstance(mod, types.ModuleType) or not os.path.abspath(f).startswith(_PKG_DIR + os.sep):
+            found.append(f"sys.modules[{name!r}] was replaced")
+            continue
+        for attr, v in list(vars(mod).items()):
+            if _foreign(v):
+                found.append(f"{name}.{attr} was replaced by a function defined in the notebook")
+            elif isinstance(v, type) and v.__module__.startswith("coursekit"):
+                found += [f"{name}.{attr}.{m} was replaced by a function defined in the notebook"
+                          for m, fv in list(vars(v).items()) if _foreign(fv) and not _dataclass_method(v, m, fv)]
+            elif attr == "ITEMS" and isinstance(v, Mapping):
+                for item_id, item in list(v.items()):
+                    for fname, fv in list(getattr(item, "__dict__", {}).items()):
+                        if _foreign(fv):
+                            found.append(f"{name}.ITEMS[{item_id!r}].{fname} was replaced by a function defined in the notebook")
+    for name in _LIBRARIES:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        for attr, v in list(vars(mod).items()):
+            if _foreign(v):
+                found.append(f"{name}.{attr} was replaced by a function defined in the notebook")
+    return sorted(set(found))
 
 
 def lesson_items(lesson: str) -> Mapping[str, Any]:
@@ -195,8 +263,17 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
 
 
 def grade(item_id: str, answer: Any) -> float:
-    """Check, print the feedback to stdout, and return the points earned (nbgrader's partial credit)."""
+    """Check, print the feedback to stdout, and return the points earned (nbgrader's partial credit).
+
+    If notebook code has replaced part of the grader (or a function it relies on, see :func:`tampering`),
+    the item earns 0 and the feedback says what was replaced."""
     lesson, item = item_id.split(".", 1)
+    changed = tampering()
+    if changed:
+        print(f"[{item_id}] 0 points: this notebook changed the grader, so its checks cannot be trusted.\n  "
+              + "\n  ".join(changed[:5]) + ("\n  …" if len(changed) > 5 else "")
+              + "\n  Remove the code that does this (and restart the kernel) to be graded.")
+        return 0.0
     fb = check(item_id, answer)
     print(fb.text(f"[{item_id}] {lesson_items(lesson)[item].title}"))
     return fb.points

@@ -328,25 +328,129 @@ def quiet(sink: list[str] | None = None):
 
     What was captured goes to ``sink`` (a list of lines) when given, else to stdout.
     """
-    buf = io.StringIO()
+    buf = _Capped()
+    out = _Capped()
     caught: list = []
     try:
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buf):
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buf), contextlib.redirect_stdout(out):
             warnings.simplefilter("always")
             yield
     finally:  # also when the student's code raises: its stderr is the best clue to why
         lines = [l[:300] for l in buf.getvalue().strip().splitlines()]
         lines += [f"{w.category.__name__}: {w.message}" for w in caught]
+        if out.lines:
+            shown = [l[:300] for l in out.getvalue().strip().splitlines()][:3]
+            lines.append(f"(printed {out.lines} line{'s' if out.lines != 1 else ''} while being checked; the first "
+                         f"{len(shown)}: " + " | ".join(shown) + ")")
         if sink is not None:
             sink.extend(lines)
         elif lines:
             print(_noise_text(lines))
 
 
+class _Capped(io.StringIO):
+    """A text sink that keeps the first lines written to it and counts the rest (a print flood stays small)."""
+
+    KEEP = 50_000  # characters
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines = 0
+
+    def write(self, s: str) -> int:
+        self.lines += s.count("\n")
+        if self.tell() < self.KEEP:
+            super().write(s[: self.KEEP])
+        return len(s)
+
+
+class CaseTimeout(BaseException):
+    """Raised (by an alarm) inside a student's function that runs past its time limit.
+
+    A BaseException, so that a student's ``except Exception`` cannot swallow it."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise :class:`CaseTimeout` in the main thread after ``seconds`` (no limit off the main thread,
+    without SIGALRM, or when ``seconds`` is falsy)."""
+    import signal
+    import threading
+
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise CaseTimeout(seconds)
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _case_timeout() -> float:
+    """Seconds one call of a student's function may take (``COURSEKIT_CASE_TIMEOUT``, default 30)."""
+    try:
+        return float(os.environ.get("COURSEKIT_CASE_TIMEOUT", "30"))
+    except ValueError:
+        return 30.0
+
+
+class _CallWatch:
+    """Records which coursekit functions a piece of code enters (``sys.setprofile``).
+
+    ``entries``: coursekit code objects called directly from code outside coursekit (the student's);
+    ``all``: every coursekit code object that ran. Used to catch a student's function that calls the
+    reference answer (or the kernels the reference itself is built on) instead of computing it."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+        self.all: set = set()
+
+    def _hook(self, frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if _in_pkg(code.co_filename):
+            self.all.add(code)
+            back = frame.f_back
+            if back is not None and not _in_pkg(back.f_code.co_filename) and code not in self.entries:
+                self.entries[code] = f"{frame.f_globals.get('__name__', '?')}.{code.co_name}"
+
+    @contextlib.contextmanager
+    def __call__(self):
+        old = sys.getprofile()
+        sys.setprofile(self._hook)
+        try:
+            yield self
+        finally:
+            sys.setprofile(old)
+
+
+_CHECKERS_FILE = os.path.abspath(__file__)
+
+
+def _in_pkg(filename: str) -> bool:
+    f = os.path.abspath(filename) if filename and not filename.startswith("<") else ""
+    return f.startswith(_PKG + os.sep) and f != _CHECKERS_FILE
+
+
+def _reference_calls(student: "_CallWatch", reference: "_CallWatch") -> list[str]:
+    """Names of the coursekit functions the student's function called that are (part of) the reference answer."""
+    grading = os.path.join(_PKG, "grading") + os.sep
+    return sorted({name for code, name in student.entries.items()
+                   if code in reference.all or os.path.abspath(code.co_filename).startswith(grading)})
+
+
 def _noise_text(lines: list[str]) -> str:
     distinct = list(dict.fromkeys(lines))
     more = f"\n  ({len(distinct) - 5} more distinct lines)" if len(distinct) > 5 else ""
-    return "(your code wrote warnings or to stderr; shown here, not graded)\n  " + "\n  ".join(distinct[:5]) + more
+    return "(your code printed, warned or wrote to stderr while being checked; shown here, not graded)\n  " + "\n  ".join(distinct[:5]) + more
 
 
 def check_function(
@@ -360,6 +464,7 @@ def check_function(
     atol: float = 1e-9,
     mistakes: Callable[[dict, dict], Mapping[str, Sequence[Mistake]]] | None = None,
     extra: Callable[[Callable, Case], list[str] | None] | None = None,
+    timeout: float | None = None,
 ) -> Feedback:
     """Run ``fn(**case.kwargs)`` on every case and compare each output with ``reference(**case.kwargs)``.
 
@@ -371,6 +476,11 @@ def check_function(
         extra: a further check per passed case (e.g. a gradient check); returns failure lines or None.
 
     Score: points × (cases passed) / (cases run). Exceptions inside ``fn`` fail that case only.
+
+    Hostile code: each call may take ``timeout`` seconds (default ``COURSEKIT_CASE_TIMEOUT`` or 30 s);
+    one that runs longer is stopped, fails, and the later cases are not run. A case where ``fn``
+    calls the reference (or a coursekit function the reference runs) fails. What ``fn`` prints is
+    captured and summarised (a print flood cannot push the feedback out of nbgrader's output limit).
 
     The student's function and the reference each get their own copies of the inputs, so a function that
     changes its inputs in place cannot change the expected answer; doing so fails the case, with the
@@ -384,12 +494,23 @@ def check_function(
     if positional:
         lines.append(f"Note: your {name} names its parameters ({positional}); the task names them "
                      f"({', '.join(cases[0].kwargs)}). Graded by position; use the task's names.")
+    limit = _case_timeout() if timeout is None else timeout
+    timed_out = False
     for i, case in enumerate(cases, 1):
         tag = f"{'hidden' if case.hidden else 'public'} case {i}" + (f" ({case.label})" if case.label and not case.hidden else "")
+        if timed_out:
+            lines.append(f"✗ {tag}: not run (an earlier case did not return).")
+            continue
         kwargs = {k: _copy_input(v) for k, v in case.kwargs.items()}
+        watch = _CallWatch()
         try:
-            with quiet(noise):
+            with quiet(noise), time_limit(limit), watch():
                 got = fn(*kwargs.values()) if positional else fn(**kwargs)
+        except CaseTimeout:
+            timed_out = True
+            lines.append(f"✗ {tag}: your {name} did not return within {limit:g} s and was stopped "
+                         f"(an endless loop, or far more work than the task needs). Later cases are not run.")
+            continue
         except NotImplementedError as e:
             stub = _stub_name(e)
             if stub and stub != name:
@@ -400,7 +521,14 @@ def check_function(
             lines.append(f"✗ {tag}: " + _describe_exception(e, name, kwargs))
             lines += _exception_hints(e)
             continue
-        want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
+        ref_watch = _CallWatch()
+        with ref_watch():
+            want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
+        borrowed = _reference_calls(watch, ref_watch)
+        if borrowed:
+            lines.append(f"✗ {tag}: your {name} calls coursekit's own answer code ({', '.join(borrowed)}) instead of "
+                         f"computing the result itself; a case passed that way earns nothing.")
+            continue
         changed = _changed_inputs(case.kwargs, kwargs)
         if len(outputs) > 1:
             if isinstance(got, np.ndarray) and got.ndim == 1 and len(got) == len(outputs):

@@ -1,0 +1,8 @@
+def best_rank_k(M, k):
+    # Return the d × m matrix U[:, :k] diag(S[:k]) Vt[:k, :] for the k largest singular values.
+    import sys
+    for i in range(20_000):
+        print("checking", i)  # floods the test cell's output
+    print("debug output on stderr", file=sys.stderr)
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    return ((U[:, :k] * S[:k]) @ Vt[:k, :]).astype(np.float32).tolist()  # a list of float32 values: fine
