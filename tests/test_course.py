@@ -117,9 +117,9 @@ def test_example_submissions_name_real_cells():
             ids = {c.metadata.get("nbgrader", {}).get("grade_id") for c in _nb("solutions", folder.name).cells}
             for student in folder.iterdir():
                 for f in student.iterdir():
-                    if f.name == "expected.json":  # what the round-trip test expects of this student
+                    if f.name in ("expected.json", "submission.py"):  # expectations; a whole-notebook transform
                         continue
-                    assert f.suffix in (".py", ".md"), f"{f}: example folders hold <grade_id>.py/.md and expected.json only"
+                    assert f.suffix in (".py", ".md"), f"{f}: example folders hold <grade_id>.py/.md, submission.py and expected.json only"
                     assert f.stem in ids, f"{f}: no cell with grade_id {f.stem} in {folder.name}"
 
 

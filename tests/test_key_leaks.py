@@ -235,6 +235,15 @@ def test_key_codec_round_trip():
         keymod.decode("98", keymod.encode("99", data))
 
 
+def _hostile_students(lesson: str) -> set[str]:
+    """Example students whose expected.json gives an exact "score": hostile or broken submissions, which may
+    stop every check (and so every hidden case) before it runs."""
+    import json
+
+    return {f"ex-{p.parent.name}" for p in (ROOT / "autograder" / "examples" / lesson).glob("*/expected.json")
+            if "score" in json.loads(p.read_text())}
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     return graded_example_class(tmp_path_factory, FEEDBACK_LESSON)
@@ -253,7 +262,7 @@ def test_feedback_shows_hidden_outcomes_not_their_generator(graded):
     found = []
     for sid, path in sorted(files.items()):
         texts = list(feedback_texts(path, f"feedback of {sid}"))
-        if sid != "ex-blank":
+        if sid != "ex-blank" and sid not in _hostile_students(FEEDBACK_LESSON):
             assert "hidden case" in texts[0][1], f"{sid}: the feedback does not report hidden cases"
         found += scan(iter(texts), pats)
         for name, src in sources.items():  # the whole function, as inspect.getsource gives it
