@@ -201,7 +201,8 @@ EXAMPLE_CLASS = Path("autograder") / "example-class"
 
 
 def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = False,
-                course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True) -> str:
+                course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True,
+                workers: int | None = None) -> str:
     """Release, autograde every submission, write feedback and grades.csv; return the score table.
 
     ``examples=False`` grades your class: the submissions in the configured course folder
@@ -211,12 +212,17 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
     Re-running is safe: nbgrader's gradebook keeps every record (manual grades included) and
     regrading gives the same scores.
+
+    ``workers`` notebooks execute at once (default: one per CPU core; 1 grades one submission after
+    the other, as nbgrader does); only this process writes the gradebook (see coursekit.parallel).
     """
     if examples and course_dir is None:
         course_dir = repo_root(root) / EXAMPLE_CLASS
     import warnings
 
     from tqdm.auto import tqdm
+
+    from . import parallel
 
     # nbgrader's gradebook trips SQLAlchemy's autoflush warnings on every autograde; they are noise.
     warnings.filterwarnings("ignore", module="nbgrader.api")
@@ -232,10 +238,13 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
             build_examples(root, aid, submitted, release_dir)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     failures = []
-    for aid, sid in tqdm(jobs, desc="autograding", unit="submission", disable=not progress, file=sys.stdout):
-        r = a.autograde(aid, sid, force=True, create=True)
+    autograde = parallel.Autograder(a, jobs, workers)
+    for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} workers)", unit="submission",
+                         disable=not progress, file=sys.stdout):
+        r = autograde(aid, sid)
         if not r.get("success"):
             failures.append(f"{sid}/{aid}: {(r.get('error') or '').strip()[:300]}")
+    autograde.close()
     for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     rows = scores(course, ids)
