@@ -106,6 +106,7 @@ def nibble_unpack(packed: Any, n: int) -> Any:
     return unpack_nibbles(torch.as_tensor(np.asarray(packed).astype(np.uint8)), n).numpy()
 
 
+@contextlib.contextmanager
 def _quiet(sink: list[str]):
     """Silence warnings, stderr and bitsandbytes/torch logging; collect what they said into ``sink``."""
     buf = io.StringIO()
