@@ -155,6 +155,17 @@ def _execute(job: _Job) -> dict:
     return a.autograde(job.aid, job.sid, force=True, create=True)
 
 
+def _copy_missing(src: Path, dest: Path) -> None:
+    """Copy the files under ``src`` that ``dest`` lacks (never a notebook: those are written by nbgrader)."""
+    if not src.is_dir() or not dest.is_dir():
+        return
+    for f in src.rglob("*"):
+        target = dest / f.relative_to(src)
+        if f.is_file() and f.suffix != ".ipynb" and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+
+
 def _sqlite_path(db_url: str) -> Path | None:
     prefix = "sqlite:///"
     return Path(db_url[len(prefix):]) if db_url.startswith(prefix) else None
@@ -211,10 +222,15 @@ class Autograder:
             fut.result()  # a failed execution leaves no notebook: ReplayExecute then executes it here
         except Exception as e:  # the worker itself died (e.g. BrokenProcessPool): same fallback
             print(f"grading worker failed on {sid}/{aid} ({type(e).__name__}: {e}); executing it here", file=sys.stderr)
+        scratch = _scratch(Path(self._tmp.name) / "work", aid, sid)
         try:
-            return self._replay.autograde(aid, sid, force=True, create=True)
+            r = self._replay.autograde(aid, sid, force=True, create=True)
+            if r.get("success"):  # files the student's code wrote next to the notebook, as a serial run leaves them
+                _copy_missing(scratch / "autograded" / sid / aid,
+                              Path(self.api.coursedir.format_path(self.api.coursedir.autograded_directory, sid, aid)))
+            return r
         finally:
-            shutil.rmtree(_scratch(Path(self._tmp.name) / "work", aid, sid), ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def close(self) -> None:
         if self._pool is not None:
