@@ -166,6 +166,25 @@ def _copy_missing(src: Path, dest: Path) -> None:
             shutil.copy2(f, target)
 
 
+def _lock_course(root: Path):
+    """Hold an exclusive lock on the course folder while grading (released by closing the returned
+    file): two grading runs on one gradebook would be two writers. None where fcntl is missing."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None
+    from .course import CourseError
+
+    root.mkdir(parents=True, exist_ok=True)
+    f = open(root / ".coursekit-grading.lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise CourseError(f"another `coursekit grade` is grading {root} right now; wait for it to finish") from None
+    return f
+
+
 def _sqlite_path(db_url: str) -> Path | None:
     prefix = "sqlite:///"
     return Path(db_url[len(prefix):]) if db_url.startswith(prefix) else None
@@ -180,6 +199,7 @@ class Autograder:
 
     def __init__(self, api, jobs: list[tuple[str, str]], workers: int | None = None):
         self.api = api
+        self._lock = _lock_course(Path(api.coursedir.root))
         self.workers = max(1, min(workers or default_workers(), len(jobs)))
         self._futures: dict[tuple[str, str], Future] = {}
         self._pool = self._tmp = None
@@ -233,6 +253,9 @@ class Autograder:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

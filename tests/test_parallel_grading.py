@@ -149,6 +149,14 @@ def test_one_worker_or_one_submission_is_serial(tmp_path):
             assert g.workers == 1 and g._pool is None
 
 
+def test_one_grading_run_at_a_time_per_course(tmp_path):
+    a = course.api(ROOT, tmp_path, tmp_path / "release")
+    with parallel.Autograder(a, [], 1):
+        with pytest.raises(course.CourseError, match="another `coursekit grade`"):
+            parallel.Autograder(a, [], 1)
+    parallel.Autograder(a, [], 1).close()  # released
+
+
 def test_same_cells_compares_sources_not_outputs():
     import nbformat.v4 as v4
 
