@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--out", default=".artifacts/bench-grading.json")
     args = p.parse_args()
     (aid,) = course._known(ROOT, [args.lesson])
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         tmp = Path(tmp)
         release_dir = tmp / "release"
@@ -84,7 +85,7 @@ def main() -> None:
     result = {"lesson": aid, "submissions": n, "kinds": kinds, "cores": parallel.default_workers(),
               "workers": args.workers, "serial_s": round(t1, 1), "parallel_s": round(tn, 1),
               "speedup": round(t1 / tn, 2), "same_scores": True, "python": platform.python_version(),
-              "load_average_after": os.getloadavg()}
+              "load_average_before": load_before, "load_average_after": os.getloadavg()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

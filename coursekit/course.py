@@ -239,7 +239,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     failures = []
     autograde = parallel.Autograder(a, jobs, workers)
-    for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} workers)", unit="submission",
+    for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})", unit="submission",
                          disable=not progress, file=sys.stdout):
         r = autograde(aid, sid)
         if not r.get("success"):

@@ -29,8 +29,8 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from contextlib import closing
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
