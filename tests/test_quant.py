@@ -20,6 +20,10 @@ with warnings.catch_warnings():
     import bitsandbytes.functional as F
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
 
+# bitsandbytes wraps its torch fallback in torch.compile (_try_torch_compile); the eager function underneath is
+# the same arithmetic without minutes of compiling and recompiling for every shape.
+_dequantize_4bit_eager = getattr(_dequantize_4bit_compute, "__wrapped__", _dequantize_4bit_compute)
+
 # Odd counts, partial last blocks, 1-D and 3-D, rows shorter than a block, rows of different scale.
 SHAPES = [(7,), (3, 33), (5, 80), (64, 64), (2, 3, 64), (129, 257), (1, 1000), (300, 512)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -35,7 +39,7 @@ def _weight(shape, dtype, seed):
 def _bnb_torch_dequant(packed, state):
     """bitsandbytes' own pure-torch dequantization (never the AVX512 kernel, see probes.self_test)."""
     absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset if state.nested else state.absmax
-    return _dequantize_4bit_compute(packed.reshape(-1), absmax.float(), state.code, state.blocksize, state.shape, state.dtype)
+    return _dequantize_4bit_eager(packed.reshape(-1), absmax.float(), state.code, state.blocksize, state.shape, state.dtype)
 
 
 def test_tables_equal_bitsandbytes():
