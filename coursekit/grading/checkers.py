@@ -440,6 +440,18 @@ def _in_pkg(filename: str) -> bool:
     return f.startswith(_PKG + os.sep) and f != _CHECKERS_FILE
 
 
+def _trusted(fn: Any) -> bool:
+    """True for a function defined in coursekit itself or in the course's own test suite (tests/ beside the
+    package): the test suite checks the checkers by handing them coursekit's reference kernels, which is no
+    borrowing. A student's function is defined in a notebook cell (or anywhere else) and is watched."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return False
+    f = os.path.abspath(code.co_filename) if code.co_filename and not code.co_filename.startswith("<") else ""
+    tests = os.path.join(os.path.dirname(_PKG), "tests") + os.sep
+    return bool(f) and (_in_pkg(f) or f.startswith(tests))
+
+
 def _reference_calls(student: "_CallWatch", reference: "_CallWatch") -> list[str]:
     """Names of the coursekit functions the student's function called that are (part of) the reference answer."""
     grading = os.path.join(_PKG, "grading") + os.sep
@@ -524,7 +536,7 @@ def check_function(
         ref_watch = _CallWatch()
         with ref_watch():
             want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
-        borrowed = _reference_calls(watch, ref_watch)
+        borrowed = [] if _trusted(fn) else _reference_calls(watch, ref_watch)
         if borrowed:
             lines.append(f"✗ {tag}: your {name} calls coursekit's own answer code ({', '.join(borrowed)}) instead of "
                          f"computing the result itself; a case passed that way earns nothing.")
