@@ -452,11 +452,16 @@ def _trusted(fn: Any) -> bool:
     return bool(f) and (_in_pkg(f) or f.startswith(tests))
 
 
-def _reference_calls(student: "_CallWatch", reference: "_CallWatch") -> list[str]:
-    """Names of the coursekit functions the student's function called that are (part of) the reference answer."""
+def _reference_calls(student: "_CallWatch", reference: Callable[..., Any], inputs: Mapping[str, Any]) -> list[str]:
+    """Names of the grader's own functions the student's function called: the item's reference itself, or
+    anything in coursekit.grading (where the answers live), except callables handed to it as inputs (e.g. the
+    f of a finite-difference item). coursekit's teaching kernels (lora, block, ...) stay allowed: lessons
+    build on them, and a student may use an earlier lesson's kernel."""
     grading = os.path.join(_PKG, "grading") + os.sep
+    ref_code = getattr(getattr(reference, "__func__", reference), "__code__", None)
+    given = {getattr(getattr(v, "__func__", v), "__code__", None) for v in inputs.values() if callable(v)}
     return sorted({name for code, name in student.entries.items()
-                   if code in reference.all or os.path.abspath(code.co_filename).startswith(grading)})
+                   if code not in given and (code is ref_code or os.path.abspath(code.co_filename).startswith(grading))})
 
 
 def _noise_text(lines: list[str]) -> str:
@@ -536,7 +541,7 @@ def check_function(
         ref_watch = _CallWatch()
         with ref_watch():
             want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
-        borrowed = [] if _trusted(fn) else _reference_calls(watch, ref_watch)
+        borrowed = [] if _trusted(fn) else _reference_calls(watch, reference, case.kwargs)
         if borrowed:
             lines.append(f"✗ {tag}: your {name} calls coursekit's own answer code ({', '.join(borrowed)}) instead of "
                          f"computing the result itself; a case passed that way earns nothing.")
