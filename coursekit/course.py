@@ -99,6 +99,27 @@ def _kernel_env() -> None:
         os.environ["JUPYTER_PATH"] = os.pathsep.join([share] + [p for p in paths if p])
 
 
+def use_course_keys(root: Path) -> Path:
+    """Point ``$COURSEKIT_KEYS`` at the course's instructor keys (``autograder/keys``) unless it is set already;
+    kernels that nbgrader starts inherit it. Returns the folder in use."""
+    from .grading import keys
+
+    if keys.key_dir() is None:
+        os.environ[keys.ENV] = str(root / "autograder" / "keys")
+    return keys.key_dir()
+
+
+def _require_keys(lessons: Iterable[str]) -> None:
+    """Refuse to grade without the instructor's keys: every choice would score 0 and no hidden case would run."""
+    from .grading import keys
+
+    for aid in lessons:
+        try:
+            keys.load(aid[:2])
+        except (keys.KeysUnavailable, ValueError) as e:
+            raise CourseError(f"cannot autograde {aid}: {e}") from e
+
+
 def api(root: Path, course_dir: Path | None = None, release_dir: Path | None = None):
     """An ``NbGraderAPI`` bound to this course."""
     import logging
@@ -258,6 +279,8 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     root = repo_root(root)
     ids = _known(root, lessons)
+    use_course_keys(root)
+    _require_keys(ids)
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory

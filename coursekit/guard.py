@@ -160,6 +160,9 @@ class DropEmptyMetadata(NbGraderPreprocessor):
 # --------------------------------------------------------------------------- static scan
 
 
+# The item tables hold how each expected value is computed; an answer cell has no business reading them.
+_TABLES = ("coursekit.grading.lessons", "coursekit.grading.keys")
+_TABLE_NAMES = {"lesson_items", "ITEMS", "key_problems", "keys", "lessons"}
 _MUTATORS = {"update", "__setitem__", "setdefault", "pop", "popitem", "clear", "__delitem__", "__setattr__"}
 _HOOKS = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile"), ("threading", "settrace"),
           ("importlib", "reload"), ("gc", "get_referrers")}
@@ -197,6 +200,15 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
         found.append(f"line {node.lineno}: `{_dotted(node)[:80]}` {what}")
 
     for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names = [] if isinstance(node, ast.Import) else [a.name for a in node.names]
+            if any(m.startswith(_TABLES) for m in mods) or (mods[0].startswith("coursekit.grading") and set(names) & _TABLE_NAMES):
+                note(node, "reads the grader's item tables (their expected values are the answers)")
+        elif isinstance(node, ast.Attribute) and ck(node) and (
+                node.attr in ("lesson_items", "ITEMS", "key_problems")
+                or (node.attr in ("lessons", "keys") and "grading" in _dotted(node))):
+            note(node, "reads the grader's item tables (their expected values are the answers)")
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] in ("coursekit", "builtins"):

@@ -36,6 +36,13 @@ from coursekit.guard import scan_source
     "def f():\n    pass\nf.__code__ = (lambda: 1).__code__",
     "g = __import__('coursekit.grading', fromlist=['x'])\ng.grade = print",
     "exec('import coursekit; coursekit.grading.grade = print')",
+    # reading the grader's item tables: their expected() values are the answers
+    "from coursekit.grading import lesson_items\nanswer_w2 = lesson_items('02')['w2'].expected()",
+    "import coursekit.grading\nanswer_w2 = coursekit.grading.lesson_items('02')['w2'].expected()",
+    "from coursekit.grading.lessons.lesson02 import ITEMS\nanswer_w2 = ITEMS['w2'].expected()",
+    "import coursekit.grading.lessons.lesson02 as L\nx = L.ITEMS",
+    "from coursekit import grading\nx = grading.lessons.lesson02.ITEMS",
+    "from coursekit.grading import keys\nprint(keys.load('02'))",
 ])
 def test_the_scan_names_changes_to_the_grader(src):
     found = scan_source(src)
@@ -48,6 +55,8 @@ def test_the_scan_names_changes_to_the_grader(src):
     "import numpy as np\nx = np.zeros(3)\nx[0] = 1\nd = {}\nd.update(a=1)",
     "answer = 'b'\nimport sys\nprint('note', file=sys.stderr)",
     "%timeit 1 + 1",  # not Python: the cell fails by itself, the scan has nothing to say
+    "from coursekit import lora\nanswer_w2 = lora.param_count(4096, 4096, 16)",  # the course's kernels are fair game
+    "d = {'a': 1}\nprint(d.keys(), list(d.items()))",
 ])
 def test_the_scan_leaves_honest_cells_alone(src):
     assert scan_source(src) == []
@@ -88,15 +97,29 @@ def test_replacing_a_checker_or_numpy_zeroes_every_item(monkeypatch, capsys):
     assert tampering() == [] and grade("02.p1", _right) == 3
 
 
-def test_editing_the_cached_keys_changes_nothing():
+def test_asking_the_grader_for_an_expected_value_zeroes_the_checks(monkeypatch, capsys):
+    """Notebook code (here: code compiled under a notebook-like file name) that calls an item's expected()
+    is reading the answer: every check after it earns 0, and the feedback says why."""
+    import coursekit.grading as g
+
+    monkeypatch.setattr(g, "_READS", [])
+    items = g.lesson_items("02")
+    assert items["w2"].expected() > 0 and g.tampering() == []  # the test suite itself may ask
+    code = compile("answer = items['w2'].expected()", "/tmp/ipykernel_1/123.py", "exec")
+    ns = {"items": items}
+    exec(code, ns)
+    assert g.grade("02.w2", ns["answer"]) == 0
+    out = capsys.readouterr().out
+    assert "changed the grader" in out and "expected value of" in out, out
+
+
+def test_editing_the_loaded_keys_changes_nothing():
     from coursekit.grading import keys
 
-    wrong = next(x for x in "abcd" if x != keys.load("02")["w1"])
-    keys.load("02")["w1"] = wrong  # the cache is a plain dict a notebook could edit
-    try:
-        assert check("02.w1", wrong).points == 0
-    finally:
-        keys.load.cache_clear()
+    loaded = keys.load("02")
+    wrong = next(x for x in "abcd" if x != loaded["keys"]["w1"])
+    loaded["keys"]["w1"] = wrong  # a plain dict a notebook could edit: the next check reads the file again
+    assert check("02.w1", wrong).points == 0
 
 
 def test_a_function_that_loops_forever_loses_its_cases_and_grading_goes_on():

@@ -2,8 +2,11 @@
 (lessons/), the installed coursekit package, and the feedback of a graded class. Feedback reports
 hidden cases' outcomes, never the generator of their inputs.
 
-Every key of every lesson (``coursekit.grading.keys.load(NN)``: choice and ordering keys, and the int
-``"seed"`` of the hidden cases) is searched in the forms it would take if it leaked: the key table
+The keys, the hints that explain wrong choices and the seeds live in the instructor's folder
+(autograder/keys/NN.json, read through $COURSEKIT_KEYS); the package ships none of them and cannot read
+them on its own, so a student's machine records choice answers without scoring them (no oracle to try
+letters against). Every key of every lesson (choice and ordering keys, and the int ``"seed"`` of the
+hidden cases) is searched in the forms it would take if it leaked: the key table
 (``"w1": "b"``, ``answer_w1 = "b"``, ``"seed": 1234``), the seed as a bare number, an ordering as a list
 literal. The last tests plant keys in copies and check that the scan finds them, so a scan that
 silently stops matching fails too."""
@@ -30,7 +33,16 @@ from graded_examples import feedback_files, graded_example_class
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = course.lesson_ids(ROOT)
-KEYS = {lid[:2]: keymod.load(lid[:2]) for lid in LESSONS}
+KEY_FILES = {lid[:2]: keymod.load(lid[:2]) for lid in LESSONS}  # tests/conftest.py points $COURSEKIT_KEYS at autograder/keys
+
+
+def _flat(data: dict) -> dict:
+    """item → key (an ordering with several right orders: its main order) plus "seed"."""
+    out = {i: (k["order"] if isinstance(k, dict) else k) for i, k in data["keys"].items()}
+    return {**out, "seed": data["seed"]}
+
+
+KEYS = {num: _flat(d) for num, d in KEY_FILES.items()}
 FEEDBACK_LESSON = "02-lora-inside-one-matmul"  # a cheap lesson with three Function items with hidden cases
 
 Pattern = tuple[str, re.Pattern]  # (what it finds, regex)
@@ -189,6 +201,7 @@ def test_every_lesson_has_keys_with_a_seed():
     for num, key in KEYS.items():
         assert isinstance(key.get("seed"), int) and key["seed"] > 0, f"lesson {num}: the key file needs an int 'seed'"
         assert len(key) > 1, f"lesson {num}: a key file with a seed only"
+    assert sorted(KEYS) == sorted(p.stem for p in (ROOT / "autograder" / "keys").glob("*.json"))
 
 
 @pytest.mark.parametrize("lid", LESSONS)
@@ -207,32 +220,90 @@ def test_lessons_folder_holds_no_key():
     assert not found, "\n".join(found)
 
 
-def test_installed_package_holds_no_plain_key():
-    """The package's files hold every key only encoded: no key table, no seed in plain text."""
+def test_installed_package_holds_no_key():
+    """No key file ships in the package, and no key, seed or choice hint is in any of its files."""
     files = installed_package_files()
     pkg = Path(coursekit.__file__).resolve().parent
-    assert any(p.suffix == ".key" for p in files) and any(p.name == "keys.py" for p in files), (
-        f"the scan does not see the package's files: {pkg}")
-    pats = [p for num in KEYS for p in key_patterns(num)]
+    assert any(p.name == "keys.py" for p in files), f"the scan does not see the package's files: {pkg}"
+    assert not [p for p in files if p.suffix in (".key", ".json") and "grading" in p.parts], "key files in the package"
+    pats = [p for num in KEYS for p in key_patterns(num)] + hint_patterns()
     found = scan(package_texts(), pats)
     assert not found, "answer keys readable in the installed package:\n" + "\n".join(found)
 
 
+def hint_patterns() -> list[Pattern]:
+    """Every hint of a wrong choice, whole (whitespace-tolerant): which options have one would name the key."""
+    return [(f"the hint of {num}.{item} ({opt})", re.compile(r"\s+".join(re.escape(w) for w in text.split())))
+            for num, d in KEY_FILES.items() for item, hs in d["hints"].items() for opt, text in hs.items() if len(text) >= 40]
+
+
+def test_release_notebooks_hold_no_choice_hint():
+    found = scan((t for lid in LESSONS for t in notebook_texts(ROOT / "lessons" / lid / f"{lid}.ipynb")), hint_patterns())
+    assert not found, "\n".join(found)
+
+
+def test_the_package_alone_cannot_read_a_key(monkeypatch):
+    """Without $COURSEKIT_KEYS (a student's kernel) no key can be loaded, and the autograde run refuses to go on."""
+    monkeypatch.delenv(keymod.ENV, raising=False)
+    with pytest.raises(keymod.KeysUnavailable, match="COURSEKIT_KEYS"):
+        keymod.load("02")
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    from coursekit.grading import check
+
+    with pytest.raises(keymod.KeysUnavailable):
+        check("02.w1", "a")
+
+
 @pytest.mark.parametrize("num", sorted(KEYS))
-def test_key_file_is_encoded(num):
-    raw = (keymod.KEY_DIR / f"{num}.key").read_text()
-    assert re.fullmatch(r"[A-Za-z0-9+/=]+\n?", raw), f"{num}.key is not the encoded form (coursekit keys write)"
-    assert "seed" not in raw and "{" not in raw
-    with pytest.raises(Exception):
-        json.loads(raw)
-    assert keymod.decode(num, raw) == KEYS[num]
+def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, capsys):
+    """While a student works, every option of every keyed item gets the same answer (recorded, 0 points),
+    so trying the letters one by one reveals nothing; a malformed answer is still told what form to use."""
+    from coursekit.grading import Choice, Ordering, grade
+
+    monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    for item_id, item in lesson_items(num).items():
+        if isinstance(item, Choice):
+            tries = [[o] if item.multi else o for o in item.options]
+        elif isinstance(item, Ordering):
+            tries = [sorted(item.labels), sorted(item.labels, reverse=True)]
+        else:
+            continue
+        outs = []
+        for t in tries:
+            assert grade(f"{num}.{item_id}", t) == 0
+            outs.append(capsys.readouterr().out.replace(repr(t), "<answer>"))
+        assert len(set(outs)) == 1 and "Recorded" in outs[0], f"{num}.{item_id}: answers differ without a key:\n" + "\n".join(outs)
+        grade(f"{num}.{item_id}", 42)
+        assert "Recorded" not in capsys.readouterr().out, f"{num}.{item_id}: a malformed answer was recorded"
 
 
-def test_key_codec_round_trip():
-    data = {"w1": "b", "p4": ["a", "c"], "seed": 123}
-    assert keymod.decode("99", keymod.encode("99", data)) == data
-    with pytest.raises(Exception):
-        keymod.decode("98", keymod.encode("99", data))
+def test_orderings_list_their_labels_alphabetically():
+    """The item table's label order is no hint to the answer's order."""
+    from coursekit.grading import Ordering
+
+    for num in KEYS:
+        for item_id, item in lesson_items(num).items():
+            if isinstance(item, Ordering):
+                assert list(item.labels) == sorted(item.labels), f"{num}.{item_id}: labels not in alphabetical order"
+
+
+def test_every_keyed_item_has_a_key():
+    from coursekit.grading import key_problems
+
+    assert key_problems() == []
+
+
+def test_key_problems_names_a_missing_key(tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
+    data = json.loads((tmp_path / "keys" / "02.json").read_text())
+    del data["keys"]["w1"]
+    data["keys"]["zz"] = "a"
+    (tmp_path / "keys" / "02.json").write_text(json.dumps(data))
+    monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
+    from coursekit.grading import key_problems
+
+    assert set(key_problems()) == {"02.w1: no key", "02.zz: a key for an item that needs none or does not exist"}
 
 
 def _hostile_students(lesson: str) -> set[str]:
@@ -299,12 +370,14 @@ def test_scan_finds_keys_planted_in_a_release_notebook(tmp_path):
 
 
 def test_scan_finds_a_planted_key_in_the_package(tmp_path):
-    """A plain key table next to the package's files, as a forgotten keys/02.json would be, is found."""
+    """A plain key table copied into the package's folder, as a stray keys/02.json would be, is found."""
     num = FEEDBACK_LESSON[:2]
     path = tmp_path / f"{num}.json"
     path.write_text(json.dumps(KEYS[num], indent=2))
     found = scan(iter([(str(path), path.read_text())]), key_patterns(num))
     assert len(found) >= len(KEYS[num]), found  # the seed and every choice key
+    path.write_text(json.dumps(KEY_FILES[num]["hints"], indent=4))
+    assert scan(iter([(str(path), path.read_text())]), hint_patterns()), "a planted hint table was not found"
 
 
 def test_scan_finds_a_generator_or_seed_planted_in_feedback(graded, tmp_path):
@@ -327,3 +400,16 @@ def test_scan_finds_a_generator_or_seed_planted_in_feedback(graded, tmp_path):
         path = tmp_path / f"{what}.html"
         path.write_text(page.replace("</body>", snippet + "</body>", 1))
         assert scan(feedback_texts(path, what), pats), f"the {what} planted in feedback was not found"
+
+
+def test_keys_command(capsys, monkeypatch):
+    """`coursekit keys check|show` for instructors; a clear one-line error where no keys are."""
+    from coursekit import cli
+
+    assert cli.main(["keys", "check", "--root", str(ROOT)]) == 0
+    assert "every keyed item has a key" in capsys.readouterr().out
+    monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.chdir(ROOT / "lessons")  # a folder with no autograder/keys: what a student has
+    assert cli.main(["keys", "show", "02"]) == 2
+    err = capsys.readouterr().err
+    assert "no answer keys for lesson '02'" in err and "Traceback" not in err

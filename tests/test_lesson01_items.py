@@ -1,14 +1,12 @@
 """Lesson 01 ("When to adapt"): graded items score right answers fully, typical wrong answers less, with
 the diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 
 from coursekit import memory
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons.lesson01 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,16 +25,6 @@ RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "d", "p2": {"b", "d", "f"},
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
-    k = keys.load("01")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w2", "w3", "p1", "p2", "p3", "p6"} <= set(k)
-    assert not list(ROOT.rglob("keys01.json"))
-    # Keys are not readable as text in the key file.
-    text = (keys.KEY_DIR / "01.key").read_text()
-    assert "baseline" not in text and "seed" not in text
 
 
 # --------------------------------------------------------------------------- right answers

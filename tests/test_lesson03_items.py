@@ -38,14 +38,6 @@ def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
 
 
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("03")
-    assert isinstance(k["seed"], int)
-    assert {"w2", "p3"} <= set(k)
-    text = (keys.KEY_DIR / "03.key").read_text()
-    assert "seed" not in text and "{" not in text
-
-
 def _nbgrader_cells():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     return nb, [c for c in nb.cells if "nbgrader" in c.metadata]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from coursekit.data import IGNORE_INDEX, EmptyBatchError
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson04 as L
 from coursekit.grading.lessons.lesson04 import ITEMS
 
@@ -54,15 +54,6 @@ def _right(item_id):
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("04")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w2", "w3", "p7"} <= set(k)
-    text = (keys.KEY_DIR / "04.key").read_text()
-    assert "seed" not in text and "{" not in text
-    assert not list(ROOT.rglob("keys04.json"))
 
 
 def test_numbers_come_from_coursekit():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from coursekit import lora
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson05
 from coursekit.grading.lessons.lesson05 import ITEMS
 
@@ -98,15 +98,6 @@ RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "d", "p3": 3.5,
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("05")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w2", "w3", "p2", "p4", "p5", "p7"} <= set(k)
-    text = (keys.KEY_DIR / "05.key").read_text()
-    assert "seed" not in text and "{" not in text
-    assert not list(ROOT.rglob("keys05.json"))
 
 
 def _nbgrader_cells():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from coursekit import walk
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons.lesson06 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,14 +88,6 @@ def test_typed_six_decimals_are_accepted():
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("06")
-    assert isinstance(k["seed"], int) and {"w1", "w3", "p6"} <= set(k)
-    text = (keys.KEY_DIR / "06.key").read_text()
-    assert "seed" not in text and "{" not in text
-    assert not list(ROOT.rglob("keys06.json"))
 
 
 def _cells():

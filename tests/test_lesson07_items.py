@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from coursekit import gradcheck as gc
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson07
 from coursekit.grading.lessons.lesson07 import ITEMS
 
@@ -101,15 +101,6 @@ RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_err
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
-    k = keys.load("07")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w3", "p3", "p4", "p5", "p6", "p8"} <= set(k)
-    text = (keys.KEY_DIR / "07.key").read_text()
-    assert "truncation" not in text and "seed" not in text
-    assert not list(ROOT.rglob("keys07.json"))
 
 
 # --------------------------------------------------------------------------- right answers

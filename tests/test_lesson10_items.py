@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from coursekit import block, mlp
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson10
 from coursekit.grading.lessons.lesson10 import ITEMS
 
@@ -103,15 +103,6 @@ RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": count_right, "p2": params_right,
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("10")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w3", "p4", "p6"} <= set(k)
-    text = (keys.KEY_DIR / "10.key").read_text()
-    assert "seed" not in text and "{" not in text
-    assert not list(ROOT.rglob("keys10.json"))
 
 
 def _nbgrader_cells():

@@ -7,7 +7,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons.lesson11 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,14 +145,6 @@ def test_w2_mistakes_are_named():
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("11")
-    assert isinstance(k["seed"], int) and {"w1", "w3", "p4"} <= set(k)
-    text = (keys.KEY_DIR / "11.key").read_text()
-    assert "seed" not in text and "{" not in text
-    assert not list(ROOT.rglob("keys11.json"))
 
 
 def _cells():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coursekit import artifacts
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson12
 from coursekit.grading.lessons.lesson12 import ITEMS
 
@@ -61,15 +61,6 @@ RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": 460_800, "p2": 1_843_200, "p3": 
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_and_ordering_keys_and_a_seed():
-    k = keys.load("12")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w2", "w3", "p4", "p5", "p6"} <= set(k)
-    assert not list(ROOT.rglob("keys12.json"))
-    text = (keys.KEY_DIR / "12.key").read_text()
-    assert "attach" not in text and "seed" not in text
 
 
 def test_notebook_writes_only_to_a_temporary_folder():

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from coursekit import memory
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons.lesson17 import ITEMS, ledger_gb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,14 +36,6 @@ RIGHT = {"w1": "c", "w2": 0.5, "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"), "p
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("17")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w3", "p3", "p4", "p6"} <= set(k)
-    text = (keys.KEY_DIR / "17.key").read_text()
-    assert "seed" not in text and "{" not in text
 
 
 def test_notebook_loads_the_real_model_once():

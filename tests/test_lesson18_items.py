@@ -7,7 +7,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from coursekit.grading import check, keys
+from coursekit.grading import check
 from coursekit.grading.lessons import lesson18
 from coursekit.grading.lessons.lesson18 import ITEMS
 
@@ -42,14 +42,6 @@ RIGHT = {"w1": "b", "w2": "c", "w3": 5.0, "p1": {"b", "c", "e"}, "p2": right_deq
 
 def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
-
-
-def test_key_file_holds_choice_keys_and_a_seed():
-    k = keys.load("18")
-    assert isinstance(k["seed"], int)
-    assert {"w1", "w2", "p1", "p4", "p5", "p7"} <= set(k)
-    text = (keys.KEY_DIR / "18.key").read_text()
-    assert "seed" not in text and "{" not in text
 
 
 def test_notebook_loads_no_model():

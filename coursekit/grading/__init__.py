@@ -12,24 +12,28 @@ their public cases; in the autograde run (``NBGRADER_EXECUTION=autograde``) they
 generated from the lesson's seed, so a hard-coded answer earns nothing.
 
 Item kinds: :class:`Choice` (one or several letters), :class:`Numeric`, :class:`Array`,
-:class:`Ordering`, :class:`Function`. Keys live encoded in ``keys/NN.key`` (see :mod:`.keys`) or are
-computed from the reference kernels.
+:class:`Ordering`, :class:`Function`. Keys, hints for wrong choices and hidden-case seeds live with the
+instructor (``autograder/keys/NN.json``, found through ``$COURSEKIT_KEYS``; see :mod:`.keys`); without them
+keyed items are recorded, not scored. Numbers and arrays are computed from the reference kernels.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import sys
 import types
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from . import keys as _keys
 from .checkers import (
+    _number,
     Case,
     Feedback,
     Mistake,
@@ -67,21 +71,49 @@ def autograding() -> bool:
     return os.environ.get("NBGRADER_EXECUTION") == "autograde"
 
 
+_READS: list[str] = []  # items whose expected value notebook code asked for (see _Watched)
+
+
+class _Watched:
+    """An item's expected-value function. The checker may call it; a call from notebook code is reading the
+    answer, so it is remembered and :func:`tampering` reports it (every check after it earns 0)."""
+
+    def __init__(self, fn: Callable[[], Any], title: str) -> None:
+        self._fn, self._title = fn, title
+
+    def __call__(self) -> Any:
+        caller = sys._getframe(1).f_code.co_filename
+        if not _trusted_file(caller):
+            _READS.append(f"notebook code asked the grader for the expected value of '{self._title}'")
+        return self._fn()
+
+
 @dataclass
 class Choice:
-    """A multiple-choice item; ``multi`` for "choose all that apply". Key: a letter or list of letters."""
+    """A multiple-choice item; ``multi`` for "choose all that apply". The key (a letter, or a list of letters)
+    and the hints for each option live in the instructor's key file (see :mod:`.keys`), not here."""
 
     title: str
     points: float
     options: str = "abcd"
-    hints: Mapping[str, str] = field(default_factory=dict)
     multi: bool = False
 
-    def check(self, answer: Any, ctx: "_Context") -> Feedback:
-        key = ctx.key()
+    def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         if self.multi:
-            return check_multi(answer, key, self.points, list(self.options), self.hints)
-        return check_choice(answer, key, self.points, list(self.options), self.hints)
+            return check_multi(answer, key, self.points, list(self.options), hints)
+        return check_choice(answer, key, self.points, list(self.options), hints)
+
+    def keys_here(self) -> list[Any]:
+        """Every key this item could have (to tell a well-formed answer from a malformed one without the key)."""
+        opts = list(self.options)
+        if not self.multi:
+            return opts
+        return [list(c) for n in range(1, len(opts) + 1) for c in itertools.combinations(opts, n)]
+
+    def check(self, answer: Any, ctx: "_Context") -> Feedback:
+        if not ctx.has_keys():
+            return _recorded(self, answer, ctx)
+        return self._run(answer, ctx.key(), ctx.hints())
 
 
 @dataclass
@@ -97,9 +129,19 @@ class Numeric:
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
     unit: str = ""
 
-    def check(self, answer: Any, ctx: "_Context") -> Feedback:
-        want = self.expected() if self.expected else float(ctx.key())
+    def __post_init__(self) -> None:
+        if self.expected is not None and not isinstance(self.expected, _Watched):
+            self.expected = _Watched(self.expected, self.title)
+
+    def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
+        want = self.expected() if self.expected else float(key)
         return check_numeric(answer, want, self.points, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
+
+    def check(self, answer: Any, ctx: "_Context") -> Feedback:
+        if self.expected is None and not ctx.has_keys():
+            n = _number(answer)
+            return _recorded(self, answer, ctx, [] if n is None else [n])
+        return self._run(answer, None if self.expected else ctx.key(), {})
 
 
 @dataclass
@@ -115,20 +157,46 @@ class Array:
     dtype: Any = None
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.expected, _Watched):
+            self.expected = _Watched(self.expected, self.title)
+
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         return check_array(answer, self.expected(), self.points, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
 
 
 @dataclass
 class Ordering:
-    """Put step labels in order. Key: the list of labels. ``labels`` maps a label to a short description."""
+    """Put step labels in order. ``labels`` maps each label to a short description (listed alphabetically:
+    the order is the answer). The key, in the instructor's key file, is the list of labels in order, or
+    ``{"order": [...], "also": [[...], ...], "note": "..."}`` when several orders are right (the others
+    earn full points too; partial credit is counted against ``order``)."""
 
     title: str
     points: float
     labels: Mapping[str, str] = field(default_factory=dict)
 
+    def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
+        if isinstance(key, Mapping):
+            order, also, note = list(key["order"]), [list(o) for o in key.get("also", ())], key.get("note", "")
+        else:
+            order, also, note = list(key), [], ""
+        for alt in also:
+            fb = check_ordering(answer, alt, self.points, self.labels)
+            if fb.points == self.points:
+                return Feedback(self.points, self.points, ["The order is right." + (f" {note}" if note else "")])
+        fb = check_ordering(answer, order, self.points, self.labels)
+        if fb.points == self.points and note:
+            fb.lines.append(note)
+        return fb
+
+    def keys_here(self) -> list[Any]:
+        return [list(p) for p in itertools.permutations(sorted(self.labels))] if len(self.labels) <= 8 else []
+
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
-        return check_ordering(answer, list(ctx.key()), self.points, self.labels)
+        if not ctx.has_keys():
+            return _recorded(self, answer, ctx)
+        return self._run(answer, ctx.key(), {})
 
 
 @dataclass
@@ -165,20 +233,78 @@ class _Context:
     item: str
     hidden: bool
 
+    def has_keys(self) -> bool:
+        """Whether the instructor's key file can be read. Inside the autograde run it must be: grading on
+        without it would score every choice 0 and skip the hidden cases, so this raises instead."""
+        if _keys.available(self.lesson):
+            return True
+        if autograding():
+            _keys.load(self.lesson)  # raises KeysUnavailable with the reason
+        return False
+
+    def _file(self) -> dict:
+        return _keys.load(self.lesson)
+
     def key(self) -> Any:
-        k = _fresh_keys(self.lesson)
+        k = self._file()["keys"]
         if self.item not in k:
-            raise KeyError(f"no key for item {self.lesson}.{self.item} in {_keys.KEY_DIR / (self.lesson + '.key')}")
+            raise KeyError(f"no key for item {self.lesson}.{self.item} in the key file {_keys.key_dir()}/{self.lesson}.json")
         return k[self.item]
 
+    def hints(self) -> Mapping[str, str]:
+        return self._file()["hints"].get(self.item, {})
+
     def rng(self) -> np.random.Generator:
-        seed = int(_fresh_keys(self.lesson).get("seed", 0))
-        return np.random.default_rng([seed, zlib.crc32(self.item.encode())])
+        """The generator of this item's hidden cases: the lesson's seed (instructor's key file) and the item id."""
+        return np.random.default_rng([int(self._file()["seed"]), zlib.crc32(self.item.encode())])
 
 
-def _fresh_keys(lesson: str) -> dict:
-    """The lesson's keys decoded from the file now: ``keys.load`` caches a dict that notebook code could edit."""
-    return _keys.load.__wrapped__(lesson)
+def _recorded(item: Any, answer: Any, ctx: _Context, candidates: Sequence[Any] | None = None) -> Feedback:
+    """Feedback for a keyed item while a student works (no key here): well-formed answers are recorded, not
+    scored; a malformed one gets the checker's own message on its form (the same for every key)."""
+    cands = item.keys_here() if candidates is None else candidates
+    for k in cands:
+        if item._run(answer, k, {}).points == item.points:
+            fb = Feedback(0, item.points, [
+                f"Recorded: {answer!r}. The answer key does not ship with the course, so nothing on your machine can "
+                "say right or wrong: the autograder scores this item, and its feedback explains a wrong answer and what to reread."])
+            fb.recorded = True  # type: ignore[attr-defined]  (grade() prints "recorded", not "0 points")
+            return fb
+    probe = item._run(answer, cands[0] if cands else 0.0, {})
+    return Feedback(0, item.points, [line for line in probe.lines if "right" not in line.lower()]
+                    or [f"{answer!r} is not a well-formed answer for this item; see the question for the expected form."])
+
+
+def key_problems() -> list[str]:
+    """Instructor check (``coursekit keys check``): one line per keyed item without a key, key naming no
+    item, bad option letter, or ordering key that does not use each label once. Empty when all is well."""
+    out = []
+    for f in sorted(Path(__file__).with_name("lessons").glob("lesson[0-9][0-9].py")):
+        lesson = f.stem[-2:]
+        items = lesson_items(lesson)
+        try:
+            data = _keys.load(lesson)
+        except (_keys.KeysUnavailable, ValueError) as e:
+            out.append(str(e))
+            continue
+        keyed = {i for i, it in items.items() if isinstance(it, (Choice, Ordering)) or (isinstance(it, Numeric) and it.expected is None)}
+        out += [f"{lesson}.{i}: no key" for i in sorted(keyed - set(data["keys"]))]
+        out += [f"{lesson}.{i}: a key for an item that needs none or does not exist" for i in sorted(set(data["keys"]) - keyed)]
+        out += [f"{lesson}.{i}: hints for an item that is not a choice" for i in sorted(set(data["hints"]) - {i for i in keyed if isinstance(items[i], Choice)})]
+        for i in sorted(keyed & set(data["keys"])):
+            it, k = items[i], data["keys"][i]
+            if isinstance(it, Choice):
+                letters = k if it.multi else [k]
+                if not (isinstance(letters, list) and letters and all(isinstance(x, str) and x in it.options for x in letters)):
+                    out.append(f"{lesson}.{i}: key {k!r} is not {'a list of letters' if it.multi else 'one letter'} out of {it.options}")
+                bad = sorted(set(data["hints"].get(i, {})) - set(it.options))
+                if bad:
+                    out.append(f"{lesson}.{i}: hints for options {bad} that do not exist")
+            elif isinstance(it, Ordering):
+                orders = [k["order"], *k.get("also", [])] if isinstance(k, Mapping) else [k]
+                if any(sorted(o) != sorted(it.labels) for o in orders):
+                    out.append(f"{lesson}.{i}: an order that does not use each of the labels {sorted(it.labels)} exactly once")
+    return out
 
 
 # --------------------------------------------------------------------------- tampering
@@ -188,6 +314,17 @@ _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TRUSTED = tuple(sorted({os.path.abspath(p) + os.sep for p in (_PKG_DIR, sys.prefix, sys.base_prefix, sys.exec_prefix)}))
 # Modules the checkers rely on besides coursekit itself: replacing np.allclose would make every array "match".
 _LIBRARIES = ("builtins", "math", "numpy", "numpy.linalg", "numpy.core.numeric", "numpy._core.numeric", "torch", "zlib")
+
+
+_TESTS_DIR = os.path.join(os.path.dirname(_PKG_DIR), "tests") + os.sep
+
+
+def _trusted_file(filename: str) -> bool:
+    """Code from an installed file (coursekit, the environment) or the course's test suite, not a notebook."""
+    if not filename or filename.startswith("<"):
+        return False
+    f = os.path.abspath(filename)
+    return f.startswith(_TRUSTED) or f.startswith(_TESTS_DIR)
 
 
 def _foreign(fn: Any) -> bool:
@@ -212,7 +349,7 @@ def tampering() -> list[str]:
     namespaces of builtins, math, numpy and torch for functions defined outside an installed file, and
     coursekit modules that sys.modules maps to something else. Empty when nothing was changed.
     """
-    found: list[str] = []
+    found: list[str] = list(dict.fromkeys(_READS))
     for name, mod in list(sys.modules.items()):
         if not (name == "coursekit" or name.startswith("coursekit.")) or mod is None:
             continue
@@ -229,7 +366,7 @@ def tampering() -> list[str]:
             elif attr == "ITEMS" and isinstance(v, Mapping):
                 for item_id, item in list(v.items()):
                     for fname, fv in list(getattr(item, "__dict__", {}).items()):
-                        if _foreign(fv):
+                        if _foreign(fv._fn if isinstance(fv, _Watched) else fv):
                             found.append(f"{name}.ITEMS[{item_id!r}].{fname} was replaced by a function defined in the notebook")
     for name in _LIBRARIES:
         mod = sys.modules.get(name)
@@ -275,5 +412,9 @@ def grade(item_id: str, answer: Any) -> float:
               + "\n  Remove the code that does this (and restart the kernel) to be graded.")
         return 0.0
     fb = check(item_id, answer)
-    print(fb.text(f"[{item_id}] {lesson_items(lesson)[item].title}"))
+    title = f"[{item_id}] {lesson_items(lesson)[item].title}"
+    if getattr(fb, "recorded", False):
+        print("\n".join([f"{title}: recorded (worth {fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"] + ["  " + x for x in fb.lines]))
+    else:
+        print(fb.text(title))
     return fb.points

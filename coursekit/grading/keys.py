@@ -1,75 +1,101 @@
-"""Answer keys, stored encoded so that no key sits in the package or the lessons as plain text.
+"""Answer keys live with the instructor, never in the package or the release notebooks.
 
-A key file ``keys/<lesson>.key`` is ``base64(zlib(json) XOR pad)`` with a pad derived from the lesson
-id. This keeps keys out of a casual read and out of text search; it is not cryptography (issue
-"The grader under fire" hardens it). Instructors edit keys with::
+Choice, ordering and keyed numeric items need a key; function items need the seed of their hidden,
+randomized cases; wrong choices have hints that explain them. None of that ships in ``coursekit``:
+it sits in one JSON file per lesson in the instructor's key folder, ``autograder/keys/NN.json``::
 
-    coursekit keys show 02             # print the JSON
-    coursekit keys write 02 keys.json  # encode a JSON object into keys/02.key
+    {"seed": SEED,                  # int: the hidden cases' generator seed
+     "keys": {ITEM: LETTER,         # one letter; a list of letters for a multi-choice item
+              ITEM: [LABEL, ...],   # an ordering: the step labels in order, or several accepted orders:
+              ITEM: {"order": [LABEL, ...], "also": [[LABEL, ...], ...], "note": TEXT}},
+     "hints": {ITEM: {LETTER: TEXT, ...}}}   # why an option is wrong, and what to reread
 
-A key file holds one JSON object: item id → key (a letter, a list of letters, a list of step
-labels) plus ``"seed"``, the integer seed of the lesson's hidden cases.
+The grader finds the folder through the environment variable ``COURSEKIT_KEYS``. ``coursekit grade``,
+``autograder/nbgrader_config.py`` and the test suite set it to ``autograder/keys``; a student's kernel
+has no such variable and no such folder, so while they work choice items are recorded, not scored,
+and the autograde run (``NBGRADER_EXECUTION=autograde``) refuses to grade without the keys.
+
+Instructors::
+
+    coursekit keys show 02     # print lesson 02's key file
+    coursekit keys check       # every keyed item has a key, and nothing else
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import hashlib
 import json
-import sys
-import zlib
-from functools import lru_cache
+import os
 from pathlib import Path
 from typing import Any
 
-KEY_DIR = Path(__file__).with_name("keys")
+ENV = "COURSEKIT_KEYS"
 
 
-def _pad(lesson: str, n: int) -> bytes:
-    out, block = b"", hashlib.sha256(f"coursekit-keys:{lesson}".encode()).digest()
-    while len(out) < n:
-        out += block
-        block = hashlib.sha256(block).digest()
-    return out[:n]
+class KeysUnavailable(LookupError):
+    """No instructor key folder here (a student's machine), or it lacks this lesson."""
 
 
-def encode(lesson: str, keys: dict) -> str:
-    raw = zlib.compress(json.dumps(keys, sort_keys=True).encode())
-    return base64.b64encode(bytes(a ^ b for a, b in zip(raw, _pad(lesson, len(raw))))).decode() + "\n"
+def key_dir() -> Path | None:
+    """The instructor's key folder named by ``$COURSEKIT_KEYS``, or None when the variable is unset or empty."""
+    d = os.environ.get(ENV, "").strip()
+    return Path(d).expanduser() if d else None
 
 
-def decode(lesson: str, text: str) -> dict:
-    raw = base64.b64decode(text.strip())
-    return json.loads(zlib.decompress(bytes(a ^ b for a, b in zip(raw, _pad(lesson, len(raw))))))
+def available(lesson: str) -> bool:
+    """True when the key file of ``lesson`` (e.g. "02") can be read here."""
+    d = key_dir()
+    return d is not None and (d / f"{lesson}.json").is_file()
 
 
-@lru_cache(maxsize=None)
 def load(lesson: str) -> dict[str, Any]:
-    """The decoded keys of one lesson (e.g. ``"02"``). Raises FileNotFoundError naming the file."""
-    path = KEY_DIR / f"{lesson}.key"
-    if not path.exists():
-        have = ", ".join(sorted(p.stem for p in KEY_DIR.glob("*.key")))
-        raise FileNotFoundError(f"no answer keys for lesson {lesson!r} ({path} does not exist); lessons with keys: {have}.")
-    return decode(lesson, path.read_text())
+    """Lesson ``lesson``'s key file, read now (never cached: notebook code must not be able to edit the keys
+    the next check reads). Returns ``{"seed": int, "keys": {item: key}, "hints": {item: {option: text}}}``.
+
+    Raises KeysUnavailable naming ``$COURSEKIT_KEYS`` when the folder is not set, does not exist or lacks the
+    lesson; ValueError when the file is not a valid key file.
+    """
+    d = key_dir()
+    if d is None:
+        raise KeysUnavailable(f"no answer keys here: ${ENV} is not set. Keys live with the instructor "
+                              f"(autograder/keys/); `coursekit grade` sets ${ENV} for the autograde run.")
+    path = d / f"{lesson}.json"
+    if not path.is_file():
+        have = ", ".join(sorted(p.stem for p in d.glob("*.json"))) if d.is_dir() else f"the folder {d} does not exist"
+        raise KeysUnavailable(f"no answer keys for lesson {lesson!r}: {path} is missing (${ENV}={d}; found: {have or 'none'}).")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a readable JSON key file: {e}") from e
+    if not (isinstance(data, dict) and isinstance(data.get("seed"), int) and isinstance(data.get("keys"), dict)):
+        raise ValueError(f"{path} must hold a JSON object with an int \"seed\" and a \"keys\" object; see coursekit.grading.keys.")
+    data.setdefault("hints", {})
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m coursekit.grading.keys", description="Show or write a lesson's encoded answer keys.")
+    """``coursekit keys show NN`` / ``coursekit keys check`` (instructors)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="coursekit keys", description="Show or check the instructor's answer keys ($COURSEKIT_KEYS).")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("show"); s.add_argument("lesson")
-    w = sub.add_parser("write"); w.add_argument("lesson"); w.add_argument("json_file", help="JSON object, or - for stdin")
+    s = sub.add_parser("show", help="print one lesson's key file")
+    s.add_argument("lesson")
+    sub.add_parser("check", help="check that every keyed item of every lesson has a key, and no key names a missing item")
     a = p.parse_args(argv)
-    if a.lesson.isdigit():
-        a.lesson = f"{int(a.lesson):02d}"
-    if a.cmd == "show":
-        print(json.dumps(load(a.lesson), indent=2, sort_keys=True))
-    else:
-        src = sys.stdin.read() if a.json_file == "-" else Path(a.json_file).read_text()
-        (KEY_DIR / f"{a.lesson}.key").write_text(encode(a.lesson, json.loads(src)))
-        print(f"wrote {KEY_DIR / f'{a.lesson}.key'}")
-    return 0
+    try:
+        if a.cmd == "show":
+            print(json.dumps(load(a.lesson), indent=1, ensure_ascii=False))
+            return 0
+        from . import key_problems
+
+        problems = key_problems()
+        print("\n".join(problems) if problems else f"every keyed item has a key ({key_dir()}).")
+        return 1 if problems else 0
+    except (KeysUnavailable, ValueError) as e:
+        print(f"coursekit keys: {e}", file=sys.stderr)
+        return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

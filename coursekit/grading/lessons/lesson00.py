@@ -108,49 +108,19 @@ ITEMS = {
     # Warm-up
     "w1": Choice(
         "Where do the implement-a-kernel and compute-a-value items of a lesson sit?", 1,
-        hints={
-            "a": "Warm-up is a short check of what you bring in (about 3 questions), not where you build things.",
-            "b": "Know this is exposition with runnable cells; nothing there is graded.",
-            "c": "Practice holds the autograded items and a few free-text answers graded by hand.",
-            "d": "Going further lists primary sources to read; it is not graded.",
-        },
     ),
     "w2": Choice(
         "What does the autograder add to the cases a grade cell runs while you work?", 1,
-        hints={
-            "a": "If it ran only the public cases, hard-coding their answers would earn full marks. Reread 'How to get feedback'.",
-            "b": "Hidden, randomized cases from a seed: a function that is right in general passes them too.",
-            "c": "Nothing is compared with your classmates; every answer is checked against coursekit's reference.",
-            "d": "The autograder does not grade style or timing; it runs the same checks plus hidden cases.",
-        },
     ),
     "w3": Choice(
         "A lesson's prose says 'the maximum error is 0.07'. Where does that number come from?", 1,
-        hints={
-            "a": "Numbers in a lesson are computed in a cell, and the cell asserts them, so the prose cannot drift from the code.",
-            "b": "A number copied from a paper or a document is exactly what this course avoids; versions change.",
-            "c": "Nothing is typed in by hand; if it were, nbval could not catch a stale number.",
-            "d": "The grader checks your answers, not the prose; the prose is checked by asserts when nbval runs the notebook.",
-        },
     ),
     # Practice
     "p1": Choice(
         "Which op has no CPU kernel in bitsandbytes 0.50.2 and so runs the pure-torch default on CPU?", 1,
-        hints={
-            "a": "quantize_4bit has no CPU registration: the dispatcher falls through to the 'default' (CompositeExplicitAutograd) kernel.",
-            "b": "dequantize_4bit has a C++ CPU kernel (cdequantize_blockwise_cpu_nf4_*); look at the dispatcher column of the probe table.",
-            "c": "quantize_blockwise has a C++ CPU kernel (the LUT quantizer) when the native library loaded; check the table.",
-            "d": "dequantize_blockwise has a C++ CPU kernel when the native library loaded; check the table.",
-        },
     ),
     "p2": Choice(
         "In 'dequantize_4bit falls back to pure torch', what does 'fall back' mean?", 1,
-        hints={
-            "a": "A fallback is not an error: the call succeeds. Nothing is raised or logged.",
-            "b": "Right: a generic implementation (here bnb's torch code) computes the same dequantization, usually slower.",
-            "c": "The data stays on the CPU; no op here moves anything to a GPU (there is none).",
-            "d": "The weight is not re-quantized; the same 4-bit codes and absmax are read, just by different code.",
-        },
     ),
     "p3": Numeric(
         "How many CPU threads does torch use for its kernels on this machine?", 1, name="answer_p3",
@@ -163,12 +133,6 @@ ITEMS = {
     ),
     "p5": Choice(
         "On this machine, which implementation dequantizes an NF4 weight of shape (4, 63), blocksize 64?", 1,
-        hints={
-            "a": "The C++ kernel needs an even last dimension (it reads whole bytes per row); 63 is odd. See the fallback table.",
-            "b": "Right: the CPU wrapper sees shape[-1] % 2 != 0 and calls the torch _dequantize_4bit_compute.",
-            "c": "dequantize_4bit does have a CPU registration; the question is what that registration does with this shape.",
-            "d": "Nothing fails: an odd last dimension is handled, by a different implementation.",
-        },
     ),
     "p6": Numeric(
         "How many bytes do the packed 4-bit codes of a 576 × 1536 weight take (absmax not counted)?", 1,
@@ -177,11 +141,11 @@ ITEMS = {
     "p7": Ordering(
         "Put the five parts of a lesson in order", 1,
         labels={
-            "warmup": "Warm-up",
+            "further": "Going further",
             "know": "Know this",
             "practice": "Practice",
             "reps": "Real-world reps",
-            "further": "Going further",
+            "warmup": "Warm-up",
         },
     ),
 }

@@ -13,10 +13,8 @@ import numpy as np
 from .. import Case, Choice, Function, Mistake, Numeric, Ordering
 from ... import memory
 
-_SEC_TABLE = "Reread Know this, 'What is missing?'."
 _SEC_METHODS = "Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'."
 _SEC_LEDGER = "Reread Know this, 'The memory ledger'."
-_SEC_CHOOSE = "Reread Know this, 'Which approach would I choose?'."
 
 
 # --------------------------------------------------------------------------- p4: a numeric ledger total
@@ -119,75 +117,38 @@ ITEMS = {
         "What QLoRA changes that LoRA does not",
         1,
         options="abcd",
-        hints={
-            "a": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. " + _SEC_METHODS,
-            "b": "LoRA decides which parameters train; QLoRA also decides how the frozen base is stored.",
-            "c": "A and B keep their shapes (d × r and r × m): quantization changes the bytes of W, not its logical shape. " + _SEC_METHODS,
-            "d": "Both are usually trained with AdamW; the optimizer is a separate choice from the adapter. " + _SEC_METHODS,
-        },
     ),
     "w2": Choice(
         "Weekly-changing prices",
         1,
         options="abcd",
-        hints={
-            "a": "A weekly fine-tune chases facts that change faster than you can train and evaluate, and weights are not a "
-                 "dependable database of changing facts. " + _SEC_TABLE,
-            "b": "More trainable parameters do not make a model know next week's prices. " + _SEC_TABLE,
-            "c": "Current or private facts belong in the input: retrieval or a tool call fetches them at question time.",
-            "d": "Constrained output fixes the shape of an answer, not the facts in it. " + _SEC_TABLE,
-        },
     ),
     "w3": Choice(
         "Largest bucket of full fine-tuning",
         1,
         options="abcd",
-        hints={
-            "a": "Activations can dominate at long sequences, but they are not a persistent tensor and the ledger leaves "
-                 "them out; among the ledger's buckets, look again. " + _SEC_LEDGER,
-            "b": "The bf16 weights are 2 bytes per parameter; another bucket costs four times as much. " + _SEC_LEDGER,
-            "c": "The bf16 gradients are 2 bytes per parameter, the same as the weights. " + _SEC_LEDGER,
-            "d": "Two fp32 moments per parameter: 8 bytes, 56 GB for 7B parameters.",
-        },
     ),
     # ------------------------------------------------------------------ practice
     "p1": Choice(
         "Ticket labels: what to try first",
         2,
         options="abcd",
-        hints={
-            "a": "The label set is stable and already described in the prompt: no information is missing, so retrieval "
-                 "adds nothing new. " + _SEC_TABLE,
-            "b": "Constrained decoding guarantees one of the 12 labels, but the errors are wrong labels, not malformed "
-                 "ones. " + _SEC_TABLE,
-            "c": "Full fine-tuning is where you go when a controlled adapter experiment remains insufficient, not the "
-                 "first step. " + _SEC_CHOOSE,
-            "d": "Good inputs, inconsistent behaviour: that is the row where fine-tuning becomes an experiment worth "
-                 "running, measured on a held-out set.",
-        },
     ),
     "p2": Choice(
         "True statements about adapting a model",
         3,
         options="abcdef",
         multi=True,
-        hints={
-            "a": "Standard QLoRA never updates or re-quantizes the 4-bit base; only the adapter factors are optimized. " + _SEC_METHODS,
-            "c": "More trainable parameters give the optimizer more room, not a guarantee: overfitting and loss of "
-                 "earlier behaviour still have to be measured. " + _SEC_METHODS,
-            "e": "Weights learn patterns from data; they are not a dependable store of facts that change. Use retrieval "
-                 "or tools for those. " + _SEC_TABLE,
-        },
     ),
     "p3": Ordering(
         "How would I start? Put the steps in order",
         2,
         labels={
-            "baseline": "save a baseline on a small, representative evaluation set",
-            "data": "build clean training examples and keep evaluation examples out of them",
             "base": "choose a supported base model",
-            "method": "LoRA if the 16-bit base fits the budget, QLoRA if base memory is the limit",
+            "baseline": "save a baseline on a small, representative evaluation set",
             "compare": "compare task quality, peak memory and speed",
+            "data": "build clean training examples and keep evaluation examples out of them",
+            "method": "LoRA if the 16-bit base fits the budget, QLoRA if base memory is the limit",
         },
     ),
     "p4": Numeric(
@@ -215,12 +176,5 @@ ITEMS = {
         "A 70B base on a 48 GB GPU",
         2,
         options="abcd",
-        hints={
-            "a": "Frozen base storage is the limit: 70B × 0.5 bytes = 35 GB of codes, and the backend supports the "
-                 "training path. Still measure activations and peak memory.",
-            "b": "A 70B bf16 base is 140 GB of weights before anything trains: it does not fit in 48 GB. " + _SEC_CHOOSE,
-            "c": "Full fine-tuning needs about 12 bytes per parameter before activations: 840 GB. " + _SEC_LEDGER,
-            "d": "Nothing in the scenario says facts are missing or changing; the constraint is memory. " + _SEC_CHOOSE,
-        },
     ),
 }

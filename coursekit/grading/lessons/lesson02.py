@@ -10,8 +10,6 @@ from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric
 from ..lora_mistakes import forward_mistakes, merge_mistakes, torch_layout_mistakes
 
-READ_SHAPES = "Reread 'Shapes first' in Know this."
-
 
 # --------------------------------------------------------------------------- references
 
@@ -130,11 +128,6 @@ ITEMS = {
     "w1": Choice(
         "the shape of A",
         1,
-        hints={
-            "a": "r × d is how PEFT *stores* lora_A.weight (out × in); in the row-vector convention X A needs A to be d × r. " + READ_SHAPES,
-            "c": "r × m is B's shape: B maps the r-wide code back to m outputs. " + READ_SHAPES,
-            "d": "m × r is how PEFT stores lora_B.weight. " + READ_SHAPES,
-        },
     ),
     "w2": Numeric(
         "the scale s for lora_alpha = 32, r = 8",
@@ -150,11 +143,6 @@ ITEMS = {
     "w3": Choice(
         "the adapter at initialisation (B = 0)",
         1,
-        hints={
-            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0.",
-            "c": "The whole layer equals X W; the adapter's own contribution is zero.",
-            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros.",
-        },
     ),
     "p1": Function(
         "implement adapted_forward",
@@ -214,11 +202,6 @@ ITEMS = {
     "p6": Choice(
         "merged vs unmerged in floating point",
         1,
-        hints={
-            "a": "Bit-identical is not guaranteed: (XA)B and X(AB) round in different places. See 'Merging' in Know this.",
-            "c": "Neither is exact in floating point; both round, differently.",
-            "d": "The scale is inside both computations; they agree up to rounding, not by a factor s.",
-        },
     ),
     "p7": Numeric(
         f"largest rank whose adapter is smaller than a dense {P7_SIDE} × {P7_SIDE} matrix",

@@ -291,11 +291,6 @@ ITEMS = {
     "w2": Choice(
         "which matrix has rank 1",
         1,
-        hints={
-            "b": "The identity's two columns point in different directions: rank 2. " + READ_RANK,
-            "c": "diag(1, −1) has two independent columns (one per axis): rank 2. " + READ_RANK,
-            "d": "A permutation matrix has full rank: its columns are distinct unit vectors. Reread 'When low rank fails'.",
-        },
     ),
     "w3": Numeric(
         f"the factor by which s changes when r goes from {W3['r_from']} to {W3['r_to']} at lora_alpha = {W3['lora_alpha']}",
@@ -344,11 +339,6 @@ ITEMS = {
     "p3": Choice(
         "what r = 8 counts in a 30-block model with adapters on q_proj and v_proj",
         1,
-        hints={
-            "a": "The 60 adapters are independent: each adapted matrix has its own A and B and its own update of rank <= 8. " + READ_RANK,
-            "c": "target_modules chooses where adapters go; r is the inner width of each adapter, not a number of blocks. " + READ_RANK,
-            "d": "r is not split across (or multiplied by) attention heads: one adapter acts on the whole projection. " + READ_RANK,
-        },
     ),
     "p4": Numeric(
         "one entry of the update s (x A) B for A = ones(4, 8), B = ones(8, 4), x = ones(1, 4), lora_alpha = 16, r = 8",

@@ -304,29 +304,14 @@ ITEMS = {
     "w1": Choice(
         "what -100 in labels means",
         1,
-        hints={
-            "a": "-100 is not a token id (ids are >= 0); padding gets its own id, pad_id. -100 is a label value that the loss skips. " + READ_MASKS,
-            "c": "Which positions may be attended to is the attention mask's job; a -100 label leaves attention alone. " + READ_MASKS,
-            "d": "Nothing is penalised: the position contributes exactly zero to the loss and to the count N. " + READ_MASKS,
-        },
     ),
     "w2": Choice(
         "a prompt token under assistant-only supervision",
         1,
-        hints={
-            "b": "attention_mask 0 would hide the prompt from the answer tokens: the model could not read the question. " + READ_MASKS,
-            "c": "With its own id as label, the prompt would be trained on too (full-conversation training, not assistant-only). " + READ_MASKS,
-            "d": "That hides the prompt and trains on it: both masks are the wrong way round. " + READ_MASKS,
-        },
     ),
     "w3": Choice(
         "who does the causal shift",
         1,
-        hints={
-            "a": "Logit t is the prediction made after reading tokens 0..t; scoring it against token t would let it copy its input. " + READ_SHIFT,
-            "b": "Logit t + 1 has already seen token t + 1: nothing left to predict. " + READ_SHIFT,
-            "d": "transformers' causal LMs shift inside their loss (ForCausalLMLoss); shifting first makes it happen twice. " + READ_SHIFT,
-        },
     ),
     "p1": Function(
         "implement make_labels",
@@ -402,10 +387,5 @@ ITEMS = {
     "p7": Choice(
         "pad == eos",
         1,
-        hints={
-            "a": "Padding is masked, but so is every real end token: the ids are equal, so an id test cannot tell them apart. " + READ_PAD,
-            "c": "The attention mask is built from row lengths and is right; the damage is in the labels. " + READ_PAD,
-            "d": "Each row still has supervised answer tokens, so N > 0 and the loss is finite. " + READ_PAD,
-        },
     ),
 }

@@ -12,7 +12,6 @@ from ..lora_mistakes import backward_mistakes
 READ_SHAPES = "Reread 'Shapes force the transposes' in Know this."
 READ_FOUR = "Reread 'The four gradients' in Know this."
 READ_FROZEN = "Reread 'Frozen is not detached' in Know this."
-READ_INIT = "Reread 'What the gradients do at initialisation' in Know this."
 
 
 # --------------------------------------------------------------------------- reference
@@ -127,29 +126,14 @@ ITEMS = {
     "w1": Choice(
         "the shape of ∇A",
         1,
-        hints={
-            "a": "r × d is Aᵀ's shape (and how PEFT stores lora_A.weight). The gradient of a scalar loss with respect to A has A's own shape, d × r. " + READ_SHAPES,
-            "c": "n × r is the shape of Z = XA and of dZ, the gradient arriving at Z; ∇A = Xᵀ dZ sums over the n tokens and is d × r. " + READ_SHAPES,
-            "d": "d × m is W's shape; ∇A must have A's shape, d × r. " + READ_SHAPES,
-        },
     ),
     "w2": Choice(
         "a frozen W and the gradient reaching X",
         1,
-        hints={
-            "b": "Freezing stops the optimizer from updating W; it does not cut the graph. The base path D Wᵀ still reaches X. " + READ_FROZEN,
-            "c": "Frozen weights still pass gradient: with the adapter path alone, every layer below would see only a small correction of its true gradient. " + READ_FROZEN,
-            "d": "No gradient for W is formed at all (W.grad stays None); the frozen weight is used, not updated. " + READ_FROZEN,
-        },
     ),
     "w3": Choice(
         "the gradient of Z in Y = Z B",
         1,
-        hints={
-            "a": "D B does not multiply: D is n × m and B is r × m, the inner sizes m and r disagree. " + READ_SHAPES,
-            "b": "Bᵀ D is (m × r)(n × m): it needs r = n and would not give Z's shape n × r. " + READ_SHAPES,
-            "d": "Dᵀ B is (m × n)(r × m): it needs n = r, and the gradient of Z must have Z's shape n × r. " + READ_SHAPES,
-        },
     ),
     "p1": Function(
         "implement lora_backward",
@@ -164,11 +148,6 @@ ITEMS = {
     "p2": Choice(
         "the shape of dZ",
         1,
-        hints={
-            "a": "r × m is B's shape (and ∇B's). dZ is the gradient of Z = XA, which is n × r. " + READ_SHAPES,
-            "b": "n × m is the shape of Y and D. dZ = s D Bᵀ: (n × m)(m × r) = n × r. " + READ_SHAPES,
-            "c": "d × r is A's shape (and ∇A's). dZ belongs to Z, one row per token: n × r. " + READ_SHAPES,
-        },
     ),
     "p3": Numeric(
         f"dA[{P3_INDEX[0]}, {P3_INDEX[1]}] in the two-token case",
@@ -184,19 +163,10 @@ ITEMS = {
         2,
         options="abcde",
         multi=True,
-        hints={
-            "b": "∇B = s Zᵀ D with Z = XA: A is random, so Z ≠ 0, and ∇B is not zero. That is how B leaves zero on the first step. " + READ_INIT,
-            "e": "The base path D Wᵀ does not involve the adapter at all; it is as large as without LoRA. " + READ_INIT,
-        },
     ),
     "p5": Choice(
         "W.grad after backward with W frozen",
         1,
-        hints={
-            "a": "Xᵀ D is what ∇W would be if W were trainable; with requires_grad=False autograd never forms it. " + READ_FROZEN,
-            "c": "PyTorch does not allocate a zero gradient for a tensor that does not require grad; W.grad is None. " + READ_FROZEN,
-            "d": "D Wᵀ is W's contribution to ∇X, and it is computed; but it goes to X, not into W.grad. " + READ_FROZEN,
-        },
     ),
     "p6": Array(
         "∇W for the worked example, if W were trainable",
@@ -210,10 +180,5 @@ ITEMS = {
     "p7": Choice(
         "A = 0 and B = 0 at initialisation",
         1,
-        hints={
-            "a": "∇A = s Xᵀ D Bᵀ is zero while B = 0, and ∇B = s (XA)ᵀ D is zero while A = 0: neither can move first. " + READ_INIT,
-            "b": "B would learn first only if A were nonzero: with A = 0, Z = XA = 0 and ∇B = s Zᵀ D = 0. " + READ_INIT,
-            "d": "∇A contains Bᵀ, so with B = 0 it is zero too. " + READ_INIT,
-        },
     ),
 }

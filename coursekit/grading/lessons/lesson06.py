@@ -12,9 +12,7 @@ from .. import Array, Choice, Function, Numeric
 
 READ_CE = "Reread 'Softmax, cross-entropy and D' in Know this."
 READ_ADAMW = "Reread 'AdamW by hand' in Know this."
-READ_ZERO = "Reread 'Why ∇A is zero at step one' in Know this."
 READ_STEPS = "Reread 'The eight steps, once by hand' in Know this."
-READ_TOY = "Reread 'The toy: one projection as a classifier' in Know this."
 
 
 # --------------------------------------------------------------------------- references
@@ -253,11 +251,6 @@ ITEMS = {
     "w1": Choice(
         "D for softmax cross-entropy, one row",
         1,
-        hints={
-            "a": "p alone ignores which class is right; the gradient must push the target's logit up. " + READ_CE,
-            "b": "That is −D: with it, gradient descent would push the target's probability down. " + READ_CE,
-            "d": "−log p is the loss itself, not its gradient with respect to the logits. " + READ_CE,
-        },
     ),
     "w2": Numeric(
         "the cross-entropy loss for target class 1 with p = [0.460085, 0.539915]",
@@ -276,11 +269,6 @@ ITEMS = {
     "w3": Choice(
         "which tensors are the optimizer's parameters in the walk",
         1,
-        hints={
-            "b": "W is frozen: it passes gradient to X (D Wᵀ) but is never in the optimizer. " + READ_TOY,
-            "c": "X gets a gradient so that earlier layers could learn, but X is an input, not a parameter of this layer. " + READ_TOY,
-            "d": "A is in the optimizer from the start; at step one its gradient happens to be zero, so AdamW leaves it where it is. " + READ_ZERO,
-        },
     ),
     "p1": Function(
         "implement ce_grad",
@@ -350,11 +338,6 @@ ITEMS = {
     "p6": Choice(
         "why ∇A = 0 at step one",
         1,
-        hints={
-            "a": "W being frozen means no ∇W is formed; the path from the loss to A runs through B, not through W. " + READ_ZERO,
-            "b": "D is not zero: the base alone gives p ≈ [0.46, 0.54], so D ≈ [0.46, −0.46]; ∇B is nonzero from the same D. " + READ_ZERO,
-            "c": "The gradient is computed before the optimizer runs; AdamW's first step moves B by about lr. " + READ_ZERO,
-        },
     ),
     "p7": Function(
         "implement log_softmax_backward",

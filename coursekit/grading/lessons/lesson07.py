@@ -13,8 +13,6 @@ from .. import Choice, Function, Numeric, Ordering
 
 READ_CD = "Reread 'Central differences, entry by entry' in Know this."
 READ_REL = "Reread 'Relative error and its bands' in Know this."
-READ_CASES = "Reread 'Test cases that catch broken kernels' in Know this."
-READ_SWEEP = "Reread 'The ε sweep' in Know this."
 READ_F32 = "Reread 'float32 needs other tolerances' in Know this."
 
 
@@ -226,11 +224,6 @@ ITEMS = {
     "w1": Choice(
         "the central-difference formula",
         1,
-        hints={
-            "a": "That is the forward difference: it works, but its error shrinks only like ε, not ε². " + READ_CD,
-            "c": "The two points x + ε and x − ε are 2ε apart: dividing by ε doubles the slope. " + READ_CD,
-            "d": "A sum of the two values measures the function's level, not its slope; a derivative needs a difference. " + READ_CD,
-        },
     ),
     "w2": Numeric(
         f"loss evaluations for a full central-difference check of X, A and B (n = {W2_SHAPE['n']}, d = {W2_SHAPE['d']}, "
@@ -244,11 +237,6 @@ ITEMS = {
     "w3": Choice(
         "why gradient checks run in float64",
         1,
-        hints={
-            "a": "Speed is not the reason: float64 is slower on most hardware. The reason is round-off, which is divided by ε. " + READ_F32,
-            "c": "Autograd works in float32 and bfloat16 too; finite differences are what suffer from float32's rounding. " + READ_F32,
-            "d": "Adapters are trained in float32 or bf16; the check uses float64 only to keep round-off below the bug signal. " + READ_F32,
-        },
     ),
     "p1": Function(
         "implement central_difference",
@@ -274,34 +262,19 @@ ITEMS = {
     "p3": Choice(
         "the case that exposes a backward without s",
         1,
-        hints={
-            "a": "At s = 1 a missing s is a missing factor 1: every gradient is unchanged, whatever B is (and at B = 0, dA is zero anyway). " + READ_CASES,
-            "c": "More tokens catch summation bugs, but with s = 1 a missing factor s is a factor 1: the check passes. " + READ_CASES,
-            "d": "A rectangular W catches transposes; with s = 1 the missing scale still multiplies by 1. " + READ_CASES,
-        },
     ),
     "p4": Choice(
         "the case that exposes dB = s · outer(Z.sum(0), D.sum(0))",
         1,
-        hints={
-            "a": "With one token, Σ_i z_i times Σ_j d_j is the single product z_1 d_1: the sums hide nothing. " + READ_CASES,
-            "b": "s multiplies the right and the wrong dB alike; the bug is in how tokens are summed. " + READ_CASES,
-            "d": "B = 0 does not change dB = s Zᵀ D (it does not contain B); and with one token the bug is invisible. " + READ_CASES,
-        },
     ),
     "p5": Choice(
         "the band of a float64 relative error of 3e-6",
         1,
-        hints={
-            "a": "Below 1e-7 is 'right' in float64; 3e-6 is thirty times larger. " + READ_REL,
-            "c": "'Wrong' starts above 1e-4 in float64; 3e-6 is in between, so look closer first. " + READ_REL,
-            "d": "1e-3 is a float32 boundary; this check ran in float64, where the bands are 1e-7 and 1e-4. " + READ_REL,
-        },
     ),
     "p6": Ordering(
         "the ε-sweep regimes, from large ε to small ε",
         2,
-        labels={  # alphabetical: the order is the key's business (keys/07.key)
+        labels={
             "balance": "the minimum, where truncation and round-off are equal",
             "collapse": "x ± ε rounds back to x: the difference is 0 and the relative error is 1",
             "roundoff": "error ∝ 1/ε, grows as ε shrinks",
@@ -321,9 +294,5 @@ ITEMS = {
         2,
         options="abcd",
         multi=True,
-        hints={
-            "b": "At B = 0 the right dA is s Xᵀ D Bᵀ = 0, and so is any wrong formula that carries Bᵀ: the check compares 0 with 0. " + READ_CASES,
-            "d": "The adapter path of dX is dZ Aᵀ with dZ = s D Bᵀ = 0 at B = 0: any bug there multiplies zero. " + READ_CASES,
-        },
     ),
 }

@@ -11,7 +11,6 @@ from ... import lora
 from ..checkers import Case, Mistake
 from .. import Array, Choice, Function, Numeric
 
-READ_FWD = "Reread 'One head, forward' in Know this."
 READ_BWD = "Reread 'Backward, one rule per product' in Know this."
 READ_SOFTMAX = "Reread 'The softmax step' in Know this."
 READ_MASK = "Reread 'Masked means zero: probability and gradient' in Know this."
@@ -243,29 +242,14 @@ ITEMS = {
     "w1": Choice(
         "the shape of P for one head",
         1,
-        hints={
-            "a": "T × d_h is the shape of Q, K and dQ; P holds one probability per (query, key) pair: T × T. " + READ_FWD,
-            "c": "d_h × d_h would be Qᵀ K, which contracts over positions; attention compares positions, Q Kᵀ is T × T. " + READ_FWD,
-            "d": "T × d_v is the shape of V and of the output C = P V; P itself is T × T. " + READ_FWD,
-        },
     ),
     "w2": Choice(
         "which keys a causal query may attend",
         1,
-        hints={
-            "b": "u ≥ t would let each query look at the future, the opposite of causal. " + READ_MASK,
-            "c": "u < t would hide the query's own position; PyTorch's is_causal keeps the diagonal (u ≤ t). " + READ_MASK,
-            "d": "That is bidirectional attention (an encoder); a decoder's causal mask hides every key after the query. " + READ_MASK,
-        },
     ),
     "w3": Choice(
         "why the row maximum is subtracted",
         1,
-        hints={
-            "a": "Subtracting a constant from a row leaves its softmax unchanged: exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s). " + READ_FWD,
-            "c": "The gradient does not change either; the rowsum term in dS already makes each row of dS sum to zero. " + READ_FWD,
-            "d": "The mask is applied with −inf before the maximum; subtracting the maximum only keeps exp from overflowing. " + READ_FWD,
-        },
     ),
     "p1": Function(
         "implement softmax_backward",
@@ -302,23 +286,12 @@ ITEMS = {
     "p4": Choice(
         "the NumPy expression for rowsum(dP ⊙ P)",
         1,
-        hints={
-            "b": "axis=-2 sums over the queries, i.e. each key's column; each softmax row needs its own sum over keys (axis=-1). " + READ_SOFTMAX,
-            "c": "That is one number for the whole array; every query row is its own softmax and needs its own sum. " + READ_SOFTMAX,
-            "d": "Without keepdims the sums have shape (..., T), and NumPy broadcasts them along the last axis: query u's sum is "
-                 "subtracted in key column u. keepdims=True keeps shape (..., T, 1), one number per row. " + READ_SOFTMAX,
-        },
     ),
     "p5": Choice(
         "what is exactly zero after a causal head's backward",
         2,
         options="abcde",
         multi=True,
-        hints={
-            "c": "Every query attends key 0, so key 0 collects gradient from every row: dK[0] = Σ_t dS[t, 0] Q[t] / √d_h. " + READ_MASK,
-            "d": "The last value is attended by the last query with P[T−1, T−1] > 0, so dV[T−1] = P[T−1, T−1] dC[T−1] ≠ 0. " + READ_MASK,
-            "e": "dP = dC Vᵀ is dense: the mask never enters it. It is the factor P in dS = P ⊙ (…) that zeroes the masked entries. " + READ_MASK,
-        },
     ),
     "p6": Array(
         "∇A of a LoRA adapter on q_proj",
@@ -332,10 +305,5 @@ ITEMS = {
     "p7": Choice(
         "the upstream gradient D of an adapter on o_proj",
         1,
-        hints={
-            "b": "dC is the gradient at o_proj's input (the merged heads); the adapter's D is the gradient at its layer's output. " + READ_LORA,
-            "c": "dV is v_proj's D, not o_proj's; o_proj sits after the heads are merged. " + READ_LORA,
-            "d": "dS lives inside each head, between the softmax and the scores; no projection's output is S. " + READ_LORA,
-        },
     ),
 }

@@ -266,11 +266,6 @@ ITEMS = {
     "w1": Choice(
         "the shape of H and of dH",
         1,
-        hints={
-            "a": "n × d is the shape of X and of the MLP's output Y; H lives in the wide intermediate space, n × f. " + READ_MLP,
-            "c": "f × d is W_down's shape. H has one row per token: n × f. " + READ_MLP,
-            "d": "d × f is W_gate's (and W_up's) shape. H = SiLU(XW_gate) ⊙ (XW_up) has one row per token: n × f. " + READ_MLP,
-        },
     ),
     "w2": Numeric(
         "SiLU′(0)",
@@ -288,11 +283,6 @@ ITEMS = {
     "w3": Choice(
         "the gradient reaching X in the gated MLP",
         1,
-        hints={
-            "a": "That drops the up branch: X is used by both the gate and the up projection, and a tensor used twice collects both gradients. " + READ_BRANCH,
-            "b": "The branches are combined by adding their gradients, not by multiplying them element by element. " + READ_BRANCH,
-            "c": "Averaging halves each contribution: the chain rule sums over every path from X to the loss. " + READ_BRANCH,
-        },
     ),
     "p1": Function(
         "implement silu_grad",
@@ -339,11 +329,6 @@ ITEMS = {
     "p5": Choice(
         "the input of the down projection's adapter",
         1,
-        hints={
-            "a": "The block input feeds gate_proj and up_proj (and their adapters); down_proj's adapter consumes what down_proj consumes. " + READ_LORA,
-            "b": "G = X W_gate is the gate's pre-activation; down_proj never sees it directly, only through H = SiLU(G) ⊙ U. " + READ_LORA,
-            "d": "The MLP output Y is what down_proj produces, not what it consumes. " + READ_LORA,
-        },
     ),
     "p6": Numeric(
         "dx of the one-number residual MLP",

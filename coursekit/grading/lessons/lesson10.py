@@ -8,11 +8,8 @@ from ... import block, lora, mlp
 from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric
 
-READ_BLOCK = "Reread 'The block, projection by projection' in Know this."
 READ_BACK = "Reread 'Backward through the block' in Know this."
-READ_DETACH = "Reread 'Frozen is not detached, block edition' in Know this."
 READ_COUNT = "Reread 'Counting adapters and parameters' in Know this."
-READ_REAL = "Reread 'The real model' in Know this."
 
 # SmolLM2-135M's projection shapes in PEFT's module names. The notebook reads them from the loaded
 # model's config and asserts they equal these; tests/test_lesson10_items.py checks them against the
@@ -194,11 +191,6 @@ ITEMS = {
     "w1": Choice(
         "the input of the o_proj adapter",
         1,
-        hints={
-            "a": "x is the block's input; it reaches o_proj only through RMSNorm, q/k/v and attention. Every adapter consumes its own projection's input. " + READ_BLOCK,
-            "b": "u1 = RMSNorm(x) is what q, k and v (and their adapters) see; o_proj sees the attention output. " + READ_BLOCK,
-            "d": "P is T × T per head and has no projection weight; the context P V of every head, merged, is o_proj's input. " + READ_BLOCK,
-        },
     ),
     "w2": Numeric(
         "factor matrices for Q/K/V/O on 30 layers",
@@ -215,11 +207,6 @@ ITEMS = {
     "w3": Choice(
         "a frozen o_proj between the loss and the q/v adapters",
         1,
-        hints={
-            "b": "Freezing only stops W_o from being updated (no ∇W_o is formed); the product mh W_o stays in the graph, so dh W_oᵀ reaches the attention heads. " + READ_DETACH,
-            "c": "The residual h = x + o bypasses attention entirely: q and v sit inside the attention branch, and they are fed through o_proj, frozen or not. " + READ_DETACH,
-            "d": "q and v are on the same side of o_proj; both get gradient through it (q via the scores, v via the weighted sum). " + READ_DETACH,
-        },
     ),
     "p1": Function(
         "count adapters and factor matrices",
@@ -255,11 +242,6 @@ ITEMS = {
     "p4": Choice(
         "a blanket detach of a frozen o_proj",
         2,
-        hints={
-            "a": "o_proj's own weights would not learn either way, but under no_grad its output is a constant: nothing flows back through it to the heads, so q and v of that layer get no gradient at all. " + READ_DETACH,
-            "c": "The layers below are still reached: the residual h = x + o carries dh around the attention branch to x and on down. Only the adapters inside the cut branch starve. " + READ_DETACH,
-            "d": "The residual never passes through q or v: they sit inside the attention branch, which the no_grad cut off completely. Their gradient is not smaller; it is absent. " + READ_DETACH,
-        },
     ),
     "p5": Function(
         "the o adapter's gradients inside the block",
@@ -278,9 +260,5 @@ ITEMS = {
         2,
         options="abcde",
         multi=True,
-        hints={
-            "d": "o_proj is an nn.Linear inside every layer; all-linear adapts it (lora_A/lora_B appear under each o_proj). " + READ_REAL,
-            "e": "down_proj is an nn.Linear inside every MLP; all-linear adapts it. " + READ_REAL,
-        },
     ),
 }

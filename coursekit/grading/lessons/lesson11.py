@@ -278,12 +278,6 @@ ITEMS = {
     "w1": Choice(
         "what torch.optim.AdamW stores per parameter",
         1,
-        hints={
-            "a": "AdamW keeps running averages, not the history: memory would grow with every step. " + READ_STATE,
-            "c": "The learning rate lives in the param group, shared by all its tensors; per tensor AdamW keeps two moments "
-                 "shaped like it and a step count. " + READ_STATE,
-            "d": "A copy of the frozen base is never part of the optimizer's state; the optimizer only sees the tensors you give it. " + READ_STATE,
-        },
     ),
     "w2": Numeric(
         "numbers in AdamW's moments for one r = 16 adapter on a 4096 × 4096 projection",
@@ -305,14 +299,6 @@ ITEMS = {
     "w3": Choice(
         "AdamW(model.parameters(), weight_decay=0.1) on a PEFT model",
         1,
-        hints={
-            "a": "torch.optim.AdamW skips every parameter whose .grad is None before it applies the decay, and a frozen "
-                 "base weight's .grad stays None. " + READ_ZERO,
-            "b": "AdamW does not check requires_grad; it accepts frozen tensors without complaint and skips them because "
-                 "their .grad is None. " + READ_ZERO,
-            "d": "State is created lazily, at the first step where the parameter has a gradient: a None gradient means no "
-                 "state. " + READ_ZERO,
-        },
     ),
     "p1": Function(
         "implement factor_update",
@@ -349,11 +335,6 @@ ITEMS = {
     "p4": Choice(
         "which parameter does opt.step() change",
         1,
-        hints={
-            "a": "AdamW skips a parameter whose .grad is None: no decay, no state. " + READ_ZERO,
-            "c": "With weight_decay = 0 and a zero gradient, the Adam step is 0 / (0 + ε) = 0: nothing moves. " + READ_ZERO,
-            "d": "A tensor that is not in the optimizer's param groups is never touched by step(), whatever its gradient. " + READ_ZERO,
-        },
     ),
     "p5": Function(
         "implement rescaled_grads",

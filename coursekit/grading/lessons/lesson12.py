@@ -15,7 +15,6 @@ from .. import Choice, Numeric, Ordering
 from ..checkers import Feedback, Mistake, _describe_exception, compare_arrays, quiet
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
-READ_RESUME = "Reread 'A resumable checkpoint' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
 
 # SmolLM2-135M (the course's base): hidden 576, 9 query heads and 3 KV heads of width 64, 30 decoder layers.
@@ -181,58 +180,19 @@ class ReloadItem:
 
 # --------------------------------------------------------------------------- items
 
-class _ResumeOrdering(Ordering):
-    """The resume order, where more than one order is right.
-
-    Restoring the RNG states must come after attaching the adapter (lora_A's initialisation draws random
-    numbers) and before the step; building the optimizer and loading state draw none, so "rng" may sit
-    anywhere in between. Any order that keeps base < attach < optimizer < load < step and attach < rng < step
-    earns full points; others are scored against the key's order, as usual.
-    """
-
-    def check(self, answer: Any, ctx) -> Feedback:
-        if isinstance(answer, (list, tuple)):
-            ans = [str(a).strip().lower() for a in answer]
-            key = list(ctx.key())
-            if sorted(ans) == sorted(key):
-                pos = {k: i for i, k in enumerate(ans)}
-                chain = ["base", "attach", "optimizer", "load", "step"]
-                if all(pos[a] < pos[b] for a, b in zip(chain, chain[1:])) and pos["attach"] < pos["rng"] < pos["step"]:
-                    return Feedback(self.points, self.points, ["The order is right (restoring the RNG states may sit anywhere "
-                                                               "after the adapter is attached and before the step)."])
-        return super().check(answer, ctx)
-
 
 ITEMS = {
     "w1": Choice(
         "what an inference adapter export holds",
         1,
-        hints={
-            "a": "A is not regenerated: training changed it, and B alone means nothing without the A it was trained with. "
-                 "Reread 'Two artifacts' in Know this.",
-            "c": "Optimizer moments are for resuming training; an inference export does not need them. "
-                 "Reread 'Two artifacts' in Know this.",
-            "d": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it "
-                 "to its base. Reread 'Two artifacts' in Know this.",
-        },
     ),
     "w2": Choice(
         "resuming without the RNG state, dropout on",
         1,
-        hints={
-            "a": "Dropout draws a new mask from the global RNG at every training forward, not only at initialisation. " + READ_RESUME,
-            "b": "Nothing fails: the run continues, silently on a different path. " + READ_RESUME,
-            "d": "Resumed steps are training steps: dropout is on, and its masks come from the RNG you did not restore. " + READ_RESUME,
-        },
     ),
     "w3": Choice(
         "outputs of a freshly attached adapter",
         1,
-        hints={
-            "a": "lora_A is random, but lora_B starts at zero, so (XA)B = 0 exactly.",
-            "b": "A new LoraConfig gives a new adapter, initialised; the same r and lora_alpha do not bring the trained factors back. " + READ_RELOAD,
-            "c": "The adapter adds zero to the base layer's output; the output itself is the base model's.",
-        },
     ),
     "p1": Numeric(
         f"adapter parameters of r = {P1_R} on q_proj and v_proj of SmolLM2-135M",
@@ -261,14 +221,14 @@ ITEMS = {
         ],
     ),
     "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
-    "p4": _ResumeOrdering(
+    "p4": Ordering(
         "resume a run from a checkpoint, in order",
         2,
         labels={
-            "base": "build the same base and check its fingerprint",
             "attach": "attach the adapter with the same LoraConfig",
-            "optimizer": "build the optimizer and scheduler over the adapter's parameters",
+            "base": "build the same base and check its fingerprint",
             "load": "load the adapter weights, optimizer and scheduler state and the sampler position",
+            "optimizer": "build the optimizer and scheduler over the adapter's parameters",
             "rng": "restore the torch, NumPy and Python RNG states",
             "step": "run step k + 1",
         },
@@ -278,21 +238,9 @@ ITEMS = {
         2,
         options="abcdef",
         multi=True,
-        hints={
-            "e": "Nothing in this loop draws from Python's random module, so leaving its state out changes nothing here "
-                 "(the lesson's run shows it). Save it anyway: a data pipeline that shuffles with random would need it. " + READ_RESUME,
-            "f": "The checkpoint need not hold the frozen base: it is rebuilt from its own files, and the fingerprint proves it "
-                 "is the same. " + READ_RESUME,
-        },
     ),
     "p6": Choice(
         "merge_and_unload() then save_pretrained()",
         1,
-        hints={
-            "a": "After merge_and_unload() there is no adapter left to save: lora_A and lora_B were folded into W and removed. "
-                 "Reread 'Merging is not saving' in Know this.",
-            "c": "Nothing fails; that is the trap. Reread 'Merging is not saving' in Know this.",
-            "d": "The weights are W + sAB, not W: the merge changed them. Reread 'Merging is not saving' in Know this.",
-        },
     ),
 }

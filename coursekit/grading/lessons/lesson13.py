@@ -137,31 +137,14 @@ ITEMS = {
     "w1": Choice(
         "the merged weight in PEFT's layout",
         1,
-        hints={
-            "a": "lora_A.weight is r × d and lora_B.weight is m × r: lora_A @ lora_B pairs d with m (usually an error), and "
-                 "even when d = m it gives an r × r matrix, not the m × d update. " + READ_LAYOUT,
-            "c": "The scale s = lora_alpha / r is part of the adapter's output, so it is part of the merge too. " + READ_LAYOUT,
-            "d": "weight is m × d and lora_B @ lora_A is m × d already: transposing it adds the wrong matrix (or fails). " + READ_LAYOUT,
-        },
     ),
     "w2": Choice(
         "what lora_dropout does in eval mode",
         1,
-        hints={
-            "a": "model.eval() switches nn.Dropout off: nothing is dropped. " + READ_DROPOUT,
-            "b": "That is what *non*-inverted dropout would need at test time. torch's Dropout scales by 1 / (1 − p) while "
-                 "training instead, so at eval time it is the identity. " + READ_DROPOUT,
-            "d": "Dropout sits on the input of the adapter path (before lora_A), and in eval mode it is the identity. " + READ_DROPOUT,
-        },
     ),
     "w3": Choice(
         "merge, then unmerge, in float32",
         1,
-        hints={
-            "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a few units in the last place, not bit for bit.",
-            "c": "A and B are kept (PEFT keeps them after merge()), so the update can be subtracted again.",
-            "d": "Rounding does not need a zero B to be small: float32 keeps the update to ~1e-7 relative to W.",
-        },
     ),
     "p1": Function(
         "implement merge (PEFT layout)",
@@ -216,24 +199,9 @@ ITEMS = {
     "p5": Choice(
         "the mode for merging and checking an adapter trained with lora_dropout",
         1,
-        hints={
-            "a": "Train mode draws a new dropout mask on every call: the unmerged outputs change from call to call, and "
-                 "no fixed merged weight can match them. " + READ_DROPOUT,
-            "c": "Multiplying by (1 − p) would be right for non-inverted dropout; torch's Dropout already divides by (1 − p) "
-                 "while training, so eval mode takes no factor. " + READ_DROPOUT,
-            "d": "Dropout is not switched off by merging; it is switched off by model.eval(), which is also what the "
-                 "comparison needs. " + READ_DROPOUT,
-        },
     ),
     "p6": Choice(
         "where to merge an adapter trained against an NF4 base",
         1,
-        hints={
-            "a": "Re-quantizing W + sAB to NF4 rounds again, on a grid far coarser than the update (lesson 13 measures it on a "
-                 "real layer): most of sAB vanishes and a second quantization error is added. (Lesson 13, 'Where to merge'.)",
-            "c": "An adapter is tied to its base checkpoint, not to the precision it was trained in: the same weights in bf16 are "
-                 "the base it belongs to. (Lesson 13, 'Where to merge'.)",
-            "d": "A GGUF Q4_1 file is a quantized deployment artifact: merging there re-quantizes, like (a). (Lesson 13, 'Where to merge'.)",
-        },
     ),
 }

@@ -14,7 +14,6 @@ READ_OUTLIERS = "(Lesson 14, 'Outliers and block size'.)"
 READ_TOY = "(Lesson 14, 'The toy INT4 base'.)"
 READ_WALK = "(Lesson 14, 'The rank-one walk on Ŵ'.)"
 READ_BACKWARD = "(Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)"
-READ_QAT = "(Lesson 14, 'QAT and the straight-through estimator'.)"
 
 
 def _q(bits: int) -> int:
@@ -294,11 +293,6 @@ ITEMS = {
     "w2": Choice(
         "why bitsandbytes gives every block of 64 values its own absmax",
         1,
-        hints={
-            "a": "Blocks cost work and memory (one absmax per block); they are there for accuracy, not speed. " + READ_BLOCKS,
-            "c": "The codes address levels (16 for 4 bits), not positions: the block size is a separate choice (32 … 4096). " + READ_BLOCKS,
-            "d": "In QLoRA the codes are frozen; nothing about blocks makes them trainable. " + READ_BACKWARD,
-        },
     ),
     "w3": Array(
         "toy INT4 codes of the seed's W at step 0.2",
@@ -377,22 +371,10 @@ ITEMS = {
     "p6": Choice(
         "which block size gives the lower int4 error on a weight with a few outliers",
         1,
-        hints={
-            "a": "A larger block does not estimate the scale better: its absmax is the largest |x| among more values, so an outlier "
-                 "is more likely and it coarsens the grid for all 4096 values. The plot shows the error growing with blocksize. " + READ_OUTLIERS,
-            "b": "The codes are 4 bits either way, but the grid spacing is absmax / 7 per block, and absmax depends on the block. " + READ_OUTLIERS,
-            "d": "Fewer absmax values save metadata (bits per parameter), not rounding error: the rounding happens on each block's grid. " + READ_OUTLIERS,
-        },
     ),
     "p7": Choice(
         "what QLoRA's backward needs from the quantized base",
         1,
-        hints={
-            "a": "That is quantization-aware training, where W itself is trained through a simulated quantizer. In QLoRA W is frozen: "
-                 "nobody asks for ∂L/∂W, so the derivative of round is never needed. " + READ_QAT,
-            "b": "The codes and absmax are frozen: no optimizer owns them, and there is no gradient for an integer code. " + READ_BACKWARD,
-            "c": "The base is not skipped: ∇X = DŴᵀ + s D Bᵀ Aᵀ, and earlier layers' adapters need the DŴᵀ part. " + READ_BACKWARD,
-        },
     ),
     "p8": Numeric(
         "the largest |x| that rounds to code 0 in an int4 block with absmax 8.4",

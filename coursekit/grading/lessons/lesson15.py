@@ -15,11 +15,8 @@ from .. import Array, Choice, Function, Numeric
 READ_LEVELS = "(Lesson 15, 'Sixteen levels from normal quantiles'.)"
 READ_BLOCK = "(Lesson 15, 'Quantizing one block by hand'.)"
 READ_PACK = "(Lesson 15, 'Two codes per byte'.)"
-READ_FP4 = "(Lesson 15, 'FP4, the other table'.)"
 READ_DQ = "(Lesson 15, 'Double quantization'.)"
 READ_BITS = "(Lesson 15, 'Bits per parameter, counted'.)"
-READ_COMPUTE = "(Lesson 15, 'Storage dtype and compute dtype'.)"
-READ_CONTRACTS = "(Lesson 15, 'Four bits, different contracts'.)"
 
 
 # --------------------------------------------------------------------------- references
@@ -282,36 +279,14 @@ ITEMS = {
     "w1": Choice(
         "how many NF4 levels, and where",
         1,
-        hints={
-            "a": "Eight and eight with no zero would be symmetric, but then a zero weight (and bitsandbytes' padding) "
-                 "could not be stored exactly. NF4 spends one level on an exact 0. " + READ_LEVELS,
-            "c": "The side with the extra level is the positive one: 8 positive quantiles, 7 negative ones. " + READ_LEVELS,
-            "d": "All 16 codes are used: the 16th level goes to the positive side, it is not left empty. " + READ_LEVELS,
-        },
     ),
     "w2": Choice(
         "what double quantization compresses",
         1,
-        hints={
-            "a": "The 4-bit codes are left alone. What is quantized a second time are the quantization constants, the "
-                 "per-block absmax values. " + READ_DQ,
-            "b": "The adapter is not quantized at all in QLoRA; double quantization is about the frozen base's "
-                 "metadata. " + READ_DQ,
-            "c": "Activations are not touched by bitsandbytes' 4-bit storage; double quantization shrinks the per-block "
-                 "scales of the stored weight. " + READ_DQ,
-        },
     ),
     "w3": Choice(
         "what a Linear4bit stores, and what its matmul runs in",
         1,
-        hints={
-            "b": "The bf16 weights are gone after quantization: the layer keeps only the codes and scales, and "
-                 "dequantizes them on every forward. " + READ_COMPUTE,
-            "c": "There is no 4-bit arithmetic on this path: the codes are looked up in the table, multiplied by "
-                 "absmax, and the matmul runs in compute_dtype. " + READ_COMPUTE,
-            "d": "compute_dtype is the dtype of the dequantized weight and of the matmul, not of a saved file; the "
-                 "stored weight is uint8. " + READ_COMPUTE,
-        },
     ),
     "p1": Function(
         "implement nf4_levels(offset)",
@@ -409,24 +384,9 @@ ITEMS = {
         2,
         options="abcde",
         multi=True,
-        hints={
-            "d": "Q4_1 uses a uniform grid: x = d · q + m with an fp16 scale d and an fp16 minimum m per block of 32, "
-                 "q = 0..15. No normal quantiles, and zero need not be a level. " + READ_CONTRACTS,
-            "e": "The code width is the only thing they share: the codebook, the block size, the scale's type and the "
-                 "byte order all differ, so bytes written for one format decode to garbage with another's kernel. "
-                 + READ_CONTRACTS,
-        },
     ),
     "p8": Choice(
         "what changes with compute_dtype bf16 instead of fp32",
         1,
-        hints={
-            "a": "The storage does not change with compute_dtype: the weight stays uint8 codes plus absmax. "
-                 + READ_COMPUTE,
-            "b": "absmax is stored in fp32 (or as 8-bit codes with double quantization) whatever compute_dtype is. "
-                 + READ_COMPUTE,
-            "d": "The NF4 table is fixed (16 fp32 values); compute_dtype only decides the dtype of the dequantized "
-                 "weight and of the matmul. " + READ_COMPUTE,
-        },
     ),
 }

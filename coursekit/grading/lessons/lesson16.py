@@ -8,15 +8,7 @@ from ..checkers import Case, Mistake
 from .. import Choice, Function, Ordering
 
 READ_GRADIENT = "(Lesson 16, 'How a gradient reaches the adapter through a frozen quantized base'.)"
-READ_PREPARE = "(Lesson 16, 'What prepare_model_for_kbit_training does'.)"
-READ_BACKENDS = "(Lesson 16, 'Backends: what runs on this machine'.)"
-READ_REPACK = "(Lesson 16, 'The AVX512-BF16 repack trap'.)"
-READ_UNCHANGED = "(Lesson 16, 'Everything else is unchanged'.)"
-READ_LEVELS = "(Lesson 15, 'Sixteen levels from normal quantiles'.)"
 READ_BLOCK = "(Lesson 15, 'Quantizing one block by hand'.)"
-READ_DQ = "(Lesson 15, 'Double quantization'.)"
-READ_BITS = "(Lesson 15, 'Bits per parameter, counted'.)"
-READ_LEDGER = "(Lesson 17, 'The ledger, bucket by bucket'.)"
 
 
 # --------------------------------------------------------------------------- p1: the input gradient of a 4-bit layer
@@ -136,36 +128,14 @@ ITEMS = {
     "w1": Choice(
         "what NF4 places at normal quantiles",
         1,
-        hints={
-            "a": "absmax is each block's scale, stored per block (in fp32, or in 8 bits with double quantization); it is "
-                 "not placed anywhere. The normal quantiles are the 16 levels the scaled weights are rounded to. " + READ_LEVELS,
-            "b": "The NF4 table is fixed: the same 16 levels for every block of every layer; only absmax changes from "
-                 "block to block. Nothing is computed from the layer's own ranks. " + READ_LEVELS,
-            "d": "An evenly spaced grid is plain absmax INT4. NF4's levels crowd near 0 and thin out in the tails, "
-                 "where a normal distribution puts few weights. " + READ_LEVELS,
-        },
     ),
     "w2": Choice(
         "what double quantization compresses",
         1,
-        hints={
-            "b": "The 4-bit codes are already packed two per byte; there is nothing left to pack. Double quantization "
-                 "quantizes the per-block constants (absmax). " + READ_DQ,
-            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass stay in "
-                 "the compute dtype. " + READ_DQ,
-            "d": "The adapter is what you train; it stays in full precision, and so does its optimizer state. " + READ_DQ,
-        },
     ),
     "w3": Choice(
         "the dominant persistent memory term: 7B base in 4 bits, 20M-parameter adapter",
         1,
-        hints={
-            "a": "AdamW keeps two fp32 moments per *adapter* parameter: 20M × 8 bytes = 0.16 GB, against 3.5 GB for "
-                 "7B weights at 4 bits. " + READ_LEDGER,
-            "b": "The adapter's gradients are 20M × 2 bytes = 0.04 GB; the base has no gradients at all. " + READ_LEDGER,
-            "c": "With double quantization the constants cost about 0.127 bits per weight, 7e9 × 0.127 / 8 ≈ 0.11 GB: "
-                 "small next to the 4-bit codes themselves. " + READ_BITS,
-        },
     ),
     "p1": Function(
         "implement quantized_linear_backward (input gradient of a 4-bit layer)",
@@ -184,81 +154,39 @@ ITEMS = {
         2,
         options="abcde",
         multi=True,
-        hints={
-            "b": "No gradient for the codes is formed, straight-through or otherwise: MatMul4Bit.backward returns None "
-                 "for the weight, and the lesson measured weight.grad is None after backward. " + READ_GRADIENT,
-            "e": "The weight stays packed in 4 bits the whole time; a dequantized copy exists only inside one matmul "
-                 "(forward or backward) and is discarded. " + READ_GRADIENT,
-        },
     ),
     "p3": Choice(
         "what prepare_model_for_kbit_training changed on the NF4 model",
         2,
         options="abcdef",
         multi=True,
-        hints={
-            "e": "Nothing is quantized by it. lm_head (tied to the embedding here) was never a 4-bit layer, and "
-                 "prepare_model_for_kbit_training casts it up to fp32. " + READ_PREPARE,
-            "f": "Adapters come from get_peft_model (coursekit.train.attach_adapter) afterwards; prepare only freezes, "
-                 "casts and switches checkpointing on. " + READ_PREPARE,
-        },
     ),
     "p4": Choice(
         "reentrant checkpointing without the input-require-grads hook",
         1,
-        hints={
-            "a": "It does not run: measured in this lesson, the loss came back with no grad_fn and backward raised. "
-                 + READ_PREPARE,
-            "b": "Every decoder layer is checkpointed, and none of them receives an input that requires grad, so *no* "
-                 "adapter is connected to the loss, not only layer 0's. " + READ_PREPARE,
-            "d": "The 4-bit weights have requires_grad=False and get no gradient in any configuration. " + READ_PREPARE,
-        },
     ),
     "p5": Choice(
         "the CUDA-specific part of QLoRA",
         1,
-        hints={
-            "a": "They ran on this CPU: the backend table shows quantize_4bit in pure torch and dequantize_4bit as a "
-                 "native CPU kernel. " + READ_BACKENDS,
-            "b": "Double quantization is arithmetic (an 8-bit blockwise code for the absmax values); the CPU backend "
-                 "has native kernels for it. " + READ_BACKENDS,
-            "c": "In training the 4-bit matmul is dequantize, then an ordinary matmul (gemm_4bit's default), forward "
-                 "and backward, on any backend. " + READ_GRADIENT,
-        },
     ),
     "p6": Choice(
         "is 'NF4 requires an NVIDIA GPU' still correct?",
         1,
-        hints={
-            "a": "bitsandbytes dispatches its 4-bit ops to several backends now, with pure-torch fallbacks; this "
-                 "lesson quantized, dequantized and trained through NF4 on a CPU. " + READ_BACKENDS,
-            "c": "Training works on CPU too: this lesson backpropagated through real Linear4bit layers and trained an "
-                 "adapter against the NF4 SmolLM2. " + READ_BACKENDS,
-            "d": "NF4 is still bitsandbytes' (transformers' BitsAndBytesConfig calls into it); PyTorch has no NF4 "
-                 "layer of its own. " + READ_BACKENDS,
-        },
     ),
     "p7": Choice(
         "the hyperparameter to rethink when switching from LoRA to QLoRA",
         1,
-        hints={
-            "a": "The gradient the adapter receives has the same form, D and X at the compute dtype; the base precision "
-                 "does not call for a different learning rate. " + READ_UNCHANGED,
-            "b": "α/r sets the adapter's scale; the base's storage format does not change it. " + READ_UNCHANGED,
-            "d": "Nothing in QLoRA makes small batches unstable; the batch size is a memory and noise trade-off, as "
-                 "with LoRA. " + READ_UNCHANGED,
-        },
     ),
     "p8": Ordering(
         "from a 4-bit-trained adapter to one deployable model",
         2,
         labels={
-            "train": "train the adapter against the NF4 base",
-            "save": "save the adapter (A, B, its config) with the base's identity",
             "attach": "load the same checkpoint in bf16 and attach the saved adapter",
-            "merge": "merge W + sAB into the bf16 weights (merge_and_unload)",
-            "verify": "compare greedy outputs of the merged model with the adapter on its NF4 base",
             "export": "save the merged model, once it passes that comparison, as the deployable checkpoint",
+            "merge": "merge W + sAB into the bf16 weights (merge_and_unload)",
+            "save": "save the adapter (A, B, its config) with the base's identity",
+            "train": "train the adapter against the NF4 base",
+            "verify": "compare greedy outputs of the merged model with the adapter on its NF4 base",
         },
     ),
 }

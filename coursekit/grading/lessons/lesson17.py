@@ -14,9 +14,6 @@ from ..checkers import Case, Mistake
 
 READ_LEDGER = "(Lesson 17, 'The ledger, bucket by bucket'.)"
 READ_META = "(Lesson 17, 'The metadata the QLoRA column leaves out'.)"
-READ_LEFT_OUT = "(Lesson 17, 'What the partial totals leave out'.)"
-READ_ACT = "(Lesson 17, 'Measured: activations saved for backward'.)"
-READ_CKPT = "(Lesson 17, 'Measured: gradient checkpointing'.)"
 READ_UNITS = "(Lesson 17, 'Vary it'.)"
 
 
@@ -179,12 +176,6 @@ ITEMS = {
     "w1": Choice(
         "the largest bucket of the QLoRA partial total (7B base, 20M adapter)",
         1,
-        hints={
-            "a": "A frozen base has no optimizer state: under QLoRA that bucket is 0. " + READ_LEDGER,
-            "b": "The adapter bucket is 20M × 12 bytes = 0.24 GB, a small share of 3.74 GB. " + READ_LEDGER,
-            "c": "7B × 0.5 byte = 3.5 GB of 4-bit codes, 94 % of the partial total.",
-            "d": "A frozen base stores no gradient: under QLoRA that bucket is 0. " + READ_LEDGER,
-        },
     ),
     "w2": Numeric(
         "NF4 metadata without double quantization, bits per parameter",
@@ -198,12 +189,6 @@ ITEMS = {
     "w3": Choice(
         "what gradient checkpointing trades",
         1,
-        hints={
-            "a": "Checkpointing changes which activations are kept, not their precision. " + READ_CKPT,
-            "b": "Each checkpointed layer keeps only its input; backward runs the layer's forward again to rebuild the rest.",
-            "c": "The optimizer state is untouched: AdamW still holds two moments per trainable parameter. " + READ_CKPT,
-            "d": "The weights stay where they are: checkpointing only drops activations saved for backward. " + READ_CKPT,
-        },
     ),
     # ------------------------------------------------------------------ practice
     "p1": Numeric(
@@ -227,25 +212,12 @@ ITEMS = {
     "p3": Choice(
         "why checkpointing saved less than the layer count suggests",
         1,
-        hints={
-            "a": "bitsandbytes saves no dequantized weight: its MatMul4Bit keeps only the packed codes, which are weights "
-                 "anyway and were excluded from the count. " + READ_ACT,
-            "b": "The logits over the 49,152-token vocabulary are computed after the last checkpointed layer, and the loss "
-                 "keeps their full-size log-softmax for its backward; each layer also keeps its input.",
-            "c": "Checkpointing is plain autograd bookkeeping (torch.utils.checkpoint); it works the same on CPU, and the "
-                 "count did drop. " + READ_CKPT,
-            "d": "Optimizer state is not saved for backward: it lives in optimizer.state, a separate bucket. " + READ_ACT,
-        },
     ),
     "p4": Choice(
         "what the seed's partial totals leave out",
         2,
         options="abcdef",
         multi=True,
-        hints={
-            "b": "The base codes are the QLoRA column's main row (3.5 GB for 7B). " + READ_LEFT_OUT,
-            "d": "The adapter's Adam moments are in the adapter row (0.24 GB holds weights, gradients and moments). " + READ_LEFT_OUT,
-        },
     ),
     "p5": Function(
         "implement ledger_gb (partial total plus NF4 metadata)",
@@ -262,12 +234,5 @@ ITEMS = {
     "p6": Choice(
         "24 GiB card, 25 GB ledger",
         1,
-        hints={
-            "a": "24 GiB is 24 · 2**30 bytes ≈ 25.77 GB: larger than 25 GB. Compare in one unit first. " + READ_UNITS,
-            "b": "24 GiB ≈ 25.77 GB holds the 25 GB of persistent tensors, with 0.77 GB left for everything the partial "
-                 "total leaves out: measure the peak before trusting it.",
-            "c": "GB is 1e9 bytes, GiB is 2**30 ≈ 1.074e9 bytes: they differ by 7.4 %. " + READ_UNITS,
-            "d": "24 GiB ≈ 25.77 GB, so the margin is 0.77 GB, not 5 GB, and activations still have to fit in it. " + READ_UNITS,
-        },
     ),
 }

@@ -12,8 +12,6 @@ READ_CONTAINER = "(Lesson 18, 'A container, not an encoding'.)"
 READ_Q4_1 = "(Lesson 18, 'Inside a Q4_1 block'.)"
 READ_BITS = "(Lesson 18, 'Bits per weight'.)"
 READ_ROUTE_TWO = "(Lesson 18, 'Route two: a packed kernel with its own backward'.)"
-READ_LOSS = "(Lesson 18, 'What Q4_1 already lost'.)"
-READ_WHY = "(Lesson 18, 'Why training usually starts elsewhere'.)"
 
 # The embedding of the shipped file: 49,152 tokens × 576, stored as Q8_0 (32 int8 codes + one fp16 scale = 34 bytes per 32).
 EMBED_SHAPE = (49152, 576)
@@ -257,22 +255,10 @@ ITEMS = {
     "w1": Choice(
         "what a GGUF file is",
         1,
-        hints={
-            "a": "GGUF does not fix one encoding: each tensor in the file carries its own type (F32, Q8_0, Q4_1, ...). The "
-                 "shipped file mixes three. " + READ_CONTAINER,
-            "c": "GGUF is a file format: it stores metadata and tensors and runs nothing; no autograd lives in it. " + READ_CONTAINER,
-            "d": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments "
-                 "in the file, and nothing about it forbids or provides them. " + READ_CONTAINER,
-        },
     ),
     "w2": Choice(
         "how a Q4_1 block reconstructs a weight",
         1,
-        hints={
-            "a": "w = d·q has no offset: every weight of the block would have the sign of d. Q4_1 adds the block minimum m. " + READ_Q4_1,
-            "b": "w = d·(q − 8) is Q4_0, the symmetric format with one scale per block. Q4_1 stores a minimum instead. " + READ_Q4_1,
-            "d": "d is the step between levels and m the smallest value: w = d·q + m, not the other way round. " + READ_Q4_1,
-        },
     ),
     "w3": Numeric(
         "bits per weight of Q4_1",
@@ -288,12 +274,6 @@ ITEMS = {
         2,
         options="abcdef",
         multi=True,
-        hints={
-            "a": "Not every matrix is Q4_1: token_embd.weight (49,152 × 576) is Q8_0. Measure, don't assume. " + READ_CONTAINER,
-            "d": "SmolLM2 ties its embeddings: the file has no output.weight, and the output layer reuses token_embd.weight "
-                 "(Q8_0). " + READ_CONTAINER,
-            "f": "The Q8_0 embedding alone is about 31 % of the file's bytes; the Q4_1 projections are about 69 %. " + READ_CONTAINER,
-        },
     ),
     "p2": Function(
         "implement dequantize_q4_1",
@@ -321,11 +301,11 @@ ITEMS = {
         "route one, from the GGUF file to a QLoRA adapter: put the steps in order",
         2,
         labels={
-            "read": "read the GGUF's metadata and tensor table",
-            "dequantize": "dequantize every tensor to floats (Q4_1: w = d·q + m)",
-            "bf16": "save the dequantized weights as a bf16 checkpoint",
-            "nf4": "load that checkpoint with BitsAndBytesConfig: each linear weight is quantized again, to NF4",
             "adapter": "attach LoRA adapters (A, B) to the target modules",
+            "bf16": "save the dequantized weights as a bf16 checkpoint",
+            "dequantize": "dequantize every tensor to floats (Q4_1: w = d·q + m)",
+            "nf4": "load that checkpoint with BitsAndBytesConfig: each linear weight is quantized again, to NF4",
+            "read": "read the GGUF's metadata and tensor table",
             "train": "train A and B; the gradient reaches them through the frozen NF4 base",
             "validate": "merge or export the adapter and measure it again on the base you will serve",
         },
@@ -333,14 +313,6 @@ ITEMS = {
     "p5": Choice(
         "GGUF and backpropagation",
         1,
-        hints={
-            "a": "Nothing in the format forbids gradients: a file stores tensors, and gradients come from the code that runs "
-                 "on them. Route one trains this very file's weights. " + READ_WHY,
-            "b": "Dequantizing gives Ŵ = d·q + m, not the original weights: the Q4_1 rounding is kept (route one's "
-                 "checkpoint is bit for bit the bf16 rounding of Ŵ). " + READ_LOSS,
-            "d": "LoRA on a frozen base needs dX = D Ŵ for a fixed Ŵ, not a derivative of the rounding that chose the codes; "
-                 "that would be quantization-aware training. " + READ_ROUTE_TWO,
-        },
     ),
     "p6": Numeric(
         "bytes of token_embd.weight in the shipped file",
@@ -354,11 +326,5 @@ ITEMS = {
     "p7": Choice(
         "NF4 of a Q4_1 weight, measured against the original",
         1,
-        hints={
-            "a": "NF4 quantizes what it is given, Ŵ = Q4_1(W); it never sees W, so it cannot remove the Q4_1 error. " + READ_LOSS,
-            "b": "NF4 has only 16 levels per block of 64: re-quantizing Ŵ adds an error about as large as NF4's on W. " + READ_LOSS,
-            "d": "The two rounding errors are nearly uncorrelated, so their squares add (Pythagoras), not the errors "
-                 "themselves: √(0.078² + 0.092²) ≈ 0.12 < 0.17. " + READ_LOSS,
-        },
     ),
 }

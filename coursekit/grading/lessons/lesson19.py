@@ -78,36 +78,20 @@ def last_summary() -> dict:
 
 
 ITEMS = {
-    "w1": Choice("what the optimizer updates in QLoRA", 1, hints={
-        "a": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
-        "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
-        "d": "prepare_model_for_kbit_training casts norms to fp32 for stability, but it does not make them trainable.",
-    }),
-    "w2": Choice("what a label of -100 means", 1, hints={
-        "a": "-100 is not a token id; the attention mask, not the labels, decides what the model can see.",
-        "c": "Padding gets -100, but so does every prompt token: -100 marks positions left out of the loss.",
-        "d": "The label does not change the input; it only decides which predictions are scored.",
-    }),
-    "w3": Choice("why the baseline uses the same prompt", 1, hints={
-        "a": "The baseline's job is attribution, not speed.",
-        "c": "The baseline is evaluated on the held-out split, never on training examples.",
-        "d": "A different prompt would change two things at once: you could not tell the prompt's effect from the adapter's.",
-    }),
+    "w1": Choice("what the optimizer updates in QLoRA", 1),
+    "w2": Choice("what a label of -100 means", 1),
+    "w3": Choice("why the baseline uses the same prompt", 1),
     "p1": Array("supervised positions of the rendered example", 2, name="supervised",
                 expected=supervised_positions, rtol=0, atol=0, mistakes=_p1_mistakes),
     "p2": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
-        "train": "train the adapter against the NF4 base",
-        "save": "save the adapter with its base identity",
-        "load_bf16": "load the base in bf16",
         "attach": "attach the saved adapter",
+        "load_bf16": "load the base in bf16",
         "merge": "merge W + sAB and unload the adapter",
+        "save": "save the adapter with its base identity",
+        "train": "train the adapter against the NF4 base",
         "verify": "verify greedily against the probes and the held-out split",
     }),
-    "p3": Choice("reading the loss curve", 1, hints={
-        "a": "A low training loss alone cannot show overfitting; the held-out accuracy is the evidence, and here it is high.",
-        "c": "A learning rate that is too high makes the loss jump or diverge, not fall smoothly and settle.",
-        "d": "Broken labels would keep the loss high or make it fall to zero while the answers stay wrong.",
-    }),
+    "p3": Choice("reading the loss curve", 1),
     "p4": Numeric("held-out accuracy gain of this run, in percentage points", 1, name="gain_points",
                   expected=lambda: 100 * (last_summary()["tuned_accuracy"] - last_summary()["baseline_accuracy"]),
                   rtol=0, atol=0.01,
@@ -115,14 +99,6 @@ ITEMS = {
                                             "that is the gain as a fraction; the question asks for percentage points (× 100).")]),
     "p5": Function("implement window_loss", 2, name="window_loss", reference=window_loss_reference,
                    public=_p5_public, hidden=_p5_hidden, outputs=("result",), mistakes=_p5_mistakes),
-    "p6": Choice("where to merge", 1, hints={
-        "a": "Merging into the NF4 weights re-quantizes W + sAB: a second rounding error on top of the first.",
-        "c": "The adapter does not have to stay separate; merging into the bf16 base gives one deployable model.",
-        "d": "GGUF is a container for deployment (lesson 18), not the place the merge happens.",
-    }),
-    "p7": Choice("what catches a cut gradient path before a long run", 1, hints={
-        "a": "The loss still falls a little when only the top adapters learn; watching it wastes the run.",
-        "b": "Held-out accuracy at the end is far too late to find a cut gradient path.",
-        "d": "The warning is easy to miss, and some cut paths (a detach) warn about nothing.",
-    }),
+    "p6": Choice("where to merge", 1),
+    "p7": Choice("what catches a cut gradient path before a long run", 1),
 }
