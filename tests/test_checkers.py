@@ -151,8 +151,10 @@ def test_multi_partial_credit(answer, points, capfd):
 def test_multi_messages(capfd):
     fb = _run_silently(capfd, check_multi, {"a"}, {"a", "c"}, 2, OPTIONS)
     assert any("One true statement is missing" in l for l in fb.lines)
-    fb = _run_silently(capfd, check_multi, set(), {"a", "c", "d"}, 3, OPTIONS)
+    fb = _run_silently(capfd, check_multi, {"b"}, {"a", "c", "d"}, 3, OPTIONS)
     assert any("3 true statements are missing" in l for l in fb.lines)
+    fb = _run_silently(capfd, check_multi, set(), {"a", "c", "d"}, 3, OPTIONS)
+    assert fb.points == 0 and "choose at least one" in fb.lines[0]
     fb = _run_silently(capfd, check_multi, {"a", "c"}, {"a", "c"}, 2, OPTIONS)
     assert fb.lines == ["All right."]
 
@@ -469,3 +471,257 @@ def test_low_precision_hint_only_when_rounding_could_explain_the_miss():
     assert any("machine epsilon" in l for l in near), near
     _, wrong = compare_arrays((2 * expected).astype(np.float32), expected, "Y", rtol=1e-9, atol=0.0)
     assert not any("machine epsilon" in l for l in wrong), wrong
+
+
+# --------------------------------------------------------------------------- hidden cases do not leak their inputs
+
+import re  # noqa: E402
+
+from coursekit.grading.lora_mistakes import backward_mistakes, forward_mistakes  # noqa: E402
+from coursekit.lora import lora_backward, lora_forward  # noqa: E402
+
+# A hidden case with distinctive numbers: s = 48.5693 / 13 = 3.7361, X 11 × 17, W 17 × 19.
+HIDDEN_S, HIDDEN_ALPHA, HIDDEN_R = 3.7361, 48.5693, 13
+HIDDEN_DIMS = (11, 17, 19)
+
+
+def _lora_cases(scale_by: str, with_D: bool = False):
+    rng = np.random.default_rng(7)
+    out = []
+    for (n, d, m, r), alpha, hidden in (((2, 3, 4, 2), 3.0, False), ((*HIDDEN_DIMS, HIDDEN_R), HIDDEN_ALPHA, True)):
+        kw = dict(X=rng.standard_normal((n, d)), W=rng.standard_normal((d, m)), A=rng.standard_normal((d, r)),
+                  B=rng.standard_normal((r, m)))
+        if with_D:
+            kw["D"] = rng.standard_normal((n, m))
+        if scale_by == "s":
+            kw["s"] = round(alpha / r, 4)
+        else:
+            kw.update(lora_alpha=alpha, r=r)
+        out.append(Case(kw, f"n={n}, d={d}" if not hidden else "", hidden=hidden))
+    assert round(HIDDEN_ALPHA / HIDDEN_R, 4) == HIDDEN_S
+    return out
+
+
+def _scale_of(kw):
+    return kw["s"] if "s" in kw else kw["lora_alpha"] / kw["r"]
+
+
+def _ref_forward(**kw):
+    return lora_forward(kw["X"], kw["W"], kw["A"], kw["B"], _scale_of(kw))[0]
+
+
+def _ref_backward(**kw):
+    _, cache = lora_forward(kw["X"], kw["W"], kw["A"], kw["B"], _scale_of(kw))
+    return lora_backward(kw["D"], cache)
+
+
+def _hidden_part(fb) -> str:
+    """The feedback lines of the hidden case (from its ✗/✓ line to the next case or the printed-output summary)."""
+    text, keep = [], False
+    for line in fb.lines:
+        if line.startswith(("✗", "✓")):
+            keep = "hidden case" in line
+        elif not line.startswith(" "):
+            keep = False  # the summary of what the code printed, public cases' included
+        if keep:
+            text.append(line)
+    return "\n".join(text)
+
+
+def _assert_no_hidden_numbers(fb, *extra_values):
+    """Neither s, lora_alpha, r nor any hidden size (nor a value given) appears anywhere in the feedback."""
+    text = fb.text()
+    hidden = _hidden_part(fb)
+    assert "hidden case 2" in text
+    for v in ("3.7361", "3.736", "48.5693", "48.57", *extra_values):
+        assert v not in text, (v, text)
+    for n in (HIDDEN_R, *HIDDEN_DIMS, HIDDEN_S ** 2, HIDDEN_ALPHA / HIDDEN_R):
+        for form in {f"{n:g}", f"{n:.4g}", str(n)}:
+            assert not re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", text), (form, text)
+    assert not re.search(r"\[\d+(, \d+)*\]", hidden), hidden  # no index into a hidden array
+    assert not re.search(r"\(\d+, \d+\)", hidden), hidden  # no hidden shape
+    return text, hidden
+
+
+@pytest.mark.parametrize("scale_by", ["s", "alpha"])
+def test_hidden_case_mistake_is_named_without_its_inputs(scale_by, capfd):
+    def forgets_s(X, W, A, B, **scale):
+        return X @ W + (X @ A) @ B
+
+    fb = _run_silently(capfd, check_function, forgets_s, _lora_cases(scale_by), _ref_forward, 2, "lora_forward", ("Y",),
+                       mistakes=forward_mistakes)
+    assert fb.points == 0
+    text, hidden = _assert_no_hidden_numbers(fb)
+    # The public case quotes its own s (public inputs); the hidden case names the mistake, in words.
+    assert "public case 1" in text and "= 1.5" in text
+    assert "Likely mistake: 'missing s'. The scale" in hidden and "is missing" in hidden
+    assert "(hidden inputs are not shown.)" in hidden
+    assert "expected" not in hidden and "got" not in hidden  # no expected/actual value of a hidden case
+
+
+def test_hidden_case_scale_mistakes_in_every_backward_output_stay_numberless(capfd):
+    def alpha_not_s(X, W, A, B, D, lora_alpha, r):
+        Z = X @ A
+        dZ = lora_alpha * D @ B.T
+        return D @ W.T + dZ @ A.T, X.T @ dZ, lora_alpha * Z.T @ D
+
+    fb = _run_silently(capfd, check_function, alpha_not_s, _lora_cases("alpha", with_D=True), _ref_backward, 3,
+                       "lora_backward", ("dX", "dA", "dB"), mistakes=backward_mistakes)
+    text, hidden = _assert_no_hidden_numbers(fb)
+    for where in ("In ∇B = s Zᵀ D", "In ∇A = s Xᵀ D Bᵀ", "In the adapter path of ∇X"):
+        assert f"'alpha'. {where}: you scaled by lora_alpha instead of s = lora_alpha / r." in hidden, hidden
+    assert "lora_alpha = 3 instead of s = lora_alpha / r = 1.5" in text  # the public case keeps its numbers
+
+
+def test_hidden_case_updated_B_mistake_hides_the_step_size(capfd):
+    def updated_B(X, W, A, B, D, lora_alpha, r):
+        s = lora_alpha / r
+        dB = s * (X @ A).T @ D
+        dZ = s * D @ B.T
+        B_new = B - 0.0737 * dB
+        return D @ W.T + dZ @ A.T, s * X.T @ D @ B_new.T, dB
+
+    fb = _run_silently(capfd, check_function, updated_B, _lora_cases("alpha", with_D=True), _ref_backward, 3,
+                       "lora_backward", ("dX", "dA", "dB"), mistakes=backward_mistakes)
+    hidden = _hidden_part(fb)
+    assert "B − 0.0737·∇B" in fb.text()  # public case: the step size is the student's, computed on public inputs
+    assert "0.0737" not in hidden and "B already updated (B − η·∇B" in hidden
+
+
+def test_hidden_case_without_a_hint_reuses_the_public_message_or_only_the_name(capfd):
+    """A lesson's own Mistake (no hint) whose message quotes numbers: the hidden case repeats what the public case
+    said, or gives only the name when no public case had the mistake."""
+    def mistakes(kw, got):
+        X, W = kw["X"], kw["W"]
+        listed = kw["listed"] or X.shape[0] > 5  # the public case lists "doubled" only when asked to
+        return {"Y": [Mistake("doubled", 2 * X @ W, f"you doubled it: 2 × {X.shape[0]} rows")] * listed
+                + [Mistake("words only", 3 * X @ W, "you tripled it, in words")]}
+
+    def cases(public_lists: bool):
+        rng = np.random.default_rng(1)
+        return [Case({"X": rng.standard_normal((2, 3)), "W": rng.standard_normal((3, 4)), "k": 2.0, "listed": public_lists}),
+                Case({"X": rng.standard_normal(HIDDEN_DIMS[:2]), "W": rng.standard_normal(HIDDEN_DIMS[1:]), "k": 2.0,
+                      "listed": False}, hidden=True),
+                Case({"X": rng.standard_normal(HIDDEN_DIMS[:2]), "W": rng.standard_normal(HIDDEN_DIMS[1:]), "k": 3.0,
+                      "listed": False}, hidden=True)]
+
+    ref = lambda X, W, k, listed: X @ W  # noqa: E731
+    student = lambda X, W, k, listed: k * X @ W  # noqa: E731
+    fb = _run_silently(capfd, check_function, student, cases(True), ref, 3, "project", ("Y",), mistakes=mistakes)
+    assert "Likely mistake: you doubled it: 2 × 2 rows" in fb.text()
+    assert ("Likely mistake: as explained with the inputs of public case 1: you doubled it: 2 × 2 rows "
+            "(hidden inputs are not shown.)") in _hidden_part(fb)
+    assert "Likely mistake: you tripled it, in words" in _hidden_part(fb)  # no number: shown as it is
+    assert "11 rows" not in fb.text()
+    fb = _run_silently(capfd, check_function, student, cases(False), ref, 3, "project", ("Y",), mistakes=mistakes)
+    assert "Likely mistake: 'doubled'. Its explanation quotes this case's inputs" in _hidden_part(fb)
+    assert "11 rows" not in fb.text()
+
+
+def test_hidden_case_exception_does_not_quote_hidden_sizes(capfd):
+    def transposes(X, W, A, B, **scale):
+        if X.shape[0] > 5:
+            n = len(X)
+            raise ValueError(f"my own check: X has {n} rows, s = {scale}")
+        return X @ W.T  # public: a matmul error with public sizes
+
+    fb = _run_silently(capfd, check_function, transposes, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",))
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "lora_forward raised ValueError: matmul" in text  # public: the full message
+    assert "lora_forward raised ValueError (line" in hidden and "its message quotes the hidden inputs" in hidden
+
+    def wrong_params(X, W, A, B, s):  # the hidden case passes lora_alpha and r: a TypeError at the call
+        return X @ W
+
+    cases = _lora_cases("alpha")
+    fb = _run_silently(capfd, check_function, wrong_params, cases, _ref_forward, 2, "lora_forward", ("Y",))
+    assert "could not be called: TypeError" in _hidden_part(fb)
+
+
+def test_hidden_case_error_message_without_numbers_is_shown(capfd):
+    def raises(X, W, A, B, **scale):
+        raise KeyError("no such adapter")
+
+    fb = _run_silently(capfd, check_function, raises, _lora_cases("s"), _ref_forward, 2, "lora_forward", ("Y",))
+    assert "lora_forward raised KeyError: 'no such adapter'" in _hidden_part(fb)
+
+
+def test_hidden_case_wrong_shape_nan_and_values_name_the_output_only(capfd):
+    def transposed(X, W, A, B, lora_alpha, r):
+        return (X @ W + lora_alpha / r * (X @ A) @ B).T
+
+    fb = _run_silently(capfd, check_function, transposed, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",),
+                       mistakes=forward_mistakes)
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "Y has shape (4, 2); expected (2, 4)." in text  # public shapes are public
+    assert "Y has the wrong shape (hidden inputs and the shapes they give are not shown" in hidden
+    assert "transpose of the right one" in hidden
+
+    def nan_at_the_end(X, W, A, B, lora_alpha, r):
+        Y = X @ W + lora_alpha / r * (X @ A) @ B
+        Y[-1, -1] = np.nan
+        return Y
+
+    fb = _run_silently(capfd, check_function, nan_at_the_end, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",))
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "Y[1, 3] is nan" in text and "Y has a NaN entry; every entry should be finite." in hidden
+
+    def one_entry_off(X, W, A, B, lora_alpha, r):
+        Y = X @ W + lora_alpha / r * (X @ A) @ B
+        Y[-1, -1] += 1.0
+        return Y
+
+    fb = _run_silently(capfd, check_function, one_entry_off, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",))
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "Y[1, 3]: expected" in text
+    assert "Y is not right: some entries are off" in hidden and "expected" not in hidden
+
+
+def test_hidden_case_in_place_change_names_the_input_not_the_entry(capfd):
+    def scribbles(X, W, A, B, lora_alpha, r):
+        Y = X @ W + lora_alpha / r * (X @ A) @ B
+        X[-1, -1] = 0.0
+        return Y
+
+    fb = _run_silently(capfd, check_function, scribbles, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",))
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "changed its input `X` (entry [1, 2]) in place" in text
+    assert "changed its input `X` in place" in hidden
+
+
+def test_hidden_case_prints_and_extra_lines_that_quote_numbers_are_withheld(capfd):
+    def chatty(X, W, A, B, lora_alpha, r):
+        print("shapes", X.shape, "r =", r, "alpha", lora_alpha)
+        print("checking my forward")
+        return X @ W + lora_alpha / r * (X @ A) @ B
+
+    def extra(fn, case):
+        return ["a further check failed:", f"at X[{case.kwargs['X'].shape[0] - 1}, 0]: {case.kwargs['lora_alpha']:g}"]
+
+    fb = _run_silently(capfd, check_function, chatty, _lora_cases("alpha"), _ref_forward, 2, "lora_forward", ("Y",),
+                       extra=extra)
+    text, hidden = _assert_no_hidden_numbers(fb)
+    assert "at X[1, 0]: 3" in text  # the public case's line
+    assert "a further check failed:" in hidden and "(1 line of this check not shown: it quotes values of the hidden inputs.)" in hidden
+    assert "shapes (2, 3)" in text and "checking my forward" in text  # public prints are shown
+    assert "(1 line printed or warned during hidden cases not shown: it quotes numbers, which may be hidden inputs.)" in text
+    assert "(11, 17)" not in text
+
+
+# --------------------------------------------------------------------------- 0-d outputs are named without an index
+
+
+def test_zero_d_nan_is_named_without_empty_brackets(capfd):
+    fb = _run_silently(capfd, check_array, np.array(np.nan), np.array(2.5), 1, "total_gb")
+    assert fb.points == 0 and fb.lines == ["total_gb is nan; every entry should be finite."]
+    fb = _run_silently(capfd, check_array, np.array(3.0), np.array(2.5), 1, "total_gb")
+    assert fb.points == 0 and fb.lines[0].startswith("total_gb = 3 is not right")
+
+    cases = [Case({"x": 1.0}), Case({"x": 2.0}, hidden=True)]
+    fb = _run_silently(capfd, check_function, lambda x: np.float64("nan"), cases, lambda x: 2 * x, 2, "ledger", ("total_gb",))
+    assert "    total_gb is nan; every entry should be finite." in fb.lines
+    assert "    total_gb has a NaN entry; every entry should be finite." in fb.lines
+    assert "[]" not in fb.text()
+    fb = _run_silently(capfd, check_function, lambda x: (np.inf, 2 * x), cases, lambda x: (x, 2 * x), 2, "ledger",
+                       ("total_gb", "n"))
+    assert "    total_gb is inf; every entry should be finite." in fb.lines and "[]" not in fb.text()

@@ -9,6 +9,7 @@ import contextlib
 import io
 import math
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -53,63 +54,153 @@ class Feedback:
 
 @dataclass
 class Mistake:
-    """A known wrong answer: the value it produces and what to tell the student when it matches."""
+    """A known wrong answer: the value it produces and what to tell the student when it matches.
+
+    ``message`` may quote the case's inputs ("multiply by s = 2.5"); ``hint`` (optional) says the same in words
+    without any number computed from them, and is what a hidden case shows (its inputs stay hidden).
+    """
 
     label: str
     value: Any
     message: str
+    hint: str = ""
 
 
 # --------------------------------------------------------------------------- choice and ordering
 
+# Punctuation students type around a letter: "c.", "(c)", "c)", "'c'", "[c]".
+_WRAP = "()[]{}.,:;!'\"` "
+
 
 def _letter(x: Any) -> str | None:
+    """One letter with the obvious punctuation around it ("c", " C ", "c.", "(c)", "c)"), lower case; else None."""
     if not isinstance(x, str):
         return None
-    s = x.strip().lower().strip("()").strip()
+    s = x.strip().strip(_WRAP).lower()
     return s if len(s) == 1 and s.isalpha() else None
 
 
-def check_choice(answer: Any, key: str, points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
-    """One option out of ``options`` (letters). Full points for ``key``, 0 otherwise, with the option's hint."""
-    hints = hints or {}
-    opts = ", ".join(options)
-    letter = _letter(answer)
-    if answer is None or answer is Ellipsis:
-        return Feedback(0, points, [f"No answer yet: set it to one letter out of {opts}, as a string, e.g. \"{options[0]}\"."])
-    if letter is None or letter not in options:
-        return Feedback(0, points, [f"Expected one letter out of {opts} as a string; got {answer!r}."])
-    if letter == key:
-        return Feedback(points, points, [f"({letter}) is right." + (f" {hints[letter]}" if letter in hints else "")])
-    why = hints.get(letter, "Reread the question's key sentence and try again.")
-    return Feedback(0, points, [f"({letter}) is not right. {why}"])
+def _show(x: Any, limit: int = 60) -> str:
+    """A short repr of an answer for a message (a huge array must not flood the feedback)."""
+    try:
+        r = repr(x)
+    except Exception:
+        r = f"<{type(x).__name__}>"
+    return r if len(r) <= limit else r[: limit - 1] + "…"
 
 
-def _letters(answer: Any) -> list[str] | None:
-    if isinstance(answer, str):
-        parts = answer.replace(",", " ").split()
-    elif isinstance(answer, Iterable):
-        try:
-            parts = list(answer)
-        except Exception:  # 0-d arrays and tensors claim to be iterable, then refuse
+def _split_letters(text: str, options: Sequence[str]) -> list[str] | None:
+    """The letters a student typed in one string: "a, c", "a c", "a;c", "a and c", "(a) (c)", or letters run together
+    ("acd") when every character is an option letter. Repeats are kept (the caller decides); None when a part is
+    neither one letter nor a run of option letters."""
+    out: list[str] = []
+    for tok in re.split(r"[\s,;/&+]+", text.strip().lower()):
+        core = tok.strip(_WRAP)
+        if not core or core in ("and", "or"):
+            continue
+        if len(core) == 1 and core.isalpha():
+            out.append(core)
+            continue
+        run = [c for c in core if c not in _WRAP]  # "(a)(c)" → a, c
+        if run and all(c in options for c in run):
+            out += run
+        else:
             return None
-    else:
-        return None
-    out = [_letter(p) for p in parts]
-    return None if any(p is None for p in out) else out
+    return out
+
+
+def _collection(x: Any) -> list | None:
+    """The elements of a list, tuple, set or 1-D NumPy array; None for anything else (a dict included)."""
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return list(x)
+    if isinstance(x, np.ndarray) and x.ndim == 1:
+        return x.tolist()
+    return None
+
+
+def _parse_letters(answer: Any, options: Sequence[str]) -> tuple[list[str] | None, str | None]:
+    """``(letters, container)``: the letters in a string or in a collection of strings, in the order given (repeats
+    kept), and the collection's type name (None for a string); letters None when the answer is not letters."""
+    if isinstance(answer, np.ndarray) and answer.ndim == 0 and answer.dtype.kind in "US":
+        answer = str(answer)
+    if isinstance(answer, str):
+        return _split_letters(answer, options), None
+    items = _collection(answer)
+    if items is None or not all(isinstance(i, str) for i in items):
+        return None, None
+    letters: list[str] = []
+    for i in items:
+        got = _split_letters(i, options)
+        if got is None:
+            return None, None
+        letters += got
+    return letters, "NumPy array" if isinstance(answer, np.ndarray) else type(answer).__name__
+
+
+def _no_answer(answer: Any) -> bool:
+    return answer is None or answer is Ellipsis or (isinstance(answer, str) and not answer.strip())
+
+
+def check_choice(answer: Any, key: str, points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
+    """One option out of ``options`` (letters). Full points for ``key``, 0 otherwise, with the option's hint.
+
+    Accepted: one letter as a string, in either case, with the obvious punctuation around it ("c", " C ", "c.",
+    "(c)", "c)"). A one-element list, tuple or set of such a letter (["c"]) is graded as that letter, with a note.
+    Several letters ("ac", ["a", "c"]) earn 0: one option is right, so picking several is never rewarded.
+    """
+    hints = hints or {}
+    options = [o.lower() for o in options]
+    key = str(key).strip().lower()
+    opts = ", ".join(options)
+    form = f"one letter out of {opts}, as a string, e.g. \"{options[0]}\""
+    if _no_answer(answer):
+        return Feedback(0, points, [f"No answer yet: set it to {form}."])
+    letters, container = _parse_letters(answer, options)
+    if letters is None:
+        return Feedback(0, points, [f"Expected {form}; got {_type_name(answer)} {_show(answer)}."])
+    if not letters:
+        return Feedback(0, points, [f"Your answer has no letter in it: set it to {form}."])
+    letters = list(dict.fromkeys(letters))  # "c c" or ["c", "c"] is still one letter
+    if len(letters) > 1:
+        return Feedback(0, points, [f"Only one letter is allowed here (one option is right); you gave "
+                                    f"{len(letters)}: {', '.join(letters)}. Set your answer to {form}."])
+    letter = letters[0]
+    if letter not in options:
+        return Feedback(0, points, [f"({letter}) is not an option here: choose one letter out of {opts}."])
+    lines = []
+    if container is not None:
+        lines.append(f"Note: graded as \"{letter}\"; a single-choice answer is one letter as a string, e.g. \"{letter}\", "
+                     f"not a {container} holding it.")
+    if letter == key:
+        return Feedback(points, points, [f"({letter}) is right." + (f" {hints[letter]}" if letter in hints else "")] + lines)
+    why = hints.get(letter, "Reread the question's key sentence and try again.")
+    return Feedback(0, points, [f"({letter}) is not right. {why}"] + lines)
 
 
 def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
-    """Several options. Score = points × max(0, (right picks − wrong picks) / |key|); each error explained."""
+    """Several options. Score = points × max(0, (right picks − wrong picks) / |key|); each error explained.
+
+    Accepted: a set, list, tuple or 1-D array of letters ({"a", "c"}, ["a", "c"]), or one string: "a, c", "a c",
+    or letters run together ("ac") when every character is an option letter. Case, the obvious punctuation around
+    a letter and repeats are ignored. An empty answer earns 0 ("choose at least one").
+    """
     hints = hints or {}
-    key = set(key)
-    picks = _letters(answer)
-    if answer is None or picks is None:
-        return Feedback(0, points, [f"Expected a set of letters out of {', '.join(options)}, e.g. {{\"a\", \"c\"}}; got {answer!r}."])
+    options = [o.lower() for o in options]
+    key = {str(k).strip().lower() for k in key}
+    opts = ", ".join(options)
+    form = f"the letters you choose out of {opts}, e.g. {{\"{options[0]}\", \"{options[-1]}\"}} or \"{options[0]}, {options[-1]}\""
+    if answer is None or answer is Ellipsis:
+        return Feedback(0, points, [f"No answer yet: set it to {form}."])
+    picks, _ = _parse_letters(answer, options)
+    if picks is None:
+        return Feedback(0, points, [f"Expected {form}; got {_type_name(answer)} {_show(answer)}."])
     chosen = set(picks)
+    if not chosen:
+        return Feedback(0, points, [f"Your answer is empty: choose at least one letter out of {opts}."])
     bad = sorted(chosen - set(options))
     if bad:
-        return Feedback(0, points, [f"{bad} are not options; choose among {', '.join(options)}."])
+        return Feedback(0, points, [f"{', '.join(f'({b})' for b in bad)} {'is not an option' if len(bad) == 1 else 'are not options'}; "
+                                    f"choose among {opts}."])
     right, wrong, missed = chosen & key, chosen - key, key - chosen
     lines = []
     for o in sorted(wrong):
@@ -123,17 +214,49 @@ def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequenc
     return Feedback(score, points, [l.strip() for l in lines if l.strip()])
 
 
+def _ordering_labels(answer: Any) -> list[str] | str:
+    """The labels of an ordering answer, in order, lower case; or the reason it is not one (a phrase)."""
+    if isinstance(answer, np.ndarray) and answer.ndim == 0 and answer.dtype.kind in "US":
+        answer = str(answer)
+    if isinstance(answer, str):
+        parts = [p.strip(_WRAP).lower() for p in re.split(r"\s*(?:,|;|->|=>|→|>|\|)\s*|\s+", answer.strip())]
+        parts = [p for p in parts if p]
+        if len(parts) < 2:
+            return f"a str ({_show(answer)}) that does not split into labels"
+        return parts
+    if isinstance(answer, (set, frozenset)):
+        return f"a {type(answer).__name__} ({_show(answer)}); a set has no order"
+    if isinstance(answer, (list, tuple)):
+        return [str(a).strip().lower() for a in answer]
+    if isinstance(answer, np.ndarray):
+        if answer.ndim == 1 and answer.dtype.kind in "USO" and all(isinstance(a, str) for a in answer.tolist()):
+            return [a.strip().lower() for a in answer.tolist()]
+        return f"{_type_name(answer)} of shape {answer.shape}, not a 1-D array of label strings"
+    return f"{_type_name(answer)} {_show(answer)}"
+
+
 def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None) -> Feedback:
     """An order of step labels. Full points when exact; otherwise points × (pairs in the right order) / (all pairs),
-    with the first misplaced step named."""
+    with the first misplaced step named.
+
+    Accepted: a list or tuple of the labels, a 1-D NumPy array of them, or one string of them separated by commas,
+    spaces or arrows ("train, save, attach"). A set (it has no order), a dict, a number, or a string that does not
+    split into labels earns 0, with the expected form.
+    """
     labels = labels or {}
-    if not isinstance(answer, (list, tuple)):
-        return Feedback(0, points, [f"Expected a list of the {len(key)} step labels in order; got {type(answer).__name__}."])
-    ans = [str(a).strip().lower() for a in answer]
+    key = [str(k).strip().lower() for k in key]
+    # The labels alphabetically: the order they are listed in elsewhere may be the answer.
+    form = (f"Expected a list of the {len(key)} step labels (strings) in order, first step first, "
+            f"e.g. [\"first label\", \"second label\", ...], using the labels {', '.join(sorted(key))}")
+    if answer is None or answer is Ellipsis:
+        return Feedback(0, points, [f"No answer yet. {form}."])
+    ans = _ordering_labels(answer)
+    if isinstance(ans, str):
+        return Feedback(0, points, [f"{form}; got {ans}."])
     if sorted(ans) != sorted(key):
         missing, extra = sorted(set(key) - set(ans)), sorted(set(ans) - set(key))
         return Feedback(0, points, [f"Use each of the {len(key)} labels exactly once (missing {missing}, unknown or repeated {extra or sorted({a for a in ans if ans.count(a) > 1})})."])
-    if ans == list(key):
+    if ans == key:
         return Feedback(points, points, ["The order is right."])
     pos = {k: i for i, k in enumerate(key)}
     pairs = [(i, j) for i in range(len(ans)) for j in range(i + 1, len(ans))]
@@ -234,18 +357,24 @@ def _type_name(x: Any) -> str:
 
 
 def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol: float,
-                   mistakes: Sequence[Mistake] = (), reveal: bool = True) -> tuple[str, list[str]]:
+                   mistakes: Sequence[Mistake] = (), reveal: bool = True, hidden: bool = False) -> tuple[str, list[str]]:
     """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values.
 
     ``reveal=False`` (answer items, whose expected value is the key) names the wrong entry and the value
-    that came back, never the expected one.
+    that came back, never the expected one. ``hidden=True`` (a hidden case) names the output and what is
+    wrong with it, but no shape, index or value: each is computed from the hidden inputs. Mistake messages
+    are printed as given; for a hidden case pass messages without numbers (see :func:`check_function`).
     """
     a = as_array(got)
     expected = np.asarray(expected, dtype=np.float64)
     if a is None:
         return "type", [f"{name} should be an array of numbers; got {_type_name(got)}."]
     if a.shape != expected.shape:
-        lines = [f"{name} has shape {a.shape}; expected {expected.shape}."]
+        if hidden:
+            lines = [f"{name} has the wrong shape (hidden inputs and the shapes they give are not shown; "
+                     f"the public cases check shapes the same way)."]
+        else:
+            lines = [f"{name} has shape {a.shape}; expected {expected.shape}."]
         if a.shape == expected.T.shape and np.allclose(a, expected.T, rtol=rtol, atol=atol):
             lines.append(f"Your {name} is the transpose of the right one: check the row-vector convention (X is n × d, W is d × m).")
         for m in mistakes:
@@ -256,14 +385,19 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         return "shape", lines
     if not np.all(np.isfinite(a)):
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
-        return "values", [f"{name}{list(idx)} is {a[idx]}; every entry should be finite."]
+        if hidden:
+            return "values", [f"{name} has {'a NaN' if np.isnan(a[idx]) else 'an infinite'} entry; every entry should be finite."]
+        return "values", [f"{_at(name, idx)} is {a[idx]}; every entry should be finite."]
     close = np.isclose(a, expected, rtol=rtol, atol=atol)
     if close.all():
-        return "ok", [f"{name} matches (shape {a.shape})."]
+        return "ok", [f"{name} matches" + ("." if hidden else f" (shape {a.shape}).")]
     err = np.abs(a - expected) - (atol + rtol * np.abs(expected))
     idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
-    where = f"{name}{list(idx)}" if idx else name
-    if reveal:
+    where = _at(name, idx)
+    if hidden:
+        lines = [f"{name} is not right: {'every entry is' if (~close).all() else 'some entries are'} off "
+                 f"(tolerance: relative {rtol:g}, absolute {atol:g}; the values of hidden cases are not shown)."]
+    elif reveal:
         lines = [f"{where}: expected {_num(expected[idx], a[idx])}, got {_num(a[idx], expected[idx])} ({int((~close).sum())} of {a.size} entries differ)."]
     else:
         lines = [f"{where} = {_num(a[idx], expected[idx])} is not right ({int((~close).sum())} of {a.size} entries are off; "
@@ -285,6 +419,11 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
     if named:
         lines.append(named)
     return "values", lines
+
+
+def _at(name: str, idx: tuple) -> str:
+    """``name[i, j]`` for an entry of an array; just ``name`` for a 0-d array (no empty ``name[]``)."""
+    return f"{name}{list(idx)}" if idx else name
 
 
 def check_array(answer: Any, expected: Any, points: float, name: str = "answer", rtol: float = 1e-6, atol: float = 1e-9,
@@ -506,7 +645,10 @@ def check_function(
     """
     if not callable(fn):
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
-    passed, lines, noise = 0, [], []
+    passed, lines, noise, hidden_noise = 0, [], [], []
+    # What public cases already showed (their inputs are public): a hidden case may repeat it word for word.
+    public_lines: set[str] = set()
+    public_mistakes: dict[tuple[str, str], tuple[int, str]] = {}  # (output, label) → (case number, message)
     positional = _needs_positional(fn, cases)
     if positional:
         lines.append(f"Note: your {name} names its parameters ({positional}); the task names them "
@@ -520,8 +662,9 @@ def check_function(
             continue
         kwargs = {k: _copy_input(v) for k, v in case.kwargs.items()}
         watch = _CallWatch()
+        sink = hidden_noise if case.hidden else noise
         try:
-            with quiet(noise), time_limit(limit), watch():
+            with quiet(sink), time_limit(limit), watch():
                 got = fn(*kwargs.values()) if positional else fn(**kwargs)
         except CaseTimeout:
             timed_out = True
@@ -535,7 +678,10 @@ def check_function(
                                             f"finish {stub} first (it has its own check cell), then run this check again."])
             return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
         except Exception as e:  # the student's bug, reported, not raised
-            lines.append(f"✗ {tag}: " + _describe_exception(e, name, kwargs))
+            msg = _describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)
+            if not case.hidden:
+                public_lines.add(msg)
+            lines.append(f"✗ {tag}: " + msg)
             lines += _exception_hints(e)
             continue
         ref_watch = _CallWatch()
@@ -546,7 +692,7 @@ def check_function(
             lines.append(f"✗ {tag}: your {name} calls coursekit's own answer code ({', '.join(borrowed)}) instead of "
                          f"computing the result itself; a case passed that way earns nothing.")
             continue
-        changed = _changed_inputs(case.kwargs, kwargs)
+        changed = _changed_inputs(case.kwargs, kwargs, where=not case.hidden)
         if len(outputs) > 1:
             if isinstance(got, np.ndarray) and got.ndim == 1 and len(got) == len(outputs):
                 got = tuple(got)  # a 1-D array of scalar outputs (e.g. two counts) is as good as a tuple
@@ -558,17 +704,34 @@ def check_function(
         else:
             got, want = (got,), (want,)
         known = mistakes(case.kwargs, dict(zip(outputs, got))) if mistakes else {}
+        if case.hidden:
+            known = {out: [_hidden_mistake(m, out, public_mistakes) for m in ms] for out, ms in known.items()}
+        else:
+            for out, ms in known.items():
+                for m in ms:
+                    public_mistakes.setdefault((out, m.label), (i, m.message))
         bad = []
         for out_name, g, w in zip(outputs, got, want):
-            kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()))
+            kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()), hidden=case.hidden)
             if kind != "ok":
                 bad += msg
         if not bad and extra is not None:
             try:
-                with quiet(noise):  # extra checks call the student's code again
+                with quiet(sink):  # extra checks call the student's code again
                     bad = extra(fn, case) or []
             except Exception as e:
-                bad = ["a further check on your function (beyond its outputs) could not run it: " + _describe_exception(e, name, kwargs)]
+                bad = ["a further check on your function (beyond its outputs) could not run it: "
+                       + _describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)]
+            if case.hidden:
+                # An extra check's lines are written for public cases and may quote the inputs.
+                safe = [b for b in bad if b in public_lines or not _quotes_numbers(b)]
+                if len(safe) < len(bad):
+                    n = len(bad) - len(safe)
+                    safe.append(f"({n} line{'s' if n != 1 else ''} of this check not shown: "
+                                f"{'they quote' if n != 1 else 'it quotes'} values of the hidden inputs.)")
+                bad = safe
+            else:
+                public_lines.update(bad)
             lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
             if bad and lows:
                 bad.append(_low_precision_hint(*lows[0]))
@@ -582,9 +745,44 @@ def check_function(
             passed += 1
             lines.append(f"✓ {tag}")
     score = points * passed / max(len(cases), 1)
+    if hidden_noise:
+        # What the student's code printed on a hidden case may be its inputs (print(X)): only lines
+        # without numbers, or already printed on a public case, are passed on.
+        seen = set(noise)
+        safe = [l for l in hidden_noise if l in seen or not _quotes_numbers(l)]
+        n = len(hidden_noise) - len(safe)
+        noise += safe
+        if n:
+            noise.append(f"({n} line{'s' if n != 1 else ''} printed or warned during hidden cases not shown: "
+                         f"{'they quote' if n != 1 else 'it quotes'} numbers, which may be hidden inputs.)")
     if noise:
         lines += _noise_text(noise).splitlines()
     return Feedback(score, points, lines)
+
+
+def _quotes_numbers(text: str) -> bool:
+    """True when ``text`` holds a number of its own ("s = 2.5", "X[3, 1]", "(4, 7)"), which for a hidden case may
+    come from its inputs. A lesson reference ("Lesson 05") and digits inside a word (float64, fp32, uint8) are not
+    numbers in this sense."""
+    text = re.sub(r"\b[Ll]essons? \d+(?:\s*(?:-|–|and)\s*\d+)?", "", text)
+    return re.search(r"(?<![\w.])\d|(?<![\w])\.\d", text) is not None
+
+
+def _hidden_mistake(m: Mistake, output: str, public: Mapping[tuple[str, str], tuple[int, str]]) -> Mistake:
+    """The same mistake with a message that quotes nothing computed from a hidden case's inputs: its name and
+    ``hint``; else its message when it holds no number; else the message a public case gave for it (computed
+    from public inputs, and naming the mistake in full); else its name alone."""
+    note = "(hidden inputs are not shown.)"
+    if m.hint:
+        text = f"'{m.label}'. {m.hint[:1].upper()}{m.hint[1:]} {note}"
+    elif not _quotes_numbers(m.message):
+        text = m.message
+    elif (output, m.label) in public:
+        k, msg = public[(output, m.label)]
+        text = f"as explained with the inputs of public case {k}: {msg} {note}"
+    else:
+        text = f"'{m.label}'. Its explanation quotes this case's inputs, which are hidden, so only its name is shown."
+    return Mistake(m.label, m.value, text, m.hint)
 
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -606,8 +804,9 @@ def _copy_input(v: Any) -> Any:
         return v
 
 
-def _changed_inputs(pristine: Mapping[str, Any], used: Mapping[str, Any]) -> str | None:
-    """The name (and first changed index) of an array or tensor input the student's function changed."""
+def _changed_inputs(pristine: Mapping[str, Any], used: Mapping[str, Any], where: bool = True) -> str | None:
+    """The name (and, with ``where``, the first changed index) of an array or tensor input the student's function
+    changed. Without ``where`` (a hidden case) the index is left out: it points into a hidden input."""
     for k, v in pristine.items():
         u = used.get(k)
         if u is v:
@@ -618,7 +817,7 @@ def _changed_inputs(pristine: Mapping[str, Any], used: Mapping[str, Any]) -> str
         diff = ~((a == b) | (np.isnan(a) & np.isnan(b)))
         if diff.any():
             idx = [int(i) for i in np.argwhere(diff)[0]]
-            return f"`{k}` (entry {idx})" if idx else f"`{k}`"
+            return f"`{k}` (entry {idx})" if idx and where else f"`{k}`"
     return None
 
 
@@ -651,15 +850,26 @@ def _stub_name(e: BaseException) -> str | None:
     return frames[-1].name if frames else None
 
 
-def _describe_exception(e: Exception, name: str, kwargs: dict) -> str:
-    """Where the student's code failed: the last traceback frame outside coursekit, or the call itself."""
+def _describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = False,
+                        shown: Iterable[str] = ()) -> str:
+    """Where the student's code failed: the last traceback frame outside coursekit, or the call itself.
+
+    ``hidden``: the exception's message is left out when it holds a number (``matmul: ... size 7 is different
+    from 5`` quotes the hidden inputs' sizes), unless a public case already showed the same words (``shown``)."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
     if not frames:  # failed at the call: the function's parameters do not fit
-        return (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__}: {e}. "
+        text = (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__}: {e}. "
                 f"Check that your function takes exactly these parameters.")
+        if hidden and _quotes_numbers(str(e)) and text not in shown:
+            text = (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__} (its message quotes the hidden "
+                    f"inputs, so it is not shown). Check that your function takes exactly these parameters.")
+        return text
     f = frames[-1]
     where = f" (line {f.lineno}: {f.line.strip()})" if f.line else f" (line {f.lineno})"
-    return f"{name} raised {type(e).__name__}: {e}{where}"
+    text = f"{name} raised {type(e).__name__}: {e}{where}"
+    if hidden and _quotes_numbers(str(e)) and text not in shown:
+        text = f"{name} raised {type(e).__name__}{where}; its message quotes the hidden inputs, so it is not shown"
+    return text
 
 
 def _exception_hints(e: Exception) -> list[str]:

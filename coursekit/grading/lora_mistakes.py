@@ -1,8 +1,9 @@
 """The classic mistakes in LoRA kernels, as the wrong values they produce.
 
 Each function takes the keyword arguments of one test case and returns, per output name, a list of
-:class:`~coursekit.grading.checkers.Mistake`: the value a specific mistake would give and the message
-that names it. The checker compares a wrong answer with each and reports the first that matches.
+:class:`~coursekit.grading.checkers.Mistake`: the value a specific mistake would give, the message
+that names it (quoting the case's numbers) and a hint that says the same without them (what a hidden
+case shows: its inputs stay hidden). The checker compares a wrong answer with each and reports the first that matches.
 Arguments use the row-vector convention of :mod:`coursekit.lora` (X n×d, W d×m, A d×r, B r×m) and
 either ``s`` or ``lora_alpha`` and ``r``.
 """
@@ -18,19 +19,26 @@ from .checkers import Mistake, as_array
 SEE_SCALE = "(Lesson 02, 'The scale s'.)"
 
 
-def _scale(kw: dict) -> tuple[float, list[tuple[str, float, str]]]:
-    """The right s, and the wrong scales students use instead, with their explanations."""
+def _scale(kw: dict) -> tuple[float, list[tuple[str, float, str, str]]]:
+    """The right s, and the wrong scales students use instead: (label, wrong scale, message with the case's
+    numbers, hint without them)."""
     if "s" in kw:
         s = float(kw["s"])
-        return s, [("missing s", 1.0, f"the scale s is missing: the adapter path must be multiplied by s = {s:g}. {SEE_SCALE}")]
+        return s, [("missing s", 1.0, f"the scale s is missing: the adapter path must be multiplied by s = {s:g}. {SEE_SCALE}",
+                    f"the scale s is missing: the adapter path must be multiplied by s. {SEE_SCALE}")]
     a, r = float(kw["lora_alpha"]), int(kw["r"])
     s = a / r
     wrong = [
-        ("missing s", 1.0, f"the scale is missing: multiply the adapter path by s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
-        ("alpha", a, f"you scaled by lora_alpha = {a:g} instead of s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
-        ("r/alpha", r / a, f"you scaled by r / lora_alpha = {r / a:g}; the scale is lora_alpha / r = {s:g}. {SEE_SCALE}"),
-        ("floor", float(a // r), f"you divided with // (integer division): lora_alpha // r = {a // r:g}, but s = lora_alpha / r = {s:g}. {SEE_SCALE}"),
-        ("rslora", a / math.sqrt(r), f"you used the rsLoRA scale lora_alpha / sqrt(r) = {a / math.sqrt(r):g}; plain LoRA uses lora_alpha / r = {s:g}. {SEE_SCALE}"),
+        ("missing s", 1.0, f"the scale is missing: multiply the adapter path by s = lora_alpha / r = {s:g}. {SEE_SCALE}",
+         f"the scale is missing: multiply the adapter path by s = lora_alpha / r. {SEE_SCALE}"),
+        ("alpha", a, f"you scaled by lora_alpha = {a:g} instead of s = lora_alpha / r = {s:g}. {SEE_SCALE}",
+         f"you scaled by lora_alpha instead of s = lora_alpha / r. {SEE_SCALE}"),
+        ("r/alpha", r / a, f"you scaled by r / lora_alpha = {r / a:g}; the scale is lora_alpha / r = {s:g}. {SEE_SCALE}",
+         f"you scaled by r / lora_alpha; the scale is lora_alpha / r. {SEE_SCALE}"),
+        ("floor", float(a // r), f"you divided with // (integer division): lora_alpha // r = {a // r:g}, but s = lora_alpha / r = {s:g}. {SEE_SCALE}",
+         f"you divided with // (integer division), which drops the fraction; s = lora_alpha / r. {SEE_SCALE}"),
+        ("rslora", a / math.sqrt(r), f"you used the rsLoRA scale lora_alpha / sqrt(r) = {a / math.sqrt(r):g}; plain LoRA uses lora_alpha / r = {s:g}. {SEE_SCALE}",
+         f"you used the rsLoRA scale lora_alpha / sqrt(r); plain LoRA uses lora_alpha / r. {SEE_SCALE}"),
     ]
     return s, [w for w in wrong if not math.isclose(w[1], s)]
 
@@ -40,7 +48,7 @@ def forward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistak
     X, W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("X", "W", "A", "B"))
     s, wrong_scales = _scale(kw)
     base, adapter = X @ W, (X @ A) @ B
-    out = [Mistake(label, base + c * adapter, msg) for label, c, msg in wrong_scales]
+    out = [Mistake(label, base + c * adapter, msg, hint) for label, c, msg, hint in wrong_scales]
     out += [
         Mistake("no base", s * adapter, "your Y has only the adapter path: add the frozen base output X @ W."),
         Mistake("no adapter", base, "your Y is the base output X @ W alone: add the adapter path s (X A) B."),
@@ -55,7 +63,7 @@ def merge_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]
     """Wrong values of ``W + s A B``."""
     W, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("W", "A", "B"))
     s, wrong_scales = _scale(kw)
-    out = [Mistake(label, W + c * (A @ B), msg) for label, c, msg in wrong_scales]
+    out = [Mistake(label, W + c * (A @ B), msg, hint) for label, c, msg, hint in wrong_scales]
     out += [
         Mistake("delta only", s * (A @ B), "you returned only the update s A B: the merged weight is W + s A B."),
         Mistake("transposed", (W + s * A @ B).T, "your merged weight is transposed: in the row-vector convention it is d × m, like W."),
@@ -71,7 +79,8 @@ def torch_layout_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[M
     x, Wt, At, Bt = (np.asarray(kw[k], dtype=np.float64) for k in ("x", "weight", "lora_A", "lora_B"))
     s = float(kw["scaling"])
     out = [
-        Mistake("missing s", x @ Wt.T + (x @ At.T) @ Bt.T, f"the scaling ({s:g}) is missing from the adapter path."),
+        Mistake("missing s", x @ Wt.T + (x @ At.T) @ Bt.T, f"the scaling ({s:g}) is missing from the adapter path.",
+                "the scaling is missing from the adapter path."),
         Mistake("no base", s * (x @ At.T) @ Bt.T, "the base output x @ weight.T is missing."),
     ]
     if Bt.shape[0] == Bt.shape[1]:
@@ -98,15 +107,19 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     dZ = s * D @ B.T
     dA = X.T @ dZ
     dX = D @ W.T + dZ @ A.T
-    m_dB = [Mistake(l, c * Z.T @ D, "in ∇B = s Zᵀ D: " + msg) for l, c, msg in wrong_scales]
-    m_dA = [Mistake(l, c * X.T @ D @ B.T, "in ∇A = s Xᵀ D Bᵀ: " + msg) for l, c, msg in wrong_scales]
-    m_dX = [Mistake(l, D @ W.T + c * D @ B.T @ A.T, "in the adapter path of ∇X: " + msg) for l, c, msg in wrong_scales]
+    m_dB = [Mistake(l, c * Z.T @ D, "in ∇B = s Zᵀ D: " + msg, "in ∇B = s Zᵀ D: " + hint) for l, c, msg, hint in wrong_scales]
+    m_dA = [Mistake(l, c * X.T @ D @ B.T, "in ∇A = s Xᵀ D Bᵀ: " + msg, "in ∇A = s Xᵀ D Bᵀ: " + hint)
+            for l, c, msg, hint in wrong_scales]
+    m_dX = [Mistake(l, D @ W.T + c * D @ B.T @ A.T, "in the adapter path of ∇X: " + msg, "in the adapter path of ∇X: " + hint)
+            for l, c, msg, hint in wrong_scales]
     # s applied twice: dZ = s D Bᵀ already carries the scale, and it is multiplied in again.
-    if not math.isclose(s * s, s) and not any(math.isclose(s * s, c) for _, c, _ in wrong_scales):
-        twice = (f"the scale s = {s:g} is applied twice (s² = {s * s:g}): dZ = s D Bᵀ already carries s, "
-                 "so ∇A = Xᵀ dZ and the adapter path dZ Aᵀ take no second factor s. (Lesson 05, 'The four gradients'.)")
-        m_dA.append(Mistake("s twice", s * s * X.T @ D @ B.T, "in ∇A: " + twice))
-        m_dX.append(Mistake("s twice", D @ W.T + s * s * D @ B.T @ A.T, "in ∇X: " + twice))
+    if not math.isclose(s * s, s) and not any(math.isclose(s * s, c) for _, c, _, _ in wrong_scales):
+        why = ("dZ = s D Bᵀ already carries s, so ∇A = Xᵀ dZ and the adapter path dZ Aᵀ take no second factor s. "
+               "(Lesson 05, 'The four gradients'.)")
+        twice = f"the scale s = {s:g} is applied twice (s² = {s * s:g}): " + why
+        twice_hint = "the scale s is applied twice (s²): " + why
+        m_dA.append(Mistake("s twice", s * s * X.T @ D @ B.T, "in ∇A: " + twice, "in ∇A: " + twice_hint))
+        m_dX.append(Mistake("s twice", D @ W.T + s * s * D @ B.T @ A.T, "in ∇X: " + twice, "in ∇X: " + twice_hint))
     if W.shape[0] == W.shape[1]:
         m_dX.append(Mistake("W not transposed", D @ W + dZ @ A.T,
                             "the base path of ∇X is D Wᵀ, not D W: W is d × m and maps X to Y, so the way back multiplies by Wᵀ."))
@@ -129,6 +142,8 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
         if eta > 0 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
             # Appended last: with one token and r = 1 every multiple of dA fits some η, so a
             # wrong scale (which fits exactly, with its own value) must be named first.
-            m_dA.append(Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): "
-                                   "finish the backward pass with this step's B, then update. (Lesson 05, 'The four gradients'; lesson 06 walks the order step by step.)"))
+            then = ("finish the backward pass with this step's B, then update. (Lesson 05, 'The four gradients'; "
+                    "lesson 06 walks the order step by step.)")
+            m_dA.append(Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): " + then,
+                                "you computed ∇A with B already updated (B − η·∇B for some step size η): " + then))
     return {"dX": m_dX, "dA": m_dA, "dB": m_dB}
