@@ -1,29 +1,55 @@
 """Parallel grading (``coursekit grade --workers N``) keeps nbgrader's gradebook consistent.
 
 Three of lesson 02's example students (blank, perfect, transposed-B: three different scores) are
-graded three times, each in a temporary course folder: serially (``workers=1``, nbgrader one submission at a time), with two
-workers, and with two workers again on the same folder after an instructor's manual grade. The
-parallel gradebook must hold the same rows as the serial one (no lost or duplicated row), the same
-grades.csv, every notebook must really have been executed by a worker, and the second run must change
-nothing and lose nothing (same row ids, the manual grade kept)."""
+graded serially (``workers=1``, nbgrader one submission at a time) in one temporary course folder.
+Another folder holds the same three plus lesson 02's hostile students (an answer cell that calls
+os._exit, one that forges coursekit's ``grade``, one that calls the grader's reference, endless loops)
+and three broken files (empty, not JSON, renamed: lesson 00's broken examples handed in for lesson
+02); it is graded with two workers, then again with two workers after an instructor's manual grade,
+this time without the hostile students (tests/test_grading_roundtrip.py re-grades those serially).
+
+The three ordinary students must get exactly the serial run's gradebook rows and grades.csv lines
+(a hostile classmate changes nothing for them); each hostile or broken student gets the exact score of
+its expected.json (the score serial grading gives it in tests/test_grading_roundtrip.py) and a feedback
+file that says what happened; every notebook that can be graded must really have been executed by a
+worker; the gradebook holds one row per student and graded cell, none lost or duplicated; and the second
+run must change nothing and lose nothing (same row ids, the manual grade kept, the rows of the students
+it did not re-grade untouched)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import runpy
 import shutil
 import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from coursekit import course, parallel
+from test_grading_roundtrip import EXACT, EXAMPLES, WRONG, _cell_scores, _feedback, _submission
 
 ROOT = Path(__file__).resolve().parents[1]
 AID = "02-lora-inside-one-matmul"
-STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]
+STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]  # graded serially and in parallel
 N = len(STUDENTS)
+# Lesson 02's hostile students (expected.json with "score"): sid → (code score, texts the feedback must contain).
+HOSTILE = {sid: (score, texts + [t for a, s, _, t in WRONG if (a, s) == (AID, sid)])
+           for aid, sid, score, texts in EXACT if aid == AID}
+# Lesson 00's broken-file students, handed in for lesson 02 (their submission.py takes the lesson id):
+# score 0, and the feedback file and the score table say why.
+BROKEN_FROM = "00-setup-and-probes"
+BROKEN = {sid: (score, [t.replace(BROKEN_FROM, AID) for t in texts])
+          for aid, sid, score, texts in EXACT if aid == BROKEN_FROM and sid in ("ex-empty-file", "ex-not-json", "ex-renamed")}
+EXPECTED = {**HOSTILE, **BROKEN}
+EVERYONE = sorted(STUDENTS + list(EXPECTED))
+# The hostile notebooks loop on purpose, so the limits are short; the answer limit stays well above the
+# ~3 s (on an idle machine; twice that when two kernels share the cores) that ex-endless-loops' P4 cell
+# needs to print its 200,000 lines, which must keep its point.
+LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "15", "COURSEKIT_CASE_TIMEOUT": "5"}
 
 GRADES = """
 SELECT a.name, sa.student_id, n.name, c.name, g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade, g.id
@@ -56,6 +82,28 @@ def _rows(work: Path, ids: bool = False) -> dict[str, list[tuple]]:
     return {k: sorted(v, key=repr) for k, v in out.items()}
 
 
+def _hand_in_broken_files(submitted: Path) -> None:
+    """The broken-file students of lesson 00, for lesson 02: what their submission.py makes of the perfect notebook."""
+    perfect = nbformat.read(submitted / "ex-perfect" / AID / f"{AID}.ipynb", as_version=4)
+    for sid in BROKEN:
+        files = runpy.run_path(str(EXAMPLES / BROKEN_FROM / sid.removeprefix("ex-") / "submission.py"))["files"]
+        dest = submitted / sid / AID
+        dest.mkdir(parents=True)
+        for name, content in files(nbformat.from_dict(perfect), AID).items():
+            if isinstance(content, bytes):
+                (dest / name).write_bytes(content)
+            elif isinstance(content, str):
+                (dest / name).write_text(content)
+            else:
+                nbformat.write(content, dest / name)
+
+
+def test_the_class_has_the_hostile_and_broken_students():
+    assert {"ex-kills-kernel", "ex-forged-grade", "ex-borrows-reference", "ex-endless-loops"} <= HOSTILE.keys()
+    assert BROKEN.keys() == {"ex-empty-file", "ex-not-json", "ex-renamed"}
+    assert all(texts for _, texts in EXPECTED.values()), "every hostile or broken student names a feedback text"
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     made = []
@@ -68,10 +116,12 @@ def graded(tmp_path_factory):
     release = tmp_path_factory.mktemp("release")
     course.release([AID], root=ROOT, course_dir=tmp_path_factory.mktemp("release-course"), release_dir=release)
     serial, par = tmp_path_factory.mktemp("serial"), tmp_path_factory.mktemp("parallel")
-    for work in (serial, par):
+    for work, keep in ((serial, STUDENTS), (par, STUDENTS + list(HOSTILE))):
         built = course.build_examples(ROOT, AID, work / "submitted", release)
-        for sid in set(built) - set(STUDENTS):
+        assert set(keep) <= set(built)
+        for sid in set(built) - set(keep):
             shutil.rmtree(work / "submitted" / sid)
+    _hand_in_broken_files(par / "submitted")
 
     def grade(work: Path, workers: int) -> str:
         return course.grade_class(lessons=[AID], root=ROOT, course_dir=work, release_dir=release,
@@ -79,6 +129,8 @@ def graded(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "Autograder", Recording)
+        for k, v in LIMITS.items():  # read when the config is loaded (answer cells) and in the kernels (cases)
+            mp.setenv(k, v)
         tables = {"serial": grade(serial, 1), "parallel": grade(par, 2)}
         first = {"csv": (par / "grades.csv").read_text(), "rows": _rows(par, ids=True)}
         # An instructor's manual grade on a hand-graded cell, between the two parallel runs.
@@ -87,6 +139,11 @@ def graded(tmp_path_factory):
             db.execute("UPDATE grade SET manual_score = 1.5, needs_manual_grade = 0 WHERE id = ?", (gid,))
             db.commit()
         manual = _rows(par, ids=True)
+        # The second run re-grades the ordinary and the broken students only (a hostile notebook costs up to
+        # a minute of CPU; tests/test_grading_roundtrip.py re-grades them serially): the rows of students it
+        # does not grade must stay as they are.
+        for sid in HOSTILE:
+            (par / "submitted" / sid).rename(par / f"not-regraded-{sid}")
         tables["again"] = grade(par, 2)
     return {"serial": serial, "parallel": par, "tables": tables, "first": first, "manual": manual,
             "manual_grade": gid, "autograders": made}
@@ -95,34 +152,85 @@ def graded(tmp_path_factory):
 def test_parallel_mode_executes_every_notebook_in_a_worker(graded):
     serial, par, again = graded["autograders"]
     assert serial.workers == 1 and not serial.replayed
-    for run in (par, again):
+    # A broken file never reaches nbgrader's autograde; the second run does not re-grade the hostile students.
+    for run, gradable in ((par, STUDENTS + list(HOSTILE)), (again, STUDENTS)):
         assert run.workers == 2
-        assert sorted(run.replayed) == [(AID, sid) for sid in STUDENTS]
+        assert sorted(run.replayed) == [(AID, sid) for sid in sorted(gradable)]
         assert run.executed_here == [], "a worker's notebook was not used: see ReplayExecute's log"
 
 
-def test_same_grades_csv_and_table_as_serial(graded):
-    assert (graded["serial"] / "grades.csv").read_text() == graded["first"]["csv"]
-    table = lambda t: [l for l in t.splitlines() if AID in l]  # noqa: E731  (the last line names the folder)
-    assert table(graded["tables"]["serial"]) == table(graded["tables"]["parallel"])
-    assert len(table(graded["tables"]["parallel"])) == N and "Not graded" not in graded["tables"]["parallel"]
+def _ours(rows: dict[str, list[tuple]], students) -> dict[str, list[tuple]]:
+    """The rows about ``students`` only (the student id is column 0 of student and submitted_notebook, else 1)."""
+    col = {"student": 0, "submitted_notebook": 0}
+    return {k: [r for r in v if r[col.get(k, 1)] in students] for k, v in rows.items()}
+
+
+def test_ordinary_students_get_the_serial_grades_csv_and_table(graded):
+    serial = course.read_grades_csv(graded["serial"] / "grades.csv")
+    par = list(csv.DictReader(io.StringIO(graded["first"]["csv"])))
+    assert [r for r in par if r["student_id"] in STUDENTS] == serial, "a hostile classmate changed an ordinary student's grades"
+    assert sorted(r["student_id"] for r in par) == EVERYONE
+    # (lesson, student, score, max) of each line (the column widths follow the longest student id)
+    table = lambda t, who: [l.split() for l in t.splitlines() if AID in l and l.split()[1] in who]  # noqa: E731
+    assert table(graded["tables"]["serial"], STUDENTS) == table(graded["tables"]["parallel"], STUDENTS)
+    assert len(table(graded["tables"]["parallel"], EVERYONE)) == len(EVERYONE) and "Not graded" not in graded["tables"]["parallel"]
 
 
 def test_same_gradebook_rows_as_serial_none_lost_or_duplicated(graded):
     serial = _rows(graded["serial"])
     first = {k: [r[:-1] if k != "student" else r for r in v] for k, v in graded["first"]["rows"].items()}
     first = {k: sorted(v, key=repr) for k, v in first.items()}
-    assert first == serial
+    assert _ours(first, STUDENTS) == serial, "the ordinary students' gradebook rows differ from serial grading"
     n_cells = len({r[3] for r in serial["grade"]})
     assert len(serial["grade"]) == N * n_cells > 0, "one grade row per student and graded cell"
-    assert len(set(first["grade"])) == len(first["grade"]) and len(set(first["submitted_assignment"])) == N
     assert len({r[:2] for r in serial["grade"]}) == N
+    # Everyone, hostile and broken included: one student, submission and notebook row each, one grade row
+    # per graded cell, no row twice (ids included: no row written twice under two ids either).
+    rows = graded["first"]["rows"]
+    assert sorted(r[0] for r in rows["student"]) == EVERYONE
+    assert sorted(r[1] for r in rows["submitted_assignment"]) == EVERYONE
+    assert sorted(r[0] for r in rows["submitted_notebook"]) == EVERYONE
+    for table in ("grade", "comment"):
+        keys = [r[1:4] for r in rows[table]]  # (student, notebook, cell)
+        assert len(set(keys)) == len(keys), f"duplicated {table} rows"
+        assert {sid for sid, *_ in keys} == set(EVERYONE)
+        assert all(sum(k[0] == sid for k in keys) == sum(k[0] == "ex-perfect" for k in keys) for sid in EVERYONE), \
+            f"a student has more or fewer {table} rows than ex-perfect"
+    assert len(rows["grade"]) == len(EVERYONE) * n_cells
+
+
+@pytest.mark.parametrize("sid", sorted(EXPECTED))
+def test_hostile_and_broken_students_get_their_exact_score_and_say_what_happened(graded, sid):
+    """Read after the second run, which keeps the hostile students' rows and rewrites their feedback from
+    the first run's autograded notebooks (see the fixture)."""
+    score, texts = EXPECTED[sid]
+    par = graded["parallel"]
+    code, _, _ = _submission(par, AID, sid)
+    assert code == score, f"{sid}: scored {code} in parallel, expected {score} (as serial grading)"
+    first = {r["student_id"]: r for r in csv.DictReader(io.StringIO(graded["first"]["csv"]))}
+    assert float(first[sid]["raw_score"]) == score, f"{sid}: first parallel run's grades.csv"
+    fb = par / "feedback" / sid / AID / f"{AID}.html"
+    assert fb.is_file(), f"{sid}: no feedback file"
+    for text in texts:
+        assert text in _feedback(par, AID, sid), f"{sid}: feedback lacks {text!r}"
+    if sid in HOSTILE:
+        cells = _cell_scores(par, AID, sid)
+        for cell in (c for a, s, c, _ in WRONG if (a, s) == (AID, sid)):
+            assert cells[cell][0] < cells[cell][1], f"{sid}: {cell} should lose points"
+    else:
+        assert f"{sid}/{AID}:" in graded["tables"]["parallel"], "the score table names a submission that could not be graded"
+
+
+def test_workers_use_the_time_limits_of_the_grading_process(graded):
+    fb = _feedback(graded["parallel"], AID, "ex-endless-loops")
+    assert f"was still running after {LIMITS['COURSEKIT_ANSWER_TIMEOUT']} s" in fb, "the answer-cell limit did not reach the worker"
+    assert f"did not return within {LIMITS['COURSEKIT_CASE_TIMEOUT']} s" in fb, "the per-case limit did not reach the worker's kernel"
 
 
 def test_feedback_for_every_student(graded):
-    for work in (graded["serial"], graded["parallel"]):
-        students = {r[1] for r in _rows(work)["submitted_assignment"]}
-        assert {p.parent.parent.name for p in (work / "feedback").glob(f"*/{AID}/{AID}.html")} == students
+    for work, students in ((graded["serial"], STUDENTS), (graded["parallel"], EVERYONE)):
+        assert {r[1] for r in _rows(work)["submitted_assignment"]} == set(students)
+        assert {p.parent.parent.name for p in (work / "feedback").glob(f"*/{AID}/{AID}.html")} == set(students)
 
 
 def test_second_parallel_run_changes_nothing_and_loses_nothing(graded):
@@ -136,10 +244,13 @@ def test_second_parallel_run_changes_nothing_and_loses_nothing(graded):
         assert db.execute("SELECT manual_score FROM grade WHERE id = ?", (graded["manual_grade"],)).fetchone() == (1.5,)
     before = {r["student_id"]: r for r in csv.DictReader(io.StringIO(graded["first"]["csv"]))}
     after = {r["student_id"]: r for r in course.read_grades_csv(par / "grades.csv")}
-    assert before.keys() == after.keys()
+    assert before.keys() == after.keys() == set(EVERYONE)
     for sid in before:
         bump = 1.5 if sid == "ex-perfect" else 0.0  # the manual grade, nothing else
         assert float(after[sid]["score"]) == pytest.approx(float(before[sid]["score"]) + bump), sid
+    for sid, (score, _) in BROKEN.items():
+        assert _submission(par, AID, sid)[0] == score, f"{sid}: second parallel run scored differently"
+        assert f"{sid}/{AID}:" in graded["tables"]["again"]
 
 
 def test_one_worker_or_one_submission_is_serial(tmp_path):
