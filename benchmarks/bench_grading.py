@@ -1,14 +1,15 @@
 """`make bench`: the time to grade a class of 100 submissions of one lesson, serial vs parallel, in one run.
 
 The class is the lesson's example class (blank, perfect and the typical wrong submissions of
-autograder/examples/<lesson>/) copied under 100 student ids, graded twice by ``course.grade_class``,
+autograder/examples/<lesson>/; the hostile ones only with --hostile, since their deliberate endless
+loops would make the time mostly timeouts) copied under 100 student ids, graded twice by ``course.grade_class``,
 each time in a fresh temporary course folder: once with ``workers=1`` (nbgrader's one-at-a-time
 autograde) and once with one worker per core (``coursekit grade --workers N``). Each time covers the
 whole command: release, autograde, feedback and grades.csv. Both runs must give the same grades.csv
 scores, else the benchmark fails. Prints one line and writes .artifacts/bench-grading.json. Not a
 test: the numbers depend on the machine and its load.
 
-    python benchmarks/bench_grading.py [--lesson 02] [--students 100] [--workers N] [--out FILE]
+    python benchmarks/bench_grading.py [--lesson 02] [--students 100] [--workers N] [--hostile] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,10 +28,16 @@ from coursekit import course, parallel
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_class(aid: str, dest: Path, release_dir: Path, n: int) -> dict[str, str]:
+def hostile(aid: str, sid: str) -> bool:
+    """An example student whose expected.json gives an exact "score": a hostile or broken submission."""
+    f = ROOT / "autograder" / "examples" / aid / sid.removeprefix("ex-") / "expected.json"
+    return f.is_file() and "score" in json.loads(f.read_text())
+
+
+def build_class(aid: str, dest: Path, release_dir: Path, n: int, with_hostile: bool = False) -> dict[str, str]:
     """``n`` submissions under ``dest/submitted/``: the example class of ``aid`` in turn; student → example."""
     examples = dest / "examples"
-    kinds = course.build_examples(ROOT, aid, examples, release_dir)
+    kinds = [k for k in course.build_examples(ROOT, aid, examples, release_dir) if with_hostile or not hostile(aid, k)]
     who = {}
     for i in range(n):
         kind = kinds[i % len(kinds)]
@@ -60,6 +67,7 @@ def main() -> None:
     p.add_argument("--lesson", default="02", help="lesson id or number (default 02: cheap, with three typical mistakes)")
     p.add_argument("--students", type=int, default=100, help="submissions in the class (default 100)")
     p.add_argument("--workers", type=int, default=parallel.default_workers(), help="parallel workers (default: one per core)")
+    p.add_argument("--hostile", action="store_true", help="include the hostile example students (endless loops: slow)")
     p.add_argument("--out", default=".artifacts/bench-grading.json")
     args = p.parse_args()
     (aid,) = course._known(ROOT, [args.lesson])
@@ -68,7 +76,7 @@ def main() -> None:
         tmp = Path(tmp)
         release_dir = tmp / "release"
         course.release([aid], root=ROOT, course_dir=tmp / "release-course", release_dir=release_dir)
-        who = build_class(aid, tmp / "class", release_dir, args.students)
+        who = build_class(aid, tmp / "class", release_dir, args.students, args.hostile)
         kinds = sorted(set(who.values()))
         print(f"Grading {args.students} submissions of {aid} ({len(kinds)} kinds: {', '.join(kinds)}), "
               f"{parallel.default_workers()} cores")

@@ -290,7 +290,8 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
             build_examples(root, aid, submitted, release_dir)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
-    autograde = parallel.Autograder(a, jobs, workers)
+    # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
+    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid) is None], workers)
     try:
         for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
                              unit="submission", disable=not progress, file=sys.stdout):

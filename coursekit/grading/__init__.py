@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import re
 import sys
 import types
 import zlib
@@ -271,7 +272,7 @@ def _recorded(item: Any, answer: Any, ctx: _Context, candidates: Sequence[Any] |
             fb.recorded = True  # type: ignore[attr-defined]  (grade() prints "recorded", not "0 points")
             return fb
     probe = item._run(answer, cands[0] if cands else 0.0, {})
-    return Feedback(0, item.points, [line for line in probe.lines if "right" not in line.lower()]
+    return Feedback(0, item.points, [line for line in probe.lines if not re.match(r"\(\w\) is (not )?right|The order is right|\d+ of \d+ pairs", line)]
                     or [f"{answer!r} is not a well-formed answer for this item; see the question for the expected form."])
 
 
