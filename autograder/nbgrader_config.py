@@ -13,8 +13,10 @@ c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-# The answer keys, hints and hidden-case seeds (autograder/keys/NN.json) stay with the instructor; the
-# kernels nbgrader starts inherit this variable and read them (coursekit/grading/keys.py).
+# The answer keys, hints and hidden-case seeds (autograder/keys/NN.json) stay with the instructor: the
+# grading process reads them through this variable (coursekit/grading/keys.py); the kernel that runs a
+# student's code is started without it (coursekit.guard.GuardedExecute), and ScoreKeyed scores the
+# answers its checks recorded.
 os.environ.setdefault("COURSEKIT_KEYS", os.path.join(HERE, "keys"))
 
 c.CourseDirectory.course_id = "qlora-backprop"
@@ -47,6 +49,7 @@ c.Autograde.autograde_preprocessors = [
     "coursekit.guard.GuardedExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "coursekit.guard.TamperScan",
+    "coursekit.guard.ScoreKeyed",  # scores recorded choices with the keys the kernel never sees
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",

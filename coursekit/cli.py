@@ -91,8 +91,14 @@ def _keys(args: argparse.Namespace) -> int:
     if args.action == "show" and not args.lesson:
         print("coursekit keys show: name a lesson, e.g. coursekit keys show 02", file=sys.stderr)
         return 2
-    use_course_keys(Path(args.root or ".").resolve())
-    return keys.main([args.action] + ([args.lesson] if args.action == "show" else []))
+    root = Path(args.root or ".").resolve()
+    if keys.key_dir() is None and not (root / "autograder" / "keys").is_dir():
+        print(f"coursekit keys: {root} is not the course repository (it has no autograder/keys); "
+              "run this from the repository root, pass --root, or set $COURSEKIT_KEYS", file=sys.stderr)
+        return 2
+    use_course_keys(root)
+    lesson = f"{int(args.lesson):02d}" if args.action == "show" and args.lesson.isdigit() else args.lesson
+    return keys.main([args.action] + ([lesson] if args.action == "show" else []))
 
 
 def main(argv: list[str] | None = None) -> int:

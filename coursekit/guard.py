@@ -15,6 +15,14 @@
   profile/trace hooks, swapping a function's ``__code__``). Every autograded test cell after the
   first such answer cell scores 0, with an error output naming the cell, the line and what it does.
 
+- :class:`ScoreKeyed` (after execution): the kernel that runs a student's code never holds the answer
+  keys (:class:`GuardedExecute` starts it without ``$COURSEKIT_KEYS``, with only the lesson's
+  hidden-case seed in ``$COURSEKIT_SEED``), so a choice, ordering or keyed-number check there only
+  records the answer in a marked line. This preprocessor, in the grading process, scores each
+  recorded answer against the instructor's key and writes the feedback and points into the test
+  cell's output. A notebook cannot read a key it was never given, nor score itself by printing a
+  marker: the marker only carries an answer, and only the one printed by the locked test cell counts.
+
 At run time, :func:`coursekit.grading.grade` refuses to score when a coursekit function (or numpy's,
 torch's, builtins') was replaced by notebook code, and ``check_function`` fails a case whose function
 calls coursekit's reference code. The static scan covers the one thing the kernel cannot see from
@@ -24,6 +32,9 @@ inside: ``grade`` itself replaced by a forgery.
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
 import time
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -65,6 +76,21 @@ class GuardedExecute(Execute):
         self._dead = None
         self._notebook = (resources or {}).get("unique_key", "")
         return super().preprocess(nb, resources, km)
+
+    async def async_start_new_kernel(self, **kwargs):
+        """Start the kernel without the answer keys: no ``$COURSEKIT_KEYS``, only this lesson's hidden-case
+        seed (``$COURSEKIT_SEED``), which the function items need and which gives away no answer."""
+        from coursekit.grading import keys
+
+        env = dict(kwargs.pop("env", None) or os.environ)
+        env.pop(keys.ENV, None)
+        env.pop(keys.SEED_ENV, None)
+        lesson = (self._notebook or "")[:2]
+        if lesson.isdigit() and keys.available(lesson):
+            env[keys.SEED_ENV] = str(keys.load(lesson)["seed"])
+        return await super().async_start_new_kernel(env=env, **kwargs)
+
+    start_new_kernel = run_sync(async_start_new_kernel)  # nbclient binds the sync face to its own coroutine
 
     def _get_timeout(self, cell):
         t = self.notebook_timeouts.get(self._notebook) if getattr(self, "_notebook", "") else None
@@ -163,6 +189,8 @@ class DropEmptyMetadata(NbGraderPreprocessor):
 # The item tables hold how each expected value is computed; an answer cell has no business reading them.
 _TABLES = ("coursekit.grading.lessons", "coursekit.grading.keys")
 _TABLE_NAMES = {"lesson_items", "ITEMS", "key_problems", "keys", "lessons"}
+# Strings that name where the instructor's answers live: the keys' folder and variable, the solutions.
+_INSTRUCTOR_FILES = re.compile(r"COURSEKIT_KEYS|COURSEKIT_SEED|autograder[/\\]keys|(?:^|[/\\])keys[/\\]\d\d\.json|solutions[/\\]\d\d-", re.I)
 _MUTATORS = {"update", "__setitem__", "setdefault", "pop", "popitem", "clear", "__delitem__", "__setattr__"}
 _HOOKS = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile"), ("threading", "settrace"),
           ("importlib", "reload"), ("gc", "get_referrers")}
@@ -205,6 +233,10 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
             names = [] if isinstance(node, ast.Import) else [a.name for a in node.names]
             if any(m.startswith(_TABLES) for m in mods) or (mods[0].startswith("coursekit.grading") and set(names) & _TABLE_NAMES):
                 note(node, "reads the grader's item tables (their expected values are the answers)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _INSTRUCTOR_FILES.search(node.value):
+            found.append(f"line {node.lineno}: the string {node.value[:60]!r} reaches for the instructor's answer keys or solutions")
+        elif isinstance(node, ast.Attribute) and node.attr in ("_keys", "_Context", "score_recorded", "_READS") and ck(node):
+            note(node, "reaches into the grader's key handling")
         elif isinstance(node, ast.Attribute) and ck(node) and (
                 node.attr in ("lesson_items", "ITEMS", "key_problems")
                 or (node.attr in ("lessons", "keys") and "grading" in _dotted(node))):
@@ -268,4 +300,51 @@ class TamperScan(NbGraderPreprocessor):
         return nb, resources
 
 
-__all__ = ["DropEmptyMetadata", "GuardedExecute", "TamperScan", "scan_source"]
+_GRADE_CALL = re.compile(r"""\bgrade\(\s*["'](\d\d\.\w+)["']""")
+
+
+class ScoreKeyed(NbGraderPreprocessor):
+    """Score the answers that keyed checks recorded in the kernel (see module docstring)."""
+
+    def preprocess(self, nb, resources):
+        from coursekit.grading import RECORD_MARK, lesson_items, score_recorded
+
+        for cell in nb.cells:
+            md = _nbg(cell)
+            if cell.cell_type != "code" or not md.get("grade") or md.get("solution"):
+                continue
+            calls = _GRADE_CALL.findall(cell.source)
+            outs = list(cell.get("outputs", []))
+            if len(calls) != 1 or any(o.get("output_type") == "error" for o in outs):
+                continue  # not one check (or it failed, or TamperScan zeroed it): nbgrader's score stands
+            item_id = calls[0]
+            marks = [line[len(RECORD_MARK):] for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout"
+                     for line in o.get("text", "").splitlines() if line.startswith(RECORD_MARK)]
+            if not marks:
+                continue  # an item scored in the kernel (numbers, code) or a check that printed why it gave 0
+            try:
+                rec = [json.loads(m) for m in marks]
+            except ValueError:
+                rec = []
+            mine = [r for r in rec if isinstance(r, dict) and r.get("item") == item_id]
+            lesson, item = item_id.split(".", 1)
+            title = f"[{item_id}] {lesson_items(lesson)[item].title}"
+            if len(mine) != 1 or len(rec) != len(marks) or len(rec) != 1:
+                text = (f"{title}: 0 points\n  More than one answer was recorded for this item (or a recorded answer was "
+                        "altered), so none counts. Leave the check cell as it is and give one answer.")
+                points = 0.0
+            else:
+                fb = score_recorded(item_id, mine[0]["answer"])
+                text, points = fb.text(title), fb.points
+            other = [o for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+            kept = "".join(line for o in other for line in o.get("text", "").splitlines(keepends=True)
+                           if not line.startswith(RECORD_MARK) and "Recorded: " not in line and ": recorded (worth" not in line)
+            cell.outputs = ([NotebookNode(output_type="stream", name="stdout", text=kept)] if kept.strip() else []) + [
+                NotebookNode(output_type="stream", name="stdout", text=text + "\n"),
+                NotebookNode(output_type="execute_result", execution_count=cell.get("execution_count"), metadata={},
+                             data={"text/plain": repr(float(points))}),
+            ]
+        return nb, resources
+
+
+__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreKeyed", "TamperScan", "scan_source"]

@@ -43,6 +43,12 @@ from coursekit.guard import scan_source
     "import coursekit.grading.lessons.lesson02 as L\nx = L.ITEMS",
     "from coursekit import grading\nx = grading.lessons.lesson02.ITEMS",
     "from coursekit.grading import keys\nprint(keys.load('02'))",
+    # reaching for the instructor's files (the grading kernel never holds the keys; the disk might)
+    "import os, json\nanswer_w1 = json.load(open(os.environ['COURSEKIT_KEYS'] + '/02.json'))['keys']['w1']",
+    "answer_w1 = open('../../../keys/02.json').read()",
+    "import json\nnb = json.load(open('/work/solutions/02-lora-inside-one-matmul/02-lora-inside-one-matmul.ipynb'))",
+    "import coursekit.grading as g\nanswer_w3 = g._keys.load('02')['keys']['w3']",
+    "import coursekit.grading as g\nk = g._Context('02', 'w1', False).key()",
 ])
 def test_the_scan_names_changes_to_the_grader(src):
     found = scan_source(src)
@@ -156,6 +162,20 @@ def test_calling_the_reference_earns_nothing():
     assert "lesson02.adapted_forward" in "\n".join(fb.lines)
     # coursekit's teaching kernels stay allowed: later lessons build on earlier ones.
     assert check("02.p1", via_kernel).full
+
+
+def test_calling_the_reference_from_a_thread_earns_nothing():
+    """The call watch follows threads the student's function starts (a pool that runs the reference)."""
+    from coursekit.grading.lessons import lesson02
+
+    cell = ("from concurrent.futures import ThreadPoolExecutor\n"
+            "def via_thread(X, W, A, B, lora_alpha, r):\n"
+            "    with ThreadPoolExecutor(1) as pool:\n"
+            "        return pool.submit(lesson02.adapted_forward, X, W, A, B, lora_alpha, r).result()\n")
+    ns = {"lesson02": lesson02}
+    exec(compile(cell, "/tmp/ipykernel_0/cell.py", "exec"), ns)
+    fb = check("02.p1", ns["via_thread"])
+    assert fb.points == 0 and "lesson02.adapted_forward" in "\n".join(fb.lines)
 
 
 def test_a_print_flood_is_counted_not_shown(capfd):

@@ -243,15 +243,16 @@ def test_release_notebooks_hold_no_choice_hint():
 
 
 def test_the_package_alone_cannot_read_a_key(monkeypatch):
-    """Without $COURSEKIT_KEYS (a student's kernel) no key can be loaded, and the autograde run refuses to go on."""
+    """Without $COURSEKIT_KEYS (a student's kernel, or the grading kernel) no key can be loaded, and no
+    hidden case can be drawn unless the grader handed the kernel the lesson's seed."""
     monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.delenv(keymod.SEED_ENV, raising=False)
     with pytest.raises(keymod.KeysUnavailable, match="COURSEKIT_KEYS"):
         keymod.load("02")
-    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     from coursekit.grading import check
 
     with pytest.raises(keymod.KeysUnavailable):
-        check("02.w1", "a")
+        check("02.p1", lambda **kw: 0, hidden=True)
 
 
 @pytest.mark.parametrize("num", sorted(KEYS))
@@ -271,7 +272,7 @@ def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, c
             continue
         outs = []
         for t in tries:
-            assert grade(f"{num}.{item_id}", t) == 0
+            assert grade(f"{num}.{item_id}", t) is None  # nothing to score here, and no 0.0 that reads like a grade
             outs.append(capsys.readouterr().out.replace(repr(t), "<answer>"))
         assert len(set(outs)) == 1 and "Recorded" in outs[0], f"{num}.{item_id}: answers differ without a key:\n" + "\n".join(outs)
         grade(f"{num}.{item_id}", 42)
@@ -412,4 +413,7 @@ def test_keys_command(capsys, monkeypatch):
     monkeypatch.chdir(ROOT / "lessons")  # a folder with no autograder/keys: what a student has
     assert cli.main(["keys", "show", "02"]) == 2
     err = capsys.readouterr().err
-    assert "no answer keys for lesson '02'" in err and "Traceback" not in err
+    assert "is not the course repository" in err and "--root" in err and "Traceback" not in err
+    monkeypatch.setenv(keymod.ENV, str(ROOT / "lessons"))  # a folder without key files
+    assert cli.main(["keys", "show", "2"]) == 2
+    assert "no answer keys for lesson '02'" in capsys.readouterr().err

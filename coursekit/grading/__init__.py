@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import os
 import re
 import sys
@@ -235,13 +236,10 @@ class _Context:
     hidden: bool
 
     def has_keys(self) -> bool:
-        """Whether the instructor's key file can be read. Inside the autograde run it must be: grading on
-        without it would score every choice 0 and skip the hidden cases, so this raises instead."""
-        if _keys.available(self.lesson):
-            return True
-        if autograding():
-            _keys.load(self.lesson)  # raises KeysUnavailable with the reason
-        return False
+        """Whether the instructor's key file can be read here. In the course's autograde run it cannot: the
+        kernel that runs the student's code never gets the keys (coursekit.guard.GuardedExecute), the
+        check records the answer and the grading process scores it (coursekit.guard.ScoreKeyed)."""
+        return _keys.available(self.lesson)
 
     def _file(self) -> dict:
         return _keys.load(self.lesson)
@@ -256,22 +254,26 @@ class _Context:
         return self._file()["hints"].get(self.item, {})
 
     def rng(self) -> np.random.Generator:
-        """The generator of this item's hidden cases: the lesson's seed (instructor's key file) and the item id."""
-        return np.random.default_rng([int(self._file()["seed"]), zlib.crc32(self.item.encode())])
+        """The generator of this item's hidden cases: the lesson's seed and the item id. The seed comes from
+        ``$COURSEKIT_SEED`` (what the grading kernel is given, see coursekit.guard) or the key file."""
+        seed = os.environ.get(_keys.SEED_ENV, "").strip()
+        return np.random.default_rng([int(seed) if seed else int(self._file()["seed"]), zlib.crc32(self.item.encode())])
 
 
 def _recorded(item: Any, answer: Any, ctx: _Context, candidates: Sequence[Any] | None = None) -> Feedback:
     """Feedback for a keyed item while a student works (no key here): well-formed answers are recorded, not
     scored; a malformed one gets the checker's own message on its form (the same for every key)."""
     cands = item.keys_here() if candidates is None else candidates
+    if not cands and isinstance(item, Ordering) and isinstance(answer, (list, tuple)):
+        cands = [[str(a).strip().lower() for a in answer]]  # too many labels to try every order
     for k in cands:
         if item._run(answer, k, {}).points == item.points:
             fb = Feedback(0, item.points, [
                 f"Recorded: {answer!r}. The answer key does not ship with the course, so nothing on your machine can "
                 "say right or wrong: the autograder scores this item, and its feedback explains a wrong answer and what to reread."])
-            fb.recorded = True  # type: ignore[attr-defined]  (grade() prints "recorded", not "0 points")
+            fb.recorded = k  # type: ignore[attr-defined]  (the answer in canonical form: grade() records it)
             return fb
-    probe = item._run(answer, cands[0] if cands else 0.0, {})
+    probe = item._run(answer, cands[0] if cands else (sorted(getattr(item, "labels", {})) or 0.0), {})
     return Feedback(0, item.points, [line for line in probe.lines if not re.match(r"\(\w\) is (not )?right|The order is right|\d+ of \d+ pairs", line)]
                     or [f"{answer!r} is not a well-formed answer for this item; see the question for the expected form."])
 
@@ -400,7 +402,19 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
     return items[item].check(answer, ctx)
 
 
-def grade(item_id: str, answer: Any) -> float:
+RECORD_MARK = "coursekit-recorded-answer: "
+
+
+def score_recorded(item_id: str, answer: Any) -> Feedback:
+    """The grading process's half of a keyed item in the autograde run: ``answer`` is what the kernel recorded
+    (the canonical form the check found), scored here against the instructor's key with its hints."""
+    lesson, item = item_id.split(".", 1)
+    it = lesson_items(lesson)[item]
+    ctx = _Context(lesson, item, True)
+    return it._run(answer, None if getattr(it, "expected", None) else ctx.key(), ctx.hints() if isinstance(it, Choice) else {})
+
+
+def grade(item_id: str, answer: Any) -> float | None:
     """Check, print the feedback to stdout, and return the points earned (nbgrader's partial credit).
 
     If notebook code has replaced part of the grader (or a function it relies on, see :func:`tampering`),
@@ -414,8 +428,12 @@ def grade(item_id: str, answer: Any) -> float:
         return 0.0
     fb = check(item_id, answer)
     title = f"[{item_id}] {lesson_items(lesson)[item].title}"
-    if getattr(fb, "recorded", False):
-        print("\n".join([f"{title}: recorded (worth {fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"] + ["  " + x for x in fb.lines]))
-    else:
-        print(fb.text(title))
+    if hasattr(fb, "recorded"):
+        print("\n".join([f"{title}: recorded (worth {fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"]
+                        + ["  " + x for x in fb.lines]))
+        if autograding():  # the grading process scores it with the keys (coursekit.guard.ScoreKeyed)
+            print(RECORD_MARK + json.dumps({"item": item_id, "answer": fb.recorded}))
+            return 0.0
+        return None  # nothing to score here (a 0.0 under "recorded" would read as a grade)
+    print(fb.text(title))
     return fb.points

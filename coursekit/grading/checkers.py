@@ -11,6 +11,7 @@ import math
 import os
 import re
 import sys
+import threading
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -563,12 +564,14 @@ class _CallWatch:
 
     @contextlib.contextmanager
     def __call__(self):
-        old = sys.getprofile()
+        old, old_threads = sys.getprofile(), threading.getprofile()
         sys.setprofile(self._hook)
+        threading.setprofile(self._hook)  # threads the student's function starts (a pool that calls the reference)
         try:
             yield self
         finally:
             sys.setprofile(old)
+            threading.setprofile(old_threads)
 
 
 _CHECKERS_FILE = os.path.abspath(__file__)

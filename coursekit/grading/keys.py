@@ -10,10 +10,13 @@ it sits in one JSON file per lesson in the instructor's key folder, ``autograder
               ITEM: {"order": [LABEL, ...], "also": [[LABEL, ...], ...], "note": TEXT}},
      "hints": {ITEM: {LETTER: TEXT, ...}}}   # why an option is wrong, and what to reread
 
-The grader finds the folder through the environment variable ``COURSEKIT_KEYS``. ``coursekit grade``,
-``autograder/nbgrader_config.py`` and the test suite set it to ``autograder/keys``; a student's kernel
-has no such variable and no such folder, so while they work choice items are recorded, not scored,
-and the autograde run (``NBGRADER_EXECUTION=autograde``) refuses to grade without the keys.
+The grading process finds the folder through the environment variable ``COURSEKIT_KEYS``:
+``coursekit grade``, ``autograder/nbgrader_config.py`` and the test suite point it at
+``autograder/keys``. No kernel that runs a student's code holds the keys: a student's machine has
+neither the variable nor the folder, and in the autograde run ``coursekit.guard.GuardedExecute``
+starts the kernel without the variable (it gets only the lesson's hidden-case seed, ``COURSEKIT_SEED``).
+There a keyed check records the answer, and ``coursekit.guard.ScoreKeyed`` scores it in the grading
+process. A kernel started with the variable (an instructor's own notebook) checks keys directly.
 
 Instructors::
 
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "COURSEKIT_KEYS"
+SEED_ENV = "COURSEKIT_SEED"  # the one thing the grading kernel gets: the lesson's hidden-case seed
 
 
 class KeysUnavailable(LookupError):
