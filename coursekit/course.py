@@ -276,10 +276,6 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
         course_dir = repo_root(root) / EXAMPLE_CLASS
     import warnings
 
-    from tqdm.auto import tqdm
-
-    from . import parallel
-
     # nbgrader's gradebook trips SQLAlchemy's autoflush warnings on every autograde; they are noise.
     warnings.filterwarnings("ignore", module="nbgrader.api")
     warnings.filterwarnings("ignore", message=".*not in session.*")
@@ -287,6 +283,24 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     ids = _known(root, lessons)
     use_course_keys(root)
     _require_keys(ids)
+    from .grading import keys
+
+    keys.freeze({aid[:2] for aid in ids})  # this run grades with the keys as they are now
+    try:
+        return _grade_class(ids, root, examples, course_dir, release_dir, progress, workers)
+    finally:
+        changed = keys.thaw()
+        if changed:
+            print("WARNING: answer key files changed on disk while grading (a submission's code may have written them); "
+                  "this run used the keys read at its start. Restore them (git checkout autograder/keys) and check:\n  "
+                  + "\n  ".join(changed), file=sys.stderr)
+
+
+def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers) -> str:
+    from tqdm.auto import tqdm
+
+    from . import parallel
+
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import time
@@ -191,6 +192,7 @@ _TABLES = ("coursekit.grading.lessons", "coursekit.grading.keys")
 _TABLE_NAMES = {"lesson_items", "ITEMS", "key_problems", "keys", "lessons"}
 # Strings that name where the instructor's answers live: the keys' folder and variable, the solutions.
 _INSTRUCTOR_FILES = re.compile(r"COURSEKIT_KEYS|COURSEKIT_SEED|autograder[/\\]keys|(?:^|[/\\])keys[/\\]\d\d\.json|solutions[/\\]\d\d-", re.I)
+_LOADERS = {"__import__", "import_module", "getattr", "vars", "reload", "get"}
 _MUTATORS = {"update", "__setitem__", "setdefault", "pop", "popitem", "clear", "__delitem__", "__setattr__"}
 _HOOKS = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile"), ("threading", "settrace"),
           ("importlib", "reload"), ("gc", "get_referrers")}
@@ -216,13 +218,40 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return []  # IPython magics or a syntax error: the cell fails on its own
+        try:  # IPython syntax (%magics, !shell) around Python: read the Python IPython would run
+            from IPython.core.inputtransformer2 import TransformerManager
+
+            tree = ast.parse(TransformerManager().transform_cell(source))
+        except Exception:
+            return []  # a syntax error: the cell fails on its own
     found: list[str] = []
+
+    # A name a function assigns or takes as a parameter is that function's own (a local D shadows a D
+    # an earlier cell bound to something of coursekit's).
+    parent: dict = {}
+    local: dict = {}
+    for n in ast.walk(tree):
+        for child in ast.iter_child_nodes(n):
+            parent[child] = n
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = n.args
+            names = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None}
+            names |= {m.id for m in ast.walk(n) if isinstance(m, ast.Name) and isinstance(m.ctx, ast.Store)}
+            local[n] = names
+
+    def shadowed(node, name) -> bool:
+        p = parent.get(node)
+        while p is not None:
+            if name in local.get(p, ()):
+                return True
+            p = parent.get(p)
+        return False
 
     def ck(node) -> bool:  # an expression that reaches coursekit (or sys.modules / builtins)
         r = _root(node)
         text = _dotted(node)
-        return r in bound or r in ("coursekit", "builtins", "__builtins__") or text.startswith("sys.modules")
+        return ((r in bound and not shadowed(node, r)) or r in ("coursekit", "builtins", "__builtins__")
+                or text.startswith("sys.modules"))
 
     def note(node, what: str) -> None:
         found.append(f"line {node.lineno}: `{_dotted(node)[:80]}` {what}")
@@ -252,6 +281,10 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for t in targets:
                 for sub in ast.walk(t):
+                    if (isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Call) and _dotted(sub.value.func) in ("vars", "globals")
+                            and sub.value.args and ck(sub.value.args[0])):
+                        note(node, "replaces part of coursekit's grader through vars()")
+                        break
                     if isinstance(sub, (ast.Attribute, ast.Subscript)) and ck(sub):
                         note(node, f"replaces {_dotted(sub)[:60]}, part of coursekit's grader or what it runs on")
                         break
@@ -260,8 +293,12 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
                         break
             value = getattr(node, "value", None)
             if value is not None and isinstance(node, ast.Assign):
-                if ck(value) or (isinstance(value, ast.Call) and "coursekit" in _dotted(value)):
-                    bound.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+                alias = isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and ck(value)  # g = coursekit.grading
+                loader = (isinstance(value, ast.Call) and _dotted(value.func).split(".")[-1] in _LOADERS
+                          and ("coursekit" in _dotted(value) or any(ck(a) for a in value.args)))  # g = __import__("coursekit…")
+                if alias or loader:  # (what a coursekit function returns is data, not part of the grader)
+                    bound.update(n.id for t in node.targets if isinstance(t, (ast.Name, ast.Tuple, ast.List))
+                                 for n in ast.walk(t) if isinstance(n, ast.Name))  # x[i] = coursekit.y binds no name
         elif isinstance(node, ast.Call):
             f = node.func
             name = _dotted(f)
@@ -276,6 +313,13 @@ def scan_source(source: str, bound: set[str] | None = None) -> list[str]:
     return found
 
 
+def student_writable(cell) -> bool:
+    """A code cell whose source the student wrote or could have: answer cells, and cells added or left
+    unlocked. Locked cells and test cells hold the instructor's source (nbgrader's OverwriteCells restores it)."""
+    md = _nbg(cell)
+    return cell.cell_type == "code" and (bool(md.get("solution")) or not (md.get("locked") or md.get("grade")))
+
+
 class TamperScan(NbGraderPreprocessor):
     """Zero every autograded test cell after an answer cell that changes the grader (see module docstring)."""
 
@@ -284,11 +328,11 @@ class TamperScan(NbGraderPreprocessor):
         first = None
         for i, cell in enumerate(nb.cells):
             md = _nbg(cell)
-            if cell.cell_type == "code" and md.get("solution"):
+            if student_writable(cell):
                 found = scan_source(cell.source, bound)
                 if found and first is None:
                     first = (_cell_name(cell, i), found)
-                    cell.outputs = [_error("GraderTampering", f"this answer cell changes coursekit's grader: {found[0]}. "
+                    cell.outputs = [_error("GraderTampering", f"this cell changes coursekit's grader: {found[0]}. "
                                                               "Every autograded check after it earns 0.")] + list(cell.get("outputs", []))
             elif first is not None and cell.cell_type == "code" and md.get("grade") and not md.get("solution"):
                 where, found = first
@@ -303,11 +347,33 @@ class TamperScan(NbGraderPreprocessor):
 _GRADE_CALL = re.compile(r"""\bgrade\(\s*["'](\d\d\.\w+)["']""")
 
 
+def _result(text: str, points: float, count) -> list:
+    return [NotebookNode(output_type="stream", name="stdout", text=text if text.endswith("\n") else text + "\n"),
+            NotebookNode(output_type="execute_result", execution_count=count, metadata={}, data={"text/plain": repr(float(points))})]
+
+
+def _number(outs) -> float | None:
+    res = [o for o in outs if o.get("output_type") == "execute_result"]
+    try:
+        return float(res[-1].get("data", {}).get("text/plain", "")) if res else None
+    except ValueError:
+        return None
+
+
+_PUBLIC_ONLY = "(Public cases only; the autograder adds hidden"
+
+
 class ScoreKeyed(NbGraderPreprocessor):
-    """Score the answers that keyed checks recorded in the kernel (see module docstring)."""
+    """Score the answers that keyed checks recorded in the kernel, and fail closed (see module docstring).
+
+    For each test cell that is one ``grade("NN.item", ...)`` call and did not fail: a keyed item (choice,
+    ordering, keyed number) needs exactly one recorded answer for itself, scored here against the key;
+    any other item needs a finite number in [0, points] as the cell's result (nbgrader would give full
+    marks for a cell without one) and must have run its hidden cases. Otherwise the cell scores 0 and
+    its output says why."""
 
     def preprocess(self, nb, resources):
-        from coursekit.grading import RECORD_MARK, lesson_items, score_recorded
+        from coursekit.grading import RECORD_MARK, keyed, lesson_items, score_recorded
 
         for cell in nb.cells:
             md = _nbg(cell)
@@ -316,35 +382,50 @@ class ScoreKeyed(NbGraderPreprocessor):
             calls = _GRADE_CALL.findall(cell.source)
             outs = list(cell.get("outputs", []))
             if len(calls) != 1 or any(o.get("output_type") == "error" for o in outs):
-                continue  # not one check (or it failed, or TamperScan zeroed it): nbgrader's score stands
+                continue  # not one check, or it failed (or TamperScan zeroed it): nbgrader scores it 0 anyway
             item_id = calls[0]
-            marks = [line[len(RECORD_MARK):] for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout"
-                     for line in o.get("text", "").splitlines() if line.startswith(RECORD_MARK)]
-            if not marks:
-                continue  # an item scored in the kernel (numbers, code) or a check that printed why it gave 0
-            try:
-                rec = [json.loads(m) for m in marks]
-            except ValueError:
-                rec = []
-            mine = [r for r in rec if isinstance(r, dict) and r.get("item") == item_id]
             lesson, item = item_id.split(".", 1)
-            title = f"[{item_id}] {lesson_items(lesson)[item].title}"
-            if len(mine) != 1 or len(rec) != len(marks) or len(rec) != 1:
-                text = (f"{title}: 0 points\n  More than one answer was recorded for this item (or a recorded answer was "
-                        "altered), so none counts. Leave the check cell as it is and give one answer.")
-                points = 0.0
-            else:
-                fb = score_recorded(item_id, mine[0]["answer"])
-                text, points = fb.text(title), fb.points
-            other = [o for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
-            kept = "".join(line for o in other for line in o.get("text", "").splitlines(keepends=True)
-                           if not line.startswith(RECORD_MARK) and "Recorded: " not in line and ": recorded (worth" not in line)
-            cell.outputs = ([NotebookNode(output_type="stream", name="stdout", text=kept)] if kept.strip() else []) + [
-                NotebookNode(output_type="stream", name="stdout", text=text + "\n"),
-                NotebookNode(output_type="execute_result", execution_count=cell.get("execution_count"), metadata={},
-                             data={"text/plain": repr(float(points))}),
-            ]
+            try:
+                it = lesson_items(lesson)[item]
+                title = f"[{item_id}] {it.title}"
+                stdout = "".join(o.get("text", "") for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+                marks = [line[len(RECORD_MARK):] for line in stdout.splitlines() if line.startswith(RECORD_MARK)]
+                shown = "".join(line for line in stdout.splitlines(keepends=True) if not line.startswith(RECORD_MARK))
+                if keyed(it):
+                    try:
+                        rec = [json.loads(m) for m in marks]
+                    except ValueError:
+                        rec = [None]
+                    if len(rec) == 1 and isinstance(rec[0], dict) and rec[0].get("item") == item_id and "answer" in rec[0]:
+                        fb = score_recorded(item_id, rec[0]["answer"])
+                        cell.outputs = _result(fb.text(title), fb.points, cell.get("execution_count"))
+                        continue
+                    if not rec and ": recorded (worth" not in shown and shown.strip():
+                        cell.outputs = _result(shown, 0.0, cell.get("execution_count"))  # the check said why (e.g. the answer's form)
+                        continue
+                    why = ("no answer was recorded: the check did not run the way the autograder runs it "
+                           "(did the notebook change its environment, its output or the grader?)" if not rec else
+                           "more than one answer was recorded for this item (or a recorded answer was altered), so none counts")
+                    keep = "".join(line for line in shown.splitlines(keepends=True) if "Recorded: " not in line and ": recorded (worth" not in line)
+                    cell.outputs = _result(keep + f"{title}: 0 points\n  {why[0].upper() + why[1:]}. Leave the check cell as it is and give one answer.",
+                                           0.0, cell.get("execution_count"))
+                    continue
+                got, points = _number(outs), float(md.get("points", 0) or 0)
+                why = None
+                if marks:
+                    why = "a recorded answer appeared in a check that records none (printed by the notebook's own code)"
+                elif got is None or not math.isfinite(got) or not 0 <= got <= points:
+                    why = (f"the check's result is {'missing' if got is None else repr(got)}, not the points it earned "
+                           "(did the notebook change how IPython shows results?)")
+                elif _PUBLIC_ONLY in stdout:
+                    why = "the hidden cases did not run: the notebook changed the environment the autograder runs it in"
+                if why:
+                    cell.outputs = _result(shown + f"{title}: 0 points\n  {why[0].upper() + why[1:]}.", 0.0, cell.get("execution_count"))
+            except Exception as e:  # a broken check must not stop the grading of this notebook or of anyone else
+                self.log.warning("could not score %s: %s", item_id, e)
+                cell.outputs = _result(f"[{item_id}] 0 points\n  The grader could not score this check ({type(e).__name__}); "
+                                       "the instructor has the log.", 0.0, cell.get("execution_count"))
         return nb, resources
 
 
-__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreKeyed", "TamperScan", "scan_source"]
+__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreKeyed", "TamperScan", "scan_source", "student_writable"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbgrader.preprocessors import Execute
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Unicode
 
 
@@ -69,7 +69,16 @@ def _executed(root: Path, aid: str, sid: str, notebook: str) -> Path:
 
 # executed_root → {"replayed": [(aid, sid), ...], "executed_here": [...]}, read by the Autograder that owns
 # executed_root (traitlets deep-copies config values, so a list cannot be handed over in the config).
-_RECORDS: dict[str, dict[str, list[tuple[str, str]]]] = {}
+_RECORDS: dict[str, dict] = {}
+_CAPTURED: dict[str, str] = {}  # in a worker: the notebook just executed, as JSON text (see _Capture)
+
+
+class _Capture(NbGraderPreprocessor):
+    """Last in a worker's pipeline: keep the executed notebook in memory, to return it with the result."""
+
+    def preprocess(self, nb, resources):
+        _CAPTURED["nb"] = nbformat.writes(nb)
+        return nb, resources
 
 
 def _record(executed_root: str, what: str, g: dict) -> None:
@@ -87,8 +96,11 @@ class _Replay:
         g = (resources or {}).get("nbgrader", {})
         if self.executed_root and g:
             path = _executed(Path(self.executed_root), g["assignment"], g["student"], g["notebook"])
-            if path.is_file():
-                done = nbformat.read(path, as_version=4)
+            # The notebook as the worker held it in memory right after execution, never the file on disk: a
+            # process the student's code left running could rewrite that file before this reads it.
+            text = _RECORDS.get(self.executed_root, {}).get("notebooks", {}).pop((g["assignment"], g["student"]), None)
+            if text is not None:
+                done = nbformat.reads(text, as_version=4)
                 if _same_cells(nb, done):
                     self.log.info("Using the notebook executed by a grading worker: %s", path)
                     _record(self.executed_root, "replayed", g)
@@ -176,9 +188,12 @@ def _execute(job: _Job) -> dict:
     cfg.CourseDirectory.submitted_directory = job.submitted
     cfg.CourseDirectory.db_url = f"sqlite:///{scratch / 'gradebook.db'}"
     pps = _pipeline(cfg)
-    cfg.Autograde.autograde_preprocessors = pps[: _execute_index(pps) + 1]
+    cfg.Autograde.autograde_preprocessors = pps[: _execute_index(pps) + 1] + [_Capture]
     a = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
-    return a.autograde(job.aid, job.sid, force=True, create=True)
+    _CAPTURED.clear()
+    r = a.autograde(job.aid, job.sid, force=True, create=True)
+    r["executed"] = _CAPTURED.pop("nb", None)
+    return r
 
 
 def _copy_missing(src: Path, dest: Path) -> None:
@@ -250,7 +265,7 @@ class Autograder:
         i = _execute_index(pps)
         cfg.Autograde.autograde_preprocessors = pps[:i] + [_replay_class(pps[i])] + pps[i + 1:]
         cfg.ReplayExecute.executed_root = str(scratch_root)
-        _RECORDS[str(scratch_root)] = {"replayed": self.replayed, "executed_here": self.executed_here}
+        _RECORDS[str(scratch_root)] = {"replayed": self.replayed, "executed_here": self.executed_here, "notebooks": {}}
         self._replay = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
         import multiprocessing
 
@@ -268,7 +283,9 @@ class Autograder:
         if fut is None:
             return self.api.autograde(aid, sid, force=True, create=True)
         try:
-            fut.result()  # a failed execution leaves no notebook: ReplayExecute then executes it here
+            executed = fut.result().get("executed")  # a failed execution has none: ReplayExecute executes it here
+            if executed:
+                _RECORDS[str(Path(self._tmp.name) / "work")]["notebooks"][(aid, sid)] = executed
         except Exception as e:  # the worker itself died (e.g. BrokenProcessPool): same fallback
             print(f"grading worker failed on {sid}/{aid} ({type(e).__name__}: {e}); executing it here", file=sys.stderr)
         scratch = _scratch(Path(self._tmp.name) / "work", aid, sid)

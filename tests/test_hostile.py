@@ -49,6 +49,8 @@ from coursekit.guard import scan_source
     "import json\nnb = json.load(open('/work/solutions/02-lora-inside-one-matmul/02-lora-inside-one-matmul.ipynb'))",
     "import coursekit.grading as g\nanswer_w3 = g._keys.load('02')['keys']['w3']",
     "import coursekit.grading as g\nk = g._Context('02', 'w1', False).key()",
+    "%pwd\nimport coursekit.grading as g\ng.grade = lambda *a: 3.0",  # a magic first: still read as Python
+    "import coursekit.grading as g\nvars(g)['grade'] = lambda *a: 3.0",
 ])
 def test_the_scan_names_changes_to_the_grader(src):
     found = scan_source(src)
@@ -68,16 +70,23 @@ def test_the_scan_leaves_honest_cells_alone(src):
     assert scan_source(src) == []
 
 
-def test_every_solution_answer_cell_passes_the_scan():
+def test_every_solution_cell_a_student_could_write_passes_the_scan():
+    """The scan reads answer cells and every unlocked code cell (a student may edit or add those); none of
+    the solutions' own cells may trip it, or a perfect submission would lose points."""
     from pathlib import Path
 
+    from coursekit.guard import student_writable
+
     root = Path(__file__).resolve().parents[1]
+    scanned = 0
     for aid in course.lesson_ids(root):
         nb = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
         bound: set = set()
-        for c in nb.cells:
-            if c.cell_type == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution"):
-                assert scan_source(course._strip_solution(c.source), bound) == [], (aid, c.metadata.nbgrader["grade_id"])
+        for i, c in enumerate(nb.cells):
+            if student_writable(c):
+                scanned += 1
+                assert scan_source(course._strip_solution(c.source), bound) == [], (aid, i, c.source[:200])
+    assert scanned > 100
 
 
 # --------------------------------------------------------------------------- run-time defenses

@@ -417,3 +417,21 @@ def test_keys_command(capsys, monkeypatch):
     monkeypatch.setenv(keymod.ENV, str(ROOT / "lessons"))  # a folder without key files
     assert cli.main(["keys", "show", "2"]) == 2
     assert "no answer keys for lesson '02'" in capsys.readouterr().err
+
+
+def test_a_grading_run_uses_the_keys_read_at_its_start(tmp_path, monkeypatch):
+    """A submission's code that rewrites a key file mid-run changes neither its score nor a later student's,
+    and the run reports the change (coursekit grade prints a warning)."""
+    shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
+    monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
+    right = keymod.load("02")["keys"]["w1"]
+    keymod.freeze(["02"])
+    try:
+        forged = json.loads((tmp_path / "keys" / "02.json").read_text())
+        forged["keys"]["w1"] = next(o for o in "abcd" if o != right)
+        (tmp_path / "keys" / "02.json").write_text(json.dumps(forged))
+        assert keymod.load("02")["keys"]["w1"] == right
+    finally:
+        changed = keymod.thaw()
+    assert changed == [str(tmp_path / "keys" / "02.json")]
+    assert keymod.load("02")["keys"]["w1"] != right  # after the run, the disk again

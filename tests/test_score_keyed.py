@@ -99,3 +99,56 @@ def test_the_grading_kernel_has_the_seed_but_no_keys():
     ex.preprocess(nb, {"unique_key": "02-lora-inside-one-matmul", "metadata": {"path": "."}})
     printed = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert printed.split() == ["None", str(KEYS02["seed"])], printed
+
+
+def test_score_keyed_fails_closed():
+    """No record for a keyed item (the notebook switched off the autograde mode, or set up its own keys and
+    scored itself in the kernel), or a non-keyed check whose result is missing or not points: 0, with why."""
+    self_scored = _test_cell("02.w1", [new_output("stream", name="stdout", text="[02.w1] the shape of A: 1 / 1 points\n  (b) is right.\n"),
+                                       new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
+    student_mode = _test_cell("02.w1", [new_output("stream", name="stdout", text="[02.w1] the shape of A: recorded (worth 1 point, scored by the autograder)\n  Recorded: 'b'.\n")])
+    for cell in (self_scored, student_mode):
+        got, text = _score(cell)
+        assert got == 0.0, text
+    assert "no answer was recorded" in _score(student_mode)[1].lower()
+    malformed = _test_cell("02.w1", [new_output("stream", name="stdout", text="[02.w1] the shape of A: 0 / 1 points\n  (e) is not an option here\n"),
+                                     new_output("execute_result", data={"text/plain": "0.0"}, execution_count=1)])
+    got, text = _score(malformed)
+    assert got == 0.0 and "is not an option" in text and "environment" not in text
+    for shown in (None, "'x0.0'", "nan", "5.0", "-1.0"):  # no result, a reformatted one, out of range
+        outs = [new_output("stream", name="stdout", text="[02.p1] …: 3 / 3 points\n")]
+        if shown is not None:
+            outs.append(new_output("execute_result", data={"text/plain": shown}, execution_count=1))
+        cell = _test_cell("02.p1", outs)
+        cell.metadata.nbgrader["points"] = 3
+        got, text = _score(cell)
+        assert got == 0.0 and "not the points it earned" in text, (shown, text)
+    public_only = _test_cell("02.p1", [new_output("stream", name="stdout", text="[02.p1] …: 3 / 3 points\n  (Public cases only; the autograder adds hidden, randomized cases.)\n"),
+                                       new_output("execute_result", data={"text/plain": "3.0"}, execution_count=1)])
+    public_only.metadata.nbgrader["points"] = 3
+    got, text = _score(public_only)
+    assert got == 0.0 and "hidden cases did not run" in text
+    forged = _test_cell("02.p1", [new_output("stream", name="stdout", text=_mark("02.p1", 1)),
+                                  new_output("execute_result", data={"text/plain": "3.0"}, execution_count=1)])
+    forged.metadata.nbgrader["points"] = 3
+    assert _score(forged)[0] == 0.0
+
+
+def test_every_test_cell_is_one_grade_call_the_scorer_can_read():
+    """ScoreKeyed finds a test cell's item by its one grade("NN.item", ...) call: every lesson's test cells
+    must have exactly one, naming an item of that lesson."""
+    from pathlib import Path
+
+    from coursekit import course
+    from coursekit.grading import lesson_items
+    from coursekit.guard import _GRADE_CALL
+
+    root = Path(__file__).resolve().parents[1]
+    for aid in course.lesson_ids(root):
+        nb = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
+        for c in nb.cells:
+            md = c.get("metadata", {}).get("nbgrader", {})
+            if c.cell_type == "code" and md.get("grade") and not md.get("solution"):
+                calls = _GRADE_CALL.findall(c.source)
+                assert len(calls) == 1 and calls[0].startswith(aid[:2] + "."), (aid, md.get("grade_id"), c.source)
+                assert calls[0].split(".", 1)[1] in lesson_items(aid[:2]), (aid, calls[0])

@@ -405,6 +405,12 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
 RECORD_MARK = "coursekit-recorded-answer: "
 
 
+def keyed(item: Any) -> bool:
+    """Whether ``item`` is scored against the instructor's key (a choice, an ordering, a number without
+    ``expected``): in the autograde run its check records the answer and the grading process scores it."""
+    return isinstance(item, (Choice, Ordering)) or (isinstance(item, Numeric) and item.expected is None)
+
+
 def score_recorded(item_id: str, answer: Any) -> Feedback:
     """The grading process's half of a keyed item in the autograde run: ``answer`` is what the kernel recorded
     (the canonical form the check found), scored here against the instructor's key with its hints."""

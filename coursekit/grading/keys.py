@@ -51,6 +51,43 @@ def available(lesson: str) -> bool:
     return d is not None and (d / f"{lesson}.json").is_file()
 
 
+_FROZEN: dict[str, tuple[str, str]] = {}  # lesson → (file text, sha256) read when a grading run started
+
+
+def freeze(lessons) -> None:
+    """Read the key files of ``lessons`` once, now: for the rest of this grading run :func:`load` answers from
+    this copy, so a submission's code that rewrites a key file on disk cannot change its own score or a
+    later student's. :func:`changed_on_disk` tells whether anything did."""
+    import hashlib
+
+    for lesson in lessons:
+        load(lesson)  # raises if missing or invalid
+        text = (key_dir() / f"{lesson}.json").read_text()
+        _FROZEN[lesson] = (text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def thaw() -> list[str]:
+    """End of a grading run: forget the copy; return the key files that changed on disk meanwhile."""
+    changed = changed_on_disk()
+    _FROZEN.clear()
+    return changed
+
+
+def changed_on_disk() -> list[str]:
+    import hashlib
+
+    out = []
+    for lesson, (_, digest) in _FROZEN.items():
+        path = key_dir() / f"{lesson}.json" if key_dir() else None
+        try:
+            now = hashlib.sha256(path.read_text().encode()).hexdigest() if path else None
+        except OSError:
+            now = None
+        if now != digest:
+            out.append(str(path))
+    return out
+
+
 def load(lesson: str) -> dict[str, Any]:
     """Lesson ``lesson``'s key file, read now (never cached: notebook code must not be able to edit the keys
     the next check reads). Returns ``{"seed": int, "keys": {item: key}, "hints": {item: {option: text}}}``.
@@ -63,11 +100,11 @@ def load(lesson: str) -> dict[str, Any]:
         raise KeysUnavailable(f"no answer keys here: ${ENV} is not set. Keys live with the instructor "
                               f"(autograder/keys/); `coursekit grade` sets ${ENV} for the autograde run.")
     path = d / f"{lesson}.json"
-    if not path.is_file():
+    if lesson not in _FROZEN and not path.is_file():
         have = ", ".join(sorted(p.stem for p in d.glob("*.json"))) if d.is_dir() else f"the folder {d} does not exist"
         raise KeysUnavailable(f"no answer keys for lesson {lesson!r}: {path} is missing (${ENV}={d}; found: {have or 'none'}).")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_FROZEN[lesson][0] if lesson in _FROZEN else path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not a readable JSON key file: {e}") from e
     if not (isinstance(data, dict) and isinstance(data.get("seed"), int) and isinstance(data.get("keys"), dict)):
