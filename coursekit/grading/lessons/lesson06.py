@@ -71,7 +71,10 @@ def _ce_hidden(rng: np.random.Generator) -> list[Case]:
     out = []
     for scale in (1.0, 3.0, 1.0, 1000.0, 2.0):
         m = int(rng.integers(2, 7))
-        out.append(Case(dict(Y=rng.standard_normal((1, m)) * scale, target=int(rng.integers(0, m)))))
+        Y = rng.standard_normal((1, m)) * scale
+        if scale == 1000.0:  # logits near 1000 whatever the draw: exp overflows unless the row's maximum is subtracted
+            Y = 1000.0 + rng.standard_normal((1, m)) * 3.0
+        out.append(Case(dict(Y=Y, target=int(rng.integers(0, m)))))
     return out
 
 

@@ -155,8 +155,8 @@ class ParamSelection:
         ]
         if ctx.hidden:
             rng = ctx.rng()
-            for i in range(4):
-                out.append((f"hidden case {i + 3}", _toy_model(int(rng.integers(1, 4)), bool(rng.integers(0, 2)),
+            for i in range(4):  # each with a frozen inactive adapter: a function that flips requires_grad always shows
+                out.append((f"hidden case {i + 3}", _toy_model(int(rng.integers(1, 4)), True,
                                                                bool(rng.integers(0, 2)), bool(rng.integers(0, 2)))))
         return out
 
