@@ -207,6 +207,17 @@ def _submission_files(root: Path, aid: str, sid: str, nb) -> dict:
     return ns["files"](nb, aid)
 
 
+def write_files(dest: Path, files: dict) -> None:
+    """Write a submission's files into ``dest``: bytes and str as they are, a notebook with nbformat."""
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (dest / name).write_bytes(content)
+        elif isinstance(content, str):
+            (dest / name).write_text(content)
+        else:
+            nbformat.write(content, dest / name)
+
+
 def build_examples(root: Path, aid: str, submitted: Path, release_dir: Path | None = None) -> list[str]:
     """Write the example class's submissions of lesson ``aid`` under ``submitted/<student>/<aid>/``."""
     import shutil
@@ -231,13 +242,7 @@ def build_examples(root: Path, aid: str, submitted: Path, release_dir: Path | No
         if dest.is_dir():  # a re-run rebuilds the example exactly (a renamed notebook must not leave the old name behind)
             shutil.rmtree(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        for name, content in _submission_files(root, aid, sid, copy.deepcopy(nb)).items():
-            if isinstance(content, bytes):
-                (dest / name).write_bytes(content)
-            elif isinstance(content, str):
-                (dest / name).write_text(content)
-            else:
-                nbformat.write(content, dest / name)
+        write_files(dest, _submission_files(root, aid, sid, copy.deepcopy(nb)))
         written.append(sid)
     return written
 

@@ -89,13 +89,7 @@ def _hand_in_broken_files(submitted: Path) -> None:
         files = runpy.run_path(str(EXAMPLES / BROKEN_FROM / sid.removeprefix("ex-") / "submission.py"))["files"]
         dest = submitted / sid / AID
         dest.mkdir(parents=True)
-        for name, content in files(nbformat.from_dict(perfect), AID).items():
-            if isinstance(content, bytes):
-                (dest / name).write_bytes(content)
-            elif isinstance(content, str):
-                (dest / name).write_text(content)
-            else:
-                nbformat.write(content, dest / name)
+        course.write_files(dest, files(nbformat.from_dict(perfect), AID))
 
 
 def test_the_class_has_the_hostile_and_broken_students():
