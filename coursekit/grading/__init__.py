@@ -114,7 +114,7 @@ class Choice:
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if not ctx.has_keys():
-            return _recorded(self, answer, ctx)
+            return _recorded(self, answer)
         return self._run(answer, ctx.key(), ctx.hints())
 
 
@@ -142,7 +142,7 @@ class Numeric:
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if self.expected is None and not ctx.has_keys():
             n = _number(answer)
-            return _recorded(self, answer, ctx, [] if n is None else [n])
+            return _recorded(self, answer, [] if n is None else [n])
         return self._run(answer, None if self.expected else ctx.key(), {})
 
 
@@ -197,7 +197,7 @@ class Ordering:
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if not ctx.has_keys():
-            return _recorded(self, answer, ctx)
+            return _recorded(self, answer)
         return self._run(answer, ctx.key(), {})
 
 
@@ -260,7 +260,7 @@ class _Context:
         return np.random.default_rng([int(seed) if seed else int(self._file()["seed"]), zlib.crc32(self.item.encode())])
 
 
-def _recorded(item: Any, answer: Any, ctx: _Context, candidates: Sequence[Any] | None = None) -> Feedback:
+def _recorded(item: Any, answer: Any, candidates: Sequence[Any] | None = None) -> Feedback:
     """Feedback for a keyed item while a student works (no key here): well-formed answers are recorded, not
     scored; a malformed one gets the checker's own message on its form (the same for every key)."""
     cands = item.keys_here() if candidates is None else candidates
