@@ -40,7 +40,13 @@ __all__ = [
     "error_model",
     "relative_errors",
     "epsilon_sweep",
+    "entry_name",
 ]
+
+def entry_name(name: str, index: tuple) -> str:
+    """How feedback names one entry: ``W[2, 0]`` for an entry of an array, plain ``W`` for a 0-d array (never ``W[]``)."""
+    return f"{name}{[int(i) for i in index]}" if len(index) else name
+
 
 RIGHT = 1e-7
 WRONG = 1e-4
@@ -136,7 +142,7 @@ class TensorCheck:
         verdict = "ok  " if self.ok else "FAIL"
         return (
             f"{verdict} d{self.name:<4} shape {str(self.shape):<10} rel.err {self.rel_error:9.2e} "
-            f"({band(self.rel_error)})  worst at {self.name}{list(self.worst_index)}: "
+            f"({band(self.rel_error)})  worst at {entry_name(self.name, self.worst_index)}: "
             f"analytic {self.analytic:+.8g}, numeric {self.numeric:+.8g}"
         )
 

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .gradcheck import entry_name
+
 __all__ = [
     "BLOCKSIZES", "NF4_OFFSET", "QuantState", "QuantError",
     "toy_int4", "absmax_quantize", "absmax_dequantize",
@@ -76,7 +78,7 @@ def toy_int4(W: Any, step: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
     codes = np.round(W / step)
     if codes.size and (codes.min() < -8 or codes.max() > 7):
         bad = np.unravel_index(np.argmax(np.abs(codes)), codes.shape)
-        raise QuantError(f"W{list(bad)} = {W[bad]:g} gives code {int(codes[bad])}, outside the signed 4-bit range "
+        raise QuantError(f"{entry_name('W', bad)} = {W[bad]:g} gives code {int(codes[bad])}, outside the signed 4-bit range "
                          f"-8..7; use a step of at least {np.abs(W).max() / 7.5:.3g}.")
     return codes.astype(np.int8), step * codes
 

@@ -302,3 +302,10 @@ def test_epsilon_sweep_errors():
         epsilon_sweep(f, x, g, [1e-3], reduce="mean")
     with pytest.raises(TypeError, match="floating"):
         epsilon_sweep(f, np.arange(4), g, [1e-3])
+
+
+@pytest.mark.parametrize("index, named", [((), "s"), ((2,), "s[2]"), ((np.int64(0), np.intp(1)), "s[0, 1]")])
+def test_entries_are_named_without_numpy_reprs_or_empty_brackets(index, named):
+    from coursekit.gradcheck import entry_name
+
+    assert entry_name("s", index) == named

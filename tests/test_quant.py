@@ -158,6 +158,13 @@ def test_random_sizes_match_bitsandbytes(n, blocksize, quant_type, cs, seed, sca
 # --------------------------------------------------------------------------- teaching kernels
 
 
+def test_toy_int4_names_the_entry_out_of_range():
+    with pytest.raises(Q.QuantError, match=r"^W\[0, 1\] = 5 gives code 25"):
+        Q.toy_int4([[0.1, 5.0]])
+    with pytest.raises(Q.QuantError, match=r"^W = 100 gives code 500"):
+        Q.toy_int4(100.0)
+
+
 def test_toy_int4_matches_the_seed():
     codes, W_hat = Q.toy_int4([[0.63, -0.47], [0.28, 0.91]])
     assert codes.tolist() == [[3, -2], [1, 5]]

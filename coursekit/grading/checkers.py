@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..gradcheck import entry_name
+
 __all__ = [
     "Feedback",
     "Mistake",
@@ -388,13 +390,13 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
         if hidden:
             return "values", [f"{name} has {'a NaN' if np.isnan(a[idx]) else 'an infinite'} entry; every entry should be finite."]
-        return "values", [f"{_at(name, idx)} is {a[idx]}; every entry should be finite."]
+        return "values", [f"{entry_name(name, idx)} is {a[idx]}; every entry should be finite."]
     close = np.isclose(a, expected, rtol=rtol, atol=atol)
     if close.all():
         return "ok", [f"{name} matches" + ("." if hidden else f" (shape {a.shape}).")]
     err = np.abs(a - expected) - (atol + rtol * np.abs(expected))
     idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
-    where = _at(name, idx)
+    where = entry_name(name, idx)
     if hidden:
         lines = [f"{name} is not right: {'every entry is' if (~close).all() else 'some entries are'} off "
                  f"(tolerance: relative {rtol:g}, absolute {atol:g}; the values of hidden cases are not shown)."]
@@ -420,11 +422,6 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
     if named:
         lines.append(named)
     return "values", lines
-
-
-def _at(name: str, idx: tuple) -> str:
-    """``name[i, j]`` for an entry of an array; just ``name`` for a 0-d array (no empty ``name[]``)."""
-    return f"{name}{list(idx)}" if idx else name
 
 
 def check_array(answer: Any, expected: Any, points: float, name: str = "answer", rtol: float = 1e-6, atol: float = 1e-9,

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from ... import lora
-from ...gradcheck import numeric_gradient, relative_errors
+from ...gradcheck import entry_name, numeric_gradient, relative_errors
 from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric, Ordering
 
@@ -133,7 +133,7 @@ def _p1_x_untouched(fn, case: Case) -> list[str] | None:
     if np.array_equal(x, before):
         return None
     idx = tuple(int(i) for i in np.argwhere(x != before)[0])
-    return [f"your gradient is right, but central_difference changed its input: x{list(idx)} was {before[idx]!r} and is now "
+    return [f"your gradient is right, but central_difference changed its input: {entry_name('x', idx)} was {before[idx]!r} and is now "
             f"{x[idx]!r}. Restore every entry you perturb (x[idx] = old), or perturb a copy; a caller's parameters must "
             f"come back unchanged. {READ_CD}"]
 
