@@ -218,6 +218,14 @@ def test_adamw_mistakes_lose_points_with_a_diagnosis(kind, text, hidden):
     assert fb.points < 4 and text in fb.text(), fb.text()
     if hidden:
         assert fb.text().count("hidden case") >= 3
+        # every hidden line explains itself in words: no option dict as the mistake's name, no bare name
+        diagnoses, in_hidden = [], False
+        for line in fb.lines:
+            if line.startswith(("✗", "✓")):
+                in_hidden = line.startswith("✗ hidden case")
+            elif in_hidden and "Likely mistake" in line:
+                diagnoses.append(line)
+        assert diagnoses and all("{" not in l and text in l.lower() and "Reread" in l for l in diagnoses), diagnoses
 
 
 def test_adamw_off_by_one_t_is_named():
@@ -305,3 +313,15 @@ def test_hidden_cases_are_deterministic():
     a = check("06.p2", adamw_step, hidden=True).text()
     b = check("06.p2", adamw_step, hidden=True).text()
     assert a == b and a.count("hidden case") == 5
+
+
+def test_adamw_mistakes_are_named_in_words_and_explain_themselves_on_hidden_cases():
+    # a hidden case whose mistake no public case showed has only the mistake's name and hint to go on
+    from coursekit.grading.lessons.lesson06 import _adam_mistakes
+
+    kw = dict(param=np.ones((2, 2)), grad=np.full((2, 2), 0.5), m=np.full((2, 2), 0.1), v=np.full((2, 2), 0.2), t=3,
+              lr=0.01, betas=(0.9, 0.999), eps=0.01, weight_decay=0.1)
+    found = [m for ms in _adam_mistakes(kw).values() for m in ms]
+    assert {m.label for m in found} == {"no bias correction", "coupled weight decay", "eps inside the root",
+                                        "no weight decay", "step t − 1"}
+    assert all(m.hint and "Reread" in m.hint for m in found)

@@ -150,20 +150,21 @@ def _adam_variant(kw: dict, bias=True, coupled=False, eps_inside=False, decay=Tr
 def _adam_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     out = {"param": [], "m": [], "v": []}
     variants = [
-        (dict(bias=False), "no bias correction: divide m by (1 − β₁ᵗ) and v by (1 − β₂ᵗ) before the update. Both start at zero, "
+        ("no bias correction", dict(bias=False), "no bias correction: divide m by (1 − β₁ᵗ) and v by (1 − β₂ᵗ) before the update. Both start at zero, "
                            "so early on they are biased toward zero, and without the correction the first steps have the wrong size."),
-        (dict(coupled=True), "weight decay coupled into the gradient (g + λθ, Adam with L2): AdamW decays the parameter directly, "
+        ("coupled weight decay", dict(coupled=True), "weight decay coupled into the gradient (g + λθ, Adam with L2): AdamW decays the parameter directly, "
                              "θ ← θ(1 − lr·λ), and the moments see the loss gradient only."),
-        (dict(eps_inside=True), "eps inside the square root (√(v̂ + ε)): AdamW divides by √v̂ + ε."),
-        (dict(decay=False), "the weight decay is missing: θ ← θ(1 − lr·λ) before the Adam update."),
+        ("eps inside the root", dict(eps_inside=True), "eps inside the square root (√(v̂ + ε)): AdamW divides by √v̂ + ε."),
+        ("no weight decay", dict(decay=False), "the weight decay is missing: θ ← θ(1 − lr·λ) before the Adam update."),
     ]
     if int(kw["t"]) >= 2:
-        variants.append((dict(t_shift=-1), "bias correction with t − 1: t is this step's number (1 at the first step)."))
-    for opts, msg in variants:
+        variants.append(("step t − 1", dict(t_shift=-1), "bias correction with t − 1: t is this step's number (1 at the first step)."))
+    for label, opts, msg in variants:
         p, m, v = _adam_variant(kw, **opts)
         for name, val in (("param", p), ("m", m), ("v", v)):
             if not np.allclose(val, adamw_step(**kw)[("param", "m", "v").index(name)], rtol=1e-12, atol=1e-15):
-                out[name].append(Mistake(str(opts), val, msg + " " + READ_ADAMW))
+                # the messages quote formula constants (1 − β₁ᵗ), never a case's inputs: hidden cases may show them
+                out[name].append(Mistake(label, val, msg + " " + READ_ADAMW, hint=msg + " " + READ_ADAMW))
     return out
 
 
