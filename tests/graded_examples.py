@@ -4,10 +4,16 @@ feedback (tests/test_key_leaks.py, tests/test_browser.py), also across pytest-xd
 Grading executes every example notebook in a kernel (about a minute of CPU for lesson 02), so the
 first caller grades into the session's shared temporary folder under a file lock and the others
 wait for it and reuse the result. tests/test_grading_roundtrip.py keeps its own course: it re-grades
-in place, which would rewrite these feedback files under the readers' feet."""
+in place, which would rewrite these feedback files under the readers' feet.
+
+Also what every example folder expects (``WRONG``, ``EXACT``, from its expected.json) and readers of a
+graded course (``cell_scores``, ``submission_scores``, ``feedback_text``), for the serial round trip and
+the parallel-grading tests alike."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +22,54 @@ from filelock import FileLock
 from coursekit import course
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "autograder" / "examples"
+
+
+def _wrong_rows() -> list[tuple[str, str, str, str]]:
+    """(lesson, student, test cell that must lose points, text its feedback must contain), from every
+    example folder's expected.json: {"mistake": "...", "loses": {"p1_test": "feedback text", ...}}."""
+    rows = []
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        spec = json.loads(exp.read_text())
+        for cell, text in spec["loses"].items():
+            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
+    return rows
+
+
+WRONG = _wrong_rows()
+
+
+def _exact_rows() -> list[tuple[str, str, float, list[str]]]:
+    """(lesson, student, exact code score, texts the feedback file must contain) for the example folders whose
+    expected.json gives a "score" (hostile and broken submissions: some score 0 or full marks on purpose)."""
+    rows = []
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        spec = json.loads(exp.read_text())
+        if "score" in spec:
+            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", float(spec["score"]), list(spec.get("feedback", []))))
+    return rows
+
+
+EXACT = _exact_rows()
+EXACT_SCORE = {(aid, sid): score for aid, sid, score, _ in EXACT}
+def cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        sub = gb.find_submission_notebook(aid, aid, sid)
+        return {g.name: (float(g.score), float(g.max_score)) for g in sub.grades if g.cell.__class__.__name__ == "GradeCell" and g.auto_score is not None}
+
+
+def submission_scores(work: Path, aid: str, sid: str):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        s = gb.find_submission(aid, sid)
+        return float(s.code_score), float(s.max_code_score), float(s.score)
+
+
+def feedback_text(work: Path, aid: str, sid: str) -> str:
+    return html.unescape((work / "feedback" / sid / aid / f"{aid}.html").read_text())
 
 
 def graded_example_class(tmp_path_factory, lesson: str) -> Path:

@@ -7,69 +7,20 @@ per lesson lets pytest-xdist (``--dist loadscope``) spread the lessons over the 
 
 from __future__ import annotations
 
-import html
-import json
 from pathlib import Path
 
 import pytest
 
 from coursekit import course
+from graded_examples import EXACT, EXACT_SCORE, EXAMPLES, WRONG, cell_scores, feedback_text, submission_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
-EXAMPLES = ROOT / "autograder" / "examples"
 LESSONS = course.lesson_ids(ROOT)
 
 
-def _wrong_rows() -> list[tuple[str, str, str, str]]:
-    """(lesson, student, test cell that must lose points, text its feedback must contain), from every
-    example folder's expected.json: {"mistake": "...", "loses": {"p1_test": "feedback text", ...}}."""
-    rows = []
-    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
-        spec = json.loads(exp.read_text())
-        for cell, text in spec["loses"].items():
-            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
-    return rows
-
-
-WRONG = _wrong_rows()
-
-
-def _exact_rows() -> list[tuple[str, str, float, list[str]]]:
-    """(lesson, student, exact code score, texts the feedback file must contain) for the example folders whose
-    expected.json gives a "score" (hostile and broken submissions: some score 0 or full marks on purpose)."""
-    rows = []
-    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
-        spec = json.loads(exp.read_text())
-        if "score" in spec:
-            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", float(spec["score"]), list(spec.get("feedback", []))))
-    return rows
-
-
-EXACT = _exact_rows()
-EXACT_SCORE = {(aid, sid): score for aid, sid, score, _ in EXACT}
 # Hostile examples loop on purpose: short limits keep the test fast (the course's defaults are 60 s / 30 s).
 FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "20", "COURSEKIT_CASE_TIMEOUT": "10"}
-
-
-def _cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
-        sub = gb.find_submission_notebook(aid, aid, sid)
-        return {g.name: (float(g.score), float(g.max_score)) for g in sub.grades if g.cell.__class__.__name__ == "GradeCell" and g.auto_score is not None}
-
-
-def _submission(work: Path, aid: str, sid: str):
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
-        s = gb.find_submission(aid, sid)
-        return float(s.code_score), float(s.max_code_score), float(s.score)
-
-
-def _feedback(work: Path, aid: str, sid: str) -> str:
-    return html.unescape((work / "feedback" / sid / aid / f"{aid}.html").read_text())
 
 
 def test_every_example_folder_says_what_it_expects():
@@ -101,16 +52,16 @@ class _RoundTrip:
 
     def test_blank_scores_zero_on_every_test_cell(self, graded):
         work, _ = graded
-        cells = _cell_scores(work, self.AID, "ex-blank")
+        cells = cell_scores(work, self.AID, "ex-blank")
         assert cells, "no autograded cells recorded"
         assert all(score == 0 for score, _ in cells.values()), {k: v for k, v in cells.items() if v[0]}
 
     def test_perfect_scores_every_autograded_point(self, graded):
         work, _ = graded
-        cells = _cell_scores(work, self.AID, "ex-perfect")
+        cells = cell_scores(work, self.AID, "ex-perfect")
         lost = {k: v for k, v in cells.items() if v[0] != v[1]}
         assert not lost, f"the solution loses points in the autograde run (hidden cases included): {lost}"
-        code, max_code, _ = _submission(work, self.AID, "ex-perfect")
+        code, max_code, _ = submission_scores(work, self.AID, "ex-perfect")
         assert code == max_code > 0
 
     def test_table_and_grades_csv(self, graded):
@@ -125,14 +76,14 @@ class _RoundTrip:
 
 def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text):
     work, _ = graded
-    code, max_code, _ = _submission(work, self.AID, sid)
+    code, max_code, _ = submission_scores(work, self.AID, sid)
     if (self.AID, sid) in EXACT_SCORE:
         assert code == EXACT_SCORE[(self.AID, sid)], f"{sid}: scored {code}"
     else:
         assert 0 < code < max_code
-    score, max_score = _cell_scores(work, self.AID, sid)[cell]
+    score, max_score = cell_scores(work, self.AID, sid)[cell]
     assert score < max_score, f"{sid}: {cell} should lose points"
-    fb = _feedback(work, self.AID, sid)
+    fb = feedback_text(work, self.AID, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
     if (self.AID, sid) not in EXACT_SCORE:  # a hostile notebook may stop every check before any hidden case runs
         assert "hidden case" in fb, "the autograde run adds hidden cases"
@@ -142,9 +93,9 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
     """Hostile and broken submissions (expected.json with "score"): exactly that code score, a feedback file
     with the given plain-words texts, and, for one that could not be graded at all, a line in the table."""
     work, table = graded
-    code, _, _ = _submission(work, self.AID, sid)
+    code, _, _ = submission_scores(work, self.AID, sid)
     assert code == score, f"{sid}: scored {code}, expected {score}"
-    fb = _feedback(work, self.AID, sid)
+    fb = feedback_text(work, self.AID, sid)
     for text in texts:
         assert text in fb, f"{sid}: feedback lacks {text!r}"
     if score == 0:
@@ -162,7 +113,7 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
     assert [l for l in again.splitlines() if self.AID in l] == [l for l in table.splitlines() if self.AID in l]
     for (aid, sid), score in EXACT_SCORE.items():  # the hostile examples too, on the second run
         if aid == self.AID:
-            assert _submission(work, aid, sid)[0] == score, f"{sid}: second run scored differently"
+            assert submission_scores(work, aid, sid)[0] == score, f"{sid}: second run scored differently"
 
 
 for _aid in LESSONS:

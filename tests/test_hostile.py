@@ -17,7 +17,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from coursekit import course
-from coursekit.grading import check, checkers, grade, tampering
+from coursekit.grading import check, grade, tampering
 from coursekit.grading.checkers import Case, check_function
 from coursekit.guard import scan_source
 

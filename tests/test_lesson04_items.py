@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coursekit.data import IGNORE_INDEX, EmptyBatchError
+from coursekit.data import EmptyBatchError
 from coursekit.grading import check
 from coursekit.grading.lessons import lesson04 as L
 from coursekit.grading.lessons.lesson04 import ITEMS

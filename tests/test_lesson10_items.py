@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import nbformat
-import numpy as np
 import pytest
 
 from coursekit import block, mlp

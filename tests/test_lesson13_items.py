@@ -1,7 +1,6 @@
 """Lesson 13 ("Merging"): graded items score right answers fully, typical wrong answers less, with the
 diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
-import re
 from pathlib import Path
 
 import nbformat

@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from coursekit import course, parallel
-from test_grading_roundtrip import EXACT, EXAMPLES, WRONG, _cell_scores, _feedback, _submission
+from graded_examples import EXACT, EXAMPLES, WRONG, cell_scores, feedback_text, submission_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 AID = "02-lora-inside-one-matmul"
@@ -199,16 +199,16 @@ def test_hostile_and_broken_students_get_their_exact_score_and_say_what_happened
     the first run's autograded notebooks (see the fixture)."""
     score, texts = EXPECTED[sid]
     par = graded["parallel"]
-    code, _, _ = _submission(par, AID, sid)
+    code, _, _ = submission_scores(par, AID, sid)
     assert code == score, f"{sid}: scored {code} in parallel, expected {score} (as serial grading)"
     first = {r["student_id"]: r for r in csv.DictReader(io.StringIO(graded["first"]["csv"]))}
     assert float(first[sid]["raw_score"]) == score, f"{sid}: first parallel run's grades.csv"
     fb = par / "feedback" / sid / AID / f"{AID}.html"
     assert fb.is_file(), f"{sid}: no feedback file"
     for text in texts:
-        assert text in _feedback(par, AID, sid), f"{sid}: feedback lacks {text!r}"
+        assert text in feedback_text(par, AID, sid), f"{sid}: feedback lacks {text!r}"
     if sid in HOSTILE:
-        cells = _cell_scores(par, AID, sid)
+        cells = cell_scores(par, AID, sid)
         for cell in (c for a, s, c, _ in WRONG if (a, s) == (AID, sid)):
             assert cells[cell][0] < cells[cell][1], f"{sid}: {cell} should lose points"
     else:
@@ -216,7 +216,7 @@ def test_hostile_and_broken_students_get_their_exact_score_and_say_what_happened
 
 
 def test_workers_use_the_time_limits_of_the_grading_process(graded):
-    fb = _feedback(graded["parallel"], AID, "ex-endless-loops")
+    fb = feedback_text(graded["parallel"], AID, "ex-endless-loops")
     assert f"was still running after {LIMITS['COURSEKIT_ANSWER_TIMEOUT']} s" in fb, "the answer-cell limit did not reach the worker"
     assert f"did not return within {LIMITS['COURSEKIT_CASE_TIMEOUT']} s" in fb, "the per-case limit did not reach the worker's kernel"
 
@@ -243,7 +243,7 @@ def test_second_parallel_run_changes_nothing_and_loses_nothing(graded):
         bump = 1.5 if sid == "ex-perfect" else 0.0  # the manual grade, nothing else
         assert float(after[sid]["score"]) == pytest.approx(float(before[sid]["score"]) + bump), sid
     for sid, (score, _) in BROKEN.items():
-        assert _submission(par, AID, sid)[0] == score, f"{sid}: second parallel run scored differently"
+        assert submission_scores(par, AID, sid)[0] == score, f"{sid}: second parallel run scored differently"
         assert f"{sid}/{AID}:" in graded["tables"]["again"]
 
 

@@ -208,7 +208,6 @@ def test_known_bad_case_differs_where_the_avx512_kernel_runs(report):
     """bitsandbytes 0.50.2's AVX512 dequantize reads absmax[row·(K // blocksize) + col // blocksize]: on a (5, 80)
     weight at blocksize 64 most of rows 1..4 get the wrong scale. The probe must report it, with numbers that match
     a comparison made here, and explain it."""
-    import torch
     import bitsandbytes.functional as F
     from coursekit import quant as cq
 

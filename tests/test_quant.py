@@ -3,7 +3,6 @@ quantization state, dequantized values), never a tolerance; plus the teaching ke
 
 from __future__ import annotations
 
-import itertools
 import logging
 import warnings
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import objective
-from ...data import IGNORE_INDEX, EmptyBatchError, count_supervised, token_loss_sum, window_loss
+from ...data import IGNORE_INDEX, count_supervised, token_loss_sum, window_loss
 from ..checkers import Case, Mistake
 from .. import Array, Choice, Function, Numeric
 

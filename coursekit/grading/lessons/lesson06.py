@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ... import walk
-from ..checkers import Case, Mistake, as_array
+from ..checkers import Case, Mistake
 from .. import Array, Choice, Function, Numeric
 
 READ_CE = "Reread 'Softmax, cross-entropy and D' in Know this."
