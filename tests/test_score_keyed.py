@@ -152,3 +152,21 @@ def test_every_test_cell_is_one_grade_call_the_scorer_can_read():
                 calls = _GRADE_CALL.findall(c.source)
                 assert len(calls) == 1 and calls[0].startswith(aid[:2] + "."), (aid, md.get("grade_id"), c.source)
                 assert calls[0].split(".", 1)[1] in lesson_items(aid[:2]), (aid, calls[0])
+
+
+@pytest.mark.parametrize("answer", ["i, h, g, f, e, d, c, b, a", "i h g f e d c b a", list("ihgfedcba"), tuple("ihgfedcba")])
+def test_an_ordering_too_long_to_enumerate_is_recorded_in_any_accepted_form(answer):
+    # more than 8 labels: the student's machine cannot try every order, so the answer itself is recorded
+    from coursekit.grading import Ordering, _recorded
+
+    item = Ordering("nine steps", 1, {c: f"step {c}" for c in "abcdefghi"})
+    fb = _recorded(item, answer)
+    assert getattr(fb, "recorded", None) == list("ihgfedcba") and "Recorded" in fb.text()
+
+
+def test_an_ordering_too_long_to_enumerate_with_a_wrong_label_is_not_recorded():
+    from coursekit.grading import Ordering, _recorded
+
+    item = Ordering("nine steps", 1, {c: f"step {c}" for c in "abcdefghi"})
+    fb = _recorded(item, "i, h, g, f, e, d, c, b, z")
+    assert not hasattr(fb, "recorded") and "exactly once" in fb.text()

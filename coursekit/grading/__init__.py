@@ -36,6 +36,7 @@ import numpy as np
 from . import keys as _keys
 from .checkers import (
     _number,
+    _ordering_labels,
     Case,
     Feedback,
     Mistake,
@@ -264,8 +265,9 @@ def _recorded(item: Any, answer: Any, candidates: Sequence[Any] | None = None) -
     """Feedback for a keyed item while a student works (no key here): well-formed answers are recorded, not
     scored; a malformed one gets the checker's own message on its form (the same for every key)."""
     cands = item.keys_here() if candidates is None else candidates
-    if not cands and isinstance(item, Ordering) and isinstance(answer, (list, tuple)):
-        cands = [[str(a).strip().lower() for a in answer]]  # too many labels to try every order
+    if not cands and isinstance(item, Ordering):  # too many labels to try every order: record the one given
+        parsed = _ordering_labels(answer)
+        cands = [parsed] if isinstance(parsed, list) and sorted(parsed) == sorted(item.labels) else []
     for k in cands:
         if item._run(answer, k, {}).points == item.points:
             fb = Feedback(0, item.points, [
