@@ -112,13 +112,10 @@ def _float64(x: Any) -> np.ndarray:
 
 def relative_error(analytic: Any, numeric: Any) -> float:
     """Worst element-wise ``|a − n| / max(|a| + |n|, 1e-12)``; 0.0 for empty arrays, inf on a shape mismatch."""
-    a = _float64(analytic)
-    n = _float64(numeric)
+    a, n = _float64(analytic), _float64(numeric)
     if a.shape != n.shape:
         return float("inf")
-    if a.size == 0:
-        return 0.0
-    return float(np.max(np.abs(a - n) / np.maximum(np.abs(a) + np.abs(n), 1e-12)))
+    return float(relative_errors(a, n, denominator="sum").max(initial=0.0))
 
 
 @dataclass
