@@ -31,6 +31,9 @@ __all__ = [
     "check_ordering",
     "check_function",
     "as_array",
+    "compare_arrays",
+    "describe_exception",
+    "quiet",
 ]
 
 
@@ -678,7 +681,7 @@ def check_function(
                                             f"finish {stub} first (it has its own check cell), then run this check again."])
             return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
         except Exception as e:  # the student's bug, reported, not raised
-            msg = _describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)
+            msg = describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)
             if not case.hidden:
                 public_lines.add(msg)
             lines.append(f"✗ {tag}: " + msg)
@@ -721,7 +724,7 @@ def check_function(
                     bad = extra(fn, case) or []
             except Exception as e:
                 bad = ["a further check on your function (beyond its outputs) could not run it: "
-                       + _describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)]
+                       + describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)]
             if case.hidden:
                 # An extra check's lines are written for public cases and may quote the inputs.
                 safe = [b for b in bad if b in public_lines or not _quotes_numbers(b)]
@@ -850,7 +853,7 @@ def _stub_name(e: BaseException) -> str | None:
     return frames[-1].name if frames else None
 
 
-def _describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = False,
+def describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = False,
                         shown: Iterable[str] = ()) -> str:
     """Where the student's code failed: the last traceback frame outside coursekit, or the call itself.
 

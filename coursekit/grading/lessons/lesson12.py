@@ -12,7 +12,7 @@ import torch
 
 from ... import artifacts, lora
 from .. import Choice, Numeric, Ordering
-from ..checkers import Feedback, Mistake, _describe_exception, compare_arrays, quiet
+from ..checkers import Feedback, Mistake, compare_arrays, describe_exception, quiet
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
@@ -112,7 +112,7 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[s
         except NotImplementedError:
             raise
         except Exception as e:  # the student's bug, reported, not raised
-            return False, [f"✗ {tag}: " + _describe_exception(e, "reload", {"base": None, "adapter_dir": None})]
+            return False, [f"✗ {tag}: " + describe_exception(e, "reload", {"base": None, "adapter_dir": None})]
         finally:
             artifacts.set_rng_state(saved)
     note = ["    (your code wrote warnings or to stderr, not graded: " + "; ".join(dict.fromkeys(noise))[:300] + ")"] if noise else []
