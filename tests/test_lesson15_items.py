@@ -128,7 +128,10 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
     a = check("15.p2", right_block, hidden=True).text()
     assert a == check("15.p2", right_block, hidden=True).text() and a.count("hidden case") == 6
     fb = check("15.p1", lambda offset: right_levels(quant.NF4_OFFSET), hidden=True)
-    assert fb.points < 3 and "ignored" not in fb.text() and "build the probability grid from the offset" in fb.text()
+    # hidden cases name the mistake and explain it in words, without quoting their own offsets
+    hidden_part = fb.text().split("hidden case", 1)[1]
+    assert fb.points < 3 and "'ignored offset'. You returned bitsandbytes' table" in hidden_part
+    assert "build the probability grid from the offset" in hidden_part and "asks for offset" not in hidden_part
 
 
 # --------------------------------------------------------------------------- wrong answers

@@ -63,15 +63,21 @@ def _low_first(codes: np.ndarray) -> np.ndarray:
 
 def _pack_mistakes(kwargs: dict, answers: dict) -> dict:
     codes = np.asarray(kwargs["codes"])
-    ms = [Mistake("low-first", _low_first(codes),
-                  "you put the first code of each pair in the LOW nibble. bitsandbytes puts element 2i in the high "
-                  "nibble: packed = (q[0::2] << 4) | q[1::2] (Know this: 'Reading the bytes').")]
+    # The messages quote the packing rule's fixed numbers (element 2i, shift 4, a 0 pad code), never the case's
+    # codes: hidden cases show them as hints, with the section to reread.
+    low_first = ("you put the first code of each pair in the LOW nibble. bitsandbytes puts element 2i in the high "
+                 "nibble: packed = (q[0::2] << 4) | q[1::2] (Know this: 'Reading the bytes').")
+    ms = [Mistake("low-first", _low_first(codes), low_first, hint=low_first)]
     if codes.size % 2:
         ms.append(Mistake("no-pad", nibble_pack(codes)[:-1],
-                          "with an odd number of codes the last code still needs a byte: pad with one 0 code."))
+                          "with an odd number of codes the last code still needs a byte: pad with one 0 code.",
+                          hint="with an odd number of codes the last code still needs a byte: pad with one 0 code "
+                               "(Know this: 'Reading the bytes')."))
     else:
         ms.append(Mistake("bytes-per-code", codes.astype(np.float64),
-                          "one byte per code wastes half the storage: two 4-bit codes share one byte."))
+                          "one byte per code wastes half the storage: two 4-bit codes share one byte.",
+                          hint="one byte per code wastes half the storage: two 4-bit codes share one byte (Know this: "
+                               "'Reading the bytes')."))
     return {"result": ms}
 
 

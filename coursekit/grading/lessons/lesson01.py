@@ -6,6 +6,7 @@ are checked against :mod:`coursekit.memory`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,9 @@ def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
             Mistake("all fp32", 16 * a, "the ledger stores adapter weights and gradients in bf16 (2 bytes each); "
                                         "only the Adam moments are fp32. " + _SEC_LEDGER),
         ]
-    return out
+    # Every message quotes only the ledger's bytes-per-parameter rates, never the case's sizes: each is also the
+    # hint a hidden case shows.
+    return {k: [replace(ms, hint=ms.message) for ms in v] for k, v in out.items()}
 
 
 ITEMS = {

@@ -71,20 +71,29 @@ def best_rank_k_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mi
             msg = (f"you kept the {k} smallest singular values ({shown}) instead of the {k} largest ({top}): "
                    f"the best rank-k approximation keeps the first k of the decreasing order"
                    + (" (with 2k = min(d, m) this is also the residual M − M_k)" if 2 * k == p else "") + f". {READ_SVD}")
+            hint = (f"you kept the k smallest singular values instead of the k largest: the best rank-k approximation "
+                    f"keeps the first k of the decreasing order. {READ_SVD}")
         elif kept == list(range(k, p)):
             msg = (f"you returned the residual M − M_k (the directions with singular values {shown}); return the "
                    f"approximation M_k itself, the part that keeps the {k} largest. {READ_SVD}")
+            hint = (f"you returned the residual M − M_k; return the approximation M_k itself, the part that keeps the "
+                    f"k largest singular values. {READ_SVD}")
         elif len(kept) != k:
             msg = (f"your answer keeps {len(kept)} singular directions ({shown}), but a rank-{k} approximation keeps "
                    f"exactly k = {k}: check the slice bounds (U[:, :k], S[:k], Vt[:k]). {READ_SVD}")
+            hint = (f"your answer keeps a different number of singular directions than k: a rank-k approximation keeps "
+                    f"exactly k, so check the slice bounds (U[:, :k], S[:k], Vt[:k]). {READ_SVD}")
         else:
             msg = (f"you kept {k} singular directions, but not the largest ones: yours have singular values {shown}, "
                    f"the best have {top}. Sort in decreasing order before you truncate (np.linalg.eig and eigh "
                    f"do not return the order np.linalg.svd does). {READ_SVD}")
-        out.append(Mistake("wrong directions", g, msg))
+            hint = (f"you kept k singular directions, but not the largest ones. Sort in decreasing order before you "
+                    f"truncate (np.linalg.eig and eigh do not return the order np.linalg.svd does). {READ_SVD}")
+        out.append(Mistake("wrong directions", g, msg, hint=hint))
     if k < p:
         out.append(Mistake("smallest", (U[:, p - k:] * S[p - k:]) @ Vt[p - k:],
-                           f"you kept the {k} smallest singular values instead of the {k} largest. {READ_SVD}"))
+                           f"you kept the {k} smallest singular values instead of the {k} largest. {READ_SVD}",
+                           hint=f"you kept the k smallest singular values instead of the k largest. {READ_SVD}"))
     out.append(Mistake("residual", M - right, "you returned the residual M − M_k; return the approximation M_k itself. " + READ_SVD))
     out.append(Mistake("Vt cut", (U[:, :k] * S[:k]) @ Vt[:k, :k],
                        "your M_k is d × k: you cut Vt[:k] to k columns as well. Keep the first k *rows* of Vt and all "
@@ -154,6 +163,11 @@ def residual_curve_mistakes(kw: dict, got: dict | None = None) -> dict[str, list
     s_in = np.asarray(kw["sigma"], dtype=np.float64)
     s = np.sort(s_in)[::-1]
     right = np.sqrt(_tails(s ** 2))
+    # "from k = 1" and "no k = p" quote only the curve's fixed layout (entry 0 is k = 0, len(sigma) + 1 entries)
+    starts_late = ("your curve starts at k = 1: entry 0 is k = 0 (nothing kept), where the residual is ||M||_F; the "
+                   "array has len(sigma) + 1 entries.")
+    stops_early = ("your curve stops before k = len(sigma): the last entry (everything kept) is 0; the array has "
+                   "len(sigma) + 1 entries.")
     out = [
         Mistake("unsorted", np.sqrt(_tails(s_in ** 2)),
                 "you truncated sigma in the order it was given: sort it in decreasing order first, the best rank-k "
@@ -166,10 +180,8 @@ def residual_curve_mistakes(kw: dict, got: dict | None = None) -> dict[str, list
                 "sqrt(sum of their squares). " + READ_SVD),
         Mistake("spectral", np.concatenate([s, [0.0]]), "that is the spectral-norm residual (the largest discarded value); "
                 "the question asks for the Frobenius norm. " + READ_SVD),
-        Mistake("from k = 1", right[1:], "your curve starts at k = 1: entry 0 is k = 0 (nothing kept), where the residual "
-                "is ||M||_F; the array has len(sigma) + 1 entries."),
-        Mistake("no k = p", right[:-1], "your curve stops before k = len(sigma): the last entry (everything kept) is 0; "
-                "the array has len(sigma) + 1 entries."),
+        Mistake("from k = 1", right[1:], starts_late, hint=f"{starts_late} {READ_SVD}"),
+        Mistake("no k = p", right[:-1], stops_early, hint=f"{stops_early} {READ_SVD}"),
     ]
     return {"residuals": out, "result": out}
 

@@ -91,21 +91,36 @@ def _p1_mistakes(kw: dict, got: dict) -> dict:
     eos_msg = (f"every token whose id equals pad_id ({pad_id}) got -100. Here pad == eos, so each row's real end token lost "
                "its label too and the model never learns to stop. Decide padding from attention_mask (the row's length), "
                "not from ids. " + READ_PAD)
+    eos_hint = ("every token whose id equals pad_id got -100. Here pad == eos, so each row's real end token lost its label "
+                "too and the model never learns to stop. Decide padding from attention_mask (the row's length), not from "
+                "ids. " + READ_PAD)
+    # The other messages quote only the rule's fixed offsets (t + 1, prompt_len[b] − 1, -100): they are their own hints.
+    msgs = {
+        "forgot the prompt": "forgot -100 on the prompt: positions t < prompt_len[b] keep their ids, so the model is trained "
+                             "to write the user's turn too. Assistant-only supervision masks them. " + READ_MASKS,
+        "forgot the padding": "the padding positions (attention_mask == 0) are supervised: the loss would teach the model to "
+                              "emit pad tokens. Give them -100. " + READ_MASKS,
+        "shifted": "your labels are shifted left by one: the model shifts labels itself, so this would be shifted twice "
+                   "(logit t scored against token t + 2). Keep labels aligned with input_ids. " + READ_SHIFT,
+        "first answer token masked": "the first answer token (position prompt_len[b]) got -100: use t >= prompt_len, not "
+                                     "t > prompt_len.",
+        "last prompt token kept": "the last prompt token (position prompt_len[b] - 1) is supervised: the prompt is "
+                                  "t < prompt_len[b].",
+    }
+    prompt_too = " The prompt positions (t < prompt_len) need -100 as well."
     out = [
-        Mistake("masked the EOS", by_id, "masked the EOS: " + eos_msg),
-        Mistake("forgot the prompt", only_pad, "forgot -100 on the prompt: positions t < prompt_len[b] keep their ids, so the "
-                "model is trained to write the user's turn too. Assistant-only supervision masks them. " + READ_MASKS),
+        Mistake("masked the EOS", by_id, "masked the EOS: " + eos_msg, hint="masked the EOS: " + eos_hint),
+        Mistake("forgot the prompt", only_pad, msgs["forgot the prompt"], hint=msgs["forgot the prompt"]),
         Mistake("masked the EOS, prompt kept", np.where(ids == pad_id, IGNORE_INDEX, only_pad),
-                "masked the EOS and forgot -100 on the prompt: " + eos_msg + " The prompt positions (t < prompt_len) need -100 as well."),
-        Mistake("forgot the padding", np.where(t >= plen[:, None], ids, IGNORE_INDEX),
-                "the padding positions (attention_mask == 0) are supervised: the loss would teach the model to emit pad tokens. "
-                "Give them -100. " + READ_MASKS),
-        Mistake("shifted", shifted, "your labels are shifted left by one: the model shifts labels itself, so this would be "
-                "shifted twice (logit t scored against token t + 2). Keep labels aligned with input_ids. " + READ_SHIFT),
+                "masked the EOS and forgot -100 on the prompt: " + eos_msg + prompt_too,
+                hint="masked the EOS and forgot -100 on the prompt: " + eos_hint + prompt_too),
+        Mistake("forgot the padding", np.where(t >= plen[:, None], ids, IGNORE_INDEX), msgs["forgot the padding"],
+                hint=msgs["forgot the padding"]),
+        Mistake("shifted", shifted, msgs["shifted"], hint=msgs["shifted"]),
         Mistake("first answer token masked", np.where(t >= plen[:, None] + 1, ref, IGNORE_INDEX),
-                "the first answer token (position prompt_len[b]) got -100: use t >= prompt_len, not t > prompt_len."),
+                msgs["first answer token masked"], hint=msgs["first answer token masked"] + " " + READ_MASKS),
         Mistake("last prompt token kept", np.where((t >= plen[:, None] - 1) & (mask == 1), ids, IGNORE_INDEX),
-                "the last prompt token (position prompt_len[b] - 1) is supervised: the prompt is t < prompt_len[b]."),
+                msgs["last prompt token kept"], hint=msgs["last prompt token kept"] + " " + READ_MASKS),
     ]
     return {"labels": out}
 
@@ -169,26 +184,31 @@ def _p2_mistakes(kw: dict, got: dict) -> dict:
     def ce(lg, lb, reduction="mean"):
         return float(torch.nn.functional.cross_entropy(lg.reshape(-1, V), lb.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction))
 
+    # These messages quote only slice offsets (t + 1, [:, 1:], -100), the same for every batch: they are their own hints.
+    msgs = {
+        "not shifted": "you scored logit t against label t: the causal shift is missing (logit t predicts token t + 1). "
+                       "Compare logits[:, :-1] with labels[:, 1:]. " + READ_SHIFT,
+        "shifted twice": "shifted twice: you compared logits[:, :-2] with labels[:, 2:] (or shifted labels that were already "
+                         "shifted). Shift exactly once. " + READ_SHIFT,
+        "all positions": "you divided by every scored position, including those labelled -100: divide by the number of "
+                         "supervised tokens (labels[:, 1:] != -100). " + READ_MASKS,
+        "position 0 counted": "your denominator also counts labels[:, 0]; no logit predicts position 0 after the shift, so "
+                              "count labels[:, 1:] != -100 only. " + READ_SHIFT,
+    }
     if (labels != IGNORE_INDEX).any():
-        out.append(Mistake("not shifted", ce(logits, labels),
-                           "you scored logit t against label t: the causal shift is missing (logit t predicts token t + 1). "
-                           "Compare logits[:, :-1] with labels[:, 1:]. " + READ_SHIFT))
+        out.append(Mistake("not shifted", ce(logits, labels), msgs["not shifted"], hint=msgs["not shifted"]))
     if labels.shape[1] > 2 and (labels[:, 2:] != IGNORE_INDEX).any():
-        out.append(Mistake("shifted twice", ce(logits[:, :-2], labels[:, 2:]),
-                           "shifted twice: you compared logits[:, :-2] with labels[:, 2:] (or shifted labels that were already "
-                           "shifted). Shift exactly once. " + READ_SHIFT))
+        out.append(Mistake("shifted twice", ce(logits[:, :-2], labels[:, 2:]), msgs["shifted twice"], hint=msgs["shifted twice"]))
     if bool((counts > 0).all()):
         out.append(Mistake("per example", float((sums / counts).mean()),
                            "averaged per example: you took each row's mean and then the mean over rows, so a token of a short "
                            "answer weighs more than a token of a long one. Divide the total loss by the total number of "
                            "supervised tokens. " + READ_AVG))
     out += [
-        Mistake("all positions", total / (labels.shape[0] * (labels.shape[1] - 1)),
-                "you divided by every scored position, including those labelled -100: divide by the number of "
-                "supervised tokens (labels[:, 1:] != -100). " + READ_MASKS),
-        Mistake("position 0 counted", total / int((labels != IGNORE_INDEX).sum()),
-                "your denominator also counts labels[:, 0]; no logit predicts position 0 after the shift, so count "
-                "labels[:, 1:] != -100 only. " + READ_SHIFT),
+        Mistake("all positions", total / (labels.shape[0] * (labels.shape[1] - 1)), msgs["all positions"],
+                hint=msgs["all positions"]),
+        Mistake("position 0 counted", total / int((labels != IGNORE_INDEX).sum()), msgs["position 0 counted"],
+                hint=msgs["position 0 counted"]),
         Mistake("sum", total, "that is the summed token loss; divide it by the number of supervised tokens."),
     ]
     if total / n > 0:

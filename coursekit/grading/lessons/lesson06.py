@@ -93,7 +93,9 @@ def _ce_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         if j != t:
             wrong = onehot * 0
             wrong[0, j] = 1.0
-            out.append(Mistake("class", p - wrong, f"your one-hot marks class {j}, not the target class {t}: class indices are 0-based. " + READ_CE))
+            out.append(Mistake("class", p - wrong, f"your one-hot marks class {j}, not the target class {t}: class indices are 0-based. " + READ_CE,
+                               hint="your one-hot marks another class than the target: class indices are 0-based, and the "
+                                    "1 goes at index target. " + READ_CE))
     return {"D": out, "result": out}
 
 
@@ -212,8 +214,10 @@ def _walk_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]
         Mistake("ascent", B + lr * dB, "B moved up the gradient: SGD subtracts, B − lr·∇B (or D's sign is flipped). " + READ_CE),
     ]
     if s != 1.0:
-        out_A.append(Mistake("missing s", A - lr * X.T @ (D @ B.T), f"∇A is missing the scale: dZ = s D Bᵀ with s = {s:g}. " + READ_STEPS))
-        out_B.append(Mistake("missing s", B - lr * (X @ A).T @ D, f"∇B is missing the scale: ∇B = s Zᵀ D with s = {s:g}. " + READ_STEPS))
+        out_A.append(Mistake("missing s", A - lr * X.T @ (D @ B.T), f"∇A is missing the scale: dZ = s D Bᵀ with s = {s:g}. " + READ_STEPS,
+                             hint="∇A is missing the scale: dZ = s D Bᵀ. " + READ_STEPS))
+        out_B.append(Mistake("missing s", B - lr * (X @ A).T @ D, f"∇B is missing the scale: ∇B = s Zᵀ D with s = {s:g}. " + READ_STEPS,
+                             hint="∇B is missing the scale: ∇B = s Zᵀ D. " + READ_STEPS))
     return {"A_new": out_A, "B_new": out_B}
 
 
@@ -244,7 +248,8 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
                 "that is the softmax rule p ⊙ (g − Σ g·p); log-softmax's rule is g − softmax(x)·Σg. " + READ_CE),
         Mistake("no sum", g - p, "the row sum is missing: dx = g − softmax(x) · Σ_j g_j, not g − softmax(x). " + READ_CE),
         Mistake("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: dx = g − softmax(x)·Σg. " + READ_CE),
-        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE),
+        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE,
+                hint="the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE),
     ]
     return {"dx": out, "result": out}
 

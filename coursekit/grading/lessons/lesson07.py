@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -123,7 +124,8 @@ def _p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("backward", _one_sided(f, x, eps, False), f"this is the backward difference (f(x) − f(x − ε)) / ε, first-order accurate; use the central difference (f(x + ε) − f(x − ε)) / 2ε. {READ_CD}"),
         Mistake("restore", _not_restored(f, x, eps), f"you forgot to restore each entry after perturbing it: x[i] stays at x[i] − ε, so every later entry is differentiated at the wrong point. Put x[i] back to its old value. {READ_CD}"),
     ]
-    return {"grad": out}
+    # The messages quote only the formula's constants (2ε, 4ε), never the case's x or ε: each is its own hint.
+    return {"grad": [replace(m, hint=m.message) for m in out]}
 
 
 def _p1_x_untouched(fn, case: Case) -> list[str] | None:
@@ -181,7 +183,8 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         out.append(Mistake("only a", float(np.max(only_a)), f"you divided by |a| alone; use max(|a|, |n|, tiny), which is symmetric in a and n and finite when a = 0. {READ_REL}"))
     if np.all(np.isfinite(only_n)):
         out.append(Mistake("only n", float(np.max(only_n)), f"you divided by |n| alone; use max(|a|, |n|, tiny), which is symmetric in a and n and finite when n = 0. {READ_REL}"))
-    return {"rel_err": out}
+    # The messages quote only the definition's constants (a factor 2, a = 0), never the case's arrays: each is its own hint.
+    return {"rel_err": [replace(m, hint=m.message) for m in out]}
 
 
 # --------------------------------------------------------------------------- numbers

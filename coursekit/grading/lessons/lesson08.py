@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -100,6 +101,9 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
         Mistake("no P factor", dP - G.sum(-1, keepdims=True), "the factor P in front is missing: dS = P ⊙ (dP − rowsum(dP ⊙ P)). "
                 "Without it masked entries get gradient (they must get exactly zero). " + READ_MASK),
     ]
+    # The messages quote only axis numbers and formulas (axis=-1, T × T), never a case's values or sizes: each is also
+    # the hint a hidden case shows.
+    out = [replace(m, hint=m.message) for m in out]
     # On small or degenerate cases (T = 1, uniform rows) several formulas coincide with the right one:
     # a "mistake" equal to the right answer must not be reported.
     return [m for m in out if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
@@ -151,14 +155,20 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     dQ, dK = dS @ K * scale, dS.T @ Q * scale
     m_q, m_k, m_v = [], [], []
     if dh > 1:
+        # d_h comes from the case's shapes: the hints name the factor without its value
         m_q += [Mistake("no scale", dS @ K, f"dQ is missing the factor 1/√d_h = {scale:g}: the forward divided the scores by √d_h, "
-                        "so dQ = dS K / √d_h. " + READ_BWD),
+                        "so dQ = dS K / √d_h. " + READ_BWD,
+                        hint="dQ is missing the factor 1/√d_h: the forward divided the scores by √d_h, so dQ = dS K / √d_h. "
+                             + READ_BWD),
                 Mistake("1/d_h", dS @ K / dh, f"you divided by d_h = {dh}; the scores were divided by √d_h = {math.sqrt(dh):g}, "
-                        "so dQ = dS K / √d_h. " + READ_BWD),
+                        "so dQ = dS K / √d_h. " + READ_BWD,
+                        hint="you divided by d_h; the scores were divided by √d_h, so dQ = dS K / √d_h. " + READ_BWD),
                 Mistake("times sqrt", dS @ K * math.sqrt(dh), "you multiplied by √d_h; the forward divided the scores by √d_h, "
                         "so the backward divides too: dQ = dS K / √d_h. " + READ_BWD)]
-        m_k += [Mistake("no scale", dS.T @ Q, f"dK is missing the factor 1/√d_h = {scale:g}: dK = dSᵀ Q / √d_h. " + READ_BWD),
-                Mistake("1/d_h", dS.T @ Q / dh, f"you divided by d_h = {dh}, not √d_h = {math.sqrt(dh):g}: dK = dSᵀ Q / √d_h. " + READ_BWD),
+        m_k += [Mistake("no scale", dS.T @ Q, f"dK is missing the factor 1/√d_h = {scale:g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
+                        hint="dK is missing the factor 1/√d_h: dK = dSᵀ Q / √d_h. " + READ_BWD),
+                Mistake("1/d_h", dS.T @ Q / dh, f"you divided by d_h = {dh}, not √d_h = {math.sqrt(dh):g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
+                        hint="you divided by d_h, not √d_h: dK = dSᵀ Q / √d_h. " + READ_BWD),
                 Mistake("times sqrt", dS.T @ Q * math.sqrt(dh), "you multiplied by √d_h; dK = dSᵀ Q / √d_h. " + READ_BWD)]
     m_k += [Mistake("dS not transposed", dS @ Q * scale, "dK needs dSᵀ: in S = Q Kᵀ / √d_h, K enters transposed, so the key "
                     "side sums over queries: dK = dSᵀ Q / √d_h. " + READ_BWD),
@@ -171,7 +181,8 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         for sm in _sm_mistakes(P, dP):
             val = sm.value @ K * scale if name == "dQ" else sm.value.T @ Q * scale
             if np.shape(sm.value) == dS.shape:
-                wrong.append(Mistake(sm.label, val, f"{name} is off because dS is wrong (check softmax_backward, P1): " + sm.message))
+                why = f"{name} is off because dS is wrong (check softmax_backward, P1): "
+                wrong.append(Mistake(sm.label, val, why + sm.message, hint=why + sm.hint))
     m_q += [Mistake("no softmax step", dP @ K * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
     m_k += [Mistake("no softmax step", dP.T @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "

@@ -52,12 +52,15 @@ def _p1_mistakes(kw: dict, got: dict) -> dict:
     k, L = len(kw["targets"]), kw["n_layers"]
     return {
         "adapters": [
-            Mistake("one layer", k, f"that is one layer's count: every one of the {L} layers has its own adapters (modules × layers). " + READ_COUNT),
+            Mistake("one layer", k, f"that is one layer's count: every one of the {L} layers has its own adapters (modules × layers). " + READ_COUNT,
+                    hint="that is one layer's count: every layer has its own adapters (modules × layers). " + READ_COUNT),
             Mistake("factors", 2 * k * L, "that is the number of factor matrices; each adapter owns two of them (A and B), so adapters = modules × layers. " + READ_COUNT),
         ],
         "factor_matrices": [
-            Mistake("= adapters", k * L, "each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT),
-            Mistake("one layer", 2 * k, f"that is one layer's count: multiply by the {L} layers. " + READ_COUNT),
+            Mistake("= adapters", k * L, "each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT,
+                    hint="each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT),
+            Mistake("one layer", 2 * k, f"that is one layer's count: multiply by the {L} layers. " + READ_COUNT,
+                    hint="that is one layer's count: multiply by the number of layers. " + READ_COUNT),
         ],
     }
 
@@ -95,7 +98,8 @@ def _p2_mistakes(kw: dict, got: dict) -> dict:
     sel = [shapes[t] for t in targets]
     return {"result": [
         Mistake("dense", sum(d * m for d, m in sel), "that is the size of the dense weights d·m; an adapter has r(d + m) entries (A is d × r, B is r × m). " + READ_COUNT),
-        Mistake("square", sum(2 * r * d for d, _ in sel), "you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT),
+        Mistake("square", sum(2 * r * d for d, _ in sel), "you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT,
+                hint="you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT),
         Mistake("all shapes", sum(r * (d + m) for d, m in shapes.values()), "you summed over every module in shapes; count only the target modules. " + READ_COUNT),
         Mistake("twice", 2 * sum(r * (d + m) for d, m in sel), "r(d + m) already counts both factors (r·d for A, r·m for B); don't double it. " + READ_COUNT),
         Mistake("r²", sum(r * (d + m) + r * r for d, m in sel), "there is no r × r matrix in LoRA: A is d × r and B is r × m. " + READ_COUNT),
@@ -164,16 +168,19 @@ def _p5_mistakes(kw: dict, got: dict) -> dict:
     s = cache["s"]
     out = {"dA_o": [], "dB_o": []}
 
-    def add(D, label, msg, scale=1.0):
+    def add(D, label, msg, scale=1.0, hint=""):
+        """Both factor gradients computed from the wrong dh ``D``; ``hint`` (if the message quotes the case's s) says the
+        same without it."""
         _, dA, dB = block.projection_backward("o", D, cache)
-        out["dA_o"].append(Mistake(label, scale * dA, msg))
-        out["dB_o"].append(Mistake(label, scale * dB, msg))
+        out["dA_o"].append(Mistake(label, scale * dA, msg, hint))
+        out["dB_o"].append(Mistake(label, scale * dB, msg, hint))
 
     add(dy, "residual only", "you used dy as the gradient at the o projection's output, the residual path alone. "
         "h = x + o feeds the MLP branch too, so dh = dy + (the MLP branch's gradient through RMSNorm). " + READ_BACK)
     add(dh - dy, "MLP only", "you used only the MLP branch's gradient at h; the residual add y = h + MLP(h) also passes dy "
         "straight to h: dh = dy + the MLP branch. " + READ_BACK)
-    add(dh, "missing s", f"the scale s = {s:g} is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK, 1.0 / s)
+    add(dh, "missing s", f"the scale s = {s:g} is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK, 1.0 / s,
+        hint="the scale s is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK)
     add(_du2(dy, cache), "skipped RMSNorm", "you stopped at the RMSNorm input's gradient du2 without passing it back through "
         "RMSNorm (and without adding the residual dy). " + READ_BACK)
     return out

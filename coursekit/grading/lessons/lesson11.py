@@ -95,8 +95,10 @@ def _fu_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("no cross", s * (dA @ B + A @ dB),
                 "you missed the cross term s·δA·δB: (A + δA)(B + δB) − AB = δA·B + A·δB + δA·δB. It is second order "
                 "(small for small steps) but not zero. " + READ_ALGEBRA),
-        Mistake("no s", dA @ B + A @ dB + dA @ dB, f"the scale s = {s:g} is missing: ΔW = s·A·B, so its change carries s too. " + READ_ALGEBRA),
-        Mistake("no cross no s", dA @ B + A @ dB, f"both the cross term δA·δB and the scale s = {s:g} are missing. " + READ_ALGEBRA),
+        Mistake("no s", dA @ B + A @ dB + dA @ dB, f"the scale s = {s:g} is missing: ΔW = s·A·B, so its change carries s too. " + READ_ALGEBRA,
+                hint="the scale s is missing: ΔW = s·A·B, so its change carries s too. " + READ_ALGEBRA),
+        Mistake("no cross no s", dA @ B + A @ dB, f"both the cross term δA·δB and the scale s = {s:g} are missing. " + READ_ALGEBRA,
+                hint="both the cross term δA·δB and the scale s are missing. " + READ_ALGEBRA),
         Mistake("new product", s * (A + dA) @ (B + dB), "you returned the new ΔW, s(A + δA)(B + δB); the question asks for its change "
                                                       "(subtract s·A·B). " + READ_ALGEBRA),
         Mistake("cross only", s * dA @ dB, "you kept only the cross term; δA·B and A·δB are the first-order terms. " + READ_ALGEBRA),

@@ -88,7 +88,7 @@ def _row_vector(weight, lora_A, lora_B, **kw) -> dict:
 
 def _scale_mistakes(rv: dict) -> list[Mistake]:
     """lesson 02's merge mistakes (wrong scales, update only), brought back to PEFT's m × d layout."""
-    return [Mistake(m.label, m.value.T, m.message) for m in merge_mistakes(rv)["W_merged"] if m.label != "transposed"]
+    return [Mistake(m.label, m.value.T, m.message, m.hint) for m in merge_mistakes(rv)["W_merged"] if m.label != "transposed"]
 
 
 def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
@@ -100,10 +100,15 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("times (1-p)", weight + (1 - p) * delta,
                 f"you multiplied the update by (1 − p) = {1 - p:g}. PEFT's lora_dropout is inverted dropout: it already "
                 f"divides by (1 − p) while training, so in eval mode the adapter path is exactly s (XA) B and the merge "
-                f"takes no dropout factor. {READ_DROPOUT}"),
+                f"takes no dropout factor. {READ_DROPOUT}",
+                hint=f"you multiplied the update by (1 − p). PEFT's lora_dropout is inverted dropout: it already divides "
+                     f"by (1 − p) while training, so in eval mode the adapter path is exactly s (XA) B and the merge takes "
+                     f"no dropout factor. {READ_DROPOUT}"),
         Mistake("over (1-p)", weight + delta / (1 - p),
                 f"you divided the update by (1 − p) = {1 - p:g}: in eval mode dropout is the identity, so the merge takes no "
-                f"dropout factor at all. {READ_DROPOUT}"),
+                f"dropout factor at all. {READ_DROPOUT}",
+                hint=f"you divided the update by (1 − p): in eval mode dropout is the identity, so the merge takes no "
+                     f"dropout factor at all. {READ_DROPOUT}"),
         Mistake("row-vector layout", (weight.T + s * A.T @ B.T),
                 f"you returned the merged weight in the row-vector layout (d × m, W + s A B). In PEFT's layout weight is "
                 f"m × d (out × in), and the merged weight must keep that shape: weight + s · lora_B @ lora_A. {READ_LAYOUT}"),

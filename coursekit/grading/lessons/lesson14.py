@@ -80,28 +80,36 @@ def _code_mistakes(x: np.ndarray, bits: int, absmax_of) -> list[Mistake]:
     safe = np.where(am == 0, 1.0, am)
     floor, trunc = np.where(am == 0, 0.0, np.floor(x / safe * q)), np.where(am == 0, 0.0, np.trunc(x / safe * q))
     both = " (here also what truncation toward zero gives: you truncated toward zero or used floor)" if np.array_equal(floor, trunc) else ""
+    # The floor and truncation messages quote a fixed worked example (84.67), never this case's values: they are
+    # their own hints.
+    floor_msg = (f"you used floor where round belongs{both}: floor sends every value down (e.g. 84.67 → 84, −0.3 → −1), "
+                 f"a bias of half a step on average; code = round(x / absmax · Q). {READ_ABSMAX}")
+    trunc_msg = (f"you truncated toward zero (int(...) or .astype(int)) instead of rounding to nearest: 84.67 becomes 84, "
+                 f"not 85. Use np.round. {READ_ABSMAX}")
     out = [
         Mistake("forgot Q", np.where(am == 0, 0.0, np.round(x / safe)),
                 f"you divided by absmax but forgot to multiply by Q = {q} (2^(bits−1) − 1: 127 for int8, 7 for int4): "
-                f"x / absmax lies in [−1, 1], so your codes are only −1, 0 or 1. {READ_ABSMAX}"),
-        Mistake("floor", floor,
-                f"you used floor where round belongs{both}: floor sends every value down (e.g. 84.67 → 84, −0.3 → −1), "
-                f"a bias of half a step on average; code = round(x / absmax · Q). {READ_ABSMAX}"),
-        Mistake("truncated", trunc,
-                f"you truncated toward zero (int(...) or .astype(int)) instead of rounding to nearest: 84.67 becomes 84, "
-                f"not 85. Use np.round. {READ_ABSMAX}"),
+                f"x / absmax lies in [−1, 1], so your codes are only −1, 0 or 1. {READ_ABSMAX}",
+                hint=f"you divided by absmax but forgot to multiply by Q = 2^(bits−1) − 1 (127 for int8, 7 for int4): "
+                     f"x / absmax lies in [−1, 1], so your codes are only −1, 0 or 1. {READ_ABSMAX}"),
+        Mistake("floor", floor, floor_msg, hint=floor_msg),
+        Mistake("truncated", trunc, trunc_msg, hint=trunc_msg),
         Mistake("unrounded", np.where(am == 0, 0.0, x / safe * q),
                 f"your codes are not integers: round x / absmax · Q to the nearest integer. {READ_ABSMAX}"),
     ]
     other = 4 if bits == 8 else 8
     out.append(Mistake("other bits", np.where(am == 0, 0.0, np.round(x / safe * _q(other))),
-                       f"you used Q = {_q(other)}, the scale of int{other}; for int{bits} Q = 2^({bits}−1) − 1 = {q}. {READ_ABSMAX}"))
+                       f"you used Q = {_q(other)}, the scale of int{other}; for int{bits} Q = 2^({bits}−1) − 1 = {q}. {READ_ABSMAX}",
+                       hint=f"you used the Q of the other bit width (127 is int8's, 7 is int4's): Q = 2^(bits−1) − 1 "
+                            f"with this case's bits. {READ_ABSMAX}"))
     half = 2 ** (bits - 1)
     msg_half = (f"you scaled by 2^(bits−1) = {half} instead of Q = 2^(bits−1) − 1 = {q}: symmetric absmax maps max |x| onto ±{q} "
                 f"and leaves the code −{half} unused. {READ_ABSMAX}")
+    hint_half = (f"you scaled by 2^(bits−1) instead of Q = 2^(bits−1) − 1: symmetric absmax maps max |x| onto ±Q "
+                 f"and leaves the code −2^(bits−1) unused. {READ_ABSMAX}")
     unclipped = np.where(am == 0, 0.0, np.round(x / safe * half))
-    out.append(Mistake("Q = 2^(b-1), clipped", np.clip(unclipped, -half, half - 1), msg_half))
-    out.append(Mistake("Q = 2^(b-1)", unclipped, msg_half))
+    out.append(Mistake("Q = 2^(b-1), clipped", np.clip(unclipped, -half, half - 1), msg_half, hint=hint_half))
+    out.append(Mistake("Q = 2^(b-1)", unclipped, msg_half, hint=hint_half))
     out.append(Mistake("reconstruction", np.where(am == 0, 0.0, np.round(x / safe * q) / q * am),
                        f"these are the reconstructed values x̂ = code / Q · absmax; return the integer codes themselves. {READ_ABSMAX}"))
     return out
@@ -112,7 +120,9 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     codes = _code_mistakes(x, bits, lambda v: np.full(v.shape, np.abs(v).max()))
     am = float(np.abs(x).max())
     absmax = [Mistake("max not abs", float(x.max()),
-                      f"absmax is the largest |x|, not the largest x: here max(x) = {x.max():g} but max |x| = {am:g}. {READ_ABSMAX}")] \
+                      f"absmax is the largest |x|, not the largest x: here max(x) = {x.max():g} but max |x| = {am:g}. {READ_ABSMAX}",
+                      hint=f"absmax is the largest |x|, not the largest x: in this block a negative value has the largest "
+                           f"magnitude. {READ_ABSMAX}")] \
         if x.max() != am else []
     return {"codes": codes, "absmax": absmax}
 
@@ -143,16 +153,21 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     q = _q(bits)
     per_tensor_msg = (f"you used one absmax for the whole tensor (max |x| = {np.abs(x).max():g}) instead of one per block of "
                       f"{bs}: each block scales by its own max |x|, so one outlier coarsens only its own block. {READ_BLOCKS}")
+    per_tensor_hint = (f"you used one absmax for the whole tensor instead of one per block: each block scales by its own "
+                       f"max |x|, so one outlier coarsens only its own block. {READ_BLOCKS}")
     per_block = np.repeat(quant.absmax_quantize(x, bits, bs)[1], bs)[: x.size]
-    codes = [Mistake("per tensor", np.round(x / np.abs(x).max() * q), per_tensor_msg)]
+    codes = [Mistake("per tensor", np.round(x / np.abs(x).max() * q), per_tensor_msg, hint=per_tensor_hint)]
     codes += _code_mistakes(x, bits, lambda v: per_block)
-    absmax = [Mistake("per tensor", np.array([np.abs(x).max()]), per_tensor_msg),
-              Mistake("per tensor, repeated", np.full(-(-x.size // bs), np.abs(x).max()), per_tensor_msg)]
+    absmax = [Mistake("per tensor", np.array([np.abs(x).max()]), per_tensor_msg, hint=per_tensor_hint),
+              Mistake("per tensor, repeated", np.full(-(-x.size // bs), np.abs(x).max()), per_tensor_msg, hint=per_tensor_hint)]
     if x.size % bs:
         full = x[: x.size - x.size % bs]
         absmax.append(Mistake("dropped last block", quant.absmax_quantize(full, bits, bs)[1],
                               f"you dropped the last, shorter block ({x.size % bs} values): {x.size} values in blocks of {bs} make "
-                              f"{-(-x.size // bs)} blocks. {READ_BLOCKS}"))
+                              f"{-(-x.size // bs)} blocks. {READ_BLOCKS}",
+                              hint=f"you dropped the last, shorter block: when the length is not a multiple of the "
+                                   f"block size, the leftover values form one more block with its own absmax, "
+                                   f"ceil(n / blocksize) blocks in all. {READ_BLOCKS}"))
     return {"codes": codes, "absmax": absmax}
 
 
@@ -208,19 +223,23 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("no base path", adapter,
                 f"∇X is missing the base path D·Ŵᵀ: a frozen, quantized base still passes gradient to X. {READ_BACKWARD}"),
         Mistake("no s in dX", D @ Wh.T + (D @ B.T) @ A.T,
-                f"the adapter's path of ∇X is s·D·Bᵀ·Aᵀ: you left out the scale s (here s = {s:g}). {READ_WALK}"),
+                f"the adapter's path of ∇X is s·D·Bᵀ·Aᵀ: you left out the scale s (here s = {s:g}). {READ_WALK}",
+                hint=f"the adapter's path of ∇X is s·D·Bᵀ·Aᵀ: you left out the scale s. {READ_WALK}"),
         Mistake("sign", -(D @ Wh.T + adapter),
                 f"∇X has the wrong sign: it follows from D = softmax(Y) − onehot(target), not onehot − softmax. {READ_WALK}"),
     ]
     D_no_s = _walk_D(X, Wh, A, B, 1.0, t)
     out_D += [
-        Mistake("no s in forward", D_no_s, f"your forward left out the scale s: Y = XŴ + s(XA)B (here s = {s:g}). {READ_WALK}"),
+        Mistake("no s in forward", D_no_s, f"your forward left out the scale s: Y = XŴ + s(XA)B (here s = {s:g}). {READ_WALK}",
+                hint=f"your forward left out the scale s: Y = XŴ + s(XA)B. {READ_WALK}"),
         Mistake("sign", -D, f"D has the wrong sign: D = ∂L/∂Y = softmax(Y) − onehot(target). {READ_WALK}"),
         Mistake("no onehot", D + np.eye(D.shape[1])[[int(t)]],
-                f"that is softmax(Y) alone: subtract 1 at the target class, D = softmax(Y) − onehot(target). {READ_WALK}"),
+                f"that is softmax(Y) alone: subtract 1 at the target class, D = softmax(Y) − onehot(target). {READ_WALK}",
+                hint=f"that is softmax(Y) alone: subtract 1 at the target class, D = softmax(Y) − onehot(target). {READ_WALK}"),
     ]
     out_dX.append(Mistake("no s anywhere", D_no_s @ Wh.T + (D_no_s @ B.T) @ A.T,
-                          f"you left out the scale s (here s = {s:g}) in the forward and in ∇X's adapter path. {READ_WALK}"))
+                          f"you left out the scale s (here s = {s:g}) in the forward and in ∇X's adapter path. {READ_WALK}",
+                          hint=f"you left out the scale s in the forward and in ∇X's adapter path. {READ_WALK}"))
     for name, fn, msg in (("floor", np.floor, "floor"), ("truncated", np.trunc, "truncation toward zero")):
         Wb = _w_hat(W, step, fn)
         if not np.allclose(Wb, Wh):

@@ -93,31 +93,38 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     right = nf4_levels(offset)
     symmetric = torch.cat([-pos8, pos8]).sort().values
     raw = torch.cat([neg7.float(), torch.zeros(1), pos8]).sort().values
+    # Most messages quote only the fixed shape of the table (16 levels, 8 + 7 + 0): they are their own hints.
+    msgs = {
+        "symmetric 8+8": "you built 8 negative and 8 positive levels, mirror images with no level at 0. NF4 takes 8 quantiles "
+                         "on the positive side and 7 on the negative side, plus an exact 0, so that a zero weight (and the "
+                         f"padding) is stored exactly. {READ_LEVELS}",
+        "mirrored": "your table has 8 negative and 7 positive levels: the extra quantile belongs to the positive side "
+                    f"(bitsandbytes: 9 grid points for the positive half, 8 for the negative one, 0.5 dropped). {READ_LEVELS}",
+        "descending": "you have the right 16 levels in descending order; sort them ascending, so that the index is the code "
+                      f"(code 0 is −1, code 15 is +1). {READ_LEVELS}",
+        "not sorted": "you have the right 16 levels, but not sorted: Φ⁻¹ of linspace(offset, 0.5, …) runs from the outside "
+                      f"in, so sort the concatenated table ascending (index = code). {READ_LEVELS}",
+    }
     out = [
-        Mistake("symmetric 8+8", (symmetric / symmetric.max()).numpy(),
-                "you built 8 negative and 8 positive levels, mirror images with no level at 0. NF4 takes 8 quantiles on "
-                "the positive side and 7 on the negative side, plus an exact 0, so that a zero weight (and the padding) "
-                f"is stored exactly. {READ_LEVELS}"),
+        Mistake("symmetric 8+8", (symmetric / symmetric.max()).numpy(), msgs["symmetric 8+8"], hint=msgs["symmetric 8+8"]),
         Mistake("not normalised", raw.numpy(),
                 f"your levels end at ±Φ⁻¹(offset) ≈ ±{float(pos8.max()):.4f}: divide by the largest so that they end at "
-                f"exactly −1 and +1 (the block's absmax maps to ±1). {READ_LEVELS}"),
-        Mistake("mirrored", -right[::-1],
-                "your table has 8 negative and 7 positive levels: the extra quantile belongs to the positive side "
-                f"(bitsandbytes: 9 grid points for the positive half, 8 for the negative one, 0.5 dropped). {READ_LEVELS}"),
+                f"exactly −1 and +1 (the block's absmax maps to ±1). {READ_LEVELS}",
+                hint=f"your levels end at ±Φ⁻¹(offset), not at ±1: divide by the largest so that they end at exactly −1 "
+                     f"and +1 (the block's absmax maps to ±1). {READ_LEVELS}"),
+        Mistake("mirrored", -right[::-1], msgs["mirrored"], hint=msgs["mirrored"]),
     ]
     unsorted = torch.cat([neg7.float(), torch.zeros(1), pos8])       # negative half ascending, positive half descending
     out += [
-        Mistake("descending", right[::-1].copy(),
-                "you have the right 16 levels in descending order; sort them ascending, so that the index is the code "
-                f"(code 0 is −1, code 15 is +1). {READ_LEVELS}"),
-        Mistake("not sorted", (unsorted / unsorted.max()).numpy(),
-                "you have the right 16 levels, but not sorted: Φ⁻¹ of linspace(offset, 0.5, …) runs from the outside in, "
-                f"so sort the concatenated table ascending (index = code). {READ_LEVELS}"),
+        Mistake("descending", right[::-1].copy(), msgs["descending"], hint=msgs["descending"]),
+        Mistake("not sorted", (unsorted / unsorted.max()).numpy(), msgs["not sorted"], hint=msgs["not sorted"]),
     ]
     if abs(offset - quant.NF4_OFFSET) > 1e-9:
         out.append(Mistake("ignored offset", nf4_levels(quant.NF4_OFFSET),
                            f"you returned bitsandbytes' table for offset 0.9677083, but this case asks for offset {offset:g}: "
-                           f"build the probability grid from the offset argument. {READ_LEVELS}"))
+                           f"build the probability grid from the offset argument. {READ_LEVELS}",
+                           hint=f"you returned bitsandbytes' table (offset 0.9677083), but this case asks for another "
+                                f"offset: build the probability grid from the offset argument. {READ_LEVELS}"))
     return {"levels": out}
 
 
@@ -178,24 +185,27 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     scaled = np.clip(x / am, -1, 1)
     q = np.searchsorted(mids, scaled, side="left")
     signed_max = x.max()
+    swapped_msg = ("your two codes sit in the wrong halves of each byte: bitsandbytes puts element 2i in the HIGH nibble "
+                   f"and element 2i+1 in the LOW one, byte = (code[2i] << 4) | code[2i+1]. {READ_PACK}")
+    raw_msg = ("you looked the raw values up in the table without dividing by the block's absmax first: the levels "
+               f"live in [−1, 1], the weights do not. {READ_BLOCK}")
+    signed_msg = ("your bytes are signed (int8, −128..127): the codes are right, but a byte whose high nibble is 8 or more "
+                  "came out negative. Return them as integers 0..255 (np.uint8, torch.uint8 or plain ints). "
+                  f"{READ_PACK}")
     out = [
-        Mistake("nibbles swapped", (q[1::2] << 4) | q[0::2],
-                "your two codes sit in the wrong halves of each byte: bitsandbytes puts element 2i in the HIGH nibble "
-                f"and element 2i+1 in the LOW one, byte = (code[2i] << 4) | code[2i+1]. {READ_PACK}"),
+        Mistake("nibbles swapped", (q[1::2] << 4) | q[0::2], swapped_msg, hint=swapped_msg),
         Mistake("ties rounded up", _pack(np.searchsorted(mids, scaled, side="right")),
                 "a scaled value exactly on a midpoint between two levels got the UPPER code; bitsandbytes gives it the "
                 "lower one (torch.bucketize with right=False: the code is the number of midpoints strictly below the "
                 f"value). {READ_BLOCK}"),
-        Mistake("forgot to divide by absmax", _pack(np.searchsorted(mids, np.clip(x, -1, 1), side="left")),
-                "you looked the raw values up in the table without dividing by the block's absmax first: the levels "
-                f"live in [−1, 1], the weights do not. {READ_BLOCK}"),
-        Mistake("signed bytes", _pack(q).astype(np.int8),
-                "your bytes are signed (int8, −128..127): the codes are right, but a byte whose high nibble is 8 or more "
-                "came out negative. Return them as integers 0..255 (np.uint8, torch.uint8 or plain ints). "
-                f"{READ_PACK}"),
+        Mistake("forgot to divide by absmax", _pack(np.searchsorted(mids, np.clip(x, -1, 1), side="left")), raw_msg,
+                hint=raw_msg),
+        Mistake("signed bytes", _pack(q).astype(np.int8), signed_msg, hint=signed_msg),
         Mistake("codes not packed", q,
                 f"you returned the {len(q)} codes, one per value; pack two per byte ({len(q) // 2} bytes), element 2i in "
-                f"the high nibble. {READ_PACK}"),
+                f"the high nibble. {READ_PACK}",
+                hint=f"you returned the codes one per value; pack two per byte (half as many bytes as values), element "
+                     f"2i in the high nibble. {READ_PACK}"),
     ]
     if signed_max != am:
         out.insert(0, Mistake("signed max", _pack(np.searchsorted(mids, np.clip(x / signed_max, -1, 1), side="left")),

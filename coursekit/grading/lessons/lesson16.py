@@ -89,19 +89,25 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     codes, absmax, code, bs = np.asarray(kw["codes"]), np.asarray(kw["absmax"], dtype=np.float64), kw["code"], int(kw["blocksize"])
     m, d = codes.shape
     W_hat = dequantize(codes, absmax, code, bs)
+    # These three messages quote only the table's fixed range ([−1, 1], codes 0…15): they are their own hints.
+    msgs = {
+        "no absmax": "you multiplied by code[codes] without the blocks' absmax: a 4-bit code is a level in [−1, 1], and each "
+                     f"block's absmax scales it back to the weight's size, Ŵ = code[q] · absmax[block]. {READ_BLOCK}",
+        "codes as values": "you used the code indices 0…15 as if they were values: look each index up in the table first, "
+                           f"code[codes], then scale by absmax. {READ_BLOCK}",
+        "divided by absmax": "you divided the levels by absmax. Dividing by absmax is the quantize direction (scale the "
+                             "block into [−1, 1]); dequantizing multiplies back, Ŵ = code[q] · absmax[block]. "
+                             f"{READ_BLOCK}",
+    }
     out = [
-        Mistake("no absmax", D @ np.asarray(code, dtype=np.float64)[codes],
-                f"you multiplied by code[codes] without the blocks' absmax: a 4-bit code is a level in [−1, 1], and each "
-                f"block's absmax scales it back to the weight's size, Ŵ = code[q] · absmax[block]. {READ_BLOCK}"),
-        Mistake("codes as values", D @ (codes * absmax[np.arange(m * d) // bs].reshape(m, d)),
-                f"you used the code indices 0…15 as if they were values: look each index up in the table first, "
-                f"code[codes], then scale by absmax. {READ_BLOCK}"),
+        Mistake("no absmax", D @ np.asarray(code, dtype=np.float64)[codes], msgs["no absmax"], hint=msgs["no absmax"]),
+        Mistake("codes as values", D @ (codes * absmax[np.arange(m * d) // bs].reshape(m, d)), msgs["codes as values"],
+                hint=msgs["codes as values"]),
     ]
     scale = absmax[np.arange(m * d) // bs]
     out.append(Mistake(
         "divided by absmax", D @ (np.asarray(code, dtype=np.float64)[codes] / scale.reshape(m, d)),
-        f"you divided the levels by absmax. Dividing by absmax is the quantize direction (scale the block into [−1, 1]); "
-        f"dequantizing multiplies back, Ŵ = code[q] · absmax[block]. {READ_BLOCK}"))
+        msgs["divided by absmax"], hint=msgs["divided by absmax"]))
     if m > 1 and d > 1:
         out.append(Mistake(
             "blocks down the columns", D @ (np.asarray(code, dtype=np.float64)[codes] * scale.reshape(d, m).T),
@@ -113,7 +119,11 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
             "per-row blocks", D @ (np.asarray(code, dtype=np.float64)[codes] * absmax[row_bug]),
             f"you indexed absmax per row (row · (d // blocksize) + col // blocksize). bitsandbytes takes blocks over the "
             f"flattened weight, index (row · d + col) // blocksize, so when d = {d} is not a multiple of blocksize = {bs} "
-            f"a block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) {READ_GRADIENT}"))
+            f"a block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) {READ_GRADIENT}",
+            hint=f"you indexed absmax per row (row · (d // blocksize) + col // blocksize). bitsandbytes takes blocks over "
+                 f"the flattened weight, index (row · d + col) // blocksize, so when d is not a multiple of blocksize a "
+                 f"block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) "
+                 f"{READ_GRADIENT}"))
     if m == d:
         out.append(Mistake(
             "transposed", D @ W_hat.T,

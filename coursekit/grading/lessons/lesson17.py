@@ -44,20 +44,27 @@ P1_RTOL = 5e-4    # a total in GB rounded to two decimals (±0.005 GB) passes fo
 P5_RTOL = 1e-6
 
 
+def _fixed(label: str, value, message: str) -> Mistake:
+    """A mistake whose message quotes only the ledger's fixed rates (bytes per parameter, 1e9 bytes per GB), never a
+    case's sizes: the message is its own hint, shown on hidden cases too."""
+    return Mistake(label, value, message, hint=message)
+
+
 def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True, rtol: float = P5_RTOL,
                     in_function: bool = True) -> list[Mistake]:
     """The classic wrong totals for one configuration, each with what went wrong."""
     right = _gb(n, a, method, double_quant)
     dq_word = "with" if double_quant else "without"
     out = [
-        Mistake("one moment", _gb(n, a, method, double_quant, n_moments=1),
-                "you forgot Adam's second moment: AdamW keeps two fp32 buffers (m and v) per trainable parameter, "
-                f"8 bytes, not 4. {READ_LEDGER}"),
-        Mistake("no moments", _gb(n, a, method, double_quant, n_moments=0),
-                f"you left out the optimizer state: two fp32 Adam moments per trainable parameter (8 bytes). {READ_LEDGER}"),
-        Mistake("GiB", right * 1e9 / 2**30,
-                f"your total looks like it is in GiB (2**30 bytes); the ledger uses decimal GB, 1 GB = 1e9 bytes. {READ_UNITS}"),
-        Mistake("bytes", right * 1e9, "your total looks like it is in bytes; the answer is in decimal GB (divide by 1e9)."),
+        _fixed("one moment", _gb(n, a, method, double_quant, n_moments=1),
+               "you forgot Adam's second moment: AdamW keeps two fp32 buffers (m and v) per trainable parameter, "
+               f"8 bytes, not 4. {READ_LEDGER}"),
+        _fixed("no moments", _gb(n, a, method, double_quant, n_moments=0),
+               f"you left out the optimizer state: two fp32 Adam moments per trainable parameter (8 bytes). {READ_LEDGER}"),
+        _fixed("GiB", right * 1e9 / 2**30,
+               f"your total looks like it is in GiB (2**30 bytes); the ledger uses decimal GB, 1 GB = 1e9 bytes. {READ_UNITS}"),
+        Mistake("bytes", right * 1e9, "your total looks like it is in bytes; the answer is in decimal GB (divide by 1e9).",
+                hint=f"your total looks like it is in bytes; the answer is in decimal GB (divide by 1e9). {READ_UNITS}"),
     ]
     # a function that does not recognise the method string computes another column of the table
     for other in METHODS if in_function else ():
@@ -68,30 +75,30 @@ def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True, 
                                f"{READ_LEDGER}"))
     if method in ("lora", "qlora"):
         out += [
-            Mistake("base gradients", right + 2 * n / 1e9,
-                    "you counted gradients for the frozen base (2 bytes per base parameter). Under LoRA and QLoRA "
-                    f"the base is frozen: no gradient is stored for it, only for the adapter. {READ_LEDGER}"),
-            Mistake("base trained", right + 10 * n / 1e9,
-                    "you gave the frozen base gradients and Adam moments (10 bytes per base parameter): under LoRA and "
-                    f"QLoRA only the adapter trains. {READ_LEDGER}"),
-            Mistake("no adapter", right - 12 * a / 1e9,
-                    f"you left out the adapter bucket: its bf16 weights and gradients and two fp32 moments, 12 bytes per "
-                    f"adapter parameter. {READ_LEDGER}"),
+            _fixed("base gradients", right + 2 * n / 1e9,
+                   "you counted gradients for the frozen base (2 bytes per base parameter). Under LoRA and QLoRA "
+                   f"the base is frozen: no gradient is stored for it, only for the adapter. {READ_LEDGER}"),
+            _fixed("base trained", right + 10 * n / 1e9,
+                   "you gave the frozen base gradients and Adam moments (10 bytes per base parameter): under LoRA and "
+                   f"QLoRA only the adapter trains. {READ_LEDGER}"),
+            _fixed("no adapter", right - 12 * a / 1e9,
+                   f"you left out the adapter bucket: its bf16 weights and gradients and two fp32 moments, 12 bytes per "
+                   f"adapter parameter. {READ_LEDGER}"),
         ]
     if method == "qlora":
         meta = memory.to_gb(memory.nf4_metadata_bytes(n, double_quant=double_quant))
         out += [
-            Mistake("4 bytes", right + (4 - 0.5) * n / 1e9,
-                    "you counted each 4-bit code as 4 bytes. Four *bits* are half a byte: two NF4 codes share one byte, "
-                    f"so the base codes take n_params / 2 bytes. {READ_LEDGER}"),
-            Mistake("bf16 base", right + 1.5 * n / 1e9,
-                    f"you stored the QLoRA base in bf16 (2 bytes per weight); QLoRA stores 4-bit codes, half a byte. {READ_LEDGER}"),
+            _fixed("4 bytes", right + (4 - 0.5) * n / 1e9,
+                   "you counted each 4-bit code as 4 bytes. Four *bits* are half a byte: two NF4 codes share one byte, "
+                   f"so the base codes take n_params / 2 bytes. {READ_LEDGER}"),
+            _fixed("bf16 base", right + 1.5 * n / 1e9,
+                   f"you stored the QLoRA base in bf16 (2 bytes per weight); QLoRA stores 4-bit codes, half a byte. {READ_LEDGER}"),
             Mistake("no metadata", right - meta,
                     f"you left out the NF4 block scales ({dq_word} double quantization here); the task adds them to the "
                     f"QLoRA column. {READ_META}"),
-            Mistake("metadata in bytes", right + 7 * meta,
-                    "your metadata is 8 times too large: the overhead is 0.5 (or ≈0.127) *bits* per parameter; divide "
-                    f"bits by 8 to get bytes. {READ_META}"),
+            _fixed("metadata in bytes", right + 7 * meta,
+                   "your metadata is 8 times too large: the overhead is 0.5 (or ≈0.127) *bits* per parameter; divide "
+                   f"bits by 8 to get bytes. {READ_META}"),
             Mistake("other double_quant", _gb(n, a, method, not double_quant),
                     f"that total uses the metadata {'without' if double_quant else 'with'} double quantization; this case "
                     f"has double_quant={double_quant}. {READ_META}"),
@@ -102,10 +109,12 @@ def _total_mistakes(n: float, a: float, method: str, double_quant: bool = True, 
                            f"{READ_LEDGER}"))
     for digits in (0, 1, 2, 3):
         if not np.isclose(round(right, digits), right, rtol=rtol):
-            out.append(Mistake("rounded", round(right, digits),
-                               f"your total looks rounded to {digits} decimal{'s' if digits != 1 else ''}, which is coarser "
-                               f"than the tolerance (relative {rtol:g}): " + ("return the unrounded value." if in_function
-                                                                              else "give two decimals or more.")))
+            # digits is how far the student's value was rounded and rtol the item's tolerance: neither comes from
+            # the case's inputs, so the message is its own hint
+            out.append(_fixed("rounded", round(right, digits),
+                              f"your total looks rounded to {digits} decimal{'s' if digits != 1 else ''}, which is coarser "
+                              f"than the tolerance (relative {rtol:g}): " + ("return the unrounded value." if in_function
+                                                                             else "give two decimals or more.")))
     return [m for m in out if not np.isclose(m.value, right, rtol=1e-9)]
 
 

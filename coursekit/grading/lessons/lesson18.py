@@ -183,8 +183,12 @@ _MESSAGES = {
 }
 
 
+# Every message above quotes only Q4_1's fixed layout (bytes 0..1, 0x0F, elements 16..31), never a case's bytes or
+# shapes, so each is also the hint a hidden case shows.
+
+
 def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
-    return {"w": [Mistake(k, v, _MESSAGES[k]) for k, v in _decode_variants(kw["block_bytes"]).items()]}
+    return {"w": [Mistake(k, v, _MESSAGES[k], hint=_MESSAGES[k]) for k, v in _decode_variants(kw["block_bytes"]).items()]}
 
 
 def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
@@ -203,7 +207,8 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     with np.errstate(all="ignore"):
         for k, v in _decode_variants(packed).items():
             if k not in ("fp32 header", "float16 arithmetic", "bfloat16 result"):
-                out.append(Mistake(k, D @ v.reshape(m, -1), "your Ŵ is decoded wrongly: " + _MESSAGES[k]))
+                text = "your Ŵ is decoded wrongly: " + _MESSAGES[k]
+                out.append(Mistake(k, D @ v.reshape(m, -1), text, hint=text))
     return {"dX": out}
 
 
