@@ -725,3 +725,16 @@ def test_zero_d_nan_is_named_without_empty_brackets(capfd):
     fb = _run_silently(capfd, check_function, lambda x: (np.inf, 2 * x), cases, lambda x: (x, 2 * x), 2, "ledger",
                        ("total_gb", "n"))
     assert "    total_gb is inf; every entry should be finite." in fb.lines and "[]" not in fb.text()
+
+
+@pytest.mark.parametrize("hint, shown", [
+    ("you doubled it.", "You doubled it."),
+    ("dQ is missing the factor 1/√d_h.", "dQ is missing the factor 1/√d_h."),   # a symbol keeps its case
+    ("silu′ is missing.", "silu′ is missing."),
+    ("x_hat is not rounded.", "x_hat is not rounded."),
+])
+def test_a_hint_is_capitalised_only_when_it_starts_with_a_word(hint, shown, capfd):
+    from coursekit.grading.checkers import _hidden_mistake
+
+    m = _hidden_mistake(Mistake("label", 0.0, "message with 1 number", hint), "Y", {})
+    assert m.message.startswith(f"'label'. {shown}")

@@ -777,7 +777,9 @@ def _hidden_mistake(m: Mistake, output: str, public: Mapping[tuple[str, str], tu
     from public inputs, and naming the mistake in full); else its name alone."""
     note = "(hidden inputs are not shown.)"
     if m.hint:
-        text = f"'{m.label}'. {m.hint[:1].upper()}{m.hint[1:]} {note}"
+        # "you kept ..." → "You kept ..."; a symbol stays as written (dQ, not DQ: D is a matrix of its own)
+        hint = m.hint[:1].upper() + m.hint[1:] if re.match(r"[a-z]+(?![\w′'])", m.hint) else m.hint
+        text = f"'{m.label}'. {hint} {note}"
     elif not _quotes_numbers(m.message):
         text = m.message
     elif (output, m.label) in public:

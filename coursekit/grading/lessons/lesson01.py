@@ -91,7 +91,9 @@ def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
     out: dict[str, list[Mistake]] = {"base_weights": [], "base_grads": [], "base_moments": [], "adapter": []}
     if m == "qlora":
         out["base_weights"].append(Mistake("bf16 base", 2 * n, "under QLoRA the base is stored as 4-bit codes: n_params / 2 bytes. " + _SEC_LEDGER))
-    out["base_weights"].append(Mistake("fp32 base", 4 * n, "the base weights are bf16, 2 bytes each, not fp32. " + _SEC_LEDGER))
+    out["base_weights"].append(Mistake("fp32 base", 4 * n, (
+        "the base weights are not fp32: under QLoRA they are stored as 4-bit codes, n_params / 2 bytes. " if m == "qlora"
+        else "the base weights are bf16, 2 bytes each, not fp32. ") + _SEC_LEDGER))
     if m == "full":
         out["base_moments"] += [
             Mistake("one moment", 4 * n, "Adam keeps two moments per trainable parameter (m and v), each fp32: 8 bytes. " + _SEC_LEDGER),

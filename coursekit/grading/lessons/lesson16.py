@@ -9,6 +9,7 @@ from .. import Choice, Function, Ordering
 
 READ_GRADIENT = "(Lesson 16, 'How a gradient reaches the adapter through a frozen quantized base'.)"
 READ_BLOCK = "(Lesson 15, 'Quantizing one block by hand'.)"
+READ_BACKENDS = "(Lesson 16, 'Backends: what runs on this machine'.)"
 
 
 # --------------------------------------------------------------------------- p1: the input gradient of a 4-bit layer
@@ -119,11 +120,11 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
             "per-row blocks", D @ (np.asarray(code, dtype=np.float64)[codes] * absmax[row_bug]),
             f"you indexed absmax per row (row · (d // blocksize) + col // blocksize). bitsandbytes takes blocks over the "
             f"flattened weight, index (row · d + col) // blocksize, so when d = {d} is not a multiple of blocksize = {bs} "
-            f"a block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) {READ_GRADIENT}",
+            f"a block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) {READ_BACKENDS}",
             hint=f"you indexed absmax per row (row · (d // blocksize) + col // blocksize). bitsandbytes takes blocks over "
                  f"the flattened weight, index (row · d + col) // blocksize, so when d is not a multiple of blocksize a "
                  f"block spans two rows. (bitsandbytes 0.50.2's own AVX512 dequantize kernel has exactly this bug.) "
-                 f"{READ_GRADIENT}"))
+                 f"{READ_BACKENDS}"))
     if m == d:
         out.append(Mistake(
             "transposed", D @ W_hat.T,

@@ -171,15 +171,15 @@ _MESSAGES = {
     "float16 arithmetic": "the formula is right, but you computed d·q + m in float16, which rounds every product and sum "
                           "(about 3 decimal digits). ggml decodes in float32: convert d and m with .astype(np.float32) "
                           "before multiplying. " + READ_Q4_1,
-    "bfloat16 result": "the formula is right, but your result was rounded to bfloat16 (8 bits of mantissa). ggml decodes in "
+    "bfloat16 result": "the formula is right, but your result was rounded to bfloat16 (8 significant bits, 7 of them stored). ggml decodes in "
                        "float32: return float32 (or float64). " + READ_Q4_1,
     "d and m swapped": "you swapped d and m: bytes 0..1 are the step d, bytes 2..3 the minimum m; w = d·q + m. " + READ_Q4_1,
     "bits as integers": "you read d's and m's two bytes as integers (uint16) instead of reinterpreting them as float16: "
                         "use .view(np.float16) on the bytes (little-endian), then convert to float32. " + READ_Q4_1,
     "big-endian": "you read d and m big-endian. GGUF is little-endian: bytes [lo, hi] viewed as '<f2' (np.float16 on this "
                   "machine). " + READ_Q4_1,
-    "fp32 header": "you treated d (and m) as float32, 4 bytes each: that was ggml's Q4_1 layout before 2023 (24-byte "
-                   "blocks). In GGUF both are float16 (ggml_half): 2 + 2 + 16 = 20 bytes per 32 weights. " + READ_Q4_1,
+    "fp32 header": "you treated d (and m) as float32, 4 bytes each: that was ggml's Q4_1 layout until May 2023 "
+                   "(24-byte blocks; llama.cpp PR #1508 switched d and m to float16). In GGUF both are float16 (ggml_half): 2 + 2 + 16 = 20 bytes per 32 weights. " + READ_Q4_1,
 }
 
 
