@@ -27,6 +27,7 @@ Measured buckets (lesson 17): :func:`tensor_bytes` (persistent tensors, each sto
 from __future__ import annotations
 
 import math
+import threading
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -330,6 +331,9 @@ def _reset_high_water_mark() -> bool:
 
 _CALIBRATION_BYTES = 64 << 20
 _hwm_verdict: bool | None = None
+_hwm_lock = threading.Lock()  # one calibration at a time; counts the peak_rss_delta calls in progress
+_active_calls = 0
+_MAX_INTERVAL = 60.0
 
 
 def hwm_sees_freed_peaks() -> bool:
@@ -342,28 +346,30 @@ def hwm_sees_freed_peaks() -> bool:
     never raise the mark for memory already returned. Returns False off Linux.
     """
     global _hwm_verdict
-    if _hwm_verdict is None:
-        import mmap
-
-        before = _proc_status_bytes("VmRSS")
-        if before is None or not _reset_high_water_mark():
-            _hwm_verdict = False
-        else:
-            m = mmap.mmap(-1, _CALIBRATION_BYTES)
-            for off in range(0, _CALIBRATION_BYTES, mmap.PAGESIZE):
-                m[off] = 1  # a write fault makes each page resident
-            m.close()
-            peak = _proc_status_bytes("VmHWM")
-            _hwm_verdict = peak is not None and peak - before >= 0.75 * _CALIBRATION_BYTES
+    with _hwm_lock:
+        if _hwm_verdict is None:
+            _hwm_verdict = _calibrate()
     return _hwm_verdict
+
+
+def _calibrate() -> bool:
+    import mmap
+
+    before = _proc_status_bytes("VmRSS")
+    if before is None or not _reset_high_water_mark():
+        return False
+    m = mmap.mmap(-1, _CALIBRATION_BYTES)
+    for off in range(0, _CALIBRATION_BYTES, mmap.PAGESIZE):
+        m[off] = 1  # a write fault makes each page resident
+    m.close()
+    peak = _proc_status_bytes("VmHWM")
+    return peak is not None and peak - before >= 0.75 * _CALIBRATION_BYTES
 
 
 class _RssSampler:
     """A daemon thread that reads ``VmRSS`` every ``interval`` seconds and keeps the largest value seen."""
 
     def __init__(self, interval: float):
-        import threading
-
         self.interval, self.peak = interval, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="coursekit-rss-sampler", daemon=True)
@@ -399,22 +405,36 @@ def peak_rss_delta(fn: Callable[[], Any], *, interval: float = 0.001) -> tuple[A
 
     It measures the whole process's resident pages, so it includes allocator caching and anything
     other threads allocate, and it *undercounts* memory that the allocator reuses from pages already
-    resident. A rough, noisy number: compare orders of magnitude, not bytes.
+    resident (a second call of the same ``fn`` often reads less than the first). A rough, noisy
+    number: compare orders of magnitude, not bytes.
+
+    The mark belongs to the process: only the outermost of nested or concurrent calls resets and
+    reads it (the others rely on their sampler), and the reset also lowers what
+    ``resource.getrusage(...).ru_maxrss`` reports afterwards (``coursekit.train.peak_rss_mb``).
 
     Returns ``(out, None)`` where ``/proc/self/status`` does not exist (not Linux). An exception from
     ``fn`` propagates after the sampler has stopped. Raises ValueError for an interval that is not a
-    positive number of seconds.
+    number of seconds in (0, 60].
     """
-    if not isinstance(interval, Real) or isinstance(interval, bool) or not 0 < interval < math.inf:
-        raise ValueError(f"peak_rss_delta: interval must be a positive number of seconds, got {interval!r}")
+    global _active_calls
+    if isinstance(interval, bool) or not isinstance(interval, Real) or not 0 < float(interval) <= _MAX_INTERVAL:
+        raise ValueError(f"peak_rss_delta: interval must be a number of seconds in (0, {_MAX_INTERVAL:g}], got {interval!r}")
+    interval = float(interval)  # Event.wait refuses a Fraction or a NumPy scalar
     use_hwm = hwm_sees_freed_peaks()
     before = _proc_status_bytes("VmRSS")
     if before is None:
         return fn(), None
-    use_hwm = use_hwm and _reset_high_water_mark()
-    with _RssSampler(interval) as sampler:
-        out = fn()
-    peaks = [sampler.peak, _proc_status_bytes("VmRSS") or 0]
-    if use_hwm:
-        peaks.append(_proc_status_bytes("VmHWM") or 0)
+    with _hwm_lock:
+        outermost = _active_calls == 0
+        _active_calls += 1
+    try:
+        use_hwm = use_hwm and outermost and _reset_high_water_mark()
+        with _RssSampler(interval) as sampler:
+            out = fn()
+        peaks = [sampler.peak, _proc_status_bytes("VmRSS") or 0]
+        if use_hwm:
+            peaks.append(_proc_status_bytes("VmHWM") or 0)
+    finally:
+        with _hwm_lock:
+            _active_calls -= 1
     return out, max(0, max(peaks) - before)

@@ -78,7 +78,10 @@ class TrainConfig:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MB (10⁶ bytes; Linux ru_maxrss is in KiB)."""
+    """Peak resident memory of this process so far, in MB (10⁶ bytes; Linux ru_maxrss is in KiB).
+
+    "So far" means since the process started or since the last reset of its high-water mark:
+    ``coursekit.memory.peak_rss_delta`` resets it, and ``ru_maxrss`` follows."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 

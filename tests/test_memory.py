@@ -1,6 +1,7 @@
 """coursekit.memory: the seed's ledger (7B base, 20M adapter) and clear errors on bad input."""
 
 import math
+from fractions import Fraction
 import mmap
 import os
 import subprocess
@@ -261,10 +262,31 @@ def test_peak_rss_delta_returns_the_result_and_propagates_errors():
     assert not any(t.name == "coursekit-rss-sampler" for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("bad", [0, -1, math.inf, math.nan, "1ms", True])
+@pytest.mark.parametrize("bad", [0, -1, math.inf, math.nan, "1ms", True, 61, 1e10])
 def test_peak_rss_delta_rejects_a_bad_interval(bad):
     with pytest.raises(ValueError, match="interval"):
         peak_rss_delta(lambda: None, interval=bad)
+
+
+@pytest.mark.skipif(not LINUX, reason="peak_rss_delta reads /proc/self/status")
+@pytest.mark.parametrize("interval", [np.float32(0.001), Fraction(1, 1000), 1])
+def test_any_real_interval_in_range_works_and_the_sampler_survives(interval, capfd):
+    # the sampler thread passes the interval to Event.wait, which refuses a Fraction or a NumPy scalar
+    _, delta = peak_rss_delta(lambda: _touch_fresh_pages(64 * MIB, hold=0.05), interval=interval)
+    assert delta >= 0 and "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.skipif(not (LINUX and memory.hwm_sees_freed_peaks()), reason="needs a high-water mark that keeps freed peaks")
+def test_a_nested_call_does_not_erase_the_outer_peak():
+    # the mark belongs to the process: an inner call must not reset it under the outer one
+    def outer():
+        _touch_fresh_pages(200 * MIB)  # allocated and freed before the inner call; the slow sampler misses it
+        _, inner = peak_rss_delta(lambda: None)
+        return inner
+
+    inner, delta = peak_rss_delta(outer, interval=30)
+    assert delta >= 0.9 * 200 * MIB and inner < 50 * MIB
+    assert memory._active_calls == 0
 
 
 def test_off_linux_the_delta_is_none(monkeypatch):
