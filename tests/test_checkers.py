@@ -708,6 +708,37 @@ def test_hidden_case_prints_and_extra_lines_that_quote_numbers_are_withheld(capf
     assert "(11, 17)" not in text
 
 
+def test_hidden_case_withholds_numbers_glued_to_letters(capfd):
+    # a student's own message can print a hidden shape as "m11_d17"; names like float64 or Q4_1 stay readable
+    def raises(X, W, A, B, **scale):
+        raise ValueError(f"weight is m{len(X)}_d{len(W)}, not float64 or Q4_1")
+
+    fb = _run_silently(capfd, check_function, raises, _lora_cases("s"), _ref_forward, 2, "lora_forward", ("Y",))
+    _assert_no_hidden_numbers(fb)
+    assert "raised ValueError: weight is m2_d3" in fb.text()  # public: shown whole
+    assert "its message quotes the hidden inputs" in _hidden_part(fb)
+
+    def names_only(X, W, A, B, **scale):
+        raise KeyError("no float64 or Q4_1 adapter")
+
+    fb = _run_silently(capfd, check_function, names_only, _lora_cases("s"), _ref_forward, 2, "lora_forward", ("Y",))
+    assert "lora_forward raised KeyError: 'no float64 or Q4_1 adapter'" in _hidden_part(fb)
+
+
+def test_hidden_case_withholds_a_message_even_when_a_public_case_printed_the_same_words(capfd):
+    # the same words on a hidden case would tell that its value equals the public one
+    cases = [Case({"x": 0.5, "step": 0.2}), Case({"x": 0.7, "step": 0.2}, hidden=True)]
+
+    def fails(x, step):
+        print(f"using step {step}")
+        raise ValueError(f"bad step {step}")
+
+    fb = _run_silently(capfd, check_function, fails, cases, lambda x, step: x, 1, "f", ("y",))
+    assert "f raised ValueError: bad step 0.2" in fb.text()  # the public case
+    assert fb.text().count("bad step 0.2") == 1 and "its message quotes the hidden inputs" in _hidden_part(fb)
+    assert fb.text().count("using step 0.2") == 1 and "1 line printed or warned during hidden cases not shown" in fb.text()
+
+
 # --------------------------------------------------------------------------- 0-d outputs are named without an index
 
 

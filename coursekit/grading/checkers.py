@@ -332,9 +332,9 @@ def _low_precision(x: Any) -> str | None:
 
 
 def _low_precision_hint(name: str, dtype: str) -> str:
-    return (f"Your {name} is {dtype}: its rounding (machine epsilon {_EPS[dtype]:.1e}) is larger than the tolerance, "
-            f"and finite-difference gradient checks need float64. Keep the float64 inputs in float64; "
-            f"don't convert with .astype(np.float32), torch.Tensor(...) or .float().")
+    return (f"Your {name} is {dtype}: its rounding (machine epsilon {_EPS[dtype]:.1e}) is larger than the tolerance. "
+            f"Compute in float64, as the inputs are: don't convert to {dtype} on the way "
+            f"(.astype(np.{dtype if dtype != 'bfloat16' else 'float32'}), torch.Tensor(...), .float(), .half()).")
 
 
 def as_array(x: Any) -> np.ndarray | None:
@@ -382,7 +382,7 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         else:
             lines = [f"{name} has shape {a.shape}; expected {expected.shape}."]
         if a.shape == expected.T.shape and np.allclose(a, expected.T, rtol=rtol, atol=atol):
-            lines.append(f"Your {name} is the transpose of the right one: check the row-vector convention (X is n × d, W is d × m).")
+            lines.append(f"Your {name} is the transpose of the right one: compare it with the task's shapes (row-vector convention: X is n × d, W is d × m; nn.Linear stores its weight out × in, the transpose).")
         for m in mistakes:
             mv = np.asarray(m.value, dtype=np.float64) if m.value is not None else None
             if mv is not None and mv.shape == a.shape and np.allclose(a, mv, rtol=rtol, atol=atol):
@@ -649,8 +649,6 @@ def check_function(
     if not callable(fn):
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
     passed, lines, noise, hidden_noise = 0, [], [], []
-    # What public cases already showed (their inputs are public): a hidden case may repeat it word for word.
-    public_lines: set[str] = set()
     public_mistakes: dict[tuple[str, str], tuple[int, str]] = {}  # (output, label) → (case number, message)
     positional = _needs_positional(fn, cases)
     if positional:
@@ -681,9 +679,7 @@ def check_function(
                                             f"finish {stub} first (it has its own check cell), then run this check again."])
             return Feedback(0, points, [f"{name} still raises NotImplementedError: replace the stub with your code."])
         except Exception as e:  # the student's bug, reported, not raised
-            msg = describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)
-            if not case.hidden:
-                public_lines.add(msg)
+            msg = describe_exception(e, name, kwargs, hidden=case.hidden)
             lines.append(f"✗ {tag}: " + msg)
             lines += _exception_hints(e)
             continue
@@ -724,17 +720,17 @@ def check_function(
                     bad = extra(fn, case) or []
             except Exception as e:
                 bad = ["a further check on your function (beyond its outputs) could not run it: "
-                       + describe_exception(e, name, kwargs, hidden=case.hidden, shown=public_lines)]
+                       + describe_exception(e, name, kwargs, hidden=case.hidden)]
             if case.hidden:
-                # An extra check's lines are written for public cases and may quote the inputs.
-                safe = [b for b in bad if b in public_lines or not _quotes_numbers(b)]
+                # An extra check's lines are written for public cases and may quote the inputs. Even a line a public
+                # case printed word for word is withheld: that it recurs would tell that the hidden values equal the
+                # public ones.
+                safe = [b for b in bad if not _quotes_numbers(b)]
                 if len(safe) < len(bad):
                     n = len(bad) - len(safe)
                     safe.append(f"({n} line{'s' if n != 1 else ''} of this check not shown: "
                                 f"{'they quote' if n != 1 else 'it quotes'} values of the hidden inputs.)")
                 bad = safe
-            else:
-                public_lines.update(bad)
             lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
             if bad and lows:
                 bad.append(_low_precision_hint(*lows[0]))
@@ -749,10 +745,9 @@ def check_function(
             lines.append(f"✓ {tag}")
     score = points * passed / max(len(cases), 1)
     if hidden_noise:
-        # What the student's code printed on a hidden case may be its inputs (print(X)): only lines
-        # without numbers, or already printed on a public case, are passed on.
-        seen = set(noise)
-        safe = [l for l in hidden_noise if l in seen or not _quotes_numbers(l)]
+        # What the student's code printed on a hidden case may be its inputs (print(X)): only lines without
+        # numbers are passed on (not even a line a public case printed too: its recurring would say the values match).
+        safe = [l for l in hidden_noise if not _quotes_numbers(l)]
         n = len(hidden_noise) - len(safe)
         noise += safe
         if n:
@@ -763,12 +758,19 @@ def check_function(
     return Feedback(score, points, lines)
 
 
+# Names that contain digits but quote no input: dtypes, formats, instruction sets, logarithms.
+_NAMES_WITH_DIGITS = re.compile(
+    r"\b(?:u?int|float|bfloat|fp|bf|f|complex)\d+\b|\bQ\d(?:_[0-9KSML]+)*\b|\b(?:NF|FP)4\b|\bAVX\d*(?:[_-]\w+)?\b"
+    r"|\blog(?:2|10)\b|\bx86_64\b|\bsha\d+\b|\butf-?8\b", re.IGNORECASE)
+
+
 def _quotes_numbers(text: str) -> bool:
-    """True when ``text`` holds a number of its own ("s = 2.5", "X[3, 1]", "(4, 7)"), which for a hidden case may
-    come from its inputs. A lesson reference ("Lesson 05") and digits inside a word (float64, fp32, uint8) are not
-    numbers in this sense."""
+    """True when ``text`` holds a digit that may come from a case's inputs: "s = 2.5", "X[3, 1]", "(4, 7)", and
+    digits glued to letters too ("m3_d5", "len12", "bs64": a student's own message can print a hidden shape that
+    way). A lesson reference ("Lesson 05") and names that merely contain digits (float64, fp32, uint8, Q4_1,
+    NF4, AVX512_BF16, log10) are not numbers in this sense."""
     text = re.sub(r"\b[Ll]essons? \d+(?:\s*(?:-|–|and)\s*\d+)?", "", text)
-    return re.search(r"(?<![\w.])\d|(?<![\w])\.\d", text) is not None
+    return re.search(r"\d", _NAMES_WITH_DIGITS.sub("", text)) is not None
 
 
 def _hidden_mistake(m: Mistake, output: str, public: Mapping[tuple[str, str], tuple[int, str]]) -> Mistake:
@@ -855,24 +857,24 @@ def _stub_name(e: BaseException) -> str | None:
     return frames[-1].name if frames else None
 
 
-def describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = False,
-                        shown: Iterable[str] = ()) -> str:
+def describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = False) -> str:
     """Where the student's code failed: the last traceback frame outside coursekit, or the call itself.
 
     ``hidden``: the exception's message is left out when it holds a number (``matmul: ... size 7 is different
-    from 5`` quotes the hidden inputs' sizes), unless a public case already showed the same words (``shown``)."""
+    from 5`` quotes the hidden inputs' sizes), even when a public case raised the same words: that they recur
+    would tell that the hidden values equal the public ones."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
     if not frames:  # failed at the call: the function's parameters do not fit
         text = (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__}: {e}. "
                 f"Check that your function takes exactly these parameters.")
-        if hidden and _quotes_numbers(str(e)) and text not in shown:
+        if hidden and _quotes_numbers(str(e)):
             text = (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__} (its message quotes the hidden "
                     f"inputs, so it is not shown). Check that your function takes exactly these parameters.")
         return text
     f = frames[-1]
     where = f" (line {f.lineno}: {f.line.strip()})" if f.line else f" (line {f.lineno})"
     text = f"{name} raised {type(e).__name__}: {e}{where}"
-    if hidden and _quotes_numbers(str(e)) and text not in shown:
+    if hidden and _quotes_numbers(str(e)):
         text = f"{name} raised {type(e).__name__}{where}; its message quotes the hidden inputs, so it is not shown"
     return text
 

@@ -181,8 +181,9 @@ def _p5_mistakes(kw: dict, got: dict) -> dict:
         "straight to h: dh = dy + the MLP branch. " + READ_BACK)
     add(dh, "missing s", f"the scale s = {s:g} is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK, 1.0 / s,
         hint="the scale s is missing: dB_o = s (mh A_o)ᵀ dh and dA_o = mhᵀ (s dh B_oᵀ). " + READ_BACK)
-    add(_du2(dy, cache), "skipped RMSNorm", "you stopped at the RMSNorm input's gradient du2 without passing it back through "
-        "RMSNorm (and without adding the residual dy). " + READ_BACK)
+    skipped = ("you stopped at the RMSNorm input's gradient du2 without passing it back through RMSNorm (and without "
+               "adding the residual dy). " + READ_BACK)
+    add(_du2(dy, cache), "skipped RMSNorm", skipped, hint=skipped)  # "du2" is a name, not a number of the case
     return out
 
 
