@@ -71,10 +71,10 @@ def best_rank_k_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mi
             msg = (f"you kept the {k} smallest singular values ({shown}) instead of the {k} largest ({top}): "
                    f"the best rank-k approximation keeps the first k of the decreasing order"
                    + (" (with 2k = min(d, m) this is also the residual M − M_k)" if 2 * k == p else "") + f". {READ_SVD}")
+            # the same words whatever the case's shape: a note only when 2k = min(d, m) would tell the shape
             hint = (f"you kept the k smallest singular values instead of the k largest: the best rank-k approximation "
-                    f"keeps the first k of the decreasing order"
-                    + (" (with 2k = min(d, m) this is also the residual M − M_k: return M_k itself)" if 2 * k == p else "")
-                    + f". {READ_SVD}")
+                    f"keeps the first k of the decreasing order (where 2k = min(d, m) that is also what returning the "
+                    f"residual M − M_k gives: return M_k itself). {READ_SVD}")
         elif kept == list(range(k, p)):
             msg = (f"you returned the residual M − M_k (the directions with singular values {shown}); return the "
                    f"approximation M_k itself, the part that keeps the {k} largest. {READ_SVD}")
