@@ -56,6 +56,12 @@ def _bwd(sm=softmax_backward, scale=lambda dh: 1 / math.sqrt(dh), dK_T=True, dV_
     return fn
 
 
+def _bwd_sqrt_dv(dC, Q, K, V, P):
+    c = 1 / math.sqrt(V.shape[-1])  # the value width where the key width belongs
+    dS = softmax_backward(P, dC @ V.T)
+    return dS @ K * c, dS.T @ Q * c, P.T @ dC
+
+
 def hard_coded_softmax(P, dP):
     for case in lesson08._p1_public():
         if case.kwargs["P"].shape == P.shape and np.allclose(case.kwargs["P"], P) and np.allclose(case.kwargs["dP"], dP):
@@ -190,12 +196,13 @@ def test_float32_answer_gets_the_precision_hint():
         (_bwd(dV_T=False), "dV = Pᵀ dC"),
         (_bwd(sm=lambda P, dP: P * dP), "dQ is off because dS is wrong (check softmax_backward, P1): you forgot to subtract the row sum"),
         (_bwd(sm=lambda P, dP: dP), "you used dP where dS belongs"),
+        (_bwd_sqrt_dv, "you divided by √d_v, the width of the values"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
 def test_attention_backward_mistakes_are_named(fn, text, hidden):
     fb = check("08.p2", fn, hidden=hidden)
-    assert fb.points < 4 * 0.3, fb.text()
+    assert fb.points < 4 * (0.5 if fn is _bwd_sqrt_dv else 0.3), fb.text()  # right where d_v = d_h
     assert text in fb.text(), fb.text()
 
 

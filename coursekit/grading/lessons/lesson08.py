@@ -154,6 +154,12 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     dS = att.softmax_backward(P, dP)
     dQ, dK = dS @ K * scale, dS.T @ Q * scale
     m_q, m_k, m_v = [], [], []
+    dv = V.shape[-1]
+    if dv not in (1, dh):  # the value width in place of the key width (with d_v = 1 it is the same as no scale)
+        m_q.append(Mistake("sqrt d_v", dS @ K / math.sqrt(dv), "you divided by √d_v, the width of the values; the scores "
+                           "were divided by √d_h, the width of the queries and keys: dQ = dS K / √d_h. " + READ_BWD))
+        m_k.append(Mistake("sqrt d_v", dS.T @ Q / math.sqrt(dv), "you divided by √d_v, the width of the values; the scores "
+                           "were divided by √d_h, the width of the queries and keys: dK = dSᵀ Q / √d_h. " + READ_BWD))
     if dh > 1:
         # d_h comes from the case's shapes: the hints name the factor without its value
         m_q += [Mistake("no scale", dS @ K, f"dQ is missing the factor 1/√d_h = {scale:g}: the forward divided the scores by √d_h, "
