@@ -769,3 +769,25 @@ def test_a_hint_is_capitalised_only_when_it_starts_with_a_word(hint, shown, capf
 
     m = _hidden_mistake(Mistake("label", 0.0, "message with 1 number", hint), "Y", {})
     assert m.message.startswith(f"'label'. {shown}")
+
+
+def test_outputs_in_the_wrong_order_are_named(capfd):
+    cases = [Case({"x": np.array([1.0, 2.0])}), Case({"x": np.array([3.0, -1.0])}, hidden=True)]
+    ref = lambda x: (2 * x, x.sum())  # noqa: E731
+    fb = _run_silently(capfd, check_function, lambda x: (x.sum(), 2 * x), cases, ref, 2, "f", ("double", "total"))
+    assert fb.points == 0
+    assert fb.text().count("right but in the wrong order: you returned total where double belongs, "
+                           "you returned double where total belongs. Return (double, total), in this order.") == 2
+    # a wrong value is not called a swap
+    fb = _run_silently(capfd, check_function, lambda x: (x.sum(), 3 * x), cases, ref, 2, "f", ("double", "total"))
+    assert "wrong order" not in fb.text()
+
+
+@pytest.mark.parametrize("wrap", [lambda y: (y,), lambda y: [y]])
+def test_a_single_output_wrapped_in_a_tuple_or_list_is_named(wrap, capfd):
+    cases = [Case({"x": np.array([1.0, 2.0])}), Case({"x": np.array([3.0, -1.0])}, hidden=True)]
+    fb = _run_silently(capfd, check_function, lambda x: wrap(2 * x), cases, lambda x: 2 * x, 2, "f", ("Y",))
+    assert fb.points == 0 and fb.text().count("f should return its Y itself; got a") == 2
+    # an output that is itself one row is not mistaken for a wrapper
+    fb = _run_silently(capfd, check_function, lambda x: [x.sum()], cases, lambda x: np.array([x.sum()]), 2, "f", ("Y",))
+    assert fb.points == 2

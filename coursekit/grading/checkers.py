@@ -701,6 +701,10 @@ def check_function(
                              f"got {_type_name(got)}{n_got}.")
                 continue
         else:
+            if isinstance(got, (tuple, list)) and len(got) == 1 and np.shape(want) != (1,) + np.shape(got[0]):
+                lines.append(f"✗ {tag}: {name} should return its {outputs[0]} itself; got a {type(got).__name__} holding "
+                             f"one value (a trailing comma after return, or return [{outputs[0]}]?).")
+                continue
             got, want = (got,), (want,)
         known = mistakes(case.kwargs, dict(zip(outputs, got))) if mistakes else {}
         if case.hidden:
@@ -734,6 +738,11 @@ def check_function(
             lows = [(n, _low_precision(g)) for n, g in zip(outputs, got) if _low_precision(g)]
             if bad and lows:
                 bad.append(_low_precision_hint(*lows[0]))
+        if bad and len(outputs) > 1:
+            swapped = _swapped_outputs(outputs, got, want, rtol, atol)
+            if swapped:
+                bad.append(f"Your values are right but in the wrong order: {swapped}. Return ({', '.join(outputs)}), "
+                           f"in this order.")
         if changed and not any("in place" in b or "restore" in b for b in bad):
             bad.append(f"{name} changed its input {changed} in place. Leave inputs as they are: work on a copy "
                        f"(x = x.copy() in NumPy, x = x.clone() in torch) or build new arrays.")
@@ -762,6 +771,24 @@ def check_function(
 _NAMES_WITH_DIGITS = re.compile(
     r"\b(?:u?int|float|bfloat|fp|bf|f|complex)\d+\b|\bQ\d(?:_[0-9KSML]+)*\b|\b(?:NF|FP)4\b|\bAVX\d*(?:[_-]\w+)?\b"
     r"|\blog(?:2|10)\b|\bx86_64\b|\bsha\d+\b|\butf-?8\b", re.IGNORECASE)
+
+
+def _swapped_outputs(outputs: Sequence[str], got: Sequence[Any], want: Sequence[Any], rtol: float, atol: float) -> str:
+    """"you returned dK where dQ belongs, …" when every wrong output equals another output's expected value; else ""."""
+    def same(g: Any, w: Any) -> bool:
+        g = as_array(g)
+        w = np.asarray(w, dtype=np.float64) if np.asarray(w).dtype.kind in "biuf" else None
+        return g is not None and w is not None and g.shape == w.shape and np.allclose(g, w, rtol=rtol, atol=atol)
+
+    moved = []
+    for i, g in enumerate(got):
+        if same(g, want[i]):
+            continue
+        j = next((j for j in range(len(want)) if j != i and same(g, want[j])), None)
+        if j is None:
+            return ""
+        moved.append(f"you returned {outputs[j]} where {outputs[i]} belongs")
+    return ", ".join(moved)
 
 
 def _quotes_numbers(text: str) -> bool:

@@ -68,7 +68,8 @@ def best_rank_k_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mi
         shown = ", ".join(f"{S[i]:.3g}" for i in kept) or "none"
         top = ", ".join(f"{S[i]:.3g}" for i in range(k))
         if kept == list(range(p - k, p)) and k < p:
-            msg = (f"you kept the {k} smallest singular values ({shown}) instead of the {k} largest ({top}): "
+            values = "value" if k == 1 else "values"
+            msg = (f"you kept the {k} smallest singular {values} ({shown}) instead of the {k} largest ({top}): "
                    f"the best rank-k approximation keeps the first k of the decreasing order"
                    + (" (with 2k = min(d, m) this is also the residual M − M_k)" if 2 * k == p else "") + f". {READ_SVD}")
             # the same words whatever the case's shape: a note only when 2k = min(d, m) would tell the shape
