@@ -704,7 +704,8 @@ def test_hidden_case_prints_and_extra_lines_that_quote_numbers_are_withheld(capf
     assert "at X[1, 0]: 3" in text  # the public case's line
     assert "a further check failed:" in hidden and "(1 line of this check not shown: it quotes values of the hidden inputs.)" in hidden
     assert "shapes (2, 3)" in text and "checking my forward" in text  # public prints are shown
-    assert "(1 line printed or warned during hidden cases not shown: it quotes numbers, which may be hidden inputs.)" in text
+    # the hidden case's two printed lines travel in one summary that quotes its shapes: both are withheld
+    assert "(2 lines printed or warned during hidden cases not shown: they quote numbers, which may be hidden inputs.)" in text
     assert "(11, 17)" not in text
 
 
@@ -791,3 +792,15 @@ def test_a_single_output_wrapped_in_a_tuple_or_list_is_named(wrap, capfd):
     # an output that is itself one row is not mistaken for a wrapper
     fb = _run_silently(capfd, check_function, lambda x: [x.sum()], cases, lambda x: np.array([x.sum()]), 2, "f", ("Y",))
     assert fb.points == 2
+
+
+def test_a_withheld_print_flood_on_hidden_cases_is_counted_in_lines(capfd):
+    cases = [Case({"x": 1.0}), Case({"x": 2.0}, hidden=True)]
+
+    def chatty(x):
+        for i in range(300):
+            print("step", i)
+        return x
+
+    fb = _run_silently(capfd, check_function, chatty, cases, lambda x: x, 1, "f")
+    assert "(300 lines printed or warned during hidden cases not shown" in fb.text(), fb.text()

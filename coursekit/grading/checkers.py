@@ -757,7 +757,9 @@ def check_function(
         # What the student's code printed on a hidden case may be its inputs (print(X)): only lines without
         # numbers are passed on (not even a line a public case printed too: its recurring would say the values match).
         safe = [l for l in hidden_noise if not _quotes_numbers(l)]
-        n = len(hidden_noise) - len(safe)
+        # a withheld "(printed 300 lines …)" summary stands for its 300 lines, not one
+        n = sum(int(m.group(1)) if (m := re.match(r"\(printed (\d+) lines? while being checked", l)) else 1
+                for l in hidden_noise if l not in safe)
         noise += safe
         if n:
             noise.append(f"({n} line{'s' if n != 1 else ''} printed or warned during hidden cases not shown: "
