@@ -290,3 +290,14 @@ def test_scaling_expected_matches_peft():
 def test_wrong_choice_gets_a_teaching_hint(item, answer, text):
     fb = check(f"03.{item}", answer)
     assert fb.points == 0 and text in fb.text() and "Reread" in fb.text()
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("power, text", [(2, "squared singular values"), (0, "you left out the singular values")])
+def test_the_singular_values_power_is_named(power, text, hidden):
+    def wrong(M, k):
+        U, S, Vt = np.linalg.svd(np.asarray(M, dtype=np.float64), full_matrices=False)
+        return (U[:, :k] * S[:k] ** power) @ Vt[:k]
+
+    fb = check("03.p1", wrong, hidden=hidden)
+    assert fb.points < fb.max_points and text in fb.text(), fb.text()

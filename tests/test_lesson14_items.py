@@ -313,3 +313,19 @@ def test_p2_public_cases_have_no_rounding_ties():
             if np.abs(b).max() > 0:
                 frac = np.abs(b / np.abs(b).max() * q) % 1
                 assert not np.any(np.isclose(frac, 0.5)), (case.label, b)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_the_unsigned_range_as_q_is_named(hidden):
+    def unsigned_q(x, bits, blocksize):
+        x = np.asarray(x, dtype=np.float64)
+        codes, absmax = [], []
+        for i in range(0, x.size, blocksize):
+            block = x[i:i + blocksize]
+            am = np.abs(block).max()
+            absmax.append(am)
+            codes.append(np.round(block / am * (2 ** bits - 1)) if am else np.zeros_like(block))
+        return np.concatenate(codes), np.array(absmax)
+
+    fb = check("14.p2", unsigned_q, hidden=hidden)
+    assert fb.points < fb.max_points and "2^bits − 1" in fb.text(), fb.text()

@@ -95,8 +95,14 @@ def best_rank_k_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mi
         out.append(Mistake("wrong directions", g, msg, hint=hint))
     if k < p:
         out.append(Mistake("smallest", (U[:, p - k:] * S[p - k:]) @ Vt[p - k:],
-                           f"you kept the {k} smallest singular values instead of the {k} largest. {READ_SVD}",
+                           f"you kept the {k} smallest singular {'value' if k == 1 else 'values'} instead of the {k} largest. {READ_SVD}",
                            hint=f"you kept the k smallest singular values instead of the k largest. {READ_SVD}"))
+    out.append(Mistake("squared S", (U[:, :k] * S[:k] ** 2) @ Vt[:k],
+                       "you scaled by the squared singular values (the eigenvalues of MᵀM): M_k = U_k diag(S_k) V_kᵀ uses "
+                       "the singular values themselves, as np.linalg.svd returns them. " + READ_SVD))
+    out.append(Mistake("no S", U[:, :k] @ Vt[:k],
+                       "you left out the singular values: M_k = U_k diag(S_k) V_kᵀ, so scale column i of U_k by S[i] "
+                       "(U[:, :k] * S[:k]) before the product. " + READ_SVD))
     out.append(Mistake("residual", M - right, "you returned the residual M − M_k; return the approximation M_k itself. " + READ_SVD))
     out.append(Mistake("Vt cut", (U[:, :k] * S[:k]) @ Vt[:k, :k],
                        "your M_k is d × k: you cut Vt[:k] to k columns as well. Keep the first k *rows* of Vt and all "

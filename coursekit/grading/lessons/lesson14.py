@@ -102,6 +102,12 @@ def _code_mistakes(x: np.ndarray, bits: int, absmax_of) -> list[Mistake]:
                        f"you used Q = {_q(other)}, the scale of int{other}; for int{bits} Q = 2^({bits}−1) − 1 = {q}. {READ_ABSMAX}",
                        hint=f"you used the Q of the other bit width (127 is int8's, 7 is int4's): Q = 2^(bits−1) − 1 "
                             f"with this case's bits. {READ_ABSMAX}"))
+    full = 2 ** bits - 1
+    out.append(Mistake("Q = 2^b - 1", np.where(am == 0, 0.0, np.round(x / safe * full)),
+                       f"you scaled by 2^bits − 1 = {full}, the top of the unsigned range; signed symmetric codes use "
+                       f"Q = 2^(bits−1) − 1 = {q}, one bit going to the sign. {READ_ABSMAX}",
+                       hint=f"you scaled by 2^bits − 1, the top of the unsigned range; signed symmetric codes use "
+                            f"Q = 2^(bits−1) − 1, one bit going to the sign. {READ_ABSMAX}"))
     half = 2 ** (bits - 1)
     msg_half = (f"you scaled by 2^(bits−1) = {half} instead of Q = 2^(bits−1) − 1 = {q}: symmetric absmax maps max |x| onto ±{q} "
                 f"and leaves the code −{half} unused. {READ_ABSMAX}")
