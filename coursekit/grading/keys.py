@@ -51,19 +51,16 @@ def available(lesson: str) -> bool:
     return d is not None and (d / f"{lesson}.json").is_file()
 
 
-_FROZEN: dict[str, tuple[str, str]] = {}  # lesson → (file text, sha256) read when a grading run started
+_FROZEN: dict[str, str] = {}  # lesson → the key file's text as read when a grading run started
 
 
 def freeze(lessons) -> None:
     """Read the key files of ``lessons`` once, now: for the rest of this grading run :func:`load` answers from
     this copy, so a submission's code that rewrites a key file on disk cannot change its own score or a
     later student's. :func:`changed_on_disk` tells whether anything did."""
-    import hashlib
-
     for lesson in lessons:
         load(lesson)  # raises if missing or invalid
-        text = (key_dir() / f"{lesson}.json").read_text()
-        _FROZEN[lesson] = (text, hashlib.sha256(text.encode()).hexdigest())
+        _FROZEN[lesson] = (key_dir() / f"{lesson}.json").read_text()
 
 
 def thaw() -> list[str]:
@@ -74,23 +71,22 @@ def thaw() -> list[str]:
 
 
 def changed_on_disk() -> list[str]:
-    import hashlib
-
+    """The frozen key files whose text on disk is no longer what :func:`freeze` read (changed or gone)."""
     out = []
-    for lesson, (_, digest) in _FROZEN.items():
+    for lesson, text in _FROZEN.items():
         path = key_dir() / f"{lesson}.json" if key_dir() else None
         try:
-            now = hashlib.sha256(path.read_text().encode()).hexdigest() if path else None
+            now = path.read_text() if path else None
         except OSError:
             now = None
-        if now != digest:
+        if now != text:
             out.append(str(path))
     return out
 
 
 def load(lesson: str) -> dict[str, Any]:
-    """Lesson ``lesson``'s key file, read now (never cached: notebook code must not be able to edit the keys
-    the next check reads). Returns ``{"seed": int, "keys": {item: key}, "hints": {item: {option: text}}}``.
+    """Lesson ``lesson``'s key file, read now, or during a grading run the copy :func:`freeze` read at its start
+    (never an older cache: code that edits a key file cannot change the keys a later check reads). Returns ``{"seed": int, "keys": {item: key}, "hints": {item: {option: text}}}``.
 
     Raises KeysUnavailable naming ``$COURSEKIT_KEYS`` when the folder is not set, does not exist or lacks the
     lesson; ValueError when the file is not a valid key file.
@@ -104,7 +100,7 @@ def load(lesson: str) -> dict[str, Any]:
         have = ", ".join(sorted(p.stem for p in d.glob("*.json"))) if d.is_dir() else f"the folder {d} does not exist"
         raise KeysUnavailable(f"no answer keys for lesson {lesson!r}: {path} is missing (${ENV}={d}; found: {have or 'none'}).")
     try:
-        data = json.loads(_FROZEN[lesson][0] if lesson in _FROZEN else path.read_text())
+        data = json.loads(_FROZEN[lesson] if lesson in _FROZEN else path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not a readable JSON key file: {e}") from e
     if not (isinstance(data, dict) and isinstance(data.get("seed"), int) and isinstance(data.get("keys"), dict)):
