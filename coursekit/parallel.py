@@ -255,7 +255,7 @@ class Autograder:
         from nbgrader.coursedir import CourseDirectory
 
         self._tmp = tempfile.TemporaryDirectory(prefix="coursekit-grade-")
-        scratch_root = Path(self._tmp.name) / "work"
+        self._scratch_root = scratch_root = Path(self._tmp.name) / "work"
         snapshot = Path(self._tmp.name) / "gradebook.db"
         with closing(sqlite3.connect(db)) as src, closing(sqlite3.connect(snapshot)) as dst:
             src.backup(dst)  # a consistent copy (this process is the gradebook's only writer anyway)
@@ -285,10 +285,10 @@ class Autograder:
         try:
             executed = fut.result().get("executed")  # a failed execution has none: ReplayExecute executes it here
             if executed:
-                _RECORDS[str(Path(self._tmp.name) / "work")]["notebooks"][(aid, sid)] = executed
+                _RECORDS[str(self._scratch_root)]["notebooks"][(aid, sid)] = executed
         except Exception as e:  # the worker itself died (e.g. BrokenProcessPool): same fallback
             print(f"grading worker failed on {sid}/{aid} ({type(e).__name__}: {e}); executing it here", file=sys.stderr)
-        scratch = _scratch(Path(self._tmp.name) / "work", aid, sid)
+        scratch = _scratch(self._scratch_root, aid, sid)
         try:
             r = self._replay.autograde(aid, sid, force=True, create=True)
             if r.get("success"):  # files the student's code wrote next to the notebook, as a serial run leaves them
@@ -306,7 +306,7 @@ class Autograder:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         if self._tmp is not None:
-            _RECORDS.pop(str(Path(self._tmp.name) / "work"), None)
+            _RECORDS.pop(str(self._scratch_root), None)
             self._tmp.cleanup()
             self._tmp = None
 
