@@ -43,6 +43,7 @@ __all__ = [
     "entry_name",
 ]
 
+
 def entry_name(name: str, index: tuple) -> str:
     """How feedback names one entry: ``W[2, 0]`` for an entry of an array, plain ``W`` for a 0-d array (never ``W[]``)."""
     return f"{name}{[int(i) for i in index]}" if len(index) else name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,7 @@ from coursekit import course
 from coursekit.grading import Function, check, lesson_items
 from coursekit.grading.keys import SEED_ENV
 
-from graded_examples import ROOT
-
+ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [random.Random(i).getrandbits(62) for i in range(6)]  # fixed, so a failure reproduces
 
 
