@@ -111,17 +111,14 @@ def use_course_keys(root: Path) -> Path:
 
 def _require_keys(lessons: Iterable[str]) -> None:
     """Refuse to grade without the instructor's keys: every choice would score 0 and no hidden case would run."""
-    from .grading import keys
-
-    from .grading import key_problems
+    from .grading import key_problems, keys
 
     for aid in lessons:
         try:
             keys.load(aid[:2])
         except (keys.KeysUnavailable, ValueError) as e:
             raise CourseError(f"cannot autograde {aid}: {e}") from e
-    nums = {aid[:2] for aid in lessons}
-    bad = [p for p in key_problems() if p[:2] in nums and p[2:3] == "."]
+    bad = key_problems(aid[:2] for aid in lessons)
     if bad:  # a missing or invalid key would score every student 0 on that item
         raise CourseError("cannot autograde: the answer keys have problems (coursekit keys check):\n  " + "\n  ".join(bad))
 

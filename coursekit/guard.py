@@ -360,9 +360,6 @@ def _number(outs) -> float | None:
         return None
 
 
-_PUBLIC_ONLY = "(Public cases only; the autograder adds hidden"
-
-
 class ScoreKeyed(NbGraderPreprocessor):
     """Score the answers that keyed checks recorded in the kernel, and fail closed (see module docstring).
 
@@ -373,7 +370,7 @@ class ScoreKeyed(NbGraderPreprocessor):
     its output says why."""
 
     def preprocess(self, nb, resources):
-        from coursekit.grading import RECORD_MARK, keyed, lesson_items, score_recorded
+        from coursekit.grading import PUBLIC_ONLY_NOTE, RECORD_MARK, RECORDED_TAG, keyed, lesson_items, score_recorded
 
         for cell in nb.cells:
             md = _nbg(cell)
@@ -400,13 +397,13 @@ class ScoreKeyed(NbGraderPreprocessor):
                         fb = score_recorded(item_id, rec[0]["answer"])
                         cell.outputs = _result(fb.text(title), fb.points, cell.get("execution_count"))
                         continue
-                    if not rec and ": recorded (worth" not in shown and shown.strip():
+                    if not rec and RECORDED_TAG not in shown and shown.strip():
                         cell.outputs = _result(shown, 0.0, cell.get("execution_count"))  # the check said why (e.g. the answer's form)
                         continue
                     why = ("no answer was recorded: the check did not run the way the autograder runs it "
                            "(did the notebook change its environment, its output or the grader?)" if not rec else
                            "more than one answer was recorded for this item (or a recorded answer was altered), so none counts")
-                    keep = "".join(line for line in shown.splitlines(keepends=True) if "Recorded: " not in line and ": recorded (worth" not in line)
+                    keep = "".join(line for line in shown.splitlines(keepends=True) if "Recorded: " not in line and RECORDED_TAG not in line)
                     cell.outputs = _result(keep + f"{title}: 0 points\n  {why[0].upper() + why[1:]}. Leave the check cell as it is and give one answer.",
                                            0.0, cell.get("execution_count"))
                     continue
@@ -417,7 +414,7 @@ class ScoreKeyed(NbGraderPreprocessor):
                 elif got is None or not math.isfinite(got) or not 0 <= got <= points:
                     why = (f"the check's result is {'missing' if got is None else repr(got)}, not the points it earned "
                            "(did the notebook change how IPython shows results?)")
-                elif _PUBLIC_ONLY in stdout:
+                elif PUBLIC_ONLY_NOTE in stdout:
                     why = "the hidden cases did not run: the notebook changed the environment the autograder runs it in"
                 if why:
                     cell.outputs = _result(shown + f"{title}: 0 points\n  {why[0].upper() + why[1:]}.", 0.0, cell.get("execution_count"))

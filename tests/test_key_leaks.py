@@ -305,6 +305,13 @@ def test_key_problems_names_a_missing_key(tmp_path, monkeypatch):
     from coursekit.grading import key_problems
 
     assert set(key_problems()) == {"02.w1: no key", "02.zz: a key for an item that needs none or does not exist"}
+    assert set(key_problems(["02"])) == set(key_problems()) and key_problems(["03"]) == []
+    # grading refuses the lesson whose keys have problems, and only that one
+    from coursekit import course
+
+    with pytest.raises(course.CourseError, match="02.w1: no key"):
+        course._require_keys(["02-lora-inside-one-matmul"])
+    course._require_keys(["03-what-low-rank-restricts"])
 
 
 def _hostile_students(lesson: str) -> set[str]:

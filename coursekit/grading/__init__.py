@@ -29,12 +29,13 @@ import types
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from . import keys as _keys
 from .checkers import (
+    PUBLIC_ONLY_NOTE,
     _number,
     _ordering_labels,
     Case,
@@ -226,7 +227,7 @@ class Function:
         fb = check_function(answer, cases, self.reference, self.points, self.name, self.outputs,
                             self.rtol, self.atol, self.mistakes, self.extra, self.timeout)
         if not ctx.hidden:
-            fb.lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
+            fb.lines.append(PUBLIC_ONLY_NOTE)
         return fb
 
 
@@ -280,23 +281,24 @@ def _recorded(item: Any, answer: Any, candidates: Sequence[Any] | None = None) -
                     or [f"{answer!r} is not a well-formed answer for this item; see the question for the expected form."])
 
 
-def key_problems() -> list[str]:
+def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
     """Instructor check (``coursekit keys check``): one line per keyed item without a key, key naming no
-    item, bad option letter, or ordering key that does not use each label once. Empty when all is well."""
+    item, bad option letter, or ordering key that does not use each label once, for ``lessons`` ("02", …;
+    default: every lesson). Empty when all is well."""
     out = []
-    for f in sorted(Path(__file__).with_name("lessons").glob("lesson[0-9][0-9].py")):
-        lesson = f.stem[-2:]
+    every = [f.stem[-2:] for f in sorted(Path(__file__).with_name("lessons").glob("lesson[0-9][0-9].py"))]
+    for lesson in every if lessons is None else sorted(set(lessons)):
         items = lesson_items(lesson)
         try:
             data = _keys.load(lesson)
         except (_keys.KeysUnavailable, ValueError) as e:
             out.append(str(e))
             continue
-        keyed = {i for i, it in items.items() if isinstance(it, (Choice, Ordering)) or (isinstance(it, Numeric) and it.expected is None)}
-        out += [f"{lesson}.{i}: no key" for i in sorted(keyed - set(data["keys"]))]
-        out += [f"{lesson}.{i}: a key for an item that needs none or does not exist" for i in sorted(set(data["keys"]) - keyed)]
-        out += [f"{lesson}.{i}: hints for an item that is not a choice" for i in sorted(set(data["hints"]) - {i for i in keyed if isinstance(items[i], Choice)})]
-        for i in sorted(keyed & set(data["keys"])):
+        needs_key = {i for i, it in items.items() if keyed(it)}
+        out += [f"{lesson}.{i}: no key" for i in sorted(needs_key - set(data["keys"]))]
+        out += [f"{lesson}.{i}: a key for an item that needs none or does not exist" for i in sorted(set(data["keys"]) - needs_key)]
+        out += [f"{lesson}.{i}: hints for an item that is not a choice" for i in sorted(set(data["hints"]) - {i for i in needs_key if isinstance(items[i], Choice)})]
+        for i in sorted(needs_key & set(data["keys"])):
             it, k = items[i], data["keys"][i]
             if isinstance(it, Choice):
                 letters = k if it.multi else [k]
@@ -405,6 +407,7 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
 
 
 RECORD_MARK = "coursekit-recorded-answer: "
+RECORDED_TAG = ": recorded (worth "  # what a keyed check prints after its title while no key is at hand
 
 
 def keyed(item: Any) -> bool:
@@ -437,7 +440,7 @@ def grade(item_id: str, answer: Any) -> float | None:
     fb = check(item_id, answer)
     title = f"[{item_id}] {lesson_items(lesson)[item].title}"
     if hasattr(fb, "recorded"):
-        print("\n".join([f"{title}: recorded (worth {fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"]
+        print("\n".join([f"{title}{RECORDED_TAG}{fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"]
                         + ["  " + x for x in fb.lines]))
         if autograding():  # the grading process scores it with the keys (coursekit.guard.ScoreKeyed)
             print(RECORD_MARK + json.dumps({"item": item_id, "answer": fb.recorded}))

@@ -34,7 +34,13 @@ __all__ = [
     "compare_arrays",
     "describe_exception",
     "quiet",
+    "PUBLIC_ONLY_NOTE",
+    "worded",
 ]
+
+PUBLIC_ONLY_NOTE = "(Public cases only; the autograder adds hidden, randomized cases.)"
+"""Ends a function check run without hidden cases; the grading process (coursekit.guard.ScoreKeyed) scores 0
+a check that shows it in the autograde run, where the hidden cases must have run."""
 
 
 @dataclass
@@ -70,6 +76,15 @@ class Mistake:
     value: Any
     message: str
     hint: str = ""
+
+
+def worded(mistakes: Any) -> Any:
+    """The same mistakes, each message also its hint: for messages that quote formulas and fixed constants only
+    (2ε, 1e9 bytes per GB, axis=-1), never a case's values or shapes, so a hidden case may show them whole.
+    ``mistakes``: a list of :class:`Mistake`, or a dict output name → list (what a ``mistakes`` callable returns)."""
+    if isinstance(mistakes, Mapping):
+        return {out: worded(ms) for out, ms in mistakes.items()}
+    return [Mistake(m.label, m.value, m.message, m.message) for m in mistakes]
 
 
 # --------------------------------------------------------------------------- choice and ordering
@@ -331,10 +346,13 @@ def _low_precision(x: Any) -> str | None:
     return dt if dt in _EPS else None
 
 
+_CASTS = {"float32": ".astype(np.float32), torch.Tensor(...) or .float()", "float16": ".astype(np.float16) or .half()",
+          "bfloat16": ".bfloat16() or .to(torch.bfloat16)"}  # how code usually lands in each low precision
+
+
 def _low_precision_hint(name: str, dtype: str) -> str:
     return (f"Your {name} is {dtype}: its rounding (machine epsilon {_EPS[dtype]:.1e}) is larger than the tolerance. "
-            f"Compute in float64, as the inputs are: don't convert to {dtype} on the way "
-            f"(.astype(np.{dtype if dtype != 'bfloat16' else 'float32'}), torch.Tensor(...), .float(), .half()).")
+            f"Compute in float64, as the inputs are: don't convert on the way ({_CASTS[dtype]}).")
 
 
 def as_array(x: Any) -> np.ndarray | None:
@@ -480,12 +498,21 @@ def quiet(sink: list[str] | None = None):
         lines += [f"{w.category.__name__}: {w.message}" for w in caught]
         if out.lines:
             shown = [l[:300] for l in out.getvalue().strip().splitlines()][:3]
-            lines.append(f"(printed {out.lines} line{'s' if out.lines != 1 else ''} while being checked; the first "
-                         f"{len(shown)}: " + " | ".join(shown) + ")")
+            lines.append(_Printed(f"(printed {out.lines} line{'s' if out.lines != 1 else ''} while being checked; the "
+                                  f"first {len(shown)}: " + " | ".join(shown) + ")", out.lines))
         if sink is not None:
             sink.extend(lines)
         elif lines:
             print(_noise_text(lines))
+
+
+class _Printed(str):
+    """The one-line summary of what student code printed; ``count`` is how many printed lines it stands for."""
+
+    def __new__(cls, text: str, count: int):
+        self = super().__new__(cls, text)
+        self.count = count
+        return self
 
 
 class _Capped(io.StringIO):
@@ -757,9 +784,7 @@ def check_function(
         # What the student's code printed on a hidden case may be its inputs (print(X)): only lines without
         # numbers are passed on (not even a line a public case printed too: its recurring would say the values match).
         safe = [l for l in hidden_noise if not _quotes_numbers(l)]
-        # a withheld "(printed 300 lines …)" summary stands for its 300 lines, not one
-        n = sum(int(m.group(1)) if (m := re.match(r"\(printed (\d+) lines? while being checked", l)) else 1
-                for l in hidden_noise if l not in safe)
+        n = sum(getattr(l, "count", 1) for l in hidden_noise if _quotes_numbers(l))  # a summary counts its lines
         noise += safe
         if n:
             noise.append(f"({n} line{'s' if n != 1 else ''} printed or warned during hidden cases not shown: "
@@ -769,18 +794,10 @@ def check_function(
     return Feedback(score, points, lines)
 
 
-# Names that contain digits but quote no input: dtypes, formats, instruction sets, logarithms.
-_NAMES_WITH_DIGITS = re.compile(
-    r"\b(?:u?int|float|bfloat|fp|bf|f|complex)\d+\b|\bQ\d(?:_[0-9KSML]+)*\b|\b(?:NF|FP)4\b|\bAVX\d*(?:[_-]\w+)?\b"
-    r"|\blog(?:2|10)\b|\bx86_64\b|\bsha\d+\b|\butf-?8\b", re.IGNORECASE)
-
-
 def _swapped_outputs(outputs: Sequence[str], got: Sequence[Any], want: Sequence[Any], rtol: float, atol: float) -> str:
     """"you returned dK where dQ belongs, …" when every wrong output equals another output's expected value; else ""."""
     def same(g: Any, w: Any) -> bool:
-        g = as_array(g)
-        w = np.asarray(w, dtype=np.float64) if np.asarray(w).dtype.kind in "biuf" else None
-        return g is not None and w is not None and g.shape == w.shape and np.allclose(g, w, rtol=rtol, atol=atol)
+        return compare_arrays(g, np.asarray(w), "", rtol, atol)[0] == "ok"
 
     moved = []
     for i, g in enumerate(got):
@@ -791,6 +808,12 @@ def _swapped_outputs(outputs: Sequence[str], got: Sequence[Any], want: Sequence[
             return ""
         moved.append(f"you returned {outputs[j]} where {outputs[i]} belongs")
     return ", ".join(moved)
+
+
+# Names that contain digits but quote no input: dtypes, formats, instruction sets, logarithms.
+_NAMES_WITH_DIGITS = re.compile(
+    r"\b(?:u?int|float|bfloat|fp|bf|f|complex)\d+\b|\bQ\d(?:_[0-9KSML]+)*\b|\b(?:NF|FP)4\b|\bAVX\d*(?:[_-]\w+)?\b"
+    r"|\blog(?:2|10)\b|\bx86_64\b|\bsha\d+\b|\butf-?8\b", re.IGNORECASE)
 
 
 def _quotes_numbers(text: str) -> bool:

@@ -6,12 +6,12 @@ are checked against :mod:`coursekit.memory`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .. import Case, Choice, Function, Mistake, Numeric, Ordering
+from ..checkers import worded
 from ... import memory
 
 _SEC_METHODS = "Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'."
@@ -113,7 +113,7 @@ def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
         ]
     # Every message quotes only the ledger's bytes-per-parameter rates, never the case's sizes: each is also the
     # hint a hidden case shows.
-    return {k: [replace(ms, hint=ms.message) for ms in v] for k, v in out.items()}
+    return worded(out)
 
 
 ITEMS = {

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
 from ... import lora
 from ...gradcheck import entry_name, numeric_gradient, relative_errors
-from ..checkers import Case, Mistake
+from ..checkers import Case, Mistake, worded
 from .. import Choice, Function, Numeric, Ordering
 
 READ_CD = "Reread 'Central differences, entry by entry' in Know this."
@@ -125,7 +124,7 @@ def _p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         Mistake("restore", _not_restored(f, x, eps), f"you forgot to restore each entry after perturbing it: x[i] stays at x[i] − ε, so every later entry is differentiated at the wrong point. Put x[i] back to its old value. {READ_CD}"),
     ]
     # The messages quote only the formula's constants (2ε, 4ε), never the case's x or ε: each is its own hint.
-    return {"grad": [replace(m, hint=m.message) for m in out]}
+    return {"grad": worded(out)}
 
 
 def _p1_x_untouched(fn, case: Case) -> list[str] | None:
@@ -184,7 +183,7 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     if np.all(np.isfinite(only_n)):
         out.append(Mistake("only n", float(np.max(only_n)), f"you divided by |n| alone; use max(|a|, |n|, tiny), which is symmetric in a and n and finite when n = 0. {READ_REL}"))
     # The messages quote only the definition's constants (a factor 2, a = 0), never the case's arrays: each is its own hint.
-    return {"rel_err": [replace(m, hint=m.message) for m in out]}
+    return {"rel_err": worded(out)}
 
 
 # --------------------------------------------------------------------------- numbers

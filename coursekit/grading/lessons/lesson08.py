@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
 from ... import attention as att
 from ... import lora
-from ..checkers import Case, Mistake
+from ..checkers import Case, Mistake, worded
 from .. import Array, Choice, Function, Numeric
 
 READ_BWD = "Reread 'Backward, one rule per product' in Know this."
@@ -103,7 +102,7 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
     ]
     # The messages quote only axis numbers and formulas (axis=-1, T × T), never a case's values or sizes: each is also
     # the hint a hidden case shows.
-    out = [replace(m, hint=m.message) for m in out]
+    out = worded(out)
     # On small or degenerate cases (T = 1, uniform rows) several formulas coincide with the right one:
     # a "mistake" equal to the right answer must not be reported.
     return [m for m in out if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 
 from ... import lora, mlp
-from ..checkers import Case, Mistake
+from ..checkers import Case, Mistake, worded
 from .. import Choice, Function, Numeric
 
 READ_SILU = "Reread 'SiLU and its slope' in Know this."
@@ -55,6 +54,10 @@ def _sig(x):
     return mlp.sigmoid(np.asarray(x, dtype=np.float64))
 
 
+# Every mistake message in this lesson quotes formulas only (σ(x)(1 − σ(x)), dH ⊙ U ⊙ SiLU′(G)), never a case's values
+# or shapes: each is also its hint (checkers.worded), shown whole on hidden cases.
+
+
 def _silu_grad_wrongs(x) -> list[tuple[str, np.ndarray, str]]:
     """Wrong SiLU′ formulas: (label, value, why)."""
     x = np.asarray(x, dtype=np.float64)
@@ -68,15 +71,9 @@ def _silu_grad_wrongs(x) -> list[tuple[str, np.ndarray, str]]:
     ]
 
 
-def _worded(mistakes: dict[str, list[Mistake]]) -> dict[str, list[Mistake]]:
-    """The same mistakes, each message also its hint. Every message in this lesson quotes formulas only
-    (σ(x)(1 − σ(x)), dH ⊙ U ⊙ SiLU′(G)), never a case's values or shapes, so hidden cases may show it whole."""
-    return {out: [replace(m, hint=m.message) for m in ms] for out, ms in mistakes.items()}
-
-
 def silu_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     ms = [Mistake(label, v, msg) for label, v, msg in _silu_grad_wrongs(kw["x"])]
-    return _worded({"silu_grad(x)": ms})
+    return worded({"silu_grad(x)": ms})
 
 
 def _gate_wrongs(dH, G, U) -> tuple[list, list]:
@@ -103,7 +100,7 @@ def _gate_wrongs(dH, G, U) -> tuple[list, list]:
 def swiglu_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     dH, G, U = (np.asarray(kw[k], dtype=np.float64) for k in ("dH", "G", "U"))
     dG_wrong, dU_wrong = _gate_wrongs(dH, G, U)
-    return _worded({"dG": [Mistake(l, v, m) for l, v, m in dG_wrong], "dU": [Mistake(l, v, m) for l, v, m in dU_wrong]})
+    return worded({"dG": [Mistake(l, v, m) for l, v, m in dG_wrong], "dU": [Mistake(l, v, m) for l, v, m in dU_wrong]})
 
 
 def _mlp_parts(kw: dict) -> dict:
@@ -141,7 +138,7 @@ def mlp_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
                 "dW_down = Hᵀ dY needs H = SiLU(G) ⊙ U; you used G ⊙ U (the gate without its activation). " + READ_MLP),
         Mistake("S for H", p["S"].T @ p["dY"], "dW_down = Hᵀ dY needs H = SiLU(G) ⊙ U; you used SiLU(G) alone. " + READ_MLP),
     ]
-    return _worded({"dX": m_dX, "dW_gate": m_dWg, "dW_up": m_dWu, "dW_down": m_dWd})
+    return worded({"dX": m_dX, "dW_gate": m_dWg, "dW_up": m_dWu, "dW_down": m_dWd})
 
 
 def residual_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
@@ -154,7 +151,7 @@ def residual_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
         Mistake("residual replaced", p["dY"] @ p["Wd"].T, "dY W_downᵀ is dH, the gradient at H inside the MLP, not at X. " + READ_RESID),
     ]
     out += [Mistake(l, p["dY"] + v, "in the MLP part of dX = dY + MLP's dX: " + m) for l, v, m in _dX_wrongs(p)]
-    return _worded({"dX": out})
+    return worded({"dX": out})
 
 
 # --------------------------------------------------------------------------- cases

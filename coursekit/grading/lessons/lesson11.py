@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import lora, optim, walk
-from ..checkers import quiet, Case, Feedback, Mistake
+from ..checkers import PUBLIC_ONLY_NOTE, Case, Feedback, Mistake, quiet
 from .. import Array, Choice, Function, Numeric
 
 READ_STATE = "Reread 'What AdamW owns' in Know this."
@@ -179,7 +179,7 @@ class ParamSelection:
                 passed += 1
                 lines.append(f"✓ {tag}")
         if not ctx.hidden:
-            lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
+            lines.append(PUBLIC_ONLY_NOTE)
         return Feedback(self.points * passed / len(cases), self.points, lines)
 
     def _one(self, fn, model: torch.nn.Module) -> list[str] | None:

@@ -12,7 +12,7 @@ import torch
 
 from ... import artifacts, lora
 from .. import Choice, Numeric, Ordering
-from ..checkers import Feedback, Mistake, compare_arrays, describe_exception, quiet
+from ..checkers import PUBLIC_ONLY_NOTE, Feedback, Mistake, compare_arrays, describe_exception, quiet
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
@@ -174,7 +174,7 @@ class ReloadItem:
                     seen[head] = tag.split(" (")[0]
                 lines += msg
         if not ctx.hidden:
-            lines.append("(Public cases only; the autograder adds hidden, randomized cases.)")
+            lines.append(PUBLIC_ONLY_NOTE)
         return Feedback(self.points * passed / len(cases), self.points, lines)
 
 
