@@ -26,8 +26,8 @@ def splits():
 
 
 def test_sizes_balance_and_format(splits):
-    train, held = splits["train"], splits["heldout"]
-    assert len(train) >= 300 and len(held) >= 80
+    assert set(splits) == {"train", *D.HELDOUT_SPLITS}
+    assert len(splits["train"]) >= 300 and all(len(splits[s]) >= 120 for s in D.HELDOUT_SPLITS)
     for name, exs in splits.items():
         counts = D.label_counts(exs)
         assert len(counts) >= 6
@@ -44,13 +44,25 @@ def test_sizes_balance_and_format(splits):
 def test_deterministic(splits):
     assert D.make_splits() == splits
     assert D.make_splits(seed=1) != splits
-    assert D.load_split("heldout") == splits["heldout"]
+    for name in D.HELDOUT_SPLITS:
+        assert D.load_split(name) == splits[name]
     with pytest.raises(ValueError):
-        D.load_split("test")
+        D.load_split("heldout")
 
 
-def test_heldout_uses_unseen_phrasings_and_components(splits):
-    train, held = splits["train"], splits["heldout"]
+@pytest.mark.parametrize("split,digest", [("train", "4666920849af530c"), ("unseen_phrasing", "a074ec455d23d724")])
+def test_adding_the_unseen_symptom_split_left_the_other_two_unchanged(splits, split, digest):
+    """Lessons 04 and 16 quote numbers computed on the training split: both older splits are drawn first, the new
+    one last, so their tickets are those of the course before the unseen-symptom split existed (hashes of then)."""
+    import hashlib
+    import json
+
+    assert hashlib.sha256(json.dumps([e["ticket"] for e in splits[split]]).encode()).hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("split", D.HELDOUT_SPLITS)
+def test_heldout_splits_use_unseen_phrasings_and_components(splits, split):
+    train, held = splits["train"], splits[split]
     tr_templates = {e["template"] for e in train}
     tr_components = {e["component"] for e in train}
     for e in held:
@@ -58,7 +70,10 @@ def test_heldout_uses_unseen_phrasings_and_components(splits):
         assert e["component"] not in tr_components, e
         # no machine name leaks into a held-out ticket through the text either
         assert not any(m in e["ticket"].lower() for m in map(str.lower, T.TRAIN_MACHINES)), e["ticket"]
-    # the category knowledge (symptoms) held out is all taught in training, evenly
+
+
+def test_unseen_phrasing_holds_out_wording_not_symptoms(splits):
+    train, held = splits["train"], splits["unseen_phrasing"]
     assert {e["symptom"] for e in held} <= {e["symptom"] for e in train}
     for exs, k in ((train, T.TRAIN_PER_LABEL // 10), (held, T.HELDOUT_PER_LABEL // 10)):
         per_symptom = {}
@@ -67,12 +82,51 @@ def test_heldout_uses_unseen_phrasings_and_components(splits):
         assert set(per_symptom.values()) == {k}
 
 
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def test_unseen_symptoms_carry_cues_no_training_ticket_contains(splits):
+    """The contract of the unseen-symptom split: for every label, symptoms whose cue words (and any word sharing
+    their first five letters) occur in no training ticket, and that never name their own label."""
+    train_text = " ".join(e["ticket"].lower() for e in splits["train"])
+    train_words = _words(train_text)
+    held = splits["unseen_symptom"]
+    assert not {e["symptom"] for e in held} & {e["symptom"] for e in splits["train"]}
+    for label, items in T.UNSEEN_SYMPTOMS.items():
+        assert len(items) >= 8, label
+        for clause, cues in items:
+            assert label not in clause.lower(), clause
+            assert cues, clause
+            for cue in cues:
+                assert cue in clause.lower(), (cue, clause)
+                if " " in cue:
+                    assert cue not in train_text, (cue, clause)
+                else:
+                    clash = sorted(w for w in train_words if w[:5] == cue[:5])
+                    assert not clash, f"cue {cue!r} of {clause!r} shares its first letters with training words {clash}"
+    per_symptom = {}
+    for e in held:
+        per_symptom[e["symptom"]] = per_symptom.get(e["symptom"], 0) + 1
+    assert set(per_symptom.values()) == {T.UNSEEN_PER_LABEL // 8}
+    assert len(per_symptom) == sum(len(v) for v in T.UNSEEN_SYMPTOMS.values())
+
+
+def test_the_cue_check_fails_on_a_cue_that_training_uses(splits):
+    """The check above is not vacuous: a training cue put into an unseen symptom is caught."""
+    train_words = _words(" ".join(e["ticket"] for e in splits["train"]))
+    assert any(w[:5] == "overh" for w in train_words)  # 'overheats' is a training cue
+
+
 def test_no_duplicates_or_near_duplicates(splits):
-    train, held = splits["train"], splits["heldout"]
-    keys = [D.tickets.normalize(e["ticket"]) for e in train + held]
+    every = [e for exs in splits.values() for e in exs]
+    keys = [D.tickets.normalize(e["ticket"]) for e in every]
     assert len(keys) == len(set(keys)), "normalized exact duplicate"
-    j, h, t = D.max_cross_split_jaccard()
-    assert j < D.NEAR_DUP_JACCARD, f"near-duplicate across splits (3-gram Jaccard {j:.3f}):\n{h}\n{t}"
+    for split in D.HELDOUT_SPLITS:
+        j, h, t = D.max_cross_split_jaccard(split=split)
+        assert j < D.NEAR_DUP_JACCARD, f"near-duplicate across splits (3-gram Jaccard {j:.3f}):\n{h}\n{t}"
+    with pytest.raises(ValueError):
+        D.max_cross_split_jaccard(split="train")
     # the measure itself flags a near-duplicate
     a = T.char_ngrams("The gearbox grinds when loaded on the press.")
     b = T.char_ngrams("the gearbox grinds, when loaded, on the press!")
@@ -82,7 +136,13 @@ def test_no_duplicates_or_near_duplicates(splits):
 def test_datasheet_numbers_match_code():
     text = D.datasheet_text()
     assert T.counts_table() in text, "DATASHEET.md counts table is stale; regenerate it from counts_table()"
-    assert f"{D.max_cross_split_jaccard()[0]:.3f}" in text
+    for split in D.HELDOUT_SPLITS:
+        assert f"{D.max_cross_split_jaccard(split=split)[0]:.3f}" in text, split
+    for label in ("hydraulic", "software"):
+        named = sum(label in clause for clause in T.SYMPTOMS[label])
+        assert f'{named} of the {len(T.SYMPTOMS[label])} {label} ones' in text, label
+    n_unseen = {len(v) for v in T.UNSEEN_SYMPTOMS.values()}
+    assert len(n_unseen) == 1 and f"{n_unseen.pop()} per label, {sum(map(len, T.UNSEEN_SYMPTOMS.values()))} in all" in text
     assert "Apache-2.0" in text and "Written for this course" in text
     assert f"{len(T.TRAIN_TEMPLATES)} used only in train" in text
     assert f"{len(T.HELDOUT_TEMPLATES)} used only in held-out" in text
@@ -161,8 +221,11 @@ def test_template_prefix_mismatch_raises():
     class Weird:
         eos_token_id = 0
 
-        def get_vocab(self):
-            return {"<|im_end|>": 0}
+        def convert_tokens_to_ids(self, token):
+            return {"<|im_end|>": 0}.get(token)
+
+        def convert_ids_to_tokens(self, i):
+            return {0: "<|im_end|>"}[i]
 
         def apply_chat_template(self, messages, tokenize, add_generation_prompt, return_dict):
             # a template that renders the prompt differently when the answer follows
@@ -333,3 +396,15 @@ def test_accumulated_grads_equal_full_batch(tiny_model):
         (model(**mb).loss / len(micro)).backward()
     g_bad = _grads(model)
     assert any(not torch.allclose(g_bad[n], g_full[n], rtol=1e-3, atol=1e-6) for n in g_full)
+
+
+def test_end_of_turn_id_looks_up_one_token_and_skips_the_unknown_one(tok, monkeypatch):
+    """It used to build the whole vocabulary (get_vocab) per call: 24 ms of the 26 ms an example took to encode.
+    A missing token maps to the unknown id, which must not pass for an end-of-turn token."""
+    assert tok.convert_tokens_to_ids("<|eot_id|>") == tok.unk_token_id  # SmolLM2 has no Llama-3 end token
+
+    def whole_vocabulary():
+        raise AssertionError("end_of_turn_id built the whole vocabulary")
+
+    monkeypatch.setattr(tok, "get_vocab", whole_vocabulary)
+    assert D.end_of_turn_id(tok) == tok.convert_tokens_to_ids("<|im_end|>") != tok.unk_token_id

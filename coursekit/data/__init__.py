@@ -1,9 +1,9 @@
 """The capstone data: tickets → issue category, chat rendering, label masking, collation, token-weighted loss.
 
 ``tickets``: the data set (written for this course; see DATASHEET.md) and ``prompt_messages``.
+``prompts``: the prompt styles the capstone compares (plain, labels with definitions, few-shot).
 ``batching``: chat-template rendering with assistant-only labels (-100 elsewhere), right-padding
-collation, and the token-weighted loss across gradient-accumulation micro-batches.
-Source: seed 000 section 1, "What are we training against?".
+collation, and the token-weighted loss across gradient-accumulation micro-batches (lesson 04).
 """
 
 from .batching import (
@@ -22,6 +22,7 @@ from .batching import (
 )
 from .tickets import (
     HELDOUT_MACHINES,
+    HELDOUT_SPLITS,
     HELDOUT_TEMPLATES,
     LABEL_DEFINITIONS,
     LABELS,
@@ -43,7 +44,7 @@ __all__ = [
     "IGNORE_INDEX", "EmptyBatchError", "TemplatePrefixError", "collate", "count_supervised",
     "encode_example", "end_of_turn_id", "micro_batch_loss", "num_items_in_window", "render_ids",
     "token_loss_sum", "window_loss",
-    "HELDOUT_MACHINES", "HELDOUT_TEMPLATES", "LABEL_DEFINITIONS", "LABELS", "NEAR_DUP_JACCARD",
+    "HELDOUT_MACHINES", "HELDOUT_SPLITS", "HELDOUT_TEMPLATES", "LABEL_DEFINITIONS", "LABELS", "NEAR_DUP_JACCARD",
     "PROMPT_PREFIX", "SYMPTOMS", "TRAIN_MACHINES", "TRAIN_TEMPLATES", "chat_example",
     "counts_table", "label_counts", "load_split", "make_splits", "max_cross_split_jaccard",
     "prompt_messages", "datasheet_text",

@@ -1,7 +1,7 @@
 """The capstone data set: maintenance tickets → one issue category (a single lowercase word).
 
-Origin: written for this course (no scraped or third-party text), after the example in seed 000
-section 1 ("What are we training against?")::
+Origin: written for this course (no scraped or third-party text), after the smallest example of
+supervised fine-tuning data there is, one chat turn and its answer::
 
     {"messages": [{"role": "user", "content": "Return the issue category for: motor overheats."},
                   {"role": "assistant", "content": "thermal"}]}
@@ -55,6 +55,9 @@ __all__ = [
     "HELDOUT_MACHINES",
     "TRAIN_PER_LABEL",
     "HELDOUT_PER_LABEL",
+    "UNSEEN_PER_LABEL",
+    "UNSEEN_SYMPTOMS",
+    "HELDOUT_SPLITS",
     "NEAR_DUP_JACCARD",
     "prompt_messages",
     "chat_example",
@@ -156,6 +159,72 @@ SYMPTOMS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Held out as a whole: symptoms whose cue never occurs in training. Each entry is (clause, cues): the
+# cues are the words that carry the category, and tests/test_data.py checks that no training ticket
+# contains any of them (nor a word sharing their first five letters) and that no clause names its label.
+UNSEEN_SYMPTOMS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "thermal": (
+        ("the thermocouple reads far above the limit", ("thermocouple",)),
+        ("the oven thermostat fails and the product comes out burnt", ("oven", "thermostat", "burnt")),
+        ("the glue pot is boiling over", ("glue", "boiling")),
+        ("the radiator is clogged and the engine runs warm", ("radiator", "warm")),
+        ("the ice machine cannot get below minus five degrees", ("ice", "degrees")),
+        ("the furnace lining glows red on the outside", ("furnace", "glows")),
+        ("the sterilizer scorches the pouches", ("sterilizer", "scorches")),
+        ("the refrigerant charge is lost and the cold room warms up", ("refrigerant", "cold")),
+    ),
+    "electrical": (
+        ("the insulation tester shows a low reading on the windings", ("insulation", "windings")),
+        ("the RCD cuts out at random", ("rcd",)),
+        ("the mains plug is charred and the socket is loose", ("mains", "plug", "socket", "charred")),
+        ("the transformer hums and the output reads zero volts", ("transformer", "volts")),
+        ("the UPS beeps and its battery is flat", ("ups", "battery")),
+        ("an isolator arcs when it is opened", ("isolator", "arcs")),
+        ("the wiring harness has a chafed conductor", ("wiring", "harness", "conductor")),
+        ("the generator output sags and the lamps dim", ("generator", "lamps")),
+    ),
+    "mechanical": (
+        ("a tooth has broken off the pinion", ("tooth", "pinion")),
+        ("the pulley wobbles on its keyway", ("pulley", "keyway")),
+        ("the linear rail is scored and the carriage binds", ("rail", "carriage", "binds")),
+        ("the support beam is bent out of line", ("beam", "bent")),
+        ("the brake pads are down to the backing plate", ("brake", "pads")),
+        ("an idler wheel is flat-spotted and thumps", ("idler", "thumps")),
+        ("the lead screw has backlash", ("screw", "backlash")),
+        ("the universal joint is loose and clunks", ("joint", "clunks")),
+    ),
+    "hydraulic": (
+        ("the piston rod weeps fluid at the gland", ("piston", "fluid", "gland")),
+        ("the spool of the directional block is jammed", ("spool", "directional")),
+        ("the sump fluid is milky with water", ("sump", "milky")),
+        ("the return-line filter is clogged with sludge", ("filter", "sludge")),
+        ("the jack will not lift because fluid bypasses internally", ("jack", "bypasses")),
+        ("the loader boom drifts down overnight", ("boom", "drifts")),
+        ("a fine jet of fluid sprays from a steel line", ("jet", "sprays")),
+        ("the gauge reads 20 bar instead of 180 bar", ("gauge", "bar")),
+    ),
+    "software": (
+        ("the database query returns duplicate rows", ("database", "query")),
+        ("the interface grows sluggish until a restart because memory fills up", ("interface", "sluggish", "memory")),
+        ("the script throws a syntax error after the patch", ("script", "syntax", "patch")),
+        ("the spreadsheet macro rounds the totals wrongly", ("spreadsheet", "macro")),
+        ("the installer rolls back with a missing DLL", ("installer", "dll")),
+        ("every record gets the timestamp 1970", ("timestamp", "record")),
+        ("the kernel reports a corrupted file system", ("kernel", "corrupted")),
+        ("the code has an infinite loop in the sorting routine", ("code", "infinite", "routine")),
+    ),
+    "network": (
+        ("the router drops out every few minutes", ("router",)),
+        ("the DNS lookup for the historian fails", ("dns", "lookup")),
+        ("the fibre between the two halls shows high attenuation", ("fibre", "attenuation")),
+        ("the Profinet devices lose sync with the controller", ("profinet", "sync")),
+        ("the VPN to the vendor will not come up", ("vpn", "vendor")),
+        ("the tablet is out of range of the wireless access point", ("wireless", "access")),
+        ("the CAN bus is flooded with bad telegrams", ("can bus", "telegrams")),
+        ("the firewall blocks traffic from the new controller", ("firewall", "traffic")),
+    ),
+}
+
 # {m}: machine, {s}: symptom clause. "_cap" variants capitalize the first letter.
 TRAIN_TEMPLATES: dict[str, str] = {
     "T0": "{M}: {s}.",
@@ -209,6 +278,9 @@ HELDOUT_MACHINES: tuple[str, ...] = (
 
 TRAIN_PER_LABEL = 60
 HELDOUT_PER_LABEL = 20
+UNSEEN_PER_LABEL = 24
+#: The two held-out splits, each testing one kind of generalisation (see the module docstring).
+HELDOUT_SPLITS: tuple[str, ...] = ("unseen_phrasing", "unseen_symptom")
 #: Largest character-3-gram Jaccard similarity allowed between any held-out and any training ticket.
 NEAR_DUP_JACCARD = 0.7
 
@@ -244,18 +316,20 @@ def _render(template: str, machine: str, symptom: str) -> str:
 def _draw(
     rng: random.Random,
     split: str,
+    symptoms: dict[str, tuple[str, ...]],
     templates: dict[str, str],
     machines: tuple[str, ...],
     per_label: int,
+    symptom_tag: str = "",
 ) -> list[dict[str, Any]]:
     out = []
     for label in LABELS:
-        n_sym = len(SYMPTOMS[label])
+        n_sym = len(symptoms[label])
         if per_label % n_sym:
             raise ValueError(f"{per_label} examples per label do not divide over {n_sym} symptoms")
-        # stratified by symptom: every symptom appears per_label / n_sym times in each split
+        # stratified by symptom: every symptom appears per_label / n_sym times in its split
         combos = [(tid, m) for tid in templates for m in machines]
-        for si, symptom in enumerate(SYMPTOMS[label]):
+        for si, symptom in enumerate(symptoms[label]):
             for tid, machine in rng.sample(combos, per_label // n_sym):
                 ticket = _render(templates[tid], machine, symptom)
                 ex = chat_example(ticket, label)
@@ -264,7 +338,7 @@ def _draw(
                     label=label,
                     component=machine,
                     template=tid,
-                    symptom=f"{label}-{si:02d}",
+                    symptom=f"{label}-{symptom_tag}{si:02d}",
                 )
                 out.append(ex)
     rng.shuffle(out)
@@ -277,16 +351,20 @@ def _draw(
 @lru_cache(maxsize=4)
 def _splits(seed: int) -> dict[str, tuple[dict[str, Any], ...]]:
     rng = random.Random(seed)
-    train = _draw(rng, "train", TRAIN_TEMPLATES, TRAIN_MACHINES, TRAIN_PER_LABEL)
-    heldout = _draw(rng, "heldout", HELDOUT_TEMPLATES, HELDOUT_MACHINES, HELDOUT_PER_LABEL)
-    return {"train": tuple(train), "heldout": tuple(heldout)}
+    unseen = {label: tuple(clause for clause, _ in items) for label, items in UNSEEN_SYMPTOMS.items()}
+    # Drawn in this order, so that adding a split after the others leaves their examples unchanged.
+    train = _draw(rng, "train", SYMPTOMS, TRAIN_TEMPLATES, TRAIN_MACHINES, TRAIN_PER_LABEL)
+    phrasing = _draw(rng, "unseen_phrasing", SYMPTOMS, HELDOUT_TEMPLATES, HELDOUT_MACHINES, HELDOUT_PER_LABEL)
+    symptom = _draw(rng, "unseen_symptom", unseen, HELDOUT_TEMPLATES, HELDOUT_MACHINES, UNSEEN_PER_LABEL, "u")
+    return {"train": tuple(train), "unseen_phrasing": tuple(phrasing), "unseen_symptom": tuple(symptom)}
 
 
 def make_splits(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """Both splits, ``{"train": [...360 examples], "heldout": [...120 examples]}``, deterministic in ``seed``.
+    """All three splits, deterministic in ``seed``: ``{"train": [360], "unseen_phrasing": [120],
+    "unseen_symptom": [144]}`` (example dicts).
 
-    Returns fresh copies (safe to mutate). See the module docstring for how the held-out split is
-    kept disjoint (templates and machines never used in training).
+    Returns fresh copies (safe to mutate). See the module docstring for what each held-out split
+    keeps out of training.
     """
     import copy
 
@@ -294,7 +372,9 @@ def make_splits(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
 
 
 def load_split(split: str, seed: int = 0) -> list[dict[str, Any]]:
-    """One split by name: ``"train"`` or ``"heldout"``. Raises ValueError for any other name."""
+    """One split by name: ``"train"``, ``"unseen_phrasing"`` or ``"unseen_symptom"``.
+
+    Raises ValueError for any other name."""
     splits = make_splits(seed)
     if split not in splits:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(splits)}")
@@ -312,11 +392,11 @@ def label_counts(examples: list[dict[str, Any]]) -> dict[str, int]:
 def counts_table(seed: int = 0) -> str:
     """The markdown table of examples per label per split that DATASHEET.md must contain verbatim."""
     splits = _splits(seed)
-    train, held = label_counts(list(splits["train"])), label_counts(list(splits["heldout"]))
-    lines = ["| label | train | heldout |", "|---|---:|---:|"]
+    counts = {name: label_counts(list(exs)) for name, exs in splits.items()}
+    lines = ["| label | " + " | ".join(counts) + " |", "|---|" + "---:|" * len(counts)]
     for label in LABELS:
-        lines.append(f"| {label} | {train[label]} | {held[label]} |")
-    lines.append(f"| **total** | {sum(train.values())} | {sum(held.values())} |")
+        lines.append(f"| {label} | " + " | ".join(str(c[label]) for c in counts.values()) + " |")
+    lines.append("| **total** | " + " | ".join(str(sum(c.values())) for c in counts.values()) + " |")
     return "\n".join(lines)
 
 
@@ -340,12 +420,16 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b)
 
 
-def max_cross_split_jaccard(seed: int = 0, n: int = 3) -> tuple[float, str, str]:
-    """The most similar (held-out, train) ticket pair: ``(jaccard, heldout_ticket, train_ticket)``."""
+def max_cross_split_jaccard(seed: int = 0, n: int = 3, split: str = "unseen_phrasing") -> tuple[float, str, str]:
+    """The most similar (held-out, train) ticket pair: ``(jaccard, heldout_ticket, train_ticket)``.
+
+    split: which held-out split to compare with the training split (one of ``HELDOUT_SPLITS``)."""
+    if split not in HELDOUT_SPLITS:
+        raise ValueError(f"unknown held-out split {split!r}; expected one of {HELDOUT_SPLITS}")
     splits = _splits(seed)
     train = [(ex["ticket"], char_ngrams(ex["ticket"], n)) for ex in splits["train"]]
     best = (-1.0, "", "")
-    for ex in splits["heldout"]:
+    for ex in splits[split]:
         g = char_ngrams(ex["ticket"], n)
         for t, tg in train:
             j = jaccard(g, tg)
