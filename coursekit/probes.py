@@ -640,7 +640,7 @@ def _self_test_explanation(out: dict[str, Any], bad: dict[str, Any]) -> list[str
 # --------------------------------------------------------------------------- the repack trap
 
 
-def _callers_of(name: str, modules: tuple[str, ...] = ("model", "train", "capstone")) -> list[str]:
+def _callers_of(name: str, modules: tuple[str, ...] = ("model", "train", "evaluate", "capstone")) -> list[str]:
     """Functions in coursekit's own modules whose body calls ``name`` (read with ``ast``, nothing imported)."""
     import ast
 
