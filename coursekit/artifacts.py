@@ -41,6 +41,9 @@ __all__ = [
     "base_fingerprint",
     "export_adapter",
     "load_adapter_checked",
+    "UntrainedAdapterWarning",
+    "zero_lora_B",
+    "warn_if_untrained",
     "rng_state",
     "set_rng_state",
     "RNG_PARTS",
@@ -208,16 +211,50 @@ def _compare_fingerprints(saved: dict, here: dict, what: str) -> None:
 # --------------------------------------------------------------------------- adapter export
 
 
+class UntrainedAdapterWarning(UserWarning):
+    """An adapter being saved or loaded has every ``lora_B`` equal to zero: it computes exactly the base model."""
+
+
+def zero_lora_B(model: nn.Module) -> tuple[int, int]:
+    """``(number of lora_B tensors that are all zero, number of lora_B tensors)`` in ``model``."""
+    bs = [p for n, p in model.named_parameters() if "lora_B" in n]
+    return sum(1 for p in bs if not bool(p.detach().ne(0).any())), len(bs)
+
+
+def warn_if_untrained(model: nn.Module, action: str, where: str | os.PathLike) -> bool:
+    """Warn (:class:`UntrainedAdapterWarning`) when every ``lora_B`` of ``model`` is zero; return whether it did.
+
+    LoRA starts from B = 0 so that the adapted model equals the base at step 0 (Hu et al. 2021, "LoRA",
+    arXiv:2106.09685, section 4.1). An adapter that still has B = 0 everywhere changes nothing, and nothing
+    downstream fails: evaluation, reload and merge all quietly reproduce the base. action: "saving" or
+    "loaded", for the message."""
+    zero, total = zero_lora_B(model)
+    if total and zero == total:
+        import warnings
+
+        cause = ("it was saved before any training step, or it is a freshly attached adapter "
+                 "(get_peft_model(...)) instead of the trained one" if action == "saving" else
+                 "the folder holds an adapter saved before training, or a fresh get_peft_model(...) adapter "
+                 "was saved in place of the trained one")
+        warnings.warn(f"{action} an adapter whose {total} lora_B tensors are all zero ({where}): it computes exactly "
+                      f"the base model. Likely cause: {cause}.", UntrainedAdapterWarning, stacklevel=3)
+        return True
+    return False
+
+
+
 def export_adapter(model, out_dir: str | os.PathLike) -> Path:
     """Save an inference adapter: PEFT's ``save_pretrained`` (``adapter_config.json`` with ``r``, ``lora_alpha``,
     ``target_modules``; ``adapter_model.safetensors`` with every ``lora_A``/``lora_B`` weight) plus
     :data:`FINGERPRINT_FILE`, the base's :func:`base_fingerprint`. No optimizer state, no base weights.
 
-    ``model`` is a ``peft.PeftModel``; raises TypeError otherwise. Returns the folder.
+    ``model`` is a ``peft.PeftModel``; raises TypeError otherwise. Returns the folder. Warns
+    (:class:`UntrainedAdapterWarning`) when every ``lora_B`` is zero: such an adapter reproduces the base.
     """
     if not hasattr(model, "peft_config"):
         raise TypeError(f"model should be a peft.PeftModel (get_peft_model or PeftModel.from_pretrained); got {type(model).__name__}")
     out = Path(out_dir)
+    warn_if_untrained(model, "saving", out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     (out / FINGERPRINT_FILE).write_text(json.dumps(base_fingerprint(model), indent=1) + "\n")
@@ -230,7 +267,8 @@ def load_adapter_checked(base: nn.Module, adapter_dir: str | os.PathLike, is_tra
     ``is_trainable=False`` (inference) freezes the adapter and puts the model in eval mode (dropout off);
     ``True`` is for continuing training. Raises ValueError when the folder holds no adapter, or when the base
     differs from the one saved in :data:`FINGERPRINT_FILE` (another architecture, or the same shapes with
-    other weights) — PEFT alone would load it silently onto same-shaped weights.
+    other weights) — PEFT alone would load it silently onto same-shaped weights. Warns
+    (:class:`UntrainedAdapterWarning`) when every loaded ``lora_B`` is zero.
     """
     from peft import PeftModel
 
@@ -241,6 +279,7 @@ def load_adapter_checked(base: nn.Module, adapter_dir: str | os.PathLike, is_tra
     if fp.is_file():
         _compare_fingerprints(json.loads(fp.read_text()), base_fingerprint(base), f"the adapter in {folder}")
     model = PeftModel.from_pretrained(base, str(folder), is_trainable=is_trainable)
+    warn_if_untrained(model, "loaded", folder)
     if not is_trainable:
         model.eval()
     return model

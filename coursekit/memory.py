@@ -49,6 +49,7 @@ __all__ = [
     "optimizer_state_bytes",
     "peak_rss_delta",
     "hwm_sees_freed_peaks",
+    "resident_bytes",
 ]
 
 GB = 1e9
@@ -317,6 +318,11 @@ def _proc_status_bytes(field: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (``VmRSS`` in ``/proc/self/status``), in bytes; None off Linux."""
+    return _proc_status_bytes("VmRSS")
 
 
 def _reset_high_water_mark() -> bool:

@@ -544,6 +544,73 @@ def keep_4bit_layers_trainable(model: torch.nn.Module) -> int:
     return changed
 
 
+def tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, vocab_size: int = 96, hidden_size: int = 64,
+                    intermediate_size: int = 128, num_hidden_layers: int = 2, num_attention_heads: int = 4,
+                    num_key_value_heads: int = 2) -> Path:
+    """Write a tiny random Llama checkpoint (bf16 safetensors, config.json) with SmolLM2's architecture: grouped
+    query attention, a gated SiLU MLP, RMSNorm, tied embeddings. For checks that need a real transformers model
+    and a real 4-bit load in well under a second; its answers mean nothing.
+
+    Every linear layer's input width must be a multiple of 64 (bitsandbytes' blocksize; see lesson 16 on the CPU
+    kernel that mis-scales other widths). Deterministic in ``seed``. Returns the folder.
+    Raises ValueError for a width that is not a multiple of 64 or heads that do not divide it.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hidden_size % 64 or intermediate_size % 64:
+        raise ValueError(f"hidden_size and intermediate_size must be multiples of 64, got {hidden_size}, {intermediate_size}")
+    if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
+        raise ValueError("num_attention_heads must divide hidden_size, and num_key_value_heads num_attention_heads")
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads, max_position_embeddings=256, tie_word_embeddings=True,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    rng = torch.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        net = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    finally:
+        torch.set_rng_state(rng)
+    out = Path(out_dir)
+    net.save_pretrained(out)
+    return out
+
+
+def dequantized_copy(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """Replace every bitsandbytes ``Linear4bit`` in ``model`` by an ``nn.Linear`` holding dequant(W4) in ``dtype``.
+
+    The result computes what the 4-bit model computes (up to the matmul's own rounding), with ordinary
+    weights: the base a QLoRA adapter was trained against, as a plain model that PEFT can merge into.
+    Dequantization is bitsandbytes' own (``bitsandbytes.functional.dequantize_4bit``). Modifies and returns
+    ``model``; models without 4-bit layers come back unchanged. Source: lesson 15 (NF4), lesson 13 (merging).
+    """
+    try:
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as bnbF
+    except ImportError:
+        return model
+    keep_4bit_layers_trainable(model)  # a repacked weight would not dequantize with its plain quant_state
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for name, m in targets:
+        w = bnbF.dequantize_4bit(m.weight.data, m.weight.quant_state).to(dtype)
+        lin = torch.nn.utils.skip_init(torch.nn.Linear, m.in_features, m.out_features, bias=m.bias is not None, dtype=dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.reshape(m.out_features, m.in_features))
+            if m.bias is not None:
+                lin.bias.copy_(m.bias.to(dtype))
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, name.rpartition(".")[2], lin)
+    if targets and hasattr(model, "config"):
+        model.config.quantization_config = None
+        for attr in ("is_loaded_in_4bit", "is_quantized", "hf_quantizer"):
+            if hasattr(model, attr):
+                try:
+                    setattr(model, attr, False if attr != "hf_quantizer" else None)
+                except AttributeError:
+                    pass
+    return model
+
+
 def footprint(model: torch.nn.Module) -> int:
     """Bytes held by the model's parameters and buffers (each shared tensor once).
 

@@ -1,13 +1,14 @@
-"""The capstone's training loop, evaluation and artifacts, written out so a lesson can show every step.
+"""The capstone's recipe, preflight, training loop and adapter artifacts: the reference for what lesson 19's
+student writes.
 
-Recipe (QLoRA, Dettmers et al. 2023, arXiv:2305.14314; seed 003 "Preparing the model"): an NF4 base
-with double quantization, ``prepare_model_for_kbit_training``, LoRA on every linear layer of the
-decoder (PEFT ``target_modules="all-linear"``, which leaves the tied output head alone), AdamW over
-the adapter parameters only, linear warm-up then linear decay, gradient accumulation with a
-token-weighted loss (coursekit.data), one tqdm bar, the loss logged every step.
+Recipe (QLoRA, Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", arXiv:2305.14314;
+PEFT's quantization guide): an NF4 base with double quantization, ``prepare_model_for_kbit_training``,
+LoRA on every linear layer of the decoder (PEFT ``target_modules="all-linear"``, which leaves the tied
+output head alone), AdamW over the adapter parameters only, linear warm-up then linear decay, gradient
+accumulation with a token-weighted loss (lesson 04), one tqdm bar, the loss logged every step. The loss
+runs the output layer only at supervised positions (:func:`supervised_loss_sum`).
 
-Evaluation is greedy generation with the same prompt for the baseline and the tuned model, scored
-by exact match of the first word with the label.
+Evaluation lives in :mod:`coursekit.evaluate`; the whole experiment in :mod:`coursekit.capstone`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from . import data as cdata
 from . import model as cmodel
+from .artifacts import warn_if_untrained
 
 __all__ = [
     "TrainConfig",
@@ -34,9 +36,12 @@ __all__ = [
     "trainable_report",
     "preflight",
     "PreflightError",
+    "load_for_lora",
+    "supervised_loss_sum",
+    "adapter_optimizer",
+    "make_windows",
+    "train_steps",
     "train",
-    "generate_answers",
-    "evaluate",
     "save_adapter",
     "load_adapter",
     "merge_into_bf16",
@@ -87,7 +92,7 @@ def peak_rss_mb() -> float:
 
 def attach_adapter(model: torch.nn.Module, cfg: TrainConfig, quantized: bool | None = None):
     """Freeze the base and add LoRA adapters (PEFT). For a 4-bit base, run ``prepare_model_for_kbit_training`` first
-    (casts norms to fp32, enables input gradients; seed 003). Gradient checkpointing stays off: at these sequence
+    (casts norms to fp32, enables input gradients; PEFT's quantization guide). Gradient checkpointing stays off: at these sequence
     lengths on CPU it costs time and saves little.
 
     Returns the ``PeftModel``. Raises ValueError if ``cfg.r`` is not positive.
@@ -122,7 +127,7 @@ def _default_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
 def preflight(model: torch.nn.Module, batch: Any, *, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
               optimizer: torch.optim.Optimizer | None = None, trainable: Callable[[str], bool] | None = None,
               overfit_steps: int = 0, overfit_factor: float = 2.0) -> dict:
-    """Checks before a long run, on one batch (seed 000, "Run a small preflight"; lesson 11).
+    """Checks before a long run, on one batch (lesson 11).
 
     Always:
 
@@ -292,104 +297,124 @@ def _batches(rows: list[dict], size: int, seed: int) -> Iterable[list[dict]]:
             yield [rows[j] for j in order[i:i + size]]
 
 
-def train(model: torch.nn.Module, tokenizer, examples: Sequence[dict], cfg: TrainConfig,
-          progress: bool = True, on_step: Callable[[int, float], None] | None = None) -> dict:
-    """Train the adapter in ``model`` (a PeftModel) on ``examples`` (chat-format dicts with "messages").
+def load_for_lora(path: str | os.PathLike | None, r: int, lora_alpha: int, target_modules: Any = "all-linear",
+                  quantize: bool = True, lora_dropout: float = 0.0):
+    """The QLoRA recipe in four calls (Dettmers et al. 2023; PEFT's quantization guide), or plain LoRA on bf16.
 
-    Each optimizer step sums ``cfg.accumulation`` micro-batches of ``cfg.micro_batch`` rows, each weighted by
-    its share of the window's supervised tokens (``coursekit.data.micro_batch_loss``), then AdamW and the
-    schedule step. Returns the history: loss and learning rate per step, and seconds per step.
+    With ``quantize``: ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)`` → ``from_pretrained`` →
+    ``prepare_model_for_kbit_training`` (norms and embedding to fp32) → ``get_peft_model`` with
+    ``LoraConfig(r, lora_alpha, target_modules, lora_dropout, task_type="CAUSAL_LM")``. Without: the bf16
+    base and the same adapter, no preparation (there is nothing quantized to prepare for).
 
-    Raises ValueError for an empty training set or one smaller than a micro-batch.
+    path: checkpoint folder (None: the course's embedded base). Returns the ``PeftModel`` in train mode,
+    only the adapter trainable. Raises ValueError for r < 1 or lora_alpha ≤ 0; ModelError if loading fails.
     """
-    from tqdm.auto import tqdm
-    from transformers import get_linear_schedule_with_warmup
+    if not isinstance(r, int) or r < 1:
+        raise ValueError(f"r must be a positive integer, got {r!r}")
+    if not lora_alpha > 0:
+        raise ValueError(f"lora_alpha must be positive, got {lora_alpha!r}")
+    base = cmodel.load_model("nf4" if quantize else "bf16", path)
+    cfg = TrainConfig(r=r, lora_alpha=lora_alpha, target_modules=target_modules, lora_dropout=lora_dropout)
+    model = attach_adapter(base, cfg, quantized=quantize)
+    model.train()
+    return model
 
+
+def supervised_loss_sum(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, int]:
+    """(Σ token losses over the supervised positions, their number) for one collated batch.
+
+    The same loss as ``model(**batch).loss`` × count, computed without the logits nobody scores: the
+    decoder's hidden states [B, T, d] are gathered at the positions whose next token is supervised
+    (labels shifted once, here), and only those go through the output layer (d → V = 49,152 for SmolLM2).
+    Under 5 % of a capstone batch's positions are supervised, so this skips most of the largest matmul and
+    of the softmax. batch: ``coursekit.data.collate`` output. Returns a 0-dim float32 tensor (with grad) and
+    an int. Raises EmptyBatchError if no position is supervised.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = inner.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    target = batch["labels"][:, 1:]
+    keep = target != cdata.IGNORE_INDEX
+    n = int(keep.sum())
+    if n == 0:
+        raise cdata.EmptyBatchError("no supervised position in this batch: the loss is undefined (0/0)")
+    logits = inner.get_output_embeddings()(hidden[:, :-1][keep]).float()
+    return torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum"), n
+
+
+def adapter_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW over the trainable tensors only (``requires_grad``), never the frozen base. Raises ValueError if
+    nothing is trainable."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("nothing is trainable: attach the adapter first")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def make_windows(examples: Sequence[dict], tokenizer, cfg: TrainConfig) -> list[list[dict]]:
+    """``cfg.steps`` accumulation windows of ``cfg.accumulation`` collated micro-batches of ``cfg.micro_batch``
+    examples: a fresh shuffle every epoch, deterministic in ``cfg.seed``. Raises ValueError when ``examples``
+    cannot fill one micro-batch."""
     if len(examples) < cfg.micro_batch:
         raise ValueError(f"{len(examples)} training examples cannot fill a micro-batch of {cfg.micro_batch}.")
-    torch.manual_seed(cfg.seed)
     rows = [cdata.encode_example(ex, tokenizer) for ex in examples]
-    pad_id = _pad_id(tokenizer)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = get_linear_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
     stream = _batches(rows, cfg.micro_batch, cfg.seed)
-    hist = {"loss": [], "lr": [], "seconds": []}
+    pad_id = _pad_id(tokenizer)
+    return [[cdata.collate(next(stream), pad_id) for _ in range(cfg.accumulation)] for _ in range(cfg.steps)]
+
+
+def train_steps(model: torch.nn.Module, windows: Sequence[Sequence[dict]], optimizer: torch.optim.Optimizer,
+                scheduler: Any = None, progress: bool = True,
+                on_step: Callable[[int, float], None] | None = None) -> dict:
+    """One optimizer step per window: the token-weighted mean loss over the window, AdamW, the schedule.
+
+    With N = the window's supervised tokens, every micro-batch adds (its loss sum) / N to the gradient, so
+    the window's gradient is that of Σ token losses / N: every token weighs the same, however the tokens
+    fall into micro-batches (lesson 04; averaging per micro-batch would weigh a short answer's tokens more).
+    Returns the history: ``loss`` (window mean), ``lr``, ``seconds`` and ``tokens`` per step.
+    """
+    from tqdm.auto import tqdm
+
+    hist: dict[str, list] = {"loss": [], "lr": [], "seconds": [], "tokens": []}
     model.train()
-    bar = tqdm(range(cfg.steps), desc="training", unit="step", disable=not progress)
-    for step in bar:
+    bar = tqdm(windows, desc="training", unit="step", disable=not progress)
+    for step, window in enumerate(bar):
         t0 = time.perf_counter()
-        micro = [cdata.collate(next(stream), pad_id) for _ in range(cfg.accumulation)]
-        n_window = cdata.num_items_in_window(micro)
+        n = sum(cdata.count_supervised(b["labels"]) for b in window)
         total = 0.0
-        for b in micro:
-            loss = cdata.micro_batch_loss(model, b, n_window)
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        hist["loss"].append(total)
-        hist["lr"].append(sched.get_last_lr()[0])
+        for b in window:
+            loss_sum, _ = supervised_loss_sum(model, b)
+            (loss_sum / n).backward()
+            total += loss_sum.item()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        hist["loss"].append(total / n)
+        hist["lr"].append(optimizer.param_groups[0]["lr"])
         hist["seconds"].append(time.perf_counter() - t0)
-        bar.set_postfix(loss=f"{total:.3f}")
+        hist["tokens"].append(n)
+        bar.set_postfix(loss=f"{total / n:.3f}")
         if on_step:
-            on_step(step, total)
+            on_step(step, total / n)
     return hist
 
 
-def _first_word(text: str) -> str:
-    words = text.strip().lower().split()
-    return words[0].strip(".,:;!?\"'`*()[]") if words else ""
+def train(model: torch.nn.Module, tokenizer, examples: Sequence[dict], cfg: TrainConfig,
+          progress: bool = True, on_step: Callable[[int, float], None] | None = None) -> dict:
+    """Train the adapter in ``model`` (a PeftModel) on ``examples`` (chat-format dicts with "messages"):
+    :func:`make_windows`, :func:`adapter_optimizer`, linear warm-up then linear decay
+    (``transformers.get_linear_schedule_with_warmup``), :func:`train_steps`. Returns the history.
 
-
-@torch.no_grad()
-def generate_answers(model: torch.nn.Module, tokenizer, tickets: Sequence[str], max_new_tokens: int = 5,
-                     batch_size: int = 16) -> list[str]:
-    """Greedy answers (decoded new text) to the course's prompt for each ticket, batched with left padding.
-
-    Runs in eval mode without gradients — which on AVX512-BF16 CPUs makes bitsandbytes repack 4-bit weights
-    for inference unless :func:`coursekit.model.keep_4bit_layers_trainable` has been applied; this function
-    applies it first, so evaluating before or between training steps never cuts the gradient path.
+    Raises ValueError for an empty training set or one smaller than a micro-batch.
     """
-    cmodel.keep_4bit_layers_trainable(model)
-    was_training = model.training
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    out: list[str] = []
-    try:
-        for i in range(0, len(tickets), batch_size):
-            prompts = [tokenizer.apply_chat_template(cdata.prompt_messages(t), tokenize=False, add_generation_prompt=True)
-                       for t in tickets[i:i + batch_size]]
-            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=_pad_id(tokenizer))
-            out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return out
+    from transformers import get_linear_schedule_with_warmup
 
-
-def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict], max_new_tokens: int = 5) -> dict:
-    """Exact-label accuracy of greedy answers: overall, per label, and every prediction.
-
-    An answer is right when its first word, lower-cased and stripped of punctuation, equals the label.
-    """
-    tickets = [ex["ticket"] for ex in examples]
-    answers = generate_answers(model, tokenizer, tickets, max_new_tokens)
-    per: dict[str, list[int]] = {}
-    preds = []
-    for ex, ans in zip(examples, answers):
-        ok = _first_word(ans) == ex["label"]
-        per.setdefault(ex["label"], [0, 0])
-        per[ex["label"]][0] += ok
-        per[ex["label"]][1] += 1
-        preds.append({"ticket": ex["ticket"], "label": ex["label"], "answer": ans.strip(), "correct": ok})
-    n = len(examples)
-    return {"accuracy": sum(p["correct"] for p in preds) / n if n else float("nan"),
-            "per_label": {k: v[0] / v[1] for k, v in sorted(per.items())}, "predictions": preds}
+    torch.manual_seed(cfg.seed)
+    windows = make_windows(examples, tokenizer, cfg)
+    opt = adapter_optimizer(model, cfg.lr, cfg.weight_decay)
+    sched = get_linear_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
+    return train_steps(model, windows, opt, sched, progress=progress, on_step=on_step)
 
 
 # --------------------------------------------------------------------------- artifacts
@@ -410,6 +435,7 @@ def save_adapter(model, out_dir: str | os.PathLike, cfg: TrainConfig, checkpoint
     """Save the adapter (PEFT: adapter_config.json + adapter_model.safetensors) and its base identity:
     checkpoint hashes, target modules, r, lora_alpha, the run's config. Returns the folder."""
     out = Path(out_dir)
+    warn_if_untrained(model, "saving", out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     peft_cfg = model.peft_config["default"]
@@ -439,7 +465,9 @@ def load_adapter(base_model, adapter_dir: str | os.PathLike, checkpoint: str | o
             raise ValueError(f"this adapter was trained on another base checkpoint ({saved['model']}, "
                              f"{list(saved['checkpoint_files'].values())[0][:12]}…) than the one loaded "
                              f"({list(here['checkpoint_files'].values())[0][:12]}…)")
-    return PeftModel.from_pretrained(base_model, str(folder), is_trainable=is_trainable)
+    model = PeftModel.from_pretrained(base_model, str(folder), is_trainable=is_trainable)
+    warn_if_untrained(model, "loaded", folder)
+    return model
 
 
 def load_nf4_with_adapter(adapter_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None):
@@ -455,9 +483,30 @@ def load_nf4_with_adapter(adapter_dir: str | os.PathLike, checkpoint: str | os.P
 
 
 def merge_into_bf16(adapter_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None):
-    """Load the **bf16** base, attach the adapter and merge: W + sAB in full precision (lesson 13).
+    """Load the **bf16** base W16, attach the adapter and merge: W16 + s·AB, rounded once to bf16 (lesson 13).
 
-    Merging into the NF4 weights instead would re-quantize W + sAB and add a second rounding error.
-    """
+    This is the deployment recipe (``merge_for_deployment`` in lesson 19). Merging into the NF4 weights instead
+    would re-quantize W + sAB and add a second rounding error (:func:`merge_into_nf4`)."""
     base = cmodel.load_model("bf16", checkpoint)
     return load_adapter(base, adapter_dir, checkpoint).merge_and_unload()
+
+
+def merge_into_dequantized(adapter_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None):
+    """Merge onto dequant(W4) instead of W16: every NF4 layer dequantized to a bf16 ``nn.Linear``
+    (:func:`coursekit.model.dequantized_copy`), then W4' + s·AB rounded to bf16. The base the adapter was trained
+    against, in a plain bf16 model; lesson 19 compares it with :func:`merge_into_bf16`."""
+    base = cmodel.dequantized_copy(cmodel.load_model("nf4", checkpoint))
+    return load_adapter(base, adapter_dir, checkpoint).merge_and_unload()
+
+
+def merge_into_nf4(adapter_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None):
+    """The mistake, for comparison: PEFT's ``merge_and_unload`` on the NF4 model, which dequantizes each weight,
+    adds s·AB and quantizes the sum to NF4 again (a second rounding, of a 4-bit size)."""
+    return merge_nf4_model(load_nf4_with_adapter(adapter_dir, checkpoint))
+
+
+def merge_nf4_model(model):
+    """:func:`merge_into_nf4` on a PeftModel already loaded on an NF4 base (changes it; returns the merged model)."""
+    with warnings.catch_warnings():  # PEFT warns that a 4-bit merge rounds: that rounding is what this shows
+        warnings.simplefilter("ignore", UserWarning)
+        return model.merge_and_unload()

@@ -121,6 +121,7 @@ def test_export_and_checked_reload_are_exact(tmp_path):
     assert json.loads((folder / artifacts.FINGERPRINT_FILE).read_text())["values"] == artifacts.base_fingerprint(m)["values"]
 
 
+@pytest.mark.filterwarnings("ignore::coursekit.artifacts.UntrainedAdapterWarning")
 def test_checked_reload_refuses_other_bases_with_clear_messages(tmp_path):
     folder = artifacts.export_adapter(_peft(0), tmp_path / "ad")
     with pytest.raises(ValueError, match="same shapes but other weights"):
@@ -131,6 +132,24 @@ def test_checked_reload_refuses_other_bases_with_clear_messages(tmp_path):
         artifacts.load_adapter_checked(artifacts.TinyNet(), tmp_path)
     # PEFT alone accepts the same-shaped other base: that is what the fingerprint is for.
     assert isinstance(PeftModel.from_pretrained(artifacts.TinyNet(seed=1), str(folder)), PeftModel)
+
+
+def test_an_untrained_adapter_warns_on_export_and_on_reload_and_a_trained_one_does_not(tmp_path):
+    """B = 0 reproduces the base exactly, so every later check passes on it: the silent path must make a noise."""
+    import warnings
+
+    with pytest.warns(artifacts.UntrainedAdapterWarning, match="Likely cause: it was saved before any training step"):
+        folder = artifacts.export_adapter(_peft(0), tmp_path / "fresh")
+    with pytest.warns(artifacts.UntrainedAdapterWarning, match="all zero"):
+        artifacts.load_adapter_checked(artifacts.TinyNet(seed=0), folder)
+    trained = _peft(0)
+    with torch.no_grad():
+        next(p for n, p in trained.named_parameters() if "lora_B" in n).add_(0.1)  # one nonzero lora_B is enough
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", artifacts.UntrainedAdapterWarning)
+        artifacts.load_adapter_checked(artifacts.TinyNet(seed=0), artifacts.export_adapter(trained, tmp_path / "ok"))
+    assert artifacts.zero_lora_B(trained) == (len([n for n, _ in trained.named_parameters() if "lora_B" in n]) - 1,
+                                              len([n for n, _ in trained.named_parameters() if "lora_B" in n]))
 
 
 def test_export_needs_a_peft_model(tmp_path):

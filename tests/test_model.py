@@ -310,3 +310,38 @@ def test_guard_counts_changed_layers_and_ignores_other_modules():
     assert M.keep_4bit_layers_trainable(net) == expected
     assert M.keep_4bit_layers_trainable(net) == 0  # idempotent
     assert M.keep_4bit_layers_trainable(torch.nn.Linear(2, 2)) == 0
+
+
+# --------------------------------------------------------------------------- tiny checkpoints and dequantized copies
+
+
+def test_tiny_checkpoint_is_deterministic_and_loads_in_4_bits(tmp_path):
+    import bitsandbytes as bnb
+
+    a = M.tiny_checkpoint(tmp_path / "a", seed=5)
+    b = M.tiny_checkpoint(tmp_path / "b", seed=5)
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    m = M.load_model("nf4", a)
+    assert isinstance(m.model.layers[0].mlp.down_proj, bnb.nn.Linear4bit)
+    assert m.config.num_key_value_heads < m.config.num_attention_heads  # grouped-query attention, as SmolLM2
+    with pytest.raises(ValueError, match="multiples of 64"):
+        M.tiny_checkpoint(tmp_path / "c", hidden_size=80)
+
+
+def test_dequantized_copy_computes_what_the_4_bit_model_computes(tmp_path):
+    import bitsandbytes as bnb
+
+    path = M.tiny_checkpoint(tmp_path / "t", seed=1)
+    ids = torch.randint(2, 90, (2, 9))
+    nf4 = M.load_model("nf4", path)
+    with torch.no_grad():
+        want = nf4(input_ids=ids).logits
+    dq = M.dequantized_copy(M.load_model("nf4", path))
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in dq.modules())
+    assert dq.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        got = dq(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    bf16 = M.load_model("bf16", path)
+    with torch.no_grad():
+        assert not torch.equal(bf16(input_ids=ids).logits, want)  # dequant(W4) is not W16
