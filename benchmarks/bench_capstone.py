@@ -1,15 +1,23 @@
-"""`make bench` (second part): the capstone's figures and bf16 vs NF4 on the same short job, in one run.
+"""`make bench` (third part): the capstone's training step against the bound its matrix products set, in one run.
 
-Writes .artifacts/bench-capstone.json and prints a table. The capstone itself reuses a cached adapter
-when one exists for the default configuration (its training seconds per step come from that run's
-history); pass --retrain to train it again here.
+For QLoRA (NF4 base) and LoRA on the bf16 base, with the capstone's configuration and batches: seconds per
+optimizer step (median of the steps after a warm-up), and the bound that bf16 GEMMs alone would allow: the step's
+multiply-adds (the frozen base's forward and input gradients, the adapters' forward and both gradients, the output
+layer at the supervised positions; attention scores and element-wise work not counted) divided by the bf16 GEMM
+rate this CPU reaches at the model's own shapes, measured here, in the same process, just before. The ratio says
+how far eager PyTorch on this machine is from the arithmetic.
+
+Writes .artifacts/bench-capstone.json and prints a table. Numbers vary with what else the machine does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,43 +25,80 @@ import torch
 from coursekit import capstone, data, model, train
 
 
-def short_job(precision: str, steps: int = 8) -> dict:
-    """LoRA (r 16, all linear) on a bf16 or NF4 base: seconds per step (after a warm-up step) and footprint."""
+def gemm_rate(tokens: int, shapes: list[tuple[int, int, int]], repeats: int = 20) -> float:
+    """bf16 multiply-add rate in FLOP/s over the model's linear shapes (d_in, d_out, count per layer), weighted by
+    their FLOPs, for ``tokens`` rows: the best a step made of these products could do on this CPU."""
+    total_flop, total_s = 0.0, 0.0
+    for d_in, d_out, count in shapes:
+        x = torch.randn(tokens, d_in, dtype=torch.bfloat16)
+        w = torch.randn(d_in, d_out, dtype=torch.bfloat16)
+        for _ in range(3):
+            x @ w
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            x @ w
+        dt = (time.perf_counter() - t0) / repeats
+        total_flop += 2 * tokens * d_in * d_out * count
+        total_s += dt * count
+    return total_flop / total_s
+
+
+def step_flop(m, tokens: int, supervised: int, r: int, targets: set[str] | None) -> tuple[float, list[tuple[int, int, int]]]:
+    """Multiply-add FLOPs of one training step and the distinct linear shapes of one decoder layer."""
+    cfg = m.config
+    d, inter, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    layer = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d),
+             "gate_proj": (d, inter), "up_proj": (d, inter), "down_proj": (inter, d)}
+    L = cfg.num_hidden_layers
+    base = sum(2 * tokens * a * b for a, b in layer.values()) * L * 2            # forward + input gradient
+    adapted = layer if targets is None else {k: v for k, v in layer.items() if k in targets}
+    lora = sum(2 * tokens * r * (a + b) for a, b in adapted.values()) * L * 3    # forward + both gradients
+    head = 2 * supervised * d * cfg.vocab_size * 2                             # forward + input gradient
+    shapes: dict[tuple[int, int], int] = {}
+    for a, b in layer.values():
+        shapes[(a, b)] = shapes.get((a, b), 0) + 1
+    return base + lora + head, [(a, b, c) for (a, b), c in shapes.items()]
+
+
+def timed_steps(quantize: bool, steps: int) -> dict:
+    """``steps`` + 1 steps of the capstone's configuration with coursekit's reference loop; the first is a warm-up."""
+    _, cfg, _ = capstone.RUNS["qlora"]
     tok = model.load_tokenizer()
-    base = model.load_model(precision)
-    footprint = model.footprint(base)
-    cfg = train.TrainConfig(steps=steps + 1, warmup_steps=0)
-    peft_model = train.attach_adapter(base, cfg, quantized=(precision == "nf4"))
-    hist = train.train(peft_model, tok, data.load_split("train"), cfg, progress=False)
-    sec = hist["seconds"][1:]
-    return {"precision": precision, "seconds_per_step": sum(sec) / len(sec), "footprint_mb": footprint / 1e6}
+    torch.manual_seed(cfg.seed)
+    m = train.load_for_lora(model.prepare_model(progress=False), cfg.r, cfg.lora_alpha, cfg.target_modules, quantize)
+    footprint = model.footprint(m)
+    windows = train.make_windows(data.load_split("train"), tok, capstone.dataclasses.replace(cfg, steps=steps + 1))
+    opt = train.adapter_optimizer(m, cfg.lr)
+    hist = train.train_steps(m, windows, opt, progress=False)
+    batch = windows[0][0]
+    tokens, supervised = batch["input_ids"].numel(), data.count_supervised(batch["labels"])
+    flop, shapes = step_flop(m.get_base_model(), tokens, supervised, cfg.r, None)
+    rate = gemm_rate(tokens, shapes)
+    sec = statistics.median(hist["seconds"][1:])
+    return {"seconds_per_step": sec, "step_gflop": flop / 1e9, "bf16_gemm_gflops": rate / 1e9,
+            "bound_seconds": flop / rate, "ratio_to_bound": sec / (flop / rate), "tokens_per_step": tokens,
+            "footprint_mb": footprint / 1e6}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--retrain", action="store_true")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per base (after one warm-up step)")
     p.add_argument("--out", default=".artifacts/bench-capstone.json")
     a = p.parse_args()
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
-    s = capstone.run(train.TrainConfig(), retrain=a.retrain, progress=False, log=lambda *x: None)
-    jobs = {prec: short_job(prec) for prec in ("bf16", "nf4")}
-    result = {
-        "capstone": {k: s[k] for k in ("baseline_accuracy", "tuned_accuracy", "merged_bf16_accuracy", "merged_agreement",
-                                        "steps", "seconds_per_step", "train_seconds", "wall_seconds", "peak_rss_mb",
-                                        "footprint_nf4_mb", "footprint_bf16_mb", "adapter_cached")},
-        "short_job": jobs,
-        "nf4_over_bf16_seconds_per_step": jobs["nf4"]["seconds_per_step"] / jobs["bf16"]["seconds_per_step"],
-        "bf16_over_nf4_footprint": jobs["bf16"]["footprint_mb"] / jobs["nf4"]["footprint_mb"],
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "bench_seconds": time.perf_counter() - t0,
-    }
+    jobs = {"QLoRA (NF4)": timed_steps(True, a.steps), "LoRA (bf16)": timed_steps(False, a.steps)}
+    result = {"jobs": jobs, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "bench_seconds": time.perf_counter() - t0}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(capstone.format_summary(s))
-    print(f"\nsame short job (r 16, batch 8): bf16 {jobs['bf16']['seconds_per_step']:.2f} s/step, "
-          f"NF4 {jobs['nf4']['seconds_per_step']:.2f} s/step (NF4/bf16 {result['nf4_over_bf16_seconds_per_step']:.2f}x); "
-          f"footprint bf16/NF4 {result['bf16_over_nf4_footprint']:.2f}x")
-    print(f"written to {out}")
+    print(f"{'':14s}{'s/step':>8s}{'GFLOP/step':>12s}{'bf16 GEMM GFLOP/s':>19s}{'bound s':>9s}{'ratio':>7s}{'params MB':>11s}")
+    for name, j in jobs.items():
+        print(f"{name:14s}{j['seconds_per_step']:8.2f}{j['step_gflop']:12.1f}{j['bf16_gemm_gflops']:19.0f}"
+              f"{j['bound_seconds']:9.2f}{j['ratio_to_bound']:7.2f}{j['footprint_mb']:11.0f}")
+    print(f"({a.steps} timed steps each, {torch.get_num_threads()} threads; written to {out})")
 
 
 if __name__ == "__main__":

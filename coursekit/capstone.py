@@ -1,167 +1,606 @@
-"""The capstone: a real QLoRA run on the embedded base model, end to end, on CPU.
+"""The capstone experiment: a real QLoRA run on the embedded base, judged against honest alternatives.
 
-``run()`` is what ``coursekit capstone`` and lesson 19 drive: baseline (zero-shot) accuracy on the
-held-out split, attach LoRA to the NF4 base, preflight, train, held-out accuracy, generation
-probes, save + exact reload, merge into the bf16 base and compare greedy answers, footprints and
-seconds per step. A trained adapter is cached by (config, base checkpoint, data) so that a re-run
-— a lesson re-executed, the grader, the tests — reuses it instead of training again.
+One pipeline, two users. Lesson 19 runs it with the student's own functions (a :class:`Recipe` of the
+recipe loader, preflight, optimizer, training loop, the two scoring rules and the merge); ``coursekit
+capstone`` runs it with coursekit's reference functions (:data:`REFERENCE`). The steps:
+
+1. :func:`baseline_ladder`: the untrained NF4 base with the best prompts a reasonable person would try
+   (labels with one-line definitions, zero-shot; the same with six solved training tickets; label scoring
+   with the definitions prompt), on both held-out splits.
+2. :func:`train_run`: one adapter per entry of :data:`RUNS`: QLoRA (NF4 base), LoRA on the bf16 base with
+   the same configuration and data, and one ablation (adapters on q_proj and v_proj only). Each records
+   its loss curve, seconds per step and the resident memory its load-and-train added.
+3. :func:`heldout_results`: each adapter on both held-out splits, label scoring and (for QLoRA) greedy
+   generation.
+4. :func:`merge_comparison`: the trained QLoRA adapter reloaded on a fresh NF4 base (identical logits?),
+   then merged onto W16 (bf16, the deployment recipe), onto dequant(W4) and into NF4 itself: logit
+   differences and greedy agreement against the function that was trained.
+
+Every result is stored on disk (:class:`Store`) under a key made of what determines it (base checkpoint,
+data, configuration, adapter bytes), so a second run of the lesson, the grader and the tests reuse it.
+The store never holds code: results computed by a student's functions and by the reference recipe share
+keys, and each records which recipe made it. Inside ``nbgrader autograde`` the store only reads: grading
+never trains (``coursekit grade`` runs :func:`run` with the reference recipe first if anything is missing).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import ctypes
+import dataclasses
+import gc
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 
 from . import data as cdata
+from . import evaluate as ceval
+from . import memory as cmemory
 from . import model as cmodel
 from . import train as ctrain
+from .data import prompts as cprompts
 
-PROBES = [
-    "The cooling fan on the lathe spins but the housing is hot to the touch.",
-    "After the firmware update the PLC rejects every recipe file.",
-    "Hydraulic press loses pressure when the ram extends.",
-    "Operator reports a burning smell near the main breaker.",
+__all__ = [
+    "CONFIG",
+    "RUNS",
+    "BASELINES",
+    "SHOTS",
+    "Recipe",
+    "REFERENCE",
+    "Store",
+    "CacheMiss",
+    "baseline_ladder",
+    "TrainedRun",
+    "train_run",
+    "stored_run",
+    "peak_memory",
+    "heldout_results",
+    "merge_comparison",
+    "run",
+    "format_report",
 ]
+
+#: The QLoRA configuration: r 16, lora_alpha 32 on every linear layer, AdamW lr 1e-3, 40 steps of 8 tickets
+#: (320 tickets, a little under one pass over the 360 training tickets).
+CONFIG = ctrain.TrainConfig(r=16, lora_alpha=32, target_modules="all-linear", lr=1e-3, steps=40, micro_batch=8,
+                            accumulation=1, warmup_steps=3)
+
+#: name → (quantize the base?, configuration, what it is). One variable differs from "qlora" in each.
+RUNS: dict[str, tuple[bool, ctrain.TrainConfig, str]] = {
+    "qlora": (True, CONFIG, "QLoRA: NF4 base, adapters on all linear layers"),
+    "lora_bf16": (False, CONFIG, "LoRA on the bf16 base, same configuration"),
+    "qlora_qv": (True, dataclasses.replace(CONFIG, target_modules=["q_proj", "v_proj"]),
+                 "QLoRA, adapters on q_proj and v_proj only"),
+}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One rung of the baseline ladder: the untrained base with a prompt style and a scoring rule."""
+
+    name: str
+    style: str
+    scoring: str
+
+
+#: The ladder: no training, the best prompts, both scoring rules.
+BASELINES: tuple[Baseline, ...] = (
+    Baseline("zero-shot, labels and definitions", "definitions", "generate"),
+    Baseline("few-shot, 6 solved tickets", "few_shot", "generate"),
+    Baseline("label scoring, no training", "definitions", "labels"),
+)
+#: Solved training tickets in the few-shot prompt (one per label).
+SHOTS = 6
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The functions a run is built from (lesson 19 writes each; the signatures are the lesson's).
+
+    load_for_lora(path, r, lora_alpha, target_modules, quantize) → PeftModel, only the adapter trainable;
+    preflight(model, batch, optimizer) → anything, raising on a failed check;
+    adapter_optimizer(model, lr, weight_decay) → torch optimizer;
+    train_steps(model, windows, optimizer, scheduler, progress) → per-step losses (a list, or a dict with "loss");
+    answer_logprobs(logits, labels) → per-row log-likelihood [R];
+    first_word(text) → str;
+    merge_for_deployment(adapter_dir, path) → a merged plain model.
+    """
+
+    name: str
+    load_for_lora: Callable
+    preflight: Callable
+    adapter_optimizer: Callable
+    train_steps: Callable
+    answer_logprobs: Callable
+    first_word: Callable
+    merge_for_deployment: Callable
+
+
+def _reference_preflight(model, batch, optimizer):
+    return ctrain.preflight(model, batch, optimizer=optimizer, trainable=lambda n: "lora_" in n)
+
+
+#: coursekit's own functions: what ``coursekit capstone`` and the grader's cache use.
+REFERENCE = Recipe("coursekit's reference recipe", ctrain.load_for_lora, _reference_preflight, ctrain.adapter_optimizer,
+                   ctrain.train_steps, ceval.answer_logprobs, ceval.first_word, ctrain.merge_into_bf16)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class CacheMiss(RuntimeError):
+    """A result is not in the store and this store may not compute it (inside ``nbgrader autograde``)."""
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def data_key(seed: int = 0) -> str:
+    """A hash of the three splits' examples: results from other data never match."""
     splits = cdata.make_splits(seed)
-    text = json.dumps({k: [ex["messages"] for ex in v] for k, v in splits.items()}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _digest({k: [[ex["id"], ex["ticket"], ex["label"]] for ex in v] for k, v in splits.items()})
 
 
-def run_dir(cfg: ctrain.TrainConfig) -> Path:
-    """Where this config's adapter, history and summary are cached."""
-    base = ctrain.base_identity()
-    sha = list(base["checkpoint_files"].values())[0][:12]
-    return cmodel.cache_root() / "capstone" / f"{cfg.key()}-{sha}-{data_key()}"
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _lock(folder: Path):
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # a second process waits, then reuses the first one's adapter
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+class Store:
+    """Results on disk under ``<cache>/capstone/<base checkpoint>-<data>/<kind>/<key hash>``.
+
+    root: folder (default: under ``coursekit.model.cache_root()``). compute: whether a missing result may
+    be computed (default: not inside ``nbgrader autograde``). fresh: recompute and overwrite what is there
+    (lesson 19's ``RECOMPUTE``; ``coursekit capstone --retrain``). Concurrent processes (two grading workers,
+    a lesson and a test) wait for each other on a per-result lock (``filelock``) and then reuse the result.
+    """
+
+    def __init__(self, root: str | Path | None = None, compute: bool | None = None, fresh: bool = False):
+        if root is None:
+            sha = list(ctrain.base_identity()["checkpoint_files"].values())[0][:12]
+            root = cmodel.cache_root() / "capstone" / f"{sha}-{data_key()}"
+        if compute is None:
+            from .grading import autograding
+
+            compute = not autograding()
+        self.root, self.compute, self.fresh = Path(root), compute, fresh
+        self._refreshed: set[Path] = set()
+
+    def folder(self, kind: str, key: dict) -> Path:
+        """The folder of one result; ``key`` (JSON-able) is written beside it as key.json."""
+        return self.root / kind / _digest(key)
+
+    @contextlib.contextmanager
+    def locked(self, folder: Path) -> Iterator[bool]:
+        """Hold the result's lock; yields whether the result must be (re)computed here."""
+        from filelock import FileLock
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            done = (folder / "result.json").is_file()
+            if self.fresh and folder not in self._refreshed:
+                done = False
+            if not done and not self.compute:
+                raise CacheMiss(f"{folder.relative_to(self.root)} is not in the capstone store and this run may not "
+                                f"compute it (nbgrader autograde never trains). Run `coursekit capstone` once on this "
+                                f"machine first (coursekit grade does so itself).")
+            yield not done
+
+    def result(self, kind: str, key: dict, compute: Callable[[], dict], by: str) -> dict:
+        """The stored result for (kind, key), computing and storing it (with who computed it and when) if missing."""
+        folder = self.folder(kind, key)
+        with self.locked(folder) as todo:
+            if not todo:
+                return {**json.loads((folder / "result.json").read_text()), "cached": True}
+            t0 = time.perf_counter()
+            out = {**compute(), "seconds": time.perf_counter() - t0}
+            self.write(folder, key, out, by)
+            return {**out, "cached": False, "by": by}
+
+    def write(self, folder: Path, key: dict, out: dict, by: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "key.json").write_text(json.dumps(key, indent=1, default=str) + "\n")
+        record = {**out, "by": by, "when": time.strftime("%Y-%m-%d %H:%M")}
+        tmp = folder / "result.json.tmp"
+        tmp.write_text(json.dumps(record, default=str) + "\n")
+        tmp.replace(folder / "result.json")
+        self._refreshed.add(folder)
 
 
-def train_or_load(model, tokenizer, cfg: ctrain.TrainConfig, retrain: bool = False, progress: bool = True):
-    """Train the adapter of ``model`` (a PeftModel on the NF4 base) or, if this exact run is cached, load its
-    weights. Returns ``(model, history, cached)``; history has loss, lr and seconds per step."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    folder = run_dir(cfg)
-    with _lock(folder):
-        hist_file = folder / "history.json"
-        if not retrain and hist_file.is_file() and (folder / "adapter" / "adapter_model.safetensors").is_file():
-            set_peft_model_state_dict(model, load_file(str(folder / "adapter" / "adapter_model.safetensors")))
-            return model, json.loads(hist_file.read_text()), True
-        hist = ctrain.train(model, tokenizer, cdata.load_split("train"), cfg, progress=progress)
-        ctrain.save_adapter(model, folder / "adapter", cfg, extra={"data": data_key()})
-        hist_file.write_text(json.dumps(hist) + "\n")
-        return model, hist, False
+# --------------------------------------------------------------------------- 1. baselines
 
 
-def run(cfg: ctrain.TrainConfig | None = None, retrain: bool = False, progress: bool = True, log=print) -> dict:
-    """The whole capstone; returns a summary dict (also written to the run folder as summary.json)."""
-    cfg = cfg or ctrain.TrainConfig()
-    t_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    cmodel.prepare_model(progress=progress)
-    tok = cmodel.load_tokenizer()
-    heldout = cdata.load_split("heldout")
-    log("loading the NF4 base …")
-    base = cmodel.load_model("nf4")
-    nf4_bytes = cmodel.footprint(base)
+def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: torch.nn.Module | None = None,
+                    progress: bool = True) -> dict[str, dict[str, dict]]:
+    """Every rung of :data:`BASELINES` on both held-out splits: ``{rung name: {split: result}}`` (results as
+    :func:`coursekit.evaluate.evaluate` returns them). ``base``: the untrained NF4 model, loaded here only if
+    a result is missing."""
+    shots = cprompts.few_shot_examples(SHOTS)
+    ident = ctrain.base_identity()["checkpoint_files"]
+    out: dict[str, dict[str, dict]] = {}
+    for rung in BASELINES:
+        out[rung.name] = {}
+        for split in cdata.HELDOUT_SPLITS:
+            key = {"model": "nf4 base", "base": ident, "style": rung.style, "scoring": rung.scoring, "split": split,
+                   "shots": SHOTS if rung.style == "few_shot" else 0}
 
-    log(f"baseline: greedy answers on {len(heldout)} held-out tickets …")
-    baseline = ctrain.evaluate(base, tok, heldout, cfg.max_new_tokens)
+            def compute(rung=rung, split=split):
+                nonlocal base
+                if base is None:
+                    base = cmodel.load_model("nf4")
+                return ceval.evaluate(base, tokenizer, cdata.load_split(split), rung.scoring, rung.style, shots,
+                                      progress=progress, desc=f"{rung.name}, {split}", first_word=recipe.first_word,
+                                      logprob_fn=recipe.answer_logprobs)
 
-    model = ctrain.attach_adapter(base, cfg)
-    first = cdata.collate([cdata.encode_example(ex, tok) for ex in cdata.load_split("train")[: cfg.micro_batch]],
-                          ctrain._pad_id(tok))
-    pre = ctrain.preflight(model, first)
-    model, hist, cached = train_or_load(model, tok, cfg, retrain, progress)
-    log("tuned: greedy answers on the held-out split …")
-    tuned = ctrain.evaluate(model, tok, heldout, cfg.max_new_tokens)
-    probes = dict(zip(PROBES, ctrain.generate_answers(model, tok, PROBES, cfg.max_new_tokens)))
+            out[rung.name][split] = store.result("baselines", key, compute, recipe.name)
+    return out
 
-    # Save, reload on a fresh NF4 base, and compare logits exactly.
-    folder = run_dir(cfg)
+
+# --------------------------------------------------------------------------- 2. training
+
+
+def _release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the next memory
+    measurement starts from pages that are really in use (memory a previous model freed would otherwise be reused
+    without showing up as growth)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _run_key(name: str) -> dict:
+    quantize, cfg, _ = RUNS[name]
+    return {"quantize": quantize, "config": asdict(cfg), "base": ctrain.base_identity()["checkpoint_files"],
+            "data": data_key()}
+
+
+def _losses(out: Any) -> list[float]:
+    seq = out["loss"] if isinstance(out, dict) else out
+    return [float(x) for x in seq]
+
+
+@dataclass
+class TrainedRun:
+    """One trained adapter of :data:`RUNS`: its stored ``record`` and the model, loaded only when something needs it
+    (``run.model``: ``recipe.load_for_lora`` on the embedded base, then the stored adapter weights)."""
+
+    name: str
+    record: dict
+    recipe: Recipe
+    _model: Any = None
+
+    @property
+    def adapter_dir(self) -> Path:
+        return Path(self.record["adapter_dir"])
+
+    @property
+    def model(self):
+        if self._model is None:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            quantize, cfg, _ = RUNS[self.name]
+            torch.manual_seed(cfg.seed)
+            model = self.recipe.load_for_lora(cmodel.prepare_model(progress=False), cfg.r, cfg.lora_alpha,
+                                              cfg.target_modules, quantize)
+            set_peft_model_state_dict(model, load_file(str(self.adapter_dir / "adapter_model.safetensors")))
+            self._model = model
+        return self._model
+
+    def release(self) -> None:
+        """Drop the model (the record stays); the next ``run.model`` loads it again."""
+        self._model = None
+        _release_memory()
+
+
+def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, progress: bool = True) -> TrainedRun:
+    """Train the adapter of :data:`RUNS` ``[name]`` with ``recipe``, or find it in the store.
+
+    Training: seed, ``recipe.load_for_lora`` (the embedded base), the training split cut into
+    ``CONFIG.steps`` windows, ``recipe.adapter_optimizer``, a linear warm-up and decay schedule,
+    ``recipe.preflight`` on the first micro-batch, then ``recipe.train_steps``; the adapter is saved with its
+    base identity. Measured: seconds per step (the training call over its steps). Memory is measured apart, in a
+    fresh process (:func:`peak_memory`). The record holds ``losses``, ``seconds_per_step``, ``footprint_mb``
+    (parameters and buffers after loading), ``adapter_dir``, ``adapter_sha``, ``by`` (which recipe trained it),
+    ``when`` and ``cached``.
+    """
+    from transformers import get_linear_schedule_with_warmup
+
+    quantize, cfg, _ = RUNS[name]
+    key = _run_key(name)
+    folder = store.folder("runs", key)
     adapter_dir = folder / "adapter"
-    enc = {k: v for k, v in first.items() if k != "labels"}
-    model.eval()
-    with torch.no_grad():
-        logits = model(**enc).logits
-    fresh = ctrain.load_nf4_with_adapter(adapter_dir)
-    fresh.eval()
-    with torch.no_grad():
-        logits2 = fresh(**enc).logits
-    reload_max_diff = float((logits - logits2).abs().max())
-    del fresh
+    with store.locked(folder) as todo:
+        if not todo:
+            return TrainedRun(name, {**json.loads((folder / "result.json").read_text()), "cached": True}, recipe)
+        path = cmodel.prepare_model(progress=False)
+        windows = ctrain.make_windows(cdata.load_split("train"), tokenizer, cfg)
 
-    log("merging into the bf16 base …")
-    merged = ctrain.merge_into_bf16(adapter_dir)
-    bf16_bytes = cmodel.footprint(merged)
-    merged_answers = ctrain.generate_answers(merged, tok, [ex["ticket"] for ex in heldout], cfg.max_new_tokens)
-    agree = sum(ctrain._first_word(a) == ctrain._first_word(p["answer"]) for a, p in zip(merged_answers, tuned["predictions"]))
-    merged_acc = sum(ctrain._first_word(a) == ex["label"] for a, ex in zip(merged_answers, heldout)) / len(heldout)
-    del merged
+        def work():
+            torch.manual_seed(cfg.seed)
+            model = recipe.load_for_lora(path, cfg.r, cfg.lora_alpha, cfg.target_modules, quantize)
+            footprint = cmodel.footprint(model)
+            opt = recipe.adapter_optimizer(model, cfg.lr, cfg.weight_decay)
+            sched = get_linear_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
+            recipe.preflight(model, windows[0][0], opt)
+            t0 = time.perf_counter()
+            losses = _losses(recipe.train_steps(model, windows, opt, sched, progress))
+            return model, footprint, losses, time.perf_counter() - t0
 
-    steady = hist["seconds"][1:] or hist["seconds"]
-    summary = {
-        "config": asdict(cfg),
-        "baseline_accuracy": baseline["accuracy"],
-        "tuned_accuracy": tuned["accuracy"],
-        "merged_bf16_accuracy": merged_acc,
-        "merged_agreement": agree / len(heldout),
-        "baseline_per_label": baseline["per_label"],
-        "tuned_per_label": tuned["per_label"],
-        "steps": cfg.steps,
-        "seconds_per_step": sum(steady) / len(steady),
-        "train_seconds": sum(hist["seconds"]),
-        "adapter_cached": cached,
-        "first_loss": hist["loss"][0],
-        "last_loss": hist["loss"][-1],
-        "reload_max_logit_diff": reload_max_diff,
-        "preflight": pre,
-        "footprint_nf4_mb": nf4_bytes / 1e6,
-        "footprint_bf16_mb": bf16_bytes / 1e6,
-        "peak_rss_mb": ctrain.peak_rss_mb(),
-        "wall_seconds": time.perf_counter() - t_start,
-        "probes": probes,
-        "history": hist,
-        "baseline_predictions": baseline["predictions"],
-        "tuned_predictions": tuned["predictions"],
-    }
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return summary
+        _release_memory()
+        model, footprint, losses, seconds = work()
+        ctrain.save_adapter(model, adapter_dir, cfg, extra={"data": key["data"], "run": name})
+        record = {"name": name, "quantize": quantize, "config": asdict(cfg), "losses": losses,
+                  "train_seconds": seconds, "seconds_per_step": seconds / cfg.steps, "footprint_mb": footprint / 1e6,
+                  "adapter_dir": str(adapter_dir), "adapter_sha": _file_sha(adapter_dir / "adapter_model.safetensors"),
+                  "torch_threads": torch.get_num_threads()}
+        store.write(folder, key, record, recipe.name)
+        return TrainedRun(name, {**record, "cached": False, "by": recipe.name}, recipe, model)
 
 
-def format_summary(s: dict) -> str:
-    rows = [
-        ("held-out accuracy, zero-shot baseline", f"{s['baseline_accuracy']:.1%}"),
-        ("held-out accuracy, QLoRA adapter (NF4 base)", f"{s['tuned_accuracy']:.1%}"),
-        ("held-out accuracy, merged into bf16", f"{s['merged_bf16_accuracy']:.1%}"),
-        ("merged answers equal to the adapter's", f"{s['merged_agreement']:.1%}"),
-        ("training steps", f"{s['steps']}" + (" (adapter reused from the cache)" if s["adapter_cached"] else "")),
-        ("seconds per step", f"{s['seconds_per_step']:.2f}"),
-        ("loss, first → last step", f"{s['first_loss']:.3f} → {s['last_loss']:.3f}"),
-        ("reload: max |logit difference|", f"{s['reload_max_logit_diff']:.3g}"),
-        ("footprint NF4 / bf16 (MB)", f"{s['footprint_nf4_mb']:.0f} / {s['footprint_bf16_mb']:.0f}"),
-        ("peak resident memory (MB)", f"{s['peak_rss_mb']:.0f}"),
-        ("wall time (s)", f"{s['wall_seconds']:.0f}"),
-    ]
-    w = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a:<{w}}  {b}" for a, b in rows)
+MEMORY_STEPS = 2
+
+
+def _measure_memory(name: str, out: str, return_freed: bool) -> None:
+    """In a fresh process: load :data:`RUNS` ``[name]``'s base with coursekit's recipe, train ``MEMORY_STEPS`` steps,
+    and write the process's resident memory (before loading, and its peak) to the JSON file ``out``."""
+    import logging
+
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    # glibc keeps freed blocks in its heap (its mmap threshold grows with the largest block freed), so resident
+    # memory would also count what training freed long ago. A fixed 64 KiB threshold makes every larger block an
+    # mmap of its own, handed back to the OS when freed: the peak then counts memory in use.
+    fixed = False
+    if return_freed:
+        with contextlib.suppress(OSError, AttributeError):
+            fixed = bool(ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024))  # M_MMAP_THRESHOLD
+    quantize, cfg, _ = RUNS[name]
+    tok = cmodel.load_tokenizer()
+    path = cmodel.prepare_model(progress=False)
+    windows = ctrain.make_windows(cdata.load_split("train"), tok, dataclasses.replace(cfg, steps=MEMORY_STEPS))
+    def work():
+        torch.manual_seed(cfg.seed)
+        model = ctrain.load_for_lora(path, cfg.r, cfg.lora_alpha, cfg.target_modules, quantize)
+        ctrain.train_steps(model, windows, ctrain.adapter_optimizer(model, cfg.lr, cfg.weight_decay), progress=False)
+        return model
+
+    _release_memory()
+    before = cmemory.resident_bytes()
+    model, growth = cmemory.peak_rss_delta(work, interval=0.005)
+    # What the largest term should be, counted exactly: the tensors autograd saves for one step's backward.
+    _, saved = cmemory.saved_activation_bytes(lambda: ctrain.supervised_loss_sum(model, windows[0][0]), exclude=model)
+    Path(out).write_text(json.dumps({"rss_before_mb": before / 1e6, "peak_rss_mb": (before + growth) / 1e6,
+                                     "peak_growth_mb": growth / 1e6, "footprint_mb": cmodel.footprint(model) / 1e6,
+                                     "saved_activations_mb": saved / 1e6, "steps": MEMORY_STEPS,
+                                     "allocator": "glibc, blocks over 64 KiB returned when freed" if fixed else "default"}))
+
+
+def peak_memory(name: str, store: Store, return_freed: bool = True) -> dict:
+    """Peak resident memory of training :data:`RUNS` ``[name]``, measured in a fresh Python process (spawned, so
+    it shares no pages or allocator state with this one): ``rss_before_mb`` (Python, torch and the tokenizer,
+    before the base is loaded), ``peak_rss_mb`` (the peak while loading the base and training ``MEMORY_STEPS``
+    steps of the capstone's batches, :func:`coursekit.memory.peak_rss_delta`), ``peak_growth_mb`` (the
+    difference), ``footprint_mb`` (parameters and buffers) and ``saved_activations_mb`` (what autograd saves for
+    one step's backward, :func:`coursekit.memory.saved_activation_bytes`: exact, no allocator involved).
+
+    Why not in this process: memory freed by earlier models stays in the allocator's heap and is reused without
+    showing up as growth, so the same run measured after other work reads hundreds of MB lower. The fresh
+    process runs coursekit's reference recipe (a notebook's functions cannot be sent to another process); both
+    recipes hold the same tensors. With ``return_freed`` it also asks glibc to return every block over 64 KiB
+    to the OS when freed (``mallopt(M_MMAP_THRESHOLD)``; ``allocator`` says whether that worked): with glibc's
+    defaults a process keeps freed blocks, and its resident memory then depends on the order of its
+    allocations, not only on the tensors alive. Linux only (``/proc``); elsewhere the values are None.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    def compute() -> dict:
+        if cmemory.resident_bytes() is None:
+            return {"rss_before_mb": None, "peak_rss_mb": None, "peak_growth_mb": None, "footprint_mb": None,
+                    "saved_activations_mb": None, "steps": 0}
+        with tempfile.TemporaryDirectory(prefix="coursekit-memory-") as tmp:
+            out = Path(tmp) / "memory.json"
+            # A new interpreter that imports coursekit and nothing of this process (not even its __main__).
+            code = "import sys; from coursekit.capstone import _measure_memory; _measure_memory(sys.argv[1], sys.argv[2], sys.argv[3] == '1')"
+            done = subprocess.run([sys.executable, "-c", code, name, str(out), "1" if return_freed else "0"],
+                                  capture_output=True, text=True)
+            if done.returncode != 0 or not out.is_file():
+                raise RuntimeError(f"the memory measurement of {name} failed in its own process (exit code "
+                                   f"{done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}")
+            return json.loads(out.read_text())
+
+    quantize, cfg, _ = RUNS[name]
+    key = {"quantize": quantize, "config": asdict(cfg), "base": ctrain.base_identity()["checkpoint_files"],
+           "steps": MEMORY_STEPS, "return_freed": return_freed}
+    return store.result("memory", key, compute, REFERENCE.name)
+
+
+def stored_run(name: str, store: Store) -> dict:
+    """The record of :data:`RUNS` ``[name]`` as :func:`train_run` stored it, without loading any model.
+    Raises :class:`CacheMiss` when it was never trained on this machine."""
+    folder = store.folder("runs", _run_key(name))
+    if not (folder / "result.json").is_file():
+        raise CacheMiss(f"the {name} run is not in the capstone store ({store.root}): run lesson 19 or `coursekit capstone`.")
+    return {**json.loads((folder / "result.json").read_text()), "cached": True}
+
+
+# --------------------------------------------------------------------------- 3. held-out results
+
+
+def heldout_results(run: TrainedRun, tokenizer, store: Store, scorings: tuple[str, ...] = ("labels",),
+                    progress: bool = True) -> dict[str, dict[str, dict]]:
+    """The trained model on both held-out splits, with the plain prompt it was trained with and ``run.recipe``'s
+    scoring rules: ``{scoring: {split: result}}``. The model is loaded only if a result is missing."""
+    out: dict[str, dict[str, dict]] = {}
+    rec = run.record
+    for scoring in scorings:
+        out[scoring] = {}
+        for split in cdata.HELDOUT_SPLITS:
+            key = {"adapter": rec["adapter_sha"], "run": rec["name"], "style": "plain", "scoring": scoring, "split": split}
+            out[scoring][split] = store.result("heldout", key, lambda scoring=scoring, split=split: ceval.evaluate(
+                run.model, tokenizer, cdata.load_split(split), scoring, "plain", progress=progress,
+                desc=f"{rec['name']}, {split}", first_word=run.recipe.first_word,
+                logprob_fn=run.recipe.answer_logprobs), run.recipe.name)
+    return out
+
+
+# --------------------------------------------------------------------------- 4. reload and merge
+
+
+MERGES: tuple[tuple[str, str], ...] = (
+    ("onto W16 (bf16 base)", "the deployment recipe: merge_for_deployment"),
+    ("onto dequant(W4), in bf16", "the base the adapter was trained against, as plain bf16 weights"),
+    ("into NF4 (re-quantized)", "PEFT's merge on the 4-bit model: W + sAB quantized again"),
+)
+
+
+def _codes(model) -> dict[str, torch.Tensor]:
+    """The packed NF4 bytes of every 4-bit layer (by module name, PEFT's wrapper prefixes removed)."""
+    import bitsandbytes as bnb
+
+    return {n.replace("base_model.model.", "").replace(".base_layer", ""): m.weight.data.clone()
+            for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+
+
+def _changed_codes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    """Share of 4-bit codes (two per byte) that differ between two sets of packed weights."""
+    changed = total = 0
+    for name, a in before.items():
+        b = after[name]
+        changed += int(((a >> 4) != (b >> 4)).sum() + ((a & 15) != (b & 15)).sum())
+        total += 2 * a.numel()
+    return changed / total
+
+
+def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "unseen_symptom") -> dict:
+    """Reload the adapter of ``run`` on a fresh NF4 base, then compare three merged models with it on ``split``.
+
+    Reload: ``run.model`` (the model that was trained, or ``run.recipe``'s load of it) against
+    ``coursekit.train.load_nf4_with_adapter`` on a fresh base, on the same batches: the largest |logit
+    difference| should be 0. The reference for the merges is that fresh reload: the function that was trained. Per
+    merged model: the largest and mean |difference| of the logits that predict the first answer token
+    (N × 49,152 values), the share of tickets whose greedy first answer token is the reference's (every label
+    starts with its own token, so this is the greedy label), the accuracy read off that token, and the share
+    that agrees with the untrained base instead. Returns ``{"reload_max_abs_diff", "n", "base_accuracy",
+    "reference_accuracy", "nf4_codes_changed", "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement",
+    "accuracy", "agreement_with_base"}}}``."""
+    record, recipe = run.record, run.recipe
+    key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split}
+
+    def compute() -> dict:
+        examples = cdata.load_split(split)
+        prompts = ceval.encode_prompts(tokenizer, [cdata.prompt_messages(ex["ticket"]) for ex in examples])
+        first = {tokenizer.encode(label, add_special_tokens=False)[0]: label for label in cdata.LABELS}
+
+        def labels_of(logits: torch.Tensor) -> list[str]:
+            return [first.get(t, "(other)") for t in logits.argmax(dim=-1).tolist()]
+
+        def accuracy(pred: list[str]) -> float:
+            return sum(p == ex["label"] for p, ex in zip(pred, examples)) / len(examples)
+
+        adapter_dir = run.adapter_dir
+        reloaded = ctrain.load_nf4_with_adapter(adapter_dir)
+        ref = ceval.next_token_logits(reloaded, tokenizer, prompts)
+        codes = _codes(reloaded)
+        trained = ceval.next_token_logits(run.model, tokenizer, prompts)  # same batches, so the same arithmetic
+        base_pred = labels_of(ceval.next_token_logits(cmodel.load_model("nf4"), tokenizer, prompts))
+        ref_pred = labels_of(ref)
+        out = {"reload_max_abs_diff": float((trained - ref).abs().max()), "n": len(examples),
+               "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred), "merges": {}}
+        path = cmodel.prepare_model(progress=False)
+        builders = {MERGES[0][0]: lambda: recipe.merge_for_deployment(adapter_dir, path),
+                    MERGES[1][0]: lambda: ctrain.merge_into_dequantized(adapter_dir),
+                    MERGES[2][0]: lambda: ctrain.merge_nf4_model(reloaded)}
+        for name, build in builders.items():
+            merged = build()
+            if name == MERGES[2][0]:
+                out["nf4_codes_changed"] = _changed_codes(codes, _codes(merged))
+            logits = ceval.next_token_logits(merged, tokenizer, prompts)
+            pred = labels_of(logits)
+            diff = (logits - ref).abs()
+            out["merges"][name] = {
+                "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+                "agreement": sum(a == b for a, b in zip(pred, ref_pred)) / len(pred), "accuracy": accuracy(pred),
+                "agreement_with_base": sum(a == b for a, b in zip(pred, base_pred)) / len(pred)}
+            del merged
+        return out
+
+    return store.result("merges", key, compute, recipe.name)
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool = True, log: Callable = print) -> dict:
+    """Every step above, in order; returns ``{"ladder", "runs": {name: record}, "heldout": {name: results},
+    "merge", "wall_seconds"}``. What ``coursekit capstone`` and ``coursekit grade`` (before grading lesson 19) run."""
+    t0 = time.perf_counter()
+    store = store or Store()
+    tok = cmodel.load_tokenizer()
+    log("baselines: the untrained NF4 base with better prompts …")
+    ladder = baseline_ladder(tok, store, recipe, progress=progress)
+    runs, heldout, merge = {}, {}, None
+    for name, (_, _, what) in RUNS.items():
+        log(f"{what} …")
+        trained = train_run(name, tok, store, recipe, progress)
+        scorings = ("labels", "generate") if name == "qlora" else ("labels",)
+        heldout[name] = heldout_results(trained, tok, store, scorings, progress)
+        runs[name] = trained.record
+        if name in ("qlora", "lora_bf16"):
+            runs[name] = {**trained.record, "memory": peak_memory(name, store)}
+        if name == "qlora":
+            log("reload and merges …")
+            merge = merge_comparison(trained, tok, store)
+        trained.release()
+    return {"ladder": ladder, "runs": runs, "heldout": heldout, "merge": merge,
+            "wall_seconds": time.perf_counter() - t0}
+
+
+def _pct(res: dict) -> str:
+    lo, hi = res["interval"]
+    return f"{100 * res['accuracy']:5.1f} % [{100 * lo:4.1f}, {100 * hi:5.1f}]"
+
+
+def format_report(report: dict) -> str:
+    """The run as plain-text tables: accuracy with 95 % Wilson intervals and n on both held-out splits for every
+    baseline and adapter, LoRA vs QLoRA cost, and the merge comparison."""
+    splits = cdata.HELDOUT_SPLITS
+    n = {s: len(cdata.load_split(s)) for s in splits}
+    rows = [(f"{name}", *(_pct(res[s]) for s in splits)) for name, res in report["ladder"].items()]
+    for name, res in report["heldout"].items():
+        for scoring, by_split in res.items():
+            rule = "label scoring" if scoring == "labels" else "generation, first word"
+            rows.append((f"{name}, {rule}", *(_pct(by_split[s]) for s in splits)))
+    head = ("model", *(f"{s} (n={n[s]})" for s in splits))
+    w = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    lines = ["accuracy on the held-out splits, 95 % Wilson interval", "  ".join(h.ljust(w[i]) for i, h in enumerate(head))]
+    lines += ["  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    lines += ["", "cost of each run (seconds per step from the training run; peak memory from a fresh process)",
+              f"{'run':12s} {'s/step':>7s} {'peak RSS MB':>12s} {'growth MB':>10s} {'params+buffers MB':>18s}  trained by"]
+    for name, rec in report["runs"].items():
+        mem = rec.get("memory") or {}
+        peak = "n/a" if mem.get("peak_rss_mb") is None else f"{mem['peak_rss_mb']:.0f}"
+        growth = "n/a" if mem.get("peak_growth_mb") is None else f"{mem['peak_growth_mb']:.0f}"
+        lines.append(f"{name:12s} {rec['seconds_per_step']:7.2f} {peak:>12s} {growth:>10s} {rec['footprint_mb']:18.0f}  "
+                     f"{rec['by']}{' (stored)' if rec.get('cached') else ''}")
+    m = report["merge"]
+    lines += ["", f"reload on a fresh NF4 base: largest |logit difference| {m['reload_max_abs_diff']:.3g}",
+              f"merged models against the trained function (NF4 + adapter, accuracy {100 * m['reference_accuracy']:.1f} %) "
+              f"on {m['n']} unseen-symptom tickets; first answer token"]
+    for name, r in m["merges"].items():
+        lines.append(f"  {name:26s} max |Δlogit| {r['max_abs_diff']:6.2f}  mean {r['mean_abs_diff']:.3f}  "
+                     f"same greedy label {100 * r['agreement']:5.1f} %  accuracy {100 * r['accuracy']:5.1f} %  "
+                     f"same label as the untrained base {100 * r['agreement_with_base']:5.1f} %")
+    lines.append(f"  (the NF4 merge changed {100 * m['nf4_codes_changed']:.1f} % of the 4-bit codes)")
+    lines.append(f"\nwall time {report['wall_seconds']:.0f} s")
+    return "\n".join(lines)

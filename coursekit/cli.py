@@ -71,16 +71,13 @@ def _capstone(args: argparse.Namespace) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    if args.r <= 0 or args.steps <= 0:
-        print("coursekit capstone: --r and --steps must be positive", file=sys.stderr)
-        return 2
-    from . import capstone, train
+    from . import capstone
 
-    cfg = train.TrainConfig(r=args.r, lora_alpha=args.lora_alpha if args.lora_alpha else 2 * args.r, steps=args.steps)
-    summary = capstone.run(cfg, retrain=args.retrain, progress=not args.quiet)
+    store = capstone.Store(compute=True, fresh=args.retrain)
+    report = capstone.run(capstone.REFERENCE, store, progress=not args.quiet)
     print()
-    print(capstone.format_summary(summary))
-    print(f"\nsummary.json and the adapter are in {capstone.run_dir(cfg)}")
+    print(capstone.format_report(report))
+    print(f"\nevery result, the adapters included, is stored in {store.root}")
     return 0
 
 
@@ -128,11 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="checkpoint folder (default: SmolLM2-135M-Instruct-bf16 under $COURSEKIT_CACHE or the user cache dir)")
     pm.add_argument("--quiet", action="store_true", help="no progress lines")
     pm.set_defaults(func=_prepare_model)
-    c = sub.add_parser("capstone", help="the real QLoRA run, headless: baseline, train, evaluate, save, merge; prints a summary")
-    c.add_argument("--r", type=int, default=16, help="LoRA rank (default 16)")
-    c.add_argument("--lora-alpha", type=int, default=None, help="lora_alpha (default 2 r)")
-    c.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
-    c.add_argument("--retrain", action="store_true", help="train again even if this run's adapter is cached")
+    c = sub.add_parser("capstone", help="lesson 19's experiment with coursekit's reference functions: baselines, QLoRA, "
+                                        "LoRA on bf16, an ablation, reload and merges; prints the tables")
+    c.add_argument("--retrain", action="store_true", help="train and evaluate again even where results are stored")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_capstone)
     k = sub.add_parser("keys", help="instructors: show a lesson's answer keys (autograder/keys/, or $COURSEKIT_KEYS) or check them all")
