@@ -1,45 +1,120 @@
-"""Lesson 19's graded items on right and wrong answers (the run-dependent P4 is covered by the round trip)."""
+"""Lesson 19's graded items: the eight functions a student writes are checked on tiny models; right answers score
+full with hidden cases, the typical wrong versions lose points with the mistake named, and a function that calls
+coursekit's own answer earns nothing. The evidence items read the capstone store (tests/test_capstone.py)."""
 
-import numpy as np
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
 import pytest
+import torch
 
+import lesson19_answers as A
 from coursekit.grading import check
-from coursekit.grading.lessons import lesson19
+from coursekit.grading.lessons.lesson19 import ITEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-real-qlora-run.ipynb"
+
+FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
+             "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment}
+CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["b", "c"], "p11": "c",
+           "p13": ["train", "save", "load_bf16", "attach", "merge", "verify"]}
 
 
-def test_supervised_positions_are_the_answer_and_the_end_token():
-    pos = lesson19.supervised_positions()
-    assert len(pos) >= 2 and np.all(np.diff(pos) == 1)  # one contiguous span at the end
-    fb = check("19.p1", [int(p) for p in pos], hidden=False)
-    assert fb.full
+def test_every_item_is_covered_here():
+    assert set(FUNCTIONS) | set(CHOICES) | {"p10"} == set(ITEMS)
 
 
-@pytest.mark.parametrize("shift,text", [(-1, "one to the left"), (1, "one position to the right")])
-def test_shifted_positions_are_named(shift, text):
-    pos = lesson19.supervised_positions() + shift
-    fb = check("19.p1", pos.tolist(), hidden=False)
-    assert not fb.full and text in "\n".join(fb.lines)
+def test_notebook_solutions_are_the_answers_tested_here():
+    """The notebook's solution cells define the functions this module imports as the right answers."""
+    cells = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"])
+             for c in json.loads(NOTEBOOK.read_text())["cells"]}
+    for item, fn in FUNCTIONS.items():
+        assert f"def {fn.__name__}(" in cells[f"{item}_answer"], item
+        assert cells[f"{item}_test"].strip().endswith(f'grade("19.{item}", {fn.__name__})')
 
 
-def test_missing_end_token_is_named():
-    pos = lesson19.supervised_positions()[:-1]
-    fb = check("19.p1", pos.tolist(), hidden=False)
-    assert fb.points == 0 and "<|im_end|>" in "\n".join(fb.lines)
+@pytest.mark.parametrize("item", sorted(FUNCTIONS))
+def test_right_functions_score_full_with_hidden_cases(item):
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    fb = check(f"19.{item}", FUNCTIONS[item], hidden=True)
+    assert fb.full, fb.text()
+    assert "hidden case" in fb.text()
+    assert torch.equal(torch.get_rng_state(), before), "grading must not move the student's random state"
 
 
-def test_window_loss_item():
-    right = lambda loss_sums, counts: sum(loss_sums) / sum(counts)  # noqa: E731
-    mean_of_means = lambda loss_sums, counts: float(np.mean([s / c for s, c in zip(loss_sums, counts)]))  # noqa: E731
-    assert check("19.p5", right, hidden=True).full
-    fb = check("19.p5", mean_of_means, hidden=False)
-    assert fb.points < fb.max_points and "averaged the micro-batches' mean losses" in "\n".join(fb.lines)
-    assert lesson19.window_loss_reference([2.0, 4.0], [2, 8]) == pytest.approx(0.6)
+@pytest.mark.parametrize("item", sorted(CHOICES))
+def test_right_choices_score_full(item):
+    assert check(f"19.{item}", CHOICES[item]).full
 
 
-def test_deploy_order_and_choices():
-    assert check("19.p2", ["train", "save", "load_bf16", "attach", "merge", "verify"]).full
-    fb = check("19.p2", ["train", "merge", "save", "load_bf16", "attach", "verify"])
-    assert 0 < fb.points < fb.max_points and "merge" in "\n".join(fb.lines)
-    assert check("19.p6", "b").full
-    assert "re-quantizes" in "\n".join(check("19.p6", "a").lines)
-    assert check("19.p7", "c").full and not check("19.p7", "a").full
+@pytest.mark.parametrize("item, fn, text", [
+    ("p1", A.load_without_double_quant_or_prepare, "double quantization"),
+    ("p1", A.load_with_r_and_alpha_swapped, "lora_alpha and r swapped"),
+    ("p1", A.load_by_borrowing, "calls coursekit's own coursekit.train.load_for_lora"),
+    ("p2", A.preflight_demanding_lora_A_gradients, "every lora_A gradient is exactly zero"),
+    ("p2", A.preflight_without_restore_or_base_check, "changed a base weight"),
+    ("p2", A.preflight_without_restore_or_base_check, "copy them back"),
+    ("p3", A.optimizer_over_all_parameters, "frozen base tensors"),
+    ("p3", A.adam_not_adamw, "decoupled"),
+    ("p4", A.train_mean_per_micro_batch, "each micro-batch's own mean loss"),
+    ("p4", A.train_without_zero_grad, "never cleared between windows"),
+    ("p5", A.logprobs_without_shift, "predicts the token at t + 1"),
+    ("p5", A.logprobs_averaged, "sums them"),
+    ("p6", A.first_word_not_lowercased, "Lower-case it"),
+    ("p7", A.confusion_without_other_column, "its own last column"),
+    ("p8", A.merge_into_nf4, "you merged into the NF4 weights"),
+    ("p8", A.merge_a_fresh_adapter, "computes the bare base model"),
+    ("p8", A.merge_without_unloading, "still has LoRA layers"),
+])
+def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
+    fb = check(f"19.{item}", fn, hidden=False)
+    assert fb.points < fb.max_points and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("item, fn", [("p1", A.load_without_double_quant_or_prepare), ("p3", A.optimizer_over_all_parameters),
+                                      ("p4", A.train_mean_per_micro_batch), ("p8", A.merge_into_nf4)])
+def test_hidden_cases_name_the_mistake_without_their_inputs(item, fn):
+    fb = check(f"19.{item}", fn, hidden=True)
+    hidden = [l for l in fb.lines if l.startswith("✗ hidden case")]
+    assert hidden and fb.points < fb.max_points
+    for line in hidden:
+        own = line.split("the same mistake as public case")[0]  # a public case's description is public
+        assert "r = " not in own and "lr = " not in own and "lora_alpha=" not in own, line
+
+
+def test_a_stub_gets_the_stub_message():
+    def stub(*args):
+        raise NotImplementedError()
+
+    for item in ("p1", "p2", "p4", "p6", "p8"):
+        fb = check(f"19.{item}", stub, hidden=False)
+        assert fb.points == 0 and "NotImplementedError" in fb.text()
+
+
+def test_not_a_function_is_refused():
+    for item in ("p1", "p2", "p3", "p4", "p6", "p8"):
+        fb = check(f"19.{item}", 42, hidden=False)
+        assert fb.points == 0 and "should be a function" in fb.text()
+
+
+def test_a_preflight_that_refuses_everything_loses_the_healthy_case_only():
+    def refuse(model, batch, optimizer):
+        raise RuntimeError("no")
+
+    fb = check("19.p2", refuse, hidden=False)
+    assert fb.points == pytest.approx(fb.max_points * 4 / 5) and "refused a healthy model" in fb.text()
+
+
+@pytest.mark.parametrize("item, wrong, text", [
+    ("w2", "d", "proves only what it keeps out"),
+    ("w3", "a", "never names the labels"),
+    ("p9", ["a", "b", "c"], "memorised"),
+    ("p11", "a", "within what chance gives"),
+])
+def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
+    fb = check(f"19.{item}", wrong)
+    assert not fb.full and text in fb.text()

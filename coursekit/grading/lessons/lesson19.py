@@ -1,104 +1,858 @@
-"""Graded items of lesson 19, "Capstone: a real QLoRA run"."""
+"""Graded items of lesson 19, "Capstone: the QLoRA run you build and judge".
+
+The student's functions are checked on a tiny random Llama checkpoint (coursekit.model.tiny_checkpoint: the
+course model's architecture, 2 layers of width 64, loaded in NF4 by bitsandbytes in well under a second),
+never on the real model and never by training the real run: a check costs seconds. Each model item runs the
+student's function on prepared cases (a healthy model, and models broken in one known way) and compares
+what comes back with coursekit's reference; a case fails with the mistake named when the outcome matches a
+known wrong variant.
+"""
 
 from __future__ import annotations
 
-import json
+import copy
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
+import torch
 
-from .. import Array, Choice, Function, Numeric, Ordering
-from ..checkers import Case, Mistake
+from ... import capstone, evaluate as ceval, model as cmodel, train as ctrain
+from ...data import IGNORE_INDEX, HELDOUT_SPLITS, LABELS
+from .. import Choice, Function, Numeric, Ordering
+from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout,
+                        describe_exception, quiet, time_limit, worded)
 
-P1_TICKET = "The spindle motor trips the breaker at start-up."
-P1_LABEL = "electrical"
+READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Know this."
+READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Know this."
+READ_LOOP = "Reread 'Step 3: the training loop' in Know this."
+READ_SCORING = "Reread 'Step 4: two ways to read a label' in Know this."
+READ_MERGE = "Reread 'Step 5: save, reload, merge' in Know this."
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+# --------------------------------------------------------------------------- the tiny checkpoints
 
-def supervised_positions() -> np.ndarray:
-    """Positions whose label is not -100 in the rendered P1 example (computed with the course's tokenizer)."""
-    from ... import data, model
-
-    enc = data.encode_example(data.chat_example(P1_TICKET, P1_LABEL), model.load_tokenizer())
-    return np.array([i for i, l in enumerate(enc["labels"]) if l != data.IGNORE_INDEX], dtype=np.float64)
-
-
-def _p1_mistakes() -> list[Mistake]:
-    pos = supervised_positions()
-    return [
-        Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> is supervised too: it teaches the model to stop."),
-        Mistake("shifted", pos - 1, "these are the positions one to the left: labels are aligned with input_ids, and "
-                                    "the model shifts them once itself. Don't shift by hand."),
-        Mistake("shifted right", pos + 1, "these are one position to the right of the answer tokens; labels sit on the tokens themselves."),
-    ]
+_TINY_DIRS: dict[tuple, tempfile.TemporaryDirectory] = {}
 
 
-def window_loss_reference(loss_sums, counts):
-    """Token-weighted loss of an accumulation window: Σ loss sums / Σ supervised tokens."""
-    n = sum(counts)
-    if n == 0:
-        raise ValueError("no supervised token in the window")
-    return sum(loss_sums) / n
+def tiny_path(seed: int = 0, layers: int = 2) -> Path:
+    """A tiny random Llama checkpoint for this process (written once per (seed, layers), removed at exit)."""
+    key = (seed, layers)
+    if key not in _TINY_DIRS:
+        tmp = tempfile.TemporaryDirectory(prefix="coursekit-tiny-")
+        with quiet([]):
+            cmodel.tiny_checkpoint(tmp.name, seed=seed, num_hidden_layers=layers)
+        _TINY_DIRS[key] = tmp
+    return Path(_TINY_DIRS[key].name)
+
+
+def tiny_batch(seed: int, rows: int = 2, length: int = 8, answer: int = 2, vocab: int = 96) -> dict[str, torch.Tensor]:
+    """A collated batch of random token ids: the last ``answer`` positions of each row supervised, the rest -100."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, vocab, (rows, length), generator=g)
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, -answer:] = ids[:, -answer:]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def _quiet_call(fn: Callable, *args, **kwargs):
+    with quiet([]):
+        return fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- running the student's function
+
+
+class _Stub(Exception):
+    """The student's function (or one it calls) still raises NotImplementedError."""
+
+
+def _borrowed(watch: _CallWatch, forbidden: tuple[Callable, ...]) -> list[str]:
+    codes = {getattr(getattr(f, "__func__", f), "__code__", None): f"{f.__module__}.{f.__name__}" for f in forbidden}
+    return sorted({codes[c] for c in watch.entries if c in codes})
+
+
+def _call(fn: Callable, args: tuple, name: str, tag: str, forbidden: tuple[Callable, ...], hidden: bool):
+    """Run the student's ``fn(*args)`` with output captured, a time limit and a watch on coursekit's reference.
+
+    Returns ``(True, result)`` or ``(False, [feedback lines])``; raises :class:`_Stub` for NotImplementedError."""
+    watch, noise = _CallWatch(), []
+    limit = _case_timeout()
+    try:
+        with quiet(noise), time_limit(limit), watch():
+            out = fn(*args)
+    except CaseTimeout:
+        return False, [f"✗ {tag}: your {name} did not return within {limit:g} s and was stopped."]
+    except NotImplementedError:
+        raise _Stub()
+    except Exception as e:  # the student's bug, reported
+        return False, [f"✗ {tag}: " + describe_exception(e, name, {}, hidden=hidden)]
+    used = _borrowed(watch, forbidden)
+    if used:
+        return False, [f"✗ {tag}: your {name} calls coursekit's own {', '.join(used)} instead of doing the work "
+                       f"itself; a case passed that way earns nothing."]
+    return True, out
+
+
+@dataclass
+class _ModelItem:
+    """Shared scoring of the model items: each case is ``(label, check(fn, case, tag, hidden) -> (ok, lines))``."""
+
+    title: str
+    points: float
+    name: str
+
+    def public(self) -> list:
+        raise NotImplementedError
+
+    def hidden(self, rng: np.random.Generator) -> list:
+        return []
+
+    def run_case(self, fn: Callable, case: Any, tag: str, hidden: bool) -> tuple[bool, list[str]]:
+        raise NotImplementedError
+
+    def check(self, answer: Any, ctx: Any) -> Feedback:
+        if not callable(answer):
+            return Feedback(0, self.points, [f"{self.name} should be a function; got {type(answer).__name__}. "
+                                             f"Define it with def {self.name}(...):"])
+        cases = [(c, False) for c in self.public()]
+        if ctx.hidden:
+            cases += [(c, True) for c in self.hidden(ctx.rng())]
+        passed, lines, seen = 0, [], {}
+        for i, (case, hidden) in enumerate(cases, 1):
+            tag = f"hidden case {i}" if hidden else f"public case {i} ({case.label})"
+            saved = torch.get_rng_state()
+            try:
+                ok, msg = self.run_case(answer, case, tag, hidden)
+            except _Stub:
+                return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub "
+                                                 f"with your code."])
+            finally:
+                torch.set_rng_state(saved)
+            passed += ok
+            head = msg[0].split(": ", 1)[-1] if msg else ""
+            if hidden and not ok and head in seen:
+                lines.append(f"✗ {tag}: the same mistake as {seen[head]}.")
+                continue
+            if not ok:
+                seen.setdefault(head, tag)
+            lines += msg
+        if not ctx.hidden:
+            lines.append(PUBLIC_ONLY_NOTE)
+        return Feedback(self.points * passed / len(cases), self.points, lines)
+
+
+# --------------------------------------------------------------------------- P1: load_for_lora
+
+
+@dataclass
+class LoadCase:
+    label: str
+    seed: int
+    r: int
+    lora_alpha: int
+    target_modules: Any
+    quantize: bool
+
+
+def _expected_targets(targets: Any, layers: int) -> set[str]:
+    names = ALL_LINEAR if targets == "all-linear" else tuple(targets)
+    return {f"model.layers.{i}.{'self_attn' if n in ALL_LINEAR[:4] else 'mlp'}.{n}" for i in range(layers) for n in names}
+
+
+def _lora_modules(model) -> dict[str, Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {n: m for n, m in base.named_modules() if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {})}
+
+
+def load_problems(model: Any, case: LoadCase, layers: int = 2, hidden: bool = False) -> list[str]:
+    """What is wrong with a model that ``load_for_lora`` returned for ``case`` (empty: nothing). ``hidden``: say it
+    without the case's numbers or module names (a hidden case's inputs are not shown)."""
+    import bitsandbytes as bnb
+    from peft import PeftModel
+
+    if model is None:
+        return ["returned None: return the model that get_peft_model gives you."]
+    if not isinstance(model, PeftModel):
+        return [f"returned a {type(model).__name__}, not a PeftModel: finish with get_peft_model(model, LoraConfig(...)) "
+                f"and return what it gives you. " + READ_RECIPE]
+    out = []
+    mods = _lora_modules(model)
+    want = _expected_targets(case.target_modules, layers)
+    got = set(mods)
+    if got != want:
+        missing, extra = sorted(want - got), sorted(got - want)
+        where = "" if hidden else (" (" + (f"missing {missing[0]}" if missing else "") + (" and " if missing and extra else "")
+                                   + (f"unexpected {extra[0]}" if extra else "") + f"; {len(got)} adapted, {len(want)} asked for)")
+        out.append(f"the adapters sit on the wrong modules{where}. Pass target_modules through to LoraConfig unchanged.")
+    for name, m in sorted(mods.items())[:1]:
+        r = m.lora_A["default"].weight.shape[0]
+        scaling = m.scaling["default"]
+        swapped = r == case.lora_alpha and abs(scaling - case.r / case.lora_alpha) < 1e-9
+        if r != case.r:
+            out.append("the adapters' rank is not the r passed in" + (" (lora_alpha and r swapped?)." if swapped else ".")
+                       if hidden else f"{name} has an adapter of rank {r}; the task asks for r = {case.r}"
+                       + (" (lora_alpha and r swapped?)." if swapped else "."))
+        if abs(scaling - case.lora_alpha / case.r) > 1e-9 and not swapped:
+            out.append("the adapters' scale s is not lora_alpha / r: pass r and lora_alpha to LoraConfig as given."
+                       if hidden else f"the adapter's scale s is {scaling:g}; LoraConfig(r={case.r}, "
+                       f"lora_alpha={case.lora_alpha}) gives s = lora_alpha / r = {case.lora_alpha / case.r:g}.")
+    first = next(iter(sorted(mods.items())), (None, None))[1]
+    if first is not None:
+        layer = first.base_layer
+        if case.quantize:
+            if not isinstance(layer, bnb.nn.Linear4bit):
+                out.append(f"the base layers are {type(layer).__name__}, not 4-bit: pass BitsAndBytesConfig(load_in_4bit=True, "
+                           f"...) as quantization_config to from_pretrained. " + READ_RECIPE)
+            else:
+                qs = layer.weight.quant_state
+                if layer.weight.quant_type != "nf4":
+                    out.append(f"the base is quantized as {layer.weight.quant_type}, not nf4: bnb_4bit_quant_type='nf4'.")
+                if not getattr(qs, "nested", False):
+                    out.append("the per-block absmax constants are not quantized again: QLoRA's double quantization is "
+                               "bnb_4bit_use_double_quant=True (lesson 15).")
+                if layer.compute_dtype != torch.bfloat16:
+                    out.append(f"the 4-bit layers compute in {str(layer.compute_dtype).replace('torch.', '')}; the recipe "
+                               f"computes in bfloat16 (bnb_4bit_compute_dtype=torch.bfloat16; the default is float32).")
+        else:
+            if isinstance(layer, bnb.nn.Linear4bit):
+                out.append("with quantize=False the base must stay 16-bit: load it without a quantization_config.")
+            elif layer.weight.dtype != torch.bfloat16:
+                out.append(f"with quantize=False the base weights are {str(layer.weight.dtype).replace('torch.', '')}; "
+                           f"load the bf16 base (dtype=torch.bfloat16): float32 doubles the base's memory.")
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    not_adapter = [n for n in trainable if "lora_" not in n]
+    if not_adapter:
+        eg = "" if hidden else f" ({len(not_adapter)}, e.g. {not_adapter[0]})"
+        out.append(f"tensors outside the adapter are trainable{eg}: only lora_A and lora_B should train. "
+                   f"get_peft_model freezes the base; something unfroze it afterwards.")
+    if not trainable:
+        out.append("nothing is trainable: the adapter's tensors have requires_grad=False.")
+    norm = model.get_base_model().model.norm.weight
+    if case.quantize and norm.dtype != torch.float32:
+        out.append(f"the layer norms are {str(norm.dtype).replace('torch.', '')}: prepare_model_for_kbit_training (which "
+                   f"casts them, and the embedding, to float32 for stable training) was not run before get_peft_model. "
+                   + READ_RECIPE)
+    if not case.quantize and norm.dtype == torch.float32:
+        out.append("with quantize=False the norms are float32: prepare_model_for_kbit_training is for a quantized base; "
+                   "on a bf16 model it casts every weight to float32 (twice the memory). Skip it there.")
+    return out
+
+
+class LoadItem(_ModelItem):
+    """Implement ``load_for_lora(path, r, lora_alpha, target_modules, quantize)``: checked on tiny checkpoints."""
+
+    def public(self):
+        return [LoadCase("NF4, r = 4, lora_alpha = 8, all-linear", 0, 4, 8, "all-linear", True),
+                LoadCase("bf16, r = 2, lora_alpha = 8, q_proj and v_proj", 0, 2, 8, ["q_proj", "v_proj"], False)]
+
+    def hidden(self, rng):
+        out = []
+        for q in (True, False):
+            r = int(rng.integers(1, 9))
+            alpha = int(rng.choice([a for a in (r, 2 * r, 16, 3) if a != r] or [2 * r]))
+            k = int(rng.integers(1, 8))
+            targets = "all-linear" if rng.random() < 0.4 else sorted(rng.choice(ALL_LINEAR, size=k, replace=False).tolist())
+            out.append(LoadCase("", int(rng.integers(1, 1000)), r, alpha, targets, q))
+        return out
+
+    def run_case(self, fn, case: LoadCase, tag, hidden):
+        path = tiny_path(case.seed)
+        targets = list(case.target_modules) if isinstance(case.target_modules, list) else case.target_modules
+        ok, got = _call(fn, (str(path), case.r, case.lora_alpha, targets, case.quantize), self.name, tag,
+                        (ctrain.load_for_lora, ctrain.attach_adapter, cmodel.load_model), hidden)
+        if not ok:
+            return False, got
+        problems = load_problems(got, case, hidden=hidden)
+        if problems:
+            return False, [f"✗ {tag}: {problems[0]}"] + [f"    also: {p}" for p in problems[1:3]]
+        return True, [f"✓ {tag}: {'NF4 with double quantization, norms in float32' if case.quantize else 'bf16 base'}, "
+                      f"adapters where asked, only lora_A and lora_B trainable."]
+
+
+# --------------------------------------------------------------------------- P2: preflight
+
+
+@dataclass
+class PreflightCase:
+    label: str
+    seed: int
+    fault: str  # "" (healthy), "frozen", "cut", "nan", "base_moves"
+
+
+def _qlora_tiny(seed: int, r: int = 4):
+    torch.manual_seed(seed)
+    return _quiet_call(ctrain.load_for_lora, tiny_path(seed % 3), r, 2 * r, "all-linear", True)
+
+
+def preflight_setup(case: PreflightCase):
+    """(model, batch, optimizer) for one preflight case: a healthy tiny QLoRA model, or one broken by ``case.fault``."""
+    model = _qlora_tiny(case.seed)
+    batch = tiny_batch(case.seed)
+    extra = []
+    if case.fault == "base_moves":  # a base weight left trainable and handed to the optimizer
+        norm = model.get_base_model().model.norm.weight
+        norm.requires_grad_(True)
+        extra = [norm]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad and all(p is not e for e in extra)] + extra,
+                            lr=1e-2)
+    if case.fault == "frozen":
+        for p in model.parameters():
+            p.requires_grad_(False)
+    elif case.fault == "cut":  # the top block's input is detached: no gradient reaches the adapters below it
+        top = model.get_base_model().model.layers[-1]
+        top.register_forward_pre_hook(lambda mod, args, kwargs: ((args[0].detach(),) + args[1:], kwargs)
+                                      if args else (args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}),
+                                      with_kwargs=True)
+    elif case.fault == "nan":
+        with torch.no_grad():
+            model.get_base_model().model.norm.weight[0] = float("nan")
+    return model, batch, opt
+
+
+_FAULTS = {
+    "": "a healthy model",
+    "frozen": "a model whose adapter was frozen after the optimizer was built",
+    "cut": "a model whose top block receives a detached input",
+    "nan": "a model whose final norm holds a NaN",
+    "base_moves": "a model whose final norm was left trainable and is in the optimizer",
+}
+_MISSED = {
+    "frozen": "nothing on this model trains (every tensor has requires_grad=False), and your preflight let it through. "
+              "Check first that some parameter requires a gradient.",
+    "cut": "every lora_B below the top block got no gradient (None or all zero), and your preflight let it through. "
+           "Check each lora_B's .grad after one backward: with B = 0 at the start, ∇B = s·Zᵀ·D is nonzero whenever a "
+           "gradient reaches the layer.",
+    "nan": "the loss on this batch is NaN, and your preflight let it through. Check torch.isfinite on the loss and on "
+           "every gradient.",
+    "base_moves": "one optimizer step changed a base weight (the final norm), and your preflight let it through. Copy "
+                  "every non-adapter parameter before optimizer.step() and compare after (torch.equal).",
+}
+
+
+class PreflightItem(_ModelItem):
+    """Implement ``preflight(model, batch, optimizer)``: raises on four broken tiny models, passes a healthy one and
+    leaves it (parameters and optimizer state) as it found it."""
+
+    def public(self):
+        return [PreflightCase(_FAULTS[f], 0, f) for f in _FAULTS]
+
+    def hidden(self, rng):
+        return [PreflightCase("", int(rng.integers(1, 1000)), f) for f in _FAULTS]
+
+    def run_case(self, fn, case: PreflightCase, tag, hidden):
+        model, batch, opt = preflight_setup(case)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        watch, noise = _CallWatch(), []
+        raised = None
+        try:
+            with quiet(noise), time_limit(_case_timeout()), watch():
+                fn(model, batch, opt)
+        except CaseTimeout:
+            return False, [f"✗ {tag}: your preflight did not return within {_case_timeout():g} s."]
+        except NotImplementedError:
+            raise _Stub()
+        except Exception as e:
+            raised = e
+        used = _borrowed(watch, (ctrain.preflight, capstone._reference_preflight))
+        if used:
+            return False, [f"✗ {tag}: your preflight calls coursekit's own {', '.join(used)}; write the checks yourself."]
+        said = "" if hidden or raised is None else f" (it said: {type(raised).__name__}: {str(raised)[:160]})"
+        if case.fault:
+            if raised is None:
+                return False, [f"✗ {tag}: {_MISSED[case.fault]} " + READ_PREFLIGHT]
+            return True, [f"✓ {tag}: refused{said}."]
+        if raised is not None:
+            msg = f"✗ {tag}: your preflight refused a healthy model{said}."
+            if "lora_a" in str(raised).lower():
+                msg += (" At the start B = 0, so every lora_A gradient is exactly zero (∇A = s·Xᵀ·D·Bᵀ): a zero lora_A "
+                        "gradient is expected. Check lora_B.")
+            return False, [msg + " " + READ_PREFLIGHT]
+        moved = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+        if moved:
+            return False, [f"✗ {tag}: after your preflight {len(moved)} tensors differ from before (e.g. {moved[0]}): the "
+                           f"run would start from a model the preflight already stepped. Save the parameters (a copy of "
+                           f"each, or copy.deepcopy(model.state_dict())) and copy them back before returning. " + READ_PREFLIGHT]
+        if opt.state:
+            return False, [f"✗ {tag}: after your preflight the optimizer holds state for {len(opt.state)} tensors (AdamW's "
+                           f"moments from the preflight step): the first real step would use them. Save "
+                           f"copy.deepcopy(optimizer.state_dict()) first and load it back at the end."]
+        return True, [f"✓ {tag}: passed, and the model and the optimizer are as they were."]
+
+
+# --------------------------------------------------------------------------- P3: adapter_optimizer
+
+
+@dataclass
+class OptCase:
+    label: str
+    seed: int
+    lr: float
+    weight_decay: float
+
+
+class OptimizerItem(_ModelItem):
+    """Implement ``adapter_optimizer(model, lr, weight_decay)``: AdamW over the trainable tensors only."""
+
+    def public(self):
+        return [OptCase("lr 1e-3, no weight decay", 0, 1e-3, 0.0), OptCase("lr 5e-4, weight decay 0.01", 1, 5e-4, 0.01)]
+
+    def hidden(self, rng):
+        return [OptCase("", int(rng.integers(1, 1000)), float(rng.choice([1e-4, 2e-4, 3e-3])),
+                        float(rng.choice([0.0, 0.05, 0.1])))]
+
+    def run_case(self, fn, case: OptCase, tag, hidden):
+        model = _qlora_tiny(case.seed)
+        ok, opt = _call(fn, (model, case.lr, case.weight_decay), self.name, tag, (ctrain.adapter_optimizer,), hidden)
+        if not ok:
+            return False, opt
+        if not isinstance(opt, torch.optim.Optimizer):
+            return False, [f"✗ {tag}: returned {type(opt).__name__}; return the torch.optim.AdamW you built."]
+        owned = [p for g in opt.param_groups for p in g["params"]]
+        ids = {id(p) for p in owned}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        frozen = [n for n, p in model.named_parameters() if not p.requires_grad and id(p) in ids]
+        lines = []
+        if type(opt) is not torch.optim.AdamW:
+            extra = (" Adam adds the decay to the gradient (L2), where it is rescaled by the adaptive step; AdamW decays "
+                     "the weights directly (decoupled)." if type(opt) is torch.optim.Adam else "")
+            lines.append(f"the optimizer is {type(opt).__name__}; the recipe uses torch.optim.AdamW.{extra}")
+        if frozen:
+            lines.append(f"the optimizer holds frozen base tensors ({len(frozen)}, e.g. {frozen[0]}). They stay put today "
+                         f"only because their .grad is None; anything that gives one a gradient (an unfrozen norm, a hook) "
+                         f"lets AdamW move or decay the base. Build it from [p for p in model.parameters() if p.requires_grad].")
+        missing = [p for p in trainable if id(p) not in ids]
+        if missing:
+            lines.append(f"{len(missing)} adapter tensors are not in the optimizer: they would get gradients and never move.")
+        lrs = {g["lr"] for g in opt.param_groups}
+        wds = {g.get("weight_decay") for g in opt.param_groups}
+        if lrs != {case.lr}:
+            lines.append("the learning rate is not the lr passed in." if hidden else
+                         f"the learning rate is {sorted(lrs)[0]:g}; the task passes lr = {case.lr:g}.")
+        if wds != {case.weight_decay}:
+            lines.append("the weight decay is not the weight_decay passed in." if hidden else
+                         f"the weight decay is {sorted(wds, key=str)[0]}; the task passes weight_decay = {case.weight_decay:g}.")
+        if lines:
+            return False, [f"✗ {tag}: {lines[0]}"] + [f"    also: {l}" for l in lines[1:]]
+        return True, [f"✓ {tag}: AdamW over the {len(trainable)} adapter tensors, lr and weight decay as asked."]
+
+
+# --------------------------------------------------------------------------- P4: train_steps
+
+
+@dataclass
+class TrainCase:
+    label: str
+    seed: int
+    steps: int
+    lr: float
+    rows: tuple  # supervised tokens per row, per micro-batch: ((1, 1), (4, 3)) = two micro-batches
+
+
+def _train_model(seed: int):
+    torch.manual_seed(seed)
+    base = _quiet_call(cmodel.load_model, "fp32", tiny_path(seed % 3))
+    model = _quiet_call(ctrain.attach_adapter, base, ctrain.TrainConfig(r=4, lora_alpha=8), False)
+    with torch.no_grad():  # a nonzero B, so every factor moves from the first step on
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return model
+
+
+def _windows(case: TrainCase) -> list[list[dict]]:
+    out = []
+    for step in range(case.steps):
+        window = []
+        for j, sup in enumerate(case.rows):
+            b = tiny_batch(case.seed * 1000 + step * 10 + j, rows=len(sup), length=10, answer=1)
+            for i, k in enumerate(sup):
+                b["labels"][i] = IGNORE_INDEX
+                b["labels"][i, -k:] = b["input_ids"][i, -k:]
+            window.append(b)
+        out.append(window)
+    return out
+
+
+def _variant_losses(model, windows, lr, variant: str) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Train a copy of ``model`` with a known loop (``variant`` "" is the right one) and return its adapter and losses."""
+    from transformers import get_linear_schedule_with_warmup
+
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr)
+    sched = get_linear_schedule_with_warmup(opt, 1, len(windows))
+    losses = []
+    m.train()
+    for window in windows:
+        n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)
+        total = 0.0
+        for b in window:
+            s, k = ctrain.supervised_loss_sum(m, b)
+            if variant == "mean_of_means":
+                loss = (s / k) / len(window)
+            elif variant == "sum_of_means":
+                loss = s / k
+            elif variant == "sum":
+                loss = s
+            else:
+                loss = s / n
+            loss.backward()
+            total += s.item()
+            if variant == "step_per_micro":
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        if variant != "step_per_micro":
+            opt.step()
+        if variant != "no_schedule":
+            sched.step()
+        if variant != "no_zero_grad":
+            opt.zero_grad(set_to_none=True)
+        losses.append(total / n)
+    return {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}, losses
+
+
+_LOOP_MISTAKES = {
+    "mean_of_means": "you averaged each micro-batch's own mean loss: a micro-batch with few supervised tokens then weighs as "
+                     "much as one with many. Divide each micro-batch's loss sum by the window's token count N.",
+    "sum_of_means": "you added the micro-batches' mean losses (model(**batch).loss per micro-batch, backward on each): "
+                    "the gradient grows with the number of micro-batches, and short answers weigh more. Divide each "
+                    "micro-batch's loss sum by the window's token count N.",
+    "sum": "you back-propagated the summed token losses without dividing by N: the step size now grows with the number "
+           "of supervised tokens.",
+    "step_per_micro": "you called optimizer.step() after every micro-batch: that is a smaller batch, not gradient "
+                      "accumulation. Step once per window.",
+    "no_zero_grad": "the gradients were never cleared between windows: each step adds the old gradients again. Call "
+                    "optimizer.zero_grad(set_to_none=True) after each step.",
+    "no_schedule": "the learning rate never changed: call scheduler.step() once per window, after optimizer.step().",
+}
+
+
+class TrainItem(_ModelItem):
+    """Implement ``train_steps(model, windows, optimizer, scheduler, progress)``: graded by the adapter after the
+    steps (against the reference loop on a copy of the same model) and by the losses returned."""
+
+    def public(self):
+        return [TrainCase("3 windows of two micro-batches: 1+1 and 4+3 supervised tokens", 0, 3, 1e-2, ((1, 1), (4, 3))),
+                TrainCase("2 windows of three micro-batches", 1, 2, 5e-3, ((2,), (1, 5), (3, 3)))]
+
+    def hidden(self, rng):
+        rows = tuple(tuple(int(x) for x in rng.integers(1, 6, size=int(rng.integers(1, 3)))) for _ in range(int(rng.integers(2, 4))))
+        return [TrainCase("", int(rng.integers(1, 1000)), int(rng.integers(2, 4)), float(rng.choice([1e-2, 3e-3])), rows)]
+
+    def run_case(self, fn, case: TrainCase, tag, hidden):
+        from transformers import get_linear_schedule_with_warmup
+
+        model = _train_model(case.seed)
+        windows = _windows(case)
+        want, want_losses = _variant_losses(model, windows, case.lr, "")
+        mine = copy.deepcopy(model)
+        opt = torch.optim.AdamW([p for p in mine.parameters() if p.requires_grad], lr=case.lr)
+        sched = get_linear_schedule_with_warmup(opt, 1, len(windows))
+        frozen = {n: p.detach().clone() for n, p in mine.named_parameters() if not p.requires_grad}
+        ok, got = _call(fn, (mine, windows, opt, sched, False), self.name, tag, (ctrain.train_steps, ctrain.train), hidden)
+        if not ok:
+            return False, got
+        params = {n: p.detach() for n, p in mine.named_parameters() if n in want}
+        moved = [n for n, p in mine.named_parameters() if n in frozen and not torch.equal(p.detach(), frozen[n])]
+        if moved:
+            return False, [f"✗ {tag}: a frozen base tensor changed ({moved[0]}): only the adapter may move."]
+        close = all(torch.allclose(params[n], want[n], rtol=1e-4, atol=1e-6) for n in want)
+        if not close:
+            for variant, why in _LOOP_MISTAKES.items():
+                alt, _ = _variant_losses(model, windows, case.lr, variant)
+                if all(torch.allclose(params[n], alt[n], rtol=1e-4, atol=1e-6) for n in alt):
+                    return False, [f"✗ {tag}: the adapter after the steps is not the reference's. Likely mistake: {why} "
+                                   + READ_LOOP]
+            if all(torch.equal(params[n], p) for n, p in {n: q.detach() for n, q in model.named_parameters()}.items() if n in params):
+                return False, [f"✗ {tag}: the adapter did not move: call loss.backward() and optimizer.step()."]
+            n0 = next(n for n in want if not torch.allclose(params[n], want[n], rtol=1e-4, atol=1e-6))
+            diff = (params[n0] - want[n0]).abs().max().item()
+            where = "" if hidden else f" (e.g. {n0.replace('base_model.model.', '')}, largest difference {diff:.2e})"
+            return False, [f"✗ {tag}: the adapter after the steps differs from the reference loop's{where}: one step per "
+                           f"window, each micro-batch's loss sum divided by the window's supervised tokens, backward, "
+                           f"then optimizer.step(), scheduler.step(), optimizer.zero_grad(). " + READ_LOOP]
+        losses = list(got) if not isinstance(got, dict) else list(got.get("loss", []))
+        if len(losses) != len(windows):
+            return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {len(losses)} losses for "
+                           f"{len(windows)} windows: return one loss per step."]
+        try:
+            bad = not np.allclose([float(x) for x in losses], want_losses, rtol=1e-4, atol=1e-6)
+        except (TypeError, ValueError):
+            bad = True
+        if bad:
+            return False, [f"✗ {tag}: the adapter is right, but the losses returned are not each window's token-weighted "
+                           f"mean (Σ loss sums / N, before the step): plot them and they mislead."]
+        return True, [f"✓ {tag}: the adapter after {len(windows)} steps matches the reference loop, and so do the losses."]
+
+
+# --------------------------------------------------------------------------- P5: answer_logprobs (a Function item)
+
+
+def _logprob_case(seed: int, R: int, T: int, V: int, spans: list[tuple[int, int]]) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(R, T, V, generator=g) * 2
+    labels = torch.full((R, T), IGNORE_INDEX, dtype=torch.long)
+    for r, (a, b) in enumerate(spans):
+        labels[r, a:b] = torch.randint(0, V, (b - a,), generator=g)
+    return {"logits": logits, "labels": labels}
 
 
 def _p5_public() -> list[Case]:
-    return [
-        Case({"loss_sums": [2.0, 4.0], "counts": [2, 8]}, "the report's case: 2 tokens summing 2.0, 8 summing 4.0"),
-        Case({"loss_sums": [3.0, 1.0, 9.0], "counts": [6, 1, 30]}, "three micro-batches of unequal size"),
-    ]
+    return [Case(_logprob_case(0, 2, 5, 7, [(3, 5), (4, 5)]), "2 rows, 5 positions, a vocabulary of 7; answers at the end"),
+            Case(_logprob_case(1, 3, 6, 11, [(2, 6), (5, 6), (1, 3)]), "3 rows; one answer in the middle, followed by -100")]
 
 
 def _p5_hidden(rng: np.random.Generator) -> list[Case]:
     out = []
-    for _ in range(5):
-        k = int(rng.integers(2, 6))
-        counts = [int(c) for c in rng.integers(1, 40, size=k)]
-        sums = [float(c * rng.uniform(0.1, 3.0)) for c in counts]
-        out.append(Case({"loss_sums": sums, "counts": counts}))
+    for _ in range(3):
+        R, T, V = int(rng.integers(1, 5)), int(rng.integers(3, 9)), int(rng.integers(3, 30))
+        spans = []
+        for _ in range(R):
+            a = int(rng.integers(1, T))
+            spans.append((a, int(rng.integers(a + 1, T + 1))))
+        out.append(Case(_logprob_case(int(rng.integers(0, 10_000)), R, T, V, spans)))
     return out
 
 
 def _p5_mistakes(kw: dict, got: dict) -> dict:
-    sums, counts = kw["loss_sums"], kw["counts"]
-    means = [s / c for s, c in zip(sums, counts)]
-    return {"result": [
-        Mistake("mean of means", float(np.mean(means)), "you averaged the micro-batches' mean losses: a micro-batch with "
-                "few supervised tokens then weighs as much as one with many. Divide the total loss by the total token count."),
-        Mistake("sum", float(sum(sums)), "that is the total loss; divide it by the total number of supervised tokens."),
-    ]}
+    logits, labels = kw["logits"].double(), kw["labels"]
+    logp = torch.log_softmax(logits, -1)
+    keep = labels != IGNORE_INDEX
+    tok = labels.clamp(min=0)
+    unshifted = (logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1) * keep).sum(-1)
+    right = ceval.answer_logprobs(logits, labels).double()
+    n = keep[:, 1:].sum(-1).clamp(min=1)
+    prob_sum = (torch.softmax(logits[:, :-1], -1).gather(-1, tok[:, 1:].unsqueeze(-1)).squeeze(-1) * keep[:, 1:]).sum(-1)
+    logit_sum = (logits[:, :-1].gather(-1, tok[:, 1:].unsqueeze(-1)).squeeze(-1) * keep[:, 1:]).sum(-1)
+    return {"result": worded([
+        Mistake("no shift", unshifted.numpy(), "you scored labels[t] with the logits at the same position t; the logit at "
+                "position t predicts the token at t + 1, so pair logits[:, :-1] with labels[:, 1:]. " + READ_SCORING),
+        Mistake("mean", (right / n).numpy(), "you averaged the log-probabilities over the answer's tokens; label scoring "
+                "sums them (the log-likelihood of the whole answer). " + READ_SCORING),
+        Mistake("loss", (-right).numpy(), "these are the negated values, the loss: return log-likelihoods (≤ 0), "
+                "which the best label maximizes."),
+        Mistake("probabilities", prob_sum.numpy(), "you summed probabilities, not log-probabilities: the likelihood of "
+                "a sequence is a product of probabilities, a sum of their logs (log_softmax, not softmax)."),
+        Mistake("raw logits", logit_sum.numpy(), "you summed raw logits: normalise them first with log_softmax over the "
+                "vocabulary, or a label with large logits everywhere wins."),
+    ])}
 
 
-def last_summary() -> dict:
-    """The summary the capstone run of this lesson wrote (default configuration)."""
-    from ... import capstone, train
+# --------------------------------------------------------------------------- P6: first_word
 
-    path = capstone.run_dir(train.TrainConfig()) / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError("no capstone summary yet: run the cell with capstone.run(cfg) above first, "
-                                "with the default configuration")
-    return json.loads(path.read_text())
+
+FIRST_WORD_CASES = [("Thermal.", "thermal"), ("  **software** issue", "software"), ("", ""),
+                    ("The fan is hot", "the"), ("network\nelectrical", "network"), ("(hydraulic)", "hydraulic")]
+
+
+class FirstWordItem:
+    """Implement ``first_word(text)``: every case's answer must equal coursekit's rule (strings, so a custom check)."""
+
+    def __init__(self, title: str, points: float):
+        self.title, self.points, self.name = title, points, "first_word"
+
+    def check(self, answer: Any, ctx: Any) -> Feedback:
+        if not callable(answer):
+            return Feedback(0, self.points, ["first_word should be a function; define it with def first_word(text):"])
+        cases = list(FIRST_WORD_CASES)
+        if ctx.hidden:
+            rng = ctx.rng()
+            lead, quote, stop, tail = ["", " ", "\n"], ["", "*", '"', "`"], [".", ",", ":", "!", ""], ["now", "issue", ""]
+            for _ in range(4):
+                w = str(rng.choice(LABELS))
+                w = w.capitalize() if rng.random() < 0.5 else w
+                q = str(rng.choice(quote))
+                cases.append((str(rng.choice(lead)) + q + w + q + str(rng.choice(stop)) + " " + str(rng.choice(tail)), None))
+        lines, passed = [], 0
+        for i, (text, _) in enumerate(cases, 1):
+            hidden = i > len(FIRST_WORD_CASES)
+            want = ceval.first_word(text)
+            tag = f"hidden case {i}" if hidden else f"public case {i} ({text!r})"
+            try:
+                ok, got = _call(answer, (text,), self.name, tag, (ceval.first_word,), hidden)
+            except _Stub:
+                return Feedback(0, self.points, ["first_word still raises NotImplementedError: replace the stub with your code."])
+            if not ok:
+                lines += got
+                continue
+            if got == want:
+                passed += 1
+                lines.append(f"✓ {tag}" + ("" if hidden else f": {got!r}"))
+                continue
+            why = ""
+            if isinstance(got, str) and got.lower() == want:
+                why = " Lower-case it: labels are lowercase."
+            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:
+                why = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses)."
+            elif isinstance(got, str) and want and want in got.lower() and " " in got.strip():
+                why = " Keep only the first word (split on whitespace)."
+            lines.append(f"✗ {tag}: " + (f"returned {got!r}; the rule gives {want!r}." if not hidden else "not the rule's word.") + why)
+        if not ctx.hidden:
+            lines.append(PUBLIC_ONLY_NOTE)
+        return Feedback(self.points * passed / len(cases), self.points, lines)
+
+
+# --------------------------------------------------------------------------- P7: confusion_matrix (a Function item)
+
+
+def confusion_reference(true, pred, labels):
+    """Counts [L, L + 1]: row = true label, column = predicted label, last column = a prediction that is no label."""
+    return ceval.confusion_matrix(list(true), list(pred), list(labels)).astype(np.float64)
+
+
+def _p7_public() -> list[Case]:
+    return [Case({"true": ["a", "a", "b", "c"], "pred": ["a", "b", "b", "the"], "labels": ["a", "b", "c"]},
+                 "4 answers over labels a, b, c; one answer is no label"),
+            Case({"true": list(LABELS) * 2, "pred": list(LABELS[1:]) + [LABELS[0]] + list(LABELS), "labels": list(LABELS)},
+                 "the six course labels, one round shifted by one")]
+
+
+def _p7_hidden(rng: np.random.Generator) -> list[Case]:
+    labels = list(LABELS)
+    n = int(rng.integers(5, 30))
+    true = [str(x) for x in rng.choice(labels, size=n)]
+    pred = [str(x) if rng.random() < 0.8 else "other" for x in rng.choice(labels, size=n)]
+    return [Case({"true": true, "pred": pred, "labels": labels})]
+
+
+def _p7_mistakes(kw: dict, got: dict) -> dict:
+    ref = confusion_reference(**kw)
+    return {"result": worded([
+        Mistake("no other column", ref[:, :len(kw["labels"])], "a prediction that is no label needs its own last column "
+                "(a generated 'the' is an error, and it belongs somewhere)."),
+    ])}
+
+
+# --------------------------------------------------------------------------- P8: merge_for_deployment
+
+
+@dataclass
+class MergeCase:
+    label: str
+    seed: int
+    r: int
+
+
+def trained_tiny_adapter(case: MergeCase, out_dir: str) -> None:
+    """A QLoRA adapter on the tiny checkpoint with nonzero factors (a few reference steps), saved by PEFT."""
+    torch.manual_seed(case.seed)
+    model = _quiet_call(ctrain.load_for_lora, tiny_path(case.seed % 3), case.r, 2 * case.r, "all-linear", True)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    _quiet_call(model.save_pretrained, out_dir)
+
+
+def _logits(model, ids) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+class MergeItem(_ModelItem):
+    """Implement ``merge_for_deployment(adapter_dir, path)``: the bf16 base at ``path`` with the adapter merged in."""
+
+    def public(self):
+        return [MergeCase("a tiny NF4-trained adapter, r = 4", 0, 4)]
+
+    def hidden(self, rng):
+        return [MergeCase("", int(rng.integers(1, 1000)), int(rng.integers(1, 8)))]
+
+    def run_case(self, fn, case: MergeCase, tag, hidden):
+        import bitsandbytes as bnb
+        from peft import PeftModel
+
+        path = tiny_path(case.seed % 3)
+        ids = tiny_batch(case.seed)["input_ids"]
+        with tempfile.TemporaryDirectory(prefix="coursekit-19-") as adapter_dir:
+            trained_tiny_adapter(case, adapter_dir)
+            ok, merged = _call(fn, (adapter_dir, str(path)), self.name, tag, (ctrain.merge_into_bf16,), hidden)
+            if not ok:
+                return False, merged
+            want = _logits(_quiet_call(lambda: PeftModel.from_pretrained(
+                cmodel.load_model("bf16", path), adapter_dir).merge_and_unload()), ids)
+            base = _logits(_quiet_call(cmodel.load_model, "bf16", path), ids)
+            nf4 = _quiet_call(lambda: PeftModel.from_pretrained(cmodel.load_model("nf4", path), adapter_dir).merge_and_unload())
+            nf4_logits = _logits(nf4, ids)
+        if merged is None or not isinstance(merged, torch.nn.Module):
+            return False, [f"✗ {tag}: returned {type(merged).__name__}; return the merged model (merge_and_unload() gives it)."]
+        if isinstance(merged, PeftModel) or any(hasattr(m, "lora_A") for m in merged.modules()):
+            return False, [f"✗ {tag}: the returned model still has LoRA layers: merge_and_unload() folds W + sAB into "
+                           f"each weight and returns the plain model. " + READ_MERGE]
+        if any(isinstance(m, bnb.nn.Linear4bit) for m in merged.modules()):
+            return False, [f"✗ {tag}: you merged into the NF4 weights: the merged model is 4-bit, so W + sAB was quantized "
+                           f"again, and an update smaller than half a quantization step rounds away. Load the bf16 base "
+                           f"from path and merge there. " + READ_MERGE]
+        got = _logits(merged, ids)
+        if torch.allclose(got, base, rtol=0, atol=1e-6) and not torch.allclose(want, base, rtol=0, atol=1e-6):
+            return False, [f"✗ {tag}: the merged model computes the bare base model: the trained adapter is not in it (a "
+                           f"fresh get_peft_model adapter has B = 0; load the saved one with PeftModel.from_pretrained)."]
+        if torch.allclose(got, nf4_logits, rtol=1e-3, atol=1e-3) and not torch.allclose(want, nf4_logits, rtol=1e-3, atol=1e-3):
+            return False, [f"✗ {tag}: the merged model computes what an NF4 merge computes: merge into the bf16 base at "
+                           f"path, not into the quantized one. " + READ_MERGE]
+        dtype = next(merged.parameters()).dtype
+        if torch.equal(got, want):
+            return True, [f"✓ {tag}: the bf16 base with the adapter merged in: logits equal the reference merge."]
+        if torch.allclose(got, want, rtol=2e-2, atol=2e-2):
+            note = (f" (your model is {str(dtype).replace('torch.', '')}; the reference merges in bf16)"
+                    if dtype != torch.bfloat16 else "")
+            return True, [f"✓ {tag}: the adapter is merged into the 16-bit base; logits agree with the reference merge "
+                          f"within bf16 rounding{note}."]
+        return False, [f"✗ {tag}: the merged model's logits are not the reference merge's (W16 + s·A·B): load the bf16 base "
+                       f"from path, PeftModel.from_pretrained(base, adapter_dir), then merge_and_unload(). " + READ_MERGE]
+
+
+# --------------------------------------------------------------------------- P10: a number from the student's run
+
+
+def gain_over_best_baseline() -> float:
+    """Percentage points by which QLoRA (label scoring) beats the best baseline on the unseen-symptom split, read
+    from the capstone store that this lesson's run filled (or the reference run's, on the grading machine)."""
+    store = capstone.Store(compute=False)
+    ladder = capstone.baseline_ladder(None, store)
+    run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
+    qlora = capstone.heldout_results(run, None, store)["labels"]["unseen_symptom"]["accuracy"]
+    best = max(r["unseen_symptom"]["accuracy"] for r in ladder.values())
+    return 100 * (qlora - best)
+
+
+def _gain_mistakes() -> list[Mistake]:
+    g = gain_over_best_baseline()
+    return [Mistake("fraction", g / 100, "that is the gain as a fraction; the question asks for percentage points (× 100).")]
+
+
+# --------------------------------------------------------------------------- the items
 
 
 ITEMS = {
     "w1": Choice("what the optimizer updates in QLoRA", 1),
-    "w2": Choice("what a label of -100 means", 1),
-    "w3": Choice("why the baseline uses the same prompt", 1),
-    "p1": Array("supervised positions of the rendered example", 2, name="supervised",
-                expected=supervised_positions, rtol=0, atol=0, mistakes=_p1_mistakes),
-    "p2": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
+    "w2": Choice("why a split of unseen symptoms", 1),
+    "w3": Choice("which baseline to beat", 1),
+    "p1": LoadItem("implement load_for_lora (the recipe in four calls)", 3, "load_for_lora"),
+    "p2": PreflightItem("implement preflight", 3, "preflight"),
+    "p3": OptimizerItem("implement adapter_optimizer", 1, "adapter_optimizer"),
+    "p4": TrainItem("implement train_steps", 3, "train_steps"),
+    "p5": Function("implement answer_logprobs", 2, name="answer_logprobs", reference=ceval.answer_logprobs,
+                   public=_p5_public, hidden=_p5_hidden, outputs=("result",), mistakes=_p5_mistakes,
+                   rtol=1e-4, atol=1e-5),
+    "p6": FirstWordItem("implement first_word", 1),
+    "p7": Function("implement confusion_matrix", 1, name="confusion_matrix", reference=confusion_reference,
+                   public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
+    "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
+    "p9": Choice("which splits show what the adapter learned", 1, multi=True),
+    "p10": Numeric("gain over the best baseline on unseen symptoms, in percentage points", 1, name="gain_points",
+                   expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
+    "p11": Choice("reading two overlapping intervals", 1),
+    "p13": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
         "attach": "attach the saved adapter",
         "load_bf16": "load the base in bf16",
         "merge": "merge W + sAB and unload the adapter",
         "save": "save the adapter with its base identity",
         "train": "train the adapter against the NF4 base",
-        "verify": "verify greedily against the probes and the held-out split",
+        "verify": "verify greedily against the unmerged model on held-out tickets",
     }),
-    "p3": Choice("reading the loss curve", 1),
-    "p4": Numeric("held-out accuracy gain of this run, in percentage points", 1, name="gain_points",
-                  expected=lambda: 100 * (last_summary()["tuned_accuracy"] - last_summary()["baseline_accuracy"]),
-                  rtol=0, atol=0.01,
-                  mistakes=lambda: [Mistake("fraction", last_summary()["tuned_accuracy"] - last_summary()["baseline_accuracy"],
-                                            "that is the gain as a fraction; the question asks for percentage points (× 100).")]),
-    "p5": Function("implement window_loss", 2, name="window_loss", reference=window_loss_reference,
-                   public=_p5_public, hidden=_p5_hidden, outputs=("result",), mistakes=_p5_mistakes),
-    "p6": Choice("where to merge", 1),
-    "p7": Choice("what catches a cut gradient path before a long run", 1),
 }

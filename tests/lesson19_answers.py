@@ -1,0 +1,229 @@
+"""Lesson 19's eight functions as a student writes them (the notebook's solutions), and the typical wrong
+versions the checks must name. Defined here, outside coursekit: the checks treat them as a student's code."""
+
+import copy
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from coursekit import train
+from coursekit.data import IGNORE_INDEX
+
+
+def load_for_lora(path, r, lora_alpha, target_modules, quantize=True):
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    if quantize:
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=bnb, dtype=torch.bfloat16, device_map="cpu")
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    config = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=target_modules, lora_dropout=0.0, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def preflight(model, batch, optimizer):
+    params = dict(model.named_parameters())
+    trainable = [n for n, p in params.items() if p.requires_grad]
+    assert trainable, "nothing is trainable"
+    saved = {n: p.detach().clone() for n, p in params.items()}
+    saved_opt = copy.deepcopy(optimizer.state_dict())
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        loss = model(**batch).loss
+        assert torch.isfinite(loss), f"the loss is {loss.item()}"
+        loss.backward()
+        for n in trainable:
+            g = params[n].grad
+            assert g is not None and torch.isfinite(g).all(), f"{n} has no finite gradient"
+            if "lora_B" in n:
+                assert g.abs().sum() > 0, f"{n} gets no gradient: the path to it is cut"
+        optimizer.step()
+        moved = [n for n, p in params.items() if "lora_" not in n and not torch.equal(p.detach(), saved[n])]
+        assert not moved, f"a base weight moved: {moved[0]}"
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+        optimizer.load_state_dict(saved_opt)
+        optimizer.zero_grad(set_to_none=True)
+
+
+def adapter_optimizer(model, lr, weight_decay):
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
+def train_steps(model, windows, optimizer, scheduler, progress=True):
+    losses = []
+    model.train()
+    for window in tqdm(windows, disable=not progress):
+        n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)
+        total = 0.0
+        for b in window:
+            loss_sum, _ = train.supervised_loss_sum(model, b)
+            (loss_sum / n).backward()
+            total += loss_sum.item()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total / n)
+    return losses
+
+
+def answer_logprobs(logits, labels):
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    target = labels[:, 1:]
+    keep = target != IGNORE_INDEX
+    picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * keep).sum(dim=-1)
+
+
+def first_word(text):
+    words = text.strip().lower().split()
+    return words[0].strip(".,:;!?\"'`*()[]") if words else ""
+
+
+def confusion_matrix(true, pred, labels):
+    m = np.zeros((len(labels), len(labels) + 1), dtype=int)
+    for t, p in zip(true, pred):
+        m[labels.index(t), labels.index(p) if p in labels else len(labels)] += 1
+    return m
+
+
+def merge_for_deployment(adapter_dir, path):
+    from transformers import AutoModelForCausalLM
+    from peft import PeftModel
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+
+
+# --------------------------------------------------------------------------- typical wrong versions
+
+
+def load_without_double_quant_or_prepare(path, r, lora_alpha, target_modules, quantize=True):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=bnb if quantize else None,
+                                                 dtype=torch.bfloat16, device_map="cpu")
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=target_modules))
+
+
+def load_with_r_and_alpha_swapped(path, r, lora_alpha, target_modules, quantize=True):
+    return load_for_lora(path, lora_alpha, r, target_modules, quantize)
+
+
+def load_by_borrowing(path, r, lora_alpha, target_modules, quantize=True):
+    return train.load_for_lora(path, r, lora_alpha, target_modules, quantize)
+
+
+def preflight_demanding_lora_A_gradients(model, batch, optimizer):
+    loss = model(**batch).loss
+    loss.backward()
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"{n} got a zero gradient"
+    model.zero_grad(set_to_none=True)
+
+
+def preflight_without_restore_or_base_check(model, batch, optimizer):
+    loss = model(**batch).loss
+    assert torch.isfinite(loss), "loss is not finite"
+    loss.backward()
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            assert p.grad is not None and p.grad.abs().sum() > 0, n
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def optimizer_over_all_parameters(model, lr, weight_decay):
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def adam_not_adamw(model, lr, weight_decay):
+    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
+def train_mean_per_micro_batch(model, windows, optimizer, scheduler, progress=True):
+    """model(**batch).loss is the micro-batch's own mean: divided by the number of micro-batches, a mean of means."""
+    out = []
+    model.train()
+    for window in windows:
+        total = 0.0
+        for b in window:
+            loss = model(**b).loss / len(window)
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        out.append(total)
+    return out
+
+
+def train_without_zero_grad(model, windows, optimizer, scheduler, progress=True):
+    out = []
+    for window in windows:
+        n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)
+        total = 0.0
+        for b in window:
+            s, _ = train.supervised_loss_sum(model, b)
+            (s / n).backward()
+            total += s.item()
+        optimizer.step()
+        scheduler.step()
+        out.append(total / n)
+    return out
+
+
+def logprobs_without_shift(logits, labels):
+    logp = torch.log_softmax(logits.float(), -1)
+    keep = labels != IGNORE_INDEX
+    return (logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * keep).sum(-1)
+
+
+def logprobs_averaged(logits, labels):
+    return answer_logprobs(logits, labels) / (labels[:, 1:] != IGNORE_INDEX).sum(-1)
+
+
+def first_word_not_lowercased(text):
+    words = text.strip().split()
+    return words[0].strip(".,:;!?\"'`*()[]") if words else ""
+
+
+def confusion_without_other_column(true, pred, labels):
+    m = np.zeros((len(labels), len(labels)), dtype=int)
+    for t, p in zip(true, pred):
+        if p in labels:
+            m[labels.index(t), labels.index(p)] += 1
+    return m
+
+
+def merge_into_nf4(adapter_dir, path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    base = AutoModelForCausalLM.from_pretrained(path, quantization_config=nf4, device_map="cpu")
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+
+
+def merge_a_fresh_adapter(adapter_dir, path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    return get_peft_model(base, LoraConfig(r=4, target_modules="all-linear")).merge_and_unload()
+
+
+def merge_without_unloading(adapter_dir, path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), adapter_dir)
