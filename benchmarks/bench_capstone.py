@@ -5,7 +5,8 @@ optimizer step (median of the steps after a warm-up), and the bound that bf16 GE
 multiply-adds (the frozen base's forward and input gradients, the adapters' forward and both gradients, the output
 layer at the supervised positions; attention scores and element-wise work not counted) divided by the bf16 GEMM
 rate this CPU reaches at the model's own shapes, measured here, in the same process, just before. The ratio says
-how far eager PyTorch on this machine is from the arithmetic.
+how far eager PyTorch on this machine is from the arithmetic; a profiled step says how much of its CPU time is
+matrix products and how many operations it dispatches.
 
 Writes .artifacts/bench-capstone.json and prints a table. Numbers vary with what else the machine does.
 """
@@ -71,13 +72,23 @@ def timed_steps(quantize: bool, steps: int) -> dict:
     opt = train.adapter_optimizer(m, cfg.lr)
     hist = train.train_steps(m, windows, opt, progress=False)
     batch = windows[0][0]
+    # Where one more step's time goes: matrix products against everything else (element-wise ops, casts, copies,
+    # attention, the optimizer, and the per-op cost of eager PyTorch across 30 layers × 7 adapted projections).
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train.train_steps(m, windows[:1], opt, progress=False)
+    events = prof.key_averages()
+    total_us = sum(e.self_cpu_time_total for e in events)
+    gemm_us = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
     tokens, supervised = batch["input_ids"].numel(), data.count_supervised(batch["labels"])
     flop, shapes = step_flop(m.get_base_model(), tokens, supervised, cfg.r, None)
     rate = gemm_rate(tokens, shapes)
     sec = statistics.median(hist["seconds"][1:])
     return {"seconds_per_step": sec, "step_gflop": flop / 1e9, "bf16_gemm_gflops": rate / 1e9,
             "bound_seconds": flop / rate, "ratio_to_bound": sec / (flop / rate), "tokens_per_step": tokens,
-            "footprint_mb": footprint / 1e6}
+            "footprint_mb": footprint / 1e6, "profiled_share_in_matmuls": gemm_us / total_us,
+            "profiled_ops": sum(e.count for e in events)}
 
 
 def main() -> None:
@@ -94,10 +105,12 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'':14s}{'s/step':>8s}{'GFLOP/step':>12s}{'bf16 GEMM GFLOP/s':>19s}{'bound s':>9s}{'ratio':>7s}{'params MB':>11s}")
+    print(f"{'':14s}{'s/step':>8s}{'GFLOP/step':>12s}{'bf16 GEMM GFLOP/s':>19s}{'bound s':>9s}{'ratio':>7s}"
+          f"{'in matmuls':>12s}{'ops/step':>10s}{'params MB':>11s}")
     for name, j in jobs.items():
         print(f"{name:14s}{j['seconds_per_step']:8.2f}{j['step_gflop']:12.1f}{j['bf16_gemm_gflops']:19.0f}"
-              f"{j['bound_seconds']:9.2f}{j['ratio_to_bound']:7.2f}{j['footprint_mb']:11.0f}")
+              f"{j['bound_seconds']:9.2f}{j['ratio_to_bound']:7.2f}{100 * j['profiled_share_in_matmuls']:11.0f}%"
+              f"{j['profiled_ops']:10d}{j['footprint_mb']:11.0f}")
     print(f"({a.steps} timed steps each, {torch.get_num_threads()} threads; written to {out})")
 
 
