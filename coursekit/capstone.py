@@ -155,8 +155,12 @@ def _file_sha(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+#: Bumped whenever a stored result's fields change, so that results written by an older coursekit are not read.
+STORE_VERSION = 1
+
+
 class Store:
-    """Results on disk under ``<cache>/capstone/<base checkpoint>-<data>/<kind>/<key hash>``.
+    """Results on disk under ``<cache>/capstone/v<STORE_VERSION>-<base checkpoint>-<data>/<kind>/<key hash>``.
 
     root: folder (default: under ``coursekit.model.cache_root()``). compute: whether a missing result may
     be computed (default: not inside ``nbgrader autograde``). fresh: recompute and overwrite what is there
@@ -167,7 +171,7 @@ class Store:
     def __init__(self, root: str | Path | None = None, compute: bool | None = None, fresh: bool = False):
         if root is None:
             sha = list(ctrain.base_identity()["checkpoint_files"].values())[0][:12]
-            root = cmodel.cache_root() / "capstone" / f"{sha}-{data_key()}"
+            root = cmodel.cache_root() / "capstone" / f"v{STORE_VERSION}-{sha}-{data_key()}"
         if compute is None:
             from .grading import autograding
 
@@ -310,8 +314,8 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
     ``recipe.preflight`` on the first micro-batch, then ``recipe.train_steps``; the adapter is saved with its
     base identity. Measured: seconds per step (the training call over its steps). Memory is measured apart, in a
     fresh process (:func:`peak_memory`). The record holds ``losses``, ``seconds_per_step``, ``footprint_mb``
-    (parameters and buffers after loading), ``adapter_dir``, ``adapter_sha``, ``by`` (which recipe trained it),
-    ``when`` and ``cached``.
+    (parameters and buffers after loading), ``adapter_dir`` (where the store is now), ``adapter_sha``, ``by``
+    (which recipe trained it), ``when`` and ``cached``.
     """
     from transformers import get_linear_schedule_with_warmup
 
@@ -321,7 +325,7 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
     adapter_dir = folder / "adapter"
     with store.locked(folder) as todo:
         if not todo:
-            return TrainedRun(name, {**json.loads((folder / "result.json").read_text()), "cached": True}, recipe)
+            return TrainedRun(name, _stored_record(folder), recipe)
         path = cmodel.prepare_model(progress=False)
         windows = ctrain.make_windows(cdata.load_split("train"), tokenizer, cfg)
 
@@ -341,10 +345,15 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
         ctrain.save_adapter(model, adapter_dir, cfg, extra={"data": key["data"], "run": name})
         record = {"name": name, "quantize": quantize, "config": asdict(cfg), "losses": losses,
                   "train_seconds": seconds, "seconds_per_step": seconds / cfg.steps, "footprint_mb": footprint / 1e6,
-                  "adapter_dir": str(adapter_dir), "adapter_sha": _file_sha(adapter_dir / "adapter_model.safetensors"),
+                  "adapter_sha": _file_sha(adapter_dir / "adapter_model.safetensors"),
                   "torch_threads": torch.get_num_threads()}
         store.write(folder, key, record, recipe.name)
-        return TrainedRun(name, {**record, "cached": False, "by": recipe.name}, recipe, model)
+        return TrainedRun(name, {**record, "adapter_dir": str(adapter_dir), "cached": False, "by": recipe.name}, recipe, model)
+
+
+def _stored_record(folder: Path) -> dict:
+    """A stored run's record, with the adapter's folder where the store is now (the store may have moved)."""
+    return {**json.loads((folder / "result.json").read_text()), "adapter_dir": str(folder / "adapter"), "cached": True}
 
 
 MEMORY_STEPS = 2  # the second step is the steady state: AdamW's moments exist from the first step on
@@ -431,7 +440,7 @@ def stored_run(name: str, store: Store) -> dict:
     folder = store.folder("runs", _run_key(name))
     if not (folder / "result.json").is_file():
         raise CacheMiss(f"the {name} run is not in the capstone store ({store.root}): run lesson 19 or `coursekit capstone`.")
-    return {**json.loads((folder / "result.json").read_text()), "cached": True}
+    return _stored_record(folder)
 
 
 # --------------------------------------------------------------------------- 3. held-out results
@@ -489,11 +498,12 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
     ``coursekit.train.load_nf4_with_adapter`` on a fresh base, on the same batches: the largest |logit
     difference| should be 0. The reference for the merges is that fresh reload: the function that was trained. Per
     merged model: the largest and mean |difference| of the logits that predict the first answer token
-    (N × 49,152 values), the share of tickets whose greedy first answer token is the reference's (every label
-    starts with its own token, so this is the greedy label), the accuracy read off that token, and the share
-    that agrees with the untrained base instead. Returns ``{"reload_max_abs_diff", "n", "base_accuracy",
-    "reference_accuracy", "nf4_codes_changed", "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement",
-    "accuracy", "agreement_with_base"}}}``."""
+    (N × 49,152 values), the share of tickets whose greedy first answer token gives the reference's label (every
+    label starts with its own token), the accuracy read off that token, the share whose greedy first token starts
+    no label at all, and the share whose greedy first token is exactly the untrained base's (which answers
+    "The …"). Returns ``{"reload_max_abs_diff", "n", "base_accuracy", "reference_accuracy", "nf4_codes_changed",
+    "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement", "accuracy", "no_label",
+    "same_token_as_base"}}}``."""
     record, recipe = run.record, run.recipe
     key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split}
 
@@ -513,7 +523,8 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
         ref = ceval.next_token_logits(reloaded, tokenizer, prompts)
         codes = _codes(reloaded)
         trained = ceval.next_token_logits(run.model, tokenizer, prompts)  # same batches, so the same arithmetic
-        base_pred = labels_of(ceval.next_token_logits(cmodel.load_model("nf4"), tokenizer, prompts))
+        base_logits = ceval.next_token_logits(cmodel.load_model("nf4"), tokenizer, prompts)
+        base_pred, base_tokens = labels_of(base_logits), base_logits.argmax(dim=-1)
         ref_pred = labels_of(ref)
         out = {"reload_max_abs_diff": float((trained - ref).abs().max()), "n": len(examples),
                "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred), "merges": {}}
@@ -531,7 +542,8 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
             out["merges"][name] = {
                 "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
                 "agreement": sum(a == b for a, b in zip(pred, ref_pred)) / len(pred), "accuracy": accuracy(pred),
-                "agreement_with_base": sum(a == b for a, b in zip(pred, base_pred)) / len(pred)}
+                "same_token_as_base": float((logits.argmax(dim=-1) == base_tokens).float().mean()),
+                "no_label": sum(p == "(other)" for p in pred) / len(pred)}
             del merged
         return out
 
@@ -602,7 +614,8 @@ def format_report(report: dict) -> str:
     for name, r in m["merges"].items():
         lines.append(f"  {name:26s} max |Δlogit| {r['max_abs_diff']:6.2f}  mean {r['mean_abs_diff']:.3f}  "
                      f"same greedy label {100 * r['agreement']:5.1f} %  accuracy {100 * r['accuracy']:5.1f} %  "
-                     f"same label as the untrained base {100 * r['agreement_with_base']:5.1f} %")
+                     f"no label {100 * r['no_label']:5.1f} %  same first token as the untrained base "
+                     f"{100 * r['same_token_as_base']:5.1f} %")
     lines.append(f"  (the NF4 merge changed {100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes)")
     lines.append(f"\nwall time {report['wall_seconds']:.0f} s")
     return "\n".join(lines)

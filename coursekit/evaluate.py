@@ -47,6 +47,7 @@ __all__ = [
     "first_word",
     "answer_logprobs",
     "wilson_interval",
+    "cluster_bootstrap_interval",
     "confusion_matrix",
     "common_prefix_length",
     "prefill",
@@ -107,6 +108,33 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def cluster_bootstrap_interval(correct: Sequence[bool], groups: Sequence[Any], n_boot: int = 2000,
+                               level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of accuracy that resamples whole groups (e.g. the tickets of one symptom)
+    instead of single examples: ``(low, high)``.
+
+    Examples in one group tend to be right or wrong together, so they carry less information than as many
+    independent examples; a binomial interval such as :func:`wilson_interval` then comes out too narrow. Each
+    of ``n_boot`` replicates draws as many groups as there are, with replacement, and takes the accuracy over
+    all their examples (Efron and Tibshirani, "An Introduction to the Bootstrap", 1993, resampling the
+    independent units). Deterministic for a ``seed``. Raises ValueError for unequal lengths, no examples, or
+    a level outside (0, 1)."""
+    if len(correct) != len(groups) or not len(correct):
+        raise ValueError(f"need one group per example and at least one example; got {len(correct)} and {len(groups)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    by_group: dict[Any, list[bool]] = {}
+    for c, g in zip(correct, groups):
+        by_group.setdefault(g, []).append(bool(c))
+    right = np.array([sum(v) for v in by_group.values()], dtype=float)
+    size = np.array([len(v) for v in by_group.values()], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(right), size=(n_boot, len(right)))
+    acc = right[draws].sum(axis=1) / size[draws].sum(axis=1)
+    lo, hi = np.quantile(acc, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
 
 
 def confusion_matrix(true: Sequence[str], pred: Sequence[str], labels: Sequence[str] = cdata.LABELS) -> np.ndarray:

@@ -227,3 +227,85 @@ def merge_without_unloading(adapter_dir, path):
     from transformers import AutoModelForCausalLM
 
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), adapter_dir)
+
+
+def preflight_that_always_raises(model, batch, optimizer):
+    raise RuntimeError("refused")
+
+
+def preflight_leaving_gradients(model, batch, optimizer):
+    preflight(model, batch, optimizer)
+    model(**batch).loss.backward()  # restores everything, then leaves one backward's gradients behind
+
+
+def optimizer_that_unfreezes_the_norms(model, lr, weight_decay):
+    for n, p in model.named_parameters():
+        if "norm" in n:
+            p.requires_grad_(True)
+    return adapter_optimizer(model, lr, weight_decay)
+
+
+def train_dividing_by_n_plus_one(model, windows, optimizer, scheduler, progress=True):
+    losses = []
+    for window in windows:
+        n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)
+        total = 0.0
+        for b in window:
+            s, _ = train.supervised_loss_sum(model, b)
+            (s / (n + 1)).backward()
+            total += s.item()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total / n)
+    return losses
+
+
+def train_without_optimizer_step(model, windows, optimizer, scheduler, progress=True):
+    for window in windows:
+        for b in window:
+            train.supervised_loss_sum(model, b)[0].backward()
+        scheduler.step()
+        optimizer.zero_grad()
+    return [0.0] * len(windows)
+
+
+def train_returning_nothing(model, windows, optimizer, scheduler, progress=True):
+    train_steps(model, windows, optimizer, scheduler, progress)
+
+
+def train_through_the_reference_in_disguise(model, windows, optimizer, scheduler, progress=True):
+    from coursekit.grading.lessons.lesson19 import _quiet_call
+
+    return _quiet_call(train.train_steps, model, windows, optimizer, scheduler, False)
+
+
+def _as_notebook_code(src: str, name: str):
+    """A function compiled as a notebook cell would be: the checkers trust code from tests/ (it hands them the
+    references on purpose), and treat a cell's code as a student's."""
+    scope: dict = {}
+    exec(compile(src, "<notebook cell>", "exec"), scope)
+    return scope[name]
+
+
+confusion_by_the_reference = _as_notebook_code(
+    "from coursekit import evaluate\n"
+    "def confusion_matrix(true, pred, labels):\n"
+    "    return evaluate.confusion_matrix(true, pred, labels)\n", "confusion_matrix")
+
+
+def load_with_random_B_and_dropout(path, r, lora_alpha, target_modules, quantize=True):
+    """init_lora_weights=False leaves B random (not zero), and lora_dropout=0.1 is on."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    return get_peft_model(base, LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=target_modules, lora_dropout=0.1,
+                                           init_lora_weights=False))
+
+
+def merge_kept_in_float32(adapter_dir, path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter_dir).merge_and_unload()

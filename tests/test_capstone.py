@@ -78,6 +78,19 @@ def test_a_half_written_result_is_never_read(tmp_path):
     assert store.result("k", {}, lambda: {"v": 1}, by="t")["v"] == 1
 
 
+def test_a_moved_store_still_finds_its_adapters(tmp_path):
+    """Records hold no absolute path: a store copied or moved (another COURSEKIT_CACHE) still works."""
+    import shutil
+
+    store = capstone.Store(compute=False)
+    rec = capstone.stored_run("qlora", store)
+    moved = tmp_path / "moved"
+    shutil.copytree(store.root / "runs", moved / "runs")
+    again = capstone.stored_run("qlora", capstone.Store(root=moved, compute=False))
+    assert again["adapter_dir"].startswith(str(moved)) and (capstone.Path(again["adapter_dir"]) / "adapter_config.json").is_file()
+    assert again["adapter_sha"] == rec["adapter_sha"]
+
+
 def test_runs_differ_from_qlora_in_one_thing_each():
     base = capstone.RUNS["qlora"]
     assert base[0] is True and base[1] == capstone.CONFIG
@@ -114,6 +127,18 @@ def test_the_baselines_are_what_the_lesson_says(report):
     assert max(few.count(a) for a in set(few)) > len(few) / 2  # one answer dominates: the last shot's label
 
 
+def test_qlora_stays_above_the_baselines_when_whole_symptoms_are_resampled(report):
+    from coursekit import evaluate
+
+    examples = data.load_split("unseen_symptom")
+    pred = report["heldout"]["qlora"]["labels"]["unseen_symptom"]["predictions"]
+    lo, hi = evaluate.cluster_bootstrap_interval([p["pred"] == ex["label"] for ex, p in zip(examples, pred)],
+                                                 [ex["symptom"] for ex in examples])
+    wilson = report["heldout"]["qlora"]["labels"]["unseen_symptom"]["interval"]
+    assert lo < wilson[0] and hi > wilson[1]  # wider: tickets of one symptom move together
+    assert lo > max(r["unseen_symptom"]["interval"][1] for r in report["ladder"].values())
+
+
 def test_unseen_symptoms_are_the_harder_split_and_errors_come_in_whole_symptoms(report):
     res = report["heldout"]["qlora"]["labels"]
     assert res["unseen_symptom"]["accuracy"] < res["unseen_phrasing"]["accuracy"]
@@ -123,9 +148,9 @@ def test_unseen_symptoms_are_the_harder_split_and_errors_come_in_whole_symptoms(
         right.setdefault(ex["symptom"], []).append(p["pred"] == ex["label"])
     whole = sum(all(v) or not any(v) for v in right.values())
     assert whole >= 0.75 * len(right)
-    hydraulic = sum(sum(v) for s, v in right.items() if s.startswith("hydraulic"))
-    assert hydraulic < min(sum(sum(v) for s, v in right.items() if s.startswith(label))
-                           for label in ("thermal", "mechanical", "software"))
+    per_label = {label: sum(sum(v) for s, v in right.items() if s.startswith(label)) for label in data.LABELS}
+    assert per_label["hydraulic"] == min(per_label.values())  # "hydraulic above all"
+    assert per_label["electrical"] < 24 and per_label["software"] >= 22  # the lesson's two counter-examples
 
 
 def test_lora_on_bf16_and_qlora_are_within_each_others_intervals(report):
@@ -142,6 +167,8 @@ def test_memory_as_lesson_19_reads_it(report):
         pytest.skip("no /proc: resident memory is not measured here")
     assert q["allocator"] == b["allocator"] == "glibc, blocks over 64 KiB returned when freed"
     assert q["footprint_mb"] < b["footprint_mb"] < b["saved_activations_mb"] < q["saved_activations_mb"]
+    embedding_fp32_mb = 49_152 * 576 * 4 / 1e6  # the tied embedding, cast to float32 by prepare_model_for_kbit_training
+    assert round(embedding_fp32_mb) == 113 and round(q["footprint_mb"]) == 186
     assert abs(q["peak_rss_mb"] - b["peak_rss_mb"]) < 0.1 * b["peak_rss_mb"]
 
 
@@ -155,17 +182,25 @@ def test_with_glibcs_defaults_the_qlora_process_keeps_far_more_resident():
     assert q["allocator"] == "default" and q["peak_rss_mb"] > b["peak_rss_mb"] + 300
 
 
-def test_the_ablation_trains_faster_per_step(report):
+def test_the_ablation_trains_faster_and_scores_lower_within_the_intervals(report):
     assert report["runs"]["qlora_qv"]["seconds_per_step"] < report["runs"]["qlora"]["seconds_per_step"]
+    for split in data.HELDOUT_SPLITS:
+        q, v = report["heldout"]["qlora"]["labels"][split], report["heldout"]["qlora_qv"]["labels"][split]
+        assert v["accuracy"] < q["accuracy"]
+        assert q["interval"][0] <= v["interval"][1] and v["interval"][0] <= q["interval"][1]
 
 
 def test_reload_is_exact_and_the_merges_rank_as_the_lesson_says(report):
     m = report["merge"]
     assert m["reload_max_abs_diff"] == 0.0
     w16, dq, nf4 = (m["merges"][name] for name, _ in capstone.MERGES)
-    assert dq["agreement"] >= 0.97 and dq["mean_abs_diff"] < w16["mean_abs_diff"]
-    assert w16["agreement"] < dq["agreement"] and w16["accuracy"] < m["reference_accuracy"]
-    assert m["nf4_codes_changed"] < 1e-3 and nf4["agreement_with_base"] > 0.95 and nf4["accuracy"] < 0.2
+    assert dq["agreement"] >= 0.97 and 10 * dq["mean_abs_diff"] < w16["mean_abs_diff"]  # "an order of magnitude"
+    assert w16["agreement"] < 0.9 < dq["agreement"]
+    ref = report["heldout"]["qlora"]["labels"]["unseen_symptom"]["interval"]  # "inside the interval"
+    assert w16["accuracy"] < m["reference_accuracy"] and ref[0] <= w16["accuracy"] <= ref[1]
+    # "The merged model answers like the untrained base: no label on (almost) any ticket, the base's first token on most"
+    assert m["nf4_codes_changed"] < 1e-3 and m["base_accuracy"] == 0.0
+    assert nf4["accuracy"] < 0.05 and nf4["no_label"] > 0.95 and nf4["same_token_as_base"] > 0.5
 
 
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):

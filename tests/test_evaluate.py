@@ -160,3 +160,18 @@ def test_next_token_logits_equal_a_full_pass_per_prompt(tiny, tok, style):
     with torch.no_grad():
         slow = torch.stack([tiny(input_ids=torch.tensor([p])).logits[0, -1] for p in prompts])
     torch.testing.assert_close(fast, slow, atol=2e-4, rtol=1e-5)
+
+
+def test_cluster_bootstrap_is_wider_when_groups_move_together():
+    """Twelve groups of three identical outcomes carry twelve examples' worth of information, not 36."""
+    correct = [g % 4 != 0 for g in range(12) for _ in range(3)]
+    groups = [g for g in range(12) for _ in range(3)]
+    lo, hi = E.cluster_bootstrap_interval(correct, groups)
+    wl, wh = E.wilson_interval(sum(correct), len(correct))
+    assert lo < wl and hi > wh
+    assert E.cluster_bootstrap_interval(correct, groups) == (lo, hi)  # deterministic
+    # one example per group: close to the binomial interval
+    lo1, hi1 = E.cluster_bootstrap_interval(correct, list(range(36)))
+    assert abs((hi1 - lo1) - (wh - wl)) < 0.06
+    with pytest.raises(ValueError):
+        E.cluster_bootstrap_interval([True], [1, 2])

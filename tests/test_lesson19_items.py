@@ -19,6 +19,8 @@ NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
              "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment}
+# The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
+RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix}
 CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["b", "c"], "p11": "c",
            "p13": ["train", "save", "load_bf16", "attach", "merge", "verify"]}
 
@@ -54,7 +56,7 @@ def test_right_choices_score_full(item):
 @pytest.mark.parametrize("item, fn, text", [
     ("p1", A.load_without_double_quant_or_prepare, "double quantization"),
     ("p1", A.load_with_r_and_alpha_swapped, "lora_alpha and r swapped"),
-    ("p1", A.load_by_borrowing, "calls coursekit's own coursekit.train.load_for_lora"),
+    ("p1", A.load_by_borrowing, "coursekit.train.load_for_lora instead of doing the work itself"),
     ("p2", A.preflight_demanding_lora_A_gradients, "every lora_A gradient is exactly zero"),
     ("p2", A.preflight_without_restore_or_base_check, "changed a base weight"),
     ("p2", A.preflight_without_restore_or_base_check, "copy them back"),
@@ -73,6 +75,35 @@ def test_right_choices_score_full(item):
 def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     fb = check(f"19.{item}", fn, hidden=False)
     assert fb.points < fb.max_points and text in fb.text(), fb.text()
+
+
+@pytest.mark.parametrize("item, fn, text", [
+    ("p1", A.load_with_random_B_and_dropout, "lora_B is not zero at the start"),
+    ("p1", A.load_with_random_B_and_dropout, "the adapters have dropout"),
+    ("p2", A.preflight_leaving_gradients, "still hold a gradient"),
+    ("p3", A.optimizer_that_unfreezes_the_norms, "changed which tensors train"),
+    ("p4", A.train_without_optimizer_step, "did not move at all"),
+    ("p4", A.train_returning_nothing, "returned NoneType"),
+    ("p4", A.train_through_the_reference_in_disguise, "runs coursekit.train.train_steps, the grader's own code"),
+    ("p7", A.confusion_by_the_reference, "coursekit.evaluate.confusion_matrix"),
+    ("p8", A.merge_kept_in_float32, "float32 weights"),
+])
+def test_odd_answers_score_nothing_and_are_named(item, fn, text):
+    fb = check(f"19.{item}", fn, hidden=True)
+    assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_the_loop_check_sees_any_wrong_scale_of_the_loss():
+    """The check hands the loop plain SGD, and the windows differ in N: dividing by N + 1 is not the reference."""
+    fb = check("19.p4", A.train_dividing_by_n_plus_one, hidden=True)
+    assert fb.points == 0 and "differs from the reference loop" in fb.text()
+
+
+def test_a_preflight_that_refuses_everything_refuses_nothing_in_particular():
+    fb = check("19.p2", A.preflight_that_always_raises, hidden=True)
+    assert fb.points == 0 and "also refuses the healthy model" in fb.text()
+    fb = check("19.p2", lambda model: None, hidden=False)
+    assert fb.points == 0 and "three arguments" in fb.text()
 
 
 @pytest.mark.parametrize("item, fn", [("p1", A.load_without_double_quant_or_prepare), ("p3", A.optimizer_over_all_parameters),
@@ -99,14 +130,6 @@ def test_not_a_function_is_refused():
     for item in ("p1", "p2", "p3", "p4", "p6", "p8"):
         fb = check(f"19.{item}", 42, hidden=False)
         assert fb.points == 0 and "should be a function" in fb.text()
-
-
-def test_a_preflight_that_refuses_everything_loses_the_healthy_case_only():
-    def refuse(model, batch, optimizer):
-        raise RuntimeError("no")
-
-    fb = check("19.p2", refuse, hidden=False)
-    assert fb.points == pytest.approx(fb.max_points * 4 / 5) and "refused a healthy model" in fb.text()
 
 
 @pytest.mark.parametrize("item, wrong, text", [
