@@ -780,8 +780,8 @@ class FirstWordItem:
 
 
 def _p7_public() -> list[Case]:
-    return [Case({"true": ["a", "a", "b", "c"], "pred": ["a", "b", "b", "the"], "labels": ["a", "b", "c"]},
-                 "4 answers over labels a, b, c; one answer is no label"),
+    return [Case({"true": ["x", "x", "y", "z"], "pred": ["x", "y", "y", "the"], "labels": ["x", "y", "z"]},
+                 "4 answers over labels x, y, z; one answer is no label"),
             Case({"true": list(LABELS) * 2, "pred": list(LABELS[1:]) + [LABELS[0]] + list(LABELS), "labels": list(LABELS)},
                  "the six course labels, one round shifted by one")]
 
