@@ -15,8 +15,8 @@ REPO = os.path.dirname(HERE)
 
 # The answer keys, hints and hidden-case seeds (autograder/keys/NN.json) stay with the instructor: the
 # grading process reads them through this variable (coursekit/grading/keys.py); the kernel that runs a
-# student's code is started without it (coursekit.guard.GuardedExecute), and ScoreKeyed scores the
-# answers its checks recorded.
+# student's code is sandboxed without it (coursekit.guard.GuardedExecute), and ScoreAnswers scores the
+# answers its checks hand over.
 os.environ.setdefault("COURSEKIT_KEYS", os.path.join(HERE, "keys"))
 
 c.CourseDirectory.course_id = "qlora-backprop"
@@ -33,9 +33,9 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # `coursekit grade` fills first (coursekit.capstone).
 c.Execute.timeout = 2400
 
-# Hostile or broken notebooks (coursekit/guard.py): an answer cell gets 60 s (an endless loop is stopped
-# and the notebook goes on), a notebook that kills its kernel keeps the scores of the cells before,
-# and answer cells that change coursekit's grader zero every check after them.
+# Hostile or broken notebooks (coursekit/guard.py): the kernel runs in a sandbox (coursekit/sandbox.py), an
+# answer cell gets 60 s (an endless loop is stopped and the notebook goes on), a notebook that kills its
+# kernel keeps the scores of the cells before, and every check is scored in the grading process.
 c.GuardedExecute.answer_timeout = int(os.environ.get("COURSEKIT_ANSWER_TIMEOUT", "60"))
 c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.ClearOutput",
@@ -48,8 +48,7 @@ c.Autograde.sanitize_preprocessors = [
 c.Autograde.autograde_preprocessors = [
     "coursekit.guard.GuardedExecute",
     "nbgrader.preprocessors.IgnorePattern",
-    "coursekit.guard.TamperScan",
-    "coursekit.guard.ScoreKeyed",  # scores recorded choices with the keys the kernel never sees
+    "coursekit.guard.ScoreAnswers",  # every check is scored here, from the answer the sandboxed kernel handed over
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",

@@ -188,6 +188,9 @@ class Store:
         """Hold the result's lock; yields whether the result must be (re)computed here."""
         from filelock import FileLock
 
+        if not self.compute and not self.fresh and (folder / "result.json").is_file():
+            yield False  # a finished result is only read (written whole, last): no lock, so a read-only store works
+            return
         folder.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder) + ".lock"):
             done = (folder / "result.json").is_file()

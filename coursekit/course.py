@@ -33,12 +33,10 @@ from typing import Iterable
 
 import nbformat
 
+from .nbenv import CourseError, kernel_env
+
 LESSON_RE = re.compile(r"^\d\d-[a-z0-9-]+$")
 SOLUTION_DELIMS = ("### BEGIN SOLUTION", "### END SOLUTION")
-
-
-class CourseError(RuntimeError):
-    """A step of the pipeline failed; the message says which step, which lesson or student, and why."""
 
 
 def repo_root(root: str | os.PathLike | None = None) -> Path:
@@ -86,19 +84,6 @@ def load_config(root: Path, course_dir: Path | None = None, release_dir: Path | 
     return cfg
 
 
-def _kernel_env() -> None:
-    # nbgrader runs the `alembic` console script of its environment to migrate the gradebook.
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    # Make the "python3" kernel that nbgrader starts the one of this environment (with coursekit),
-    # even if the user has another python3 kernelspec in ~/.local/share/jupyter.
-    share = str(Path(sys.prefix) / "share" / "jupyter")
-    paths = os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
-    if share not in paths:
-        os.environ["JUPYTER_PATH"] = os.pathsep.join([share] + [p for p in paths if p])
-
-
 def use_course_keys(root: Path) -> Path:
     """Point ``$COURSEKIT_KEYS`` at the course's instructor keys (``autograder/keys``) unless it is set already;
     kernels that nbgrader starts inherit it. Returns the folder in use."""
@@ -133,9 +118,12 @@ def api(root: Path, course_dir: Path | None = None, release_dir: Path | None = N
     # bitsandbytes logs a note about an optional kernel package on import (grading imports the lesson
     # items, and lesson 19's import it); it is not the instructor's concern here (coursekit doctor reports it).
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    _kernel_env()
+    kernel_env()
     cfg = load_config(root, course_dir, release_dir)
     Path(cfg.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
+    # The sandboxed grading kernel sees neither the course folder (gradebook, other students) nor the sources.
+    cfg.GuardedExecute.hidden_paths = [str(Path(cfg.CourseDirectory.root).resolve()),
+                                       str(Path(cfg.CourseDirectory.source_directory).resolve())]
     coursedir = CourseDirectory(config=cfg)
     return NbGraderAPI(coursedir=coursedir, config=cfg)
 
@@ -285,6 +273,12 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     ids = _known(root, lessons)
     use_course_keys(root)
     _require_keys(ids)
+    from . import sandbox
+
+    if not sandbox.off() and sandbox.problem():
+        raise CourseError(f"cannot grade for credit: {sandbox.problem()}. Submissions run in a sandbox so that no student's "
+                          "code can read the answer keys, other students' work or the gradebook, or outlive the run. "
+                          "Install bubblewrap, or pass --unsandboxed to grade anyway (not for credit).")
     from .grading import keys
 
     keys.freeze({aid[:2] for aid in ids})  # this run grades with the keys as they are now
@@ -299,6 +293,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
 
 CAPSTONE = "19-capstone-a-real-qlora-run"
+MODEL_LESSONS = {"09", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model
 
 
 def _fill_capstone_store(progress: bool) -> None:
@@ -326,6 +321,11 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory
+    if any(aid[:2] in MODEL_LESSONS for aid in ids):
+        # The sandboxed grading kernel sees the model cache read-only: convert the embedded model here, once.
+        from . import model
+
+        model.prepare_model(progress=progress)
     if CAPSTONE in ids:
         _fill_capstone_store(progress)
     for aid in ids:

@@ -340,18 +340,11 @@ def prepare_model(path: str | os.PathLike | None = None, *, force: bool = False,
 
 @contextlib.contextmanager
 def _exclusive(out: Path):
-    """Hold an exclusive lock on ``.<name>.lock`` next to ``out`` (POSIX; no lock where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: concurrent first conversions are rare; the rename still keeps the cache whole
+    """Hold an exclusive lock (``filelock``) on ``.<name>.lock`` next to ``out``."""
+    from filelock import FileLock
+
+    with FileLock(str(out.parent / f".{out.name}.lock")):
         yield
-        return
-    with open(out.parent / f".{out.name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _build(gguf: Path, out: Path, progress: bool) -> None:

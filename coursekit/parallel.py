@@ -38,6 +38,8 @@ import nbformat
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Unicode
 
+from .nbenv import CourseError, kernel_env
+
 
 def default_workers() -> int:
     """The CPU cores this process may run on (the default number of grading workers)."""
@@ -177,9 +179,7 @@ def _execute(job: _Job) -> dict:
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    from . import course
-
-    course._kernel_env()
+    kernel_env()
     scratch = _scratch(Path(job.scratch_root), job.aid, job.sid)
     scratch.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(job.snapshot, scratch / "gradebook.db")
@@ -208,22 +208,17 @@ def _copy_missing(src: Path, dest: Path) -> None:
 
 
 def _lock_course(root: Path):
-    """Hold an exclusive lock on the course folder while grading (released by closing the returned
-    file): two grading runs on one gradebook would be two writers. None where fcntl is missing."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        return None
-    from .course import CourseError
+    """Hold an exclusive lock (``filelock``) on the course folder while grading (released by its ``release()``):
+    two grading runs on one gradebook would be two writers."""
+    from filelock import FileLock, Timeout
 
     root.mkdir(parents=True, exist_ok=True)
-    f = open(root / ".coursekit-grading.lock", "w")
+    lock = FileLock(str(root / ".coursekit-grading.lock"))
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
+        lock.acquire(timeout=0)
+    except Timeout:
         raise CourseError(f"another `coursekit grade` is grading {root} right now; wait for it to finish") from None
-    return f
+    return lock
 
 
 def _sqlite_path(db_url: str) -> Path | None:
@@ -300,7 +295,7 @@ class Autograder:
 
     def close(self) -> None:
         if self._lock is not None:
-            self._lock.close()  # releases the flock
+            self._lock.release()
             self._lock = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

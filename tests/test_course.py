@@ -139,3 +139,12 @@ def test_ignore_pattern_strips_library_warnings_only():
     assert all(pat.search(t) for t in harmless)
     assert not any(pat.search(t) for t in kept)
     assert cfg.Execute.timeout >= 600
+
+
+def test_the_model_lessons_are_the_ones_whose_notebooks_load_the_model():
+    """coursekit grade converts the embedded model before grading these lessons (their sandboxed kernels see the
+    model cache read-only): the set must name every lesson whose notebook loads the converted checkpoint."""
+    root = Path(__file__).resolve().parents[1]
+    loads = {aid[:2] for aid in course.lesson_ids(root)
+             if re.search(r"prepare_model|default_checkpoint|load_base|capstone\.", (root / "lessons" / aid / f"{aid}.ipynb").read_text())}
+    assert loads == course.MODEL_LESSONS

@@ -142,3 +142,21 @@ for _aid in LESSONS:
         _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _test_regrade
     _name = f"TestRoundTrip{_aid[:2]}"
     globals()[_name] = type(_name, (_RoundTrip,), _ns)
+
+
+def _test_the_escape_left_no_trace(self, graded):
+    """ex-escapes-the-sandbox (lesson 02) tried a .pth file in site-packages, a detached child that edits grades.csv
+    5 s later, a 1 GiB file and killing its parent: none of it is left, and the run finished for everyone."""
+    import site
+    import time
+
+    work, _ = graded
+    time.sleep(7)  # longer than the child would have waited, had it survived its kernel
+    assert not [d for d in site.getsitepackages() if (Path(d) / "zz-coursekit-evil.pth").exists()]
+    assert not Path("/tmp/coursekit-evil-child-ran").exists()
+    assert "99" not in (work / "grades.csv").read_text()
+    assert not list(work.rglob("huge.bin"))
+    assert submission_scores(work, L02, "ex-escapes-the-sandbox")[0] == submission_scores(work, L02, "ex-perfect")[0]
+
+
+globals()["TestRoundTrip02"].test_the_escape_left_no_trace = _test_the_escape_left_no_trace

@@ -2,8 +2,9 @@
 
 The end-to-end checks (real nbgrader, the example class's hostile students of lessons 00, 02 and 03,
 graded twice) are in tests/test_grading_roundtrip.py; these pin each defense without a full class:
-the static scan of answer cells, the run-time tampering check, the per-case time limit, the reference
-tripwire, captured print floods, broken submission files, and the guarded executor on a tiny notebook.
+the per-case time limit, captured print floods, odd number types, broken submission files, and the
+guarded executor on a tiny notebook. The trust boundary itself (the sandbox, scores computed only in the
+grading process) is tests/test_trust_boundary.py.
 """
 
 from __future__ import annotations
@@ -17,115 +18,11 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from coursekit import course
-from coursekit.grading import check, grade, tampering
+from coursekit.grading import check
 from coursekit.grading.checkers import Case, check_function
-from coursekit.guard import scan_source
-
-# --------------------------------------------------------------------------- static scan of answer cells
-
-
-@pytest.mark.parametrize("src", [
-    "import coursekit.grading\ncoursekit.grading.grade = lambda i, a: 3.0",
-    "from coursekit.grading import checkers\ncheckers.check_function = lambda *a, **k: None",
-    "from coursekit import grading as g\nsetattr(g, 'check', print)",
-    "from coursekit.grading.lessons import lesson02\nlesson02.ITEMS['p1'].points = 0",
-    "from coursekit.grading.lessons import lesson02\nlesson02.ITEMS.update({})",
-    "import sys\nsys.modules['coursekit.lora'] = object()",
-    "import builtins\nbuiltins.isinstance = lambda *a: True",
-    "import sys\nsys.setprofile(None)",
-    "def f():\n    pass\nf.__code__ = (lambda: 1).__code__",
-    "g = __import__('coursekit.grading', fromlist=['x'])\ng.grade = print",
-    "exec('import coursekit; coursekit.grading.grade = print')",
-    # reading the grader's item tables: their expected() values are the answers
-    "from coursekit.grading import lesson_items\nanswer_w2 = lesson_items('02')['w2'].expected()",
-    "import coursekit.grading\nanswer_w2 = coursekit.grading.lesson_items('02')['w2'].expected()",
-    "from coursekit.grading.lessons.lesson02 import ITEMS\nanswer_w2 = ITEMS['w2'].expected()",
-    "import coursekit.grading.lessons.lesson02 as L\nx = L.ITEMS",
-    "from coursekit import grading\nx = grading.lessons.lesson02.ITEMS",
-    "from coursekit.grading import keys\nprint(keys.load('02'))",
-    # reaching for the instructor's files (the grading kernel never holds the keys; the disk might)
-    "import os, json\nanswer_w1 = json.load(open(os.environ['COURSEKIT_KEYS'] + '/02.json'))['keys']['w1']",
-    "answer_w1 = open('../../../keys/02.json').read()",
-    "import json\nnb = json.load(open('/work/solutions/02-lora-inside-one-matmul/02-lora-inside-one-matmul.ipynb'))",
-    "import coursekit.grading as g\nanswer_w3 = g._keys.load('02')['keys']['w3']",
-    "import coursekit.grading as g\nk = g._Context('02', 'w1', False).key()",
-    "%pwd\nimport coursekit.grading as g\ng.grade = lambda *a: 3.0",  # a magic first: still read as Python
-    "import coursekit.grading as g\nvars(g)['grade'] = lambda *a: 3.0",
-])
-def test_the_scan_names_changes_to_the_grader(src):
-    found = scan_source(src)
-    assert found and found[0].startswith("line "), found
-
-
-@pytest.mark.parametrize("src", [
-    "def adapted_forward(X, W, A, B, lora_alpha, r):\n    return X @ W + (lora_alpha / r) * (X @ A) @ B",
-    "from coursekit.grading import grade\ngrade('02.p1', adapted_forward)",  # checking oneself is fine
-    "import numpy as np\nx = np.zeros(3)\nx[0] = 1\nd = {}\nd.update(a=1)",
-    "answer = 'b'\nimport sys\nprint('note', file=sys.stderr)",
-    "%timeit 1 + 1",  # not Python: the cell fails by itself, the scan has nothing to say
-    "from coursekit import lora\nanswer_w2 = lora.param_count(4096, 4096, 16)",  # the course's kernels are fair game
-    "d = {'a': 1}\nprint(d.keys(), list(d.items()))",
-])
-def test_the_scan_leaves_honest_cells_alone(src):
-    assert scan_source(src) == []
-
-
-def test_every_solution_cell_a_student_could_write_passes_the_scan():
-    """The scan reads answer cells and every unlocked code cell (a student may edit or add those); none of
-    the solutions' own cells may trip it, or a perfect submission would lose points."""
-    from pathlib import Path
-
-    from coursekit.guard import student_writable
-
-    root = Path(__file__).resolve().parents[1]
-    scanned = 0
-    for aid in course.lesson_ids(root):
-        nb = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
-        bound: set = set()
-        for i, c in enumerate(nb.cells):
-            if student_writable(c):
-                scanned += 1
-                assert scan_source(course._strip_solution(c.source), bound) == [], (aid, i, c.source[:200])
-    assert scanned > 100
-
-
-# --------------------------------------------------------------------------- run-time defenses
-
 
 def _right(X, W, A, B, lora_alpha, r):
     return X @ W + (lora_alpha / r) * (X @ A) @ B
-
-
-def test_replacing_a_checker_or_numpy_zeroes_every_item(monkeypatch, capsys):
-    import coursekit.grading as g
-
-    assert tampering() == []
-    monkeypatch.setattr(g.Function, "check", lambda self, answer, ctx: g.Feedback(self.points, self.points, ["ok"]))
-    assert grade("02.p1", _right) == 0
-    out = capsys.readouterr().out
-    assert "changed the grader" in out and "coursekit.grading.Function.check was replaced" in out
-    monkeypatch.undo()
-    monkeypatch.setattr(np, "allclose", lambda *a, **k: True)
-    assert grade("02.w1", "b") == 0
-    assert "numpy.allclose was replaced" in capsys.readouterr().out
-    monkeypatch.undo()
-    assert tampering() == [] and grade("02.p1", _right) == 3
-
-
-def test_asking_the_grader_for_an_expected_value_zeroes_the_checks(monkeypatch, capsys):
-    """Notebook code (here: code compiled under a notebook-like file name) that calls an item's expected()
-    is reading the answer: every check after it earns 0, and the feedback says why."""
-    import coursekit.grading as g
-
-    monkeypatch.setattr(g, "_READS", [])
-    items = g.lesson_items("02")
-    assert items["w2"].expected() > 0 and g.tampering() == []  # the test suite itself may ask
-    code = compile("answer = items['w2'].expected()", "/tmp/ipykernel_1/123.py", "exec")
-    ns = {"items": items}
-    exec(code, ns)
-    assert g.grade("02.w2", ns["answer"]) == 0
-    out = capsys.readouterr().out
-    assert "changed the grader" in out and "expected value of" in out, out
 
 
 def test_editing_the_loaded_keys_changes_nothing():
@@ -151,40 +48,6 @@ def test_a_function_that_loops_forever_loses_its_cases_and_grading_goes_on():
     text = "\n".join(fb.lines)
     assert fb.points == 0 and "did not return within 0.2 s" in text and "not run (an earlier case did not return)" in text
     assert check_function(lambda x: x, cases, lambda x: x, 2, "f", timeout=0.2).full  # the alarm is off again
-
-
-def test_calling_the_reference_earns_nothing():
-    from coursekit import lora
-    from coursekit.grading.lessons import lesson02
-
-    # Defined as a notebook cell defines them (functions written in tests/ are trusted: see checkers._trusted).
-    cell = ("def via_kernel(X, W, A, B, lora_alpha, r):\n"
-            "    return lora.lora_forward(X, W, A, B, lora_alpha / r)[0]\n"
-            "def via_reference(X, W, A, B, lora_alpha, r):\n"
-            "    return lesson02.adapted_forward(X, W, A, B, lora_alpha, r)\n")
-    ns = {"lora": lora, "lesson02": lesson02}
-    exec(compile(cell, "/tmp/ipykernel_0/cell.py", "exec"), ns)
-    via_kernel, via_reference = ns["via_kernel"], ns["via_reference"]
-
-    fb = check("02.p1", via_reference)
-    assert fb.points == 0 and "calls coursekit's own answer code" in "\n".join(fb.lines)
-    assert "lesson02.adapted_forward" in "\n".join(fb.lines)
-    # coursekit's teaching kernels stay allowed: later lessons build on earlier ones.
-    assert check("02.p1", via_kernel).full
-
-
-def test_calling_the_reference_from_a_thread_earns_nothing():
-    """The call watch follows threads the student's function starts (a pool that runs the reference)."""
-    from coursekit.grading.lessons import lesson02
-
-    cell = ("from concurrent.futures import ThreadPoolExecutor\n"
-            "def via_thread(X, W, A, B, lora_alpha, r):\n"
-            "    with ThreadPoolExecutor(1) as pool:\n"
-            "        return pool.submit(lesson02.adapted_forward, X, W, A, B, lora_alpha, r).result()\n")
-    ns = {"lesson02": lesson02}
-    exec(compile(cell, "/tmp/ipykernel_0/cell.py", "exec"), ns)
-    fb = check("02.p1", ns["via_thread"])
-    assert fb.points == 0 and "lesson02.adapted_forward" in "\n".join(fb.lines)
 
 
 def test_a_print_flood_is_counted_not_shown(capfd):
@@ -298,7 +161,7 @@ def test_config_puts_the_guards_in_nbgraders_pipeline():
     cfg = course.load_config(Path(__file__).resolve().parents[1])
     steps = list(cfg.Autograde.autograde_preprocessors)
     assert steps[0] == "coursekit.guard.GuardedExecute"
-    assert steps.index("coursekit.guard.TamperScan") < steps.index("nbgrader.preprocessors.SaveAutoGrades")
+    assert steps.index("coursekit.guard.ScoreAnswers") < steps.index("nbgrader.preprocessors.SaveAutoGrades")
 
 
 if sys.platform == "win32":  # pragma: no cover

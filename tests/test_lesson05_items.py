@@ -302,3 +302,35 @@ def test_p3_expected_comes_from_the_reference():
 def test_p6_dW_mistakes(answer, points, text):
     fb = check("05.p6", answer)
     assert fb.points == pytest.approx(points) and text in fb.text(), fb.text()
+
+
+# --------------------------------------------------------------------------- a named mistake is the one made
+
+
+def bwd_sign_flipped(D, X, W, A, B, s):
+    return bwd_right(-D, X, W, A, B, s)
+
+
+def bwd_float32(D, X, W, A, B, s):
+    f = np.float32
+    return tuple(np.asarray(v, dtype=f) for v in bwd_right(D.astype(f), X.astype(f), W.astype(f), A.astype(f), B.astype(f), f(s)))
+
+
+_NAMES = {  # each simulated mistake → the words that name it; no other mistake's words may appear
+    bwd_missing_s: "scale s is missing", bwd_s_twice: "applied twice", bwd_no_adapter_in_dX: "missing the adapter path",
+    bwd_no_base_in_dX: "missing the base path", bwd_dA_transposed: "shape of Aᵀ", bwd_dB_transposed: "∇B is transposed",
+    bwd_updated_B: "already updated", bwd_W_not_transposed: "not D W", bwd_sign_flipped: "wrong sign",
+}
+
+
+@pytest.mark.parametrize("fn", list(_NAMES) + [bwd_float32], ids=lambda f: f.__name__)
+def test_the_named_mistake_is_the_one_made_and_no_other(fn):
+    fb = check("05.p1", fn, hidden=True)
+    # (a line that says two mistakes fit one case equally names both on purpose: the other cases decide)
+    named = " ".join(l for l in fb.lines if "Likely mistake" in l and "two mistakes give exactly" not in l)
+    others = [w for f, w in _NAMES.items() if f is not fn and w in named]
+    assert not others, f"{fn.__name__}: the feedback also names {others}: {named}"
+    if fn is bwd_float32:
+        assert "float32" in fb.text() and not named, fb.text()
+    else:
+        assert _NAMES[fn] in named, fb.text()

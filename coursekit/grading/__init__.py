@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import json
 import os
 import re
-import sys
-import types
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,23 +72,6 @@ def autograding() -> bool:
     return os.environ.get("NBGRADER_EXECUTION") == "autograde"
 
 
-_READS: list[str] = []  # items whose expected value notebook code asked for (see _Watched)
-
-
-class _Watched:
-    """An item's expected-value function. The checker may call it; a call from notebook code is reading the
-    answer, so it is remembered and :func:`tampering` reports it (every check after it earns 0)."""
-
-    def __init__(self, fn: Callable[[], Any], title: str) -> None:
-        self._fn, self._title = fn, title
-
-    def __call__(self) -> Any:
-        caller = sys._getframe(1).f_code.co_filename
-        if not _trusted_file(caller):
-            _READS.append(f"notebook code asked the grader for the expected value of '{self._title}'")
-        return self._fn()
-
-
 @dataclass
 class Choice:
     """A multiple-choice item; ``multi`` for "choose all that apply". The key (a letter, or a list of letters)
@@ -133,10 +113,6 @@ class Numeric:
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
     unit: str = ""
 
-    def __post_init__(self) -> None:
-        if self.expected is not None and not isinstance(self.expected, _Watched):
-            self.expected = _Watched(self.expected, self.title)
-
     def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         want = self.expected() if self.expected else float(key)
         return check_numeric(answer, want, self.points, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
@@ -160,10 +136,6 @@ class Array:
     atol: float = 1e-9
     dtype: Any = None
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.expected, _Watched):
-            self.expected = _Watched(self.expected, self.title)
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         return check_array(answer, self.expected(), self.points, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
@@ -240,7 +212,7 @@ class _Context:
     def has_keys(self) -> bool:
         """Whether the instructor's key file can be read here. In the course's autograde run it cannot: the
         kernel that runs the student's code never gets the keys (coursekit.guard.GuardedExecute), the
-        check records the answer and the grading process scores it (coursekit.guard.ScoreKeyed)."""
+        answer goes to the grading process, which scores it (coursekit.guard.ScoreAnswers)."""
         return _keys.available(self.lesson)
 
     def _file(self) -> dict:
@@ -314,77 +286,6 @@ def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------- tampering
-
-
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TRUSTED = tuple(sorted({os.path.abspath(p) + os.sep for p in (_PKG_DIR, sys.prefix, sys.base_prefix, sys.exec_prefix)}))
-# Modules the checkers rely on besides coursekit itself: replacing np.allclose would make every array "match".
-_LIBRARIES = ("builtins", "math", "numpy", "numpy.linalg", "numpy.core.numeric", "numpy._core.numeric", "torch", "zlib")
-
-
-_TESTS_DIR = os.path.join(os.path.dirname(_PKG_DIR), "tests") + os.sep
-
-
-def _trusted_file(filename: str) -> bool:
-    """Code from an installed file (coursekit, the environment) or the course's test suite, not a notebook."""
-    if not filename or filename.startswith("<"):
-        return False
-    f = os.path.abspath(filename)
-    return f.startswith(_TRUSTED) or f.startswith(_TESTS_DIR)
-
-
-def _foreign(fn: Any) -> bool:
-    """True for a Python function whose code was not loaded from an installed file (a notebook's own code)."""
-    code = getattr(fn, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return False
-    f = code.co_filename
-    return f.startswith("<") or not os.path.abspath(f).startswith(_TRUSTED)
-
-
-def _dataclass_method(cls: type, name: str, fn: Any) -> bool:
-    """A method that ``dataclasses`` generated for ``cls`` (its code comes from exec, file "<string>")."""
-    return (name.startswith("__") and hasattr(cls, "__dataclass_fields__") and fn.__code__.co_filename == "<string>"
-            and getattr(fn, "__qualname__", "").startswith(cls.__qualname__ + "."))
-
-
-def tampering() -> list[str]:
-    """What notebook code changed in coursekit or in the libraries its checkers use: one line per finding.
-
-    Scans every loaded coursekit module (functions, classes' methods, graded items' callables) and the
-    namespaces of builtins, math, numpy and torch for functions defined outside an installed file, and
-    coursekit modules that sys.modules maps to something else. Empty when nothing was changed.
-    """
-    found: list[str] = list(dict.fromkeys(_READS))
-    for name, mod in list(sys.modules.items()):
-        if not (name == "coursekit" or name.startswith("coursekit.")) or mod is None:
-            continue
-        f = getattr(mod, "__file__", None) or ""
-        if not isinstance(mod, types.ModuleType) or not os.path.abspath(f).startswith(_PKG_DIR + os.sep):
-            found.append(f"sys.modules[{name!r}] was replaced")
-            continue
-        for attr, v in list(vars(mod).items()):
-            if _foreign(v):
-                found.append(f"{name}.{attr} was replaced by a function defined in the notebook")
-            elif isinstance(v, type) and v.__module__.startswith("coursekit"):
-                found += [f"{name}.{attr}.{m} was replaced by a function defined in the notebook"
-                          for m, fv in list(vars(v).items()) if _foreign(fv) and not _dataclass_method(v, m, fv)]
-            elif attr == "ITEMS" and isinstance(v, Mapping):
-                for item_id, item in list(v.items()):
-                    for fname, fv in list(getattr(item, "__dict__", {}).items()):
-                        if _foreign(fv._fn if isinstance(fv, _Watched) else fv):
-                            found.append(f"{name}.ITEMS[{item_id!r}].{fname} was replaced by a function defined in the notebook")
-    for name in _LIBRARIES:
-        mod = sys.modules.get(name)
-        if mod is None:
-            continue
-        for attr, v in list(vars(mod).items()):
-            if _foreign(v):
-                found.append(f"{name}.{attr} was replaced by a function defined in the notebook")
-    return sorted(set(found))
-
-
 def lesson_items(lesson: str) -> Mapping[str, Any]:
     """The item registry of a lesson ("02" → ``coursekit.grading.lessons.lesson02.ITEMS``)."""
     try:
@@ -406,45 +307,97 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
     return items[item].check(answer, ctx)
 
 
-RECORD_MARK = "coursekit-recorded-answer: "
 RECORDED_TAG = ": recorded (worth "  # what a keyed check prints after its title while no key is at hand
 
 
 def keyed(item: Any) -> bool:
     """Whether ``item`` is scored against the instructor's key (a choice, an ordering, a number without
-    ``expected``): in the autograde run its check records the answer and the grading process scores it."""
+    ``expected``): while a student works, its check can only record the answer."""
     return isinstance(item, (Choice, Ordering)) or (isinstance(item, Numeric) and item.expected is None)
 
 
-def score_recorded(item_id: str, answer: Any) -> Feedback:
-    """The grading process's half of a keyed item in the autograde run: ``answer`` is what the kernel recorded
-    (the canonical form the check found), scored here against the instructor's key with its hints."""
+def _value_item(item: Any) -> bool:
+    return isinstance(item, (Choice, Ordering, Numeric, Array))
+
+
+def answer_record(item_id: str, answer: Any) -> dict:
+    """What the kernel sends the grading process for one check in the autograde run: the answer as data
+    (:mod:`coursekit.protocol`), or, when the item asks for a function, the function itself pickled by value
+    (cloudpickle) with its parameters and the source of the cells it came from, for the sandboxed runner."""
+    from .. import protocol
+
+    if not callable(answer):  # (the item tables are not in the grading kernel: a callable answer is a function)
+        return {"item": item_id, "answer": protocol.encode(answer)}
+    import base64
+    import inspect
+    import linecache
+
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps(answer)
+    except Exception as e:  # noqa: BLE001  (whatever pickling raised, the student is told)
+        return {"item": item_id, "unsendable": f"{type(e).__name__}: {str(e)[:300]}"}
+    if len(blob) > (64 << 20):
+        return {"item": item_id, "unsendable": f"it pickles to {len(blob) >> 20} MB (what does it hold on to?)"}
+    try:
+        params = [[p.name, int(p.kind), p.default is not p.empty] for p in inspect.signature(answer).parameters.values()]
+    except (TypeError, ValueError):
+        params = None
+    lines = {f: "".join(v[2]) for f, v in list(linecache.cache.items())
+             if isinstance(v, tuple) and len(v) == 4 and not os.path.isfile(f) and len(v[2]) < 2000}
+    return {"item": item_id, "function": base64.b64encode(blob).decode(), "name": str(getattr(answer, "__name__", "function")),
+            "params": params, "lines": lines}
+
+
+def score_record(item_id: str, record: Mapping[str, Any]) -> Feedback:
+    """The grading process scores one recorded answer (see :func:`answer_record`) with the instructor's keys
+    and the item's public and hidden cases. A function runs in a sandboxed runner (:mod:`.remote`)."""
+    from .. import protocol
+    from . import remote
+
     lesson, item = item_id.split(".", 1)
     it = lesson_items(lesson)[item]
     ctx = _Context(lesson, item, True)
-    return it._run(answer, None if getattr(it, "expected", None) else ctx.key(), ctx.hints() if isinstance(it, Choice) else {})
+    if "function" in record and _value_item(it):
+        return Feedback(0, it.points, ["Your answer is a function; this item asks for a value."])
+    if "answer" in record:
+        try:
+            answer = protocol.decode(record["answer"])
+        except (ValueError, TypeError, KeyError) as e:
+            return Feedback(0, it.points, [f"The recorded answer could not be read ({e}); nothing to score."])
+        return it.check(answer, ctx)
+    if "unsendable" in record:
+        return Feedback(0, it.points, [f"Your answer could not be sent to the grader: {record['unsendable']}. A function "
+                                       "that works on its own (no open files, threads or generators kept in globals) can be."])
+    if not isinstance(record.get("function"), str):
+        return Feedback(0, it.points, ["No answer was recorded for this item."])
+    import base64
+
+    payload = {"fn": base64.b64decode(record["function"]), "lines": dict(record.get("lines") or {})}
+    return remote.check_remotely(it, ctx, payload, str(record.get("name", "function")), record.get("params"))
 
 
 def grade(item_id: str, answer: Any) -> float | None:
     """Check, print the feedback to stdout, and return the points earned (nbgrader's partial credit).
 
-    If notebook code has replaced part of the grader (or a function it relies on, see :func:`tampering`),
-    the item earns 0 and the feedback says what was replaced."""
+    In the autograde run nothing is scored here: the answer goes to the grading process as a typed record
+    (a ``display_data`` output of MIME type :data:`coursekit.protocol.MIME`), which scores it with the keys
+    and cases it alone holds, and replaces this cell's output with the feedback and points."""
+    if autograding():
+        from IPython.display import display
+
+        from .. import protocol
+
+        display({protocol.MIME: answer_record(item_id, answer),
+                 "text/plain": f"[{item_id}] answer handed to the grader"}, raw=True)
+        return None
     lesson, item = item_id.split(".", 1)
-    changed = tampering()
-    if changed:
-        print(f"[{item_id}] 0 points: this notebook changed the grader, so its checks cannot be trusted.\n  "
-              + "\n  ".join(changed[:5]) + ("\n  …" if len(changed) > 5 else "")
-              + "\n  Remove the code that does this (and restart the kernel) to be graded.")
-        return 0.0
-    fb = check(item_id, answer)
     title = f"[{item_id}] {lesson_items(lesson)[item].title}"
+    fb = check(item_id, answer)
     if hasattr(fb, "recorded"):
         print("\n".join([f"{title}{RECORDED_TAG}{fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"]
                         + ["  " + x for x in fb.lines]))
-        if autograding():  # the grading process scores it with the keys (coursekit.guard.ScoreKeyed)
-            print(RECORD_MARK + json.dumps({"item": item_id, "answer": fb.recorded}))
-            return 0.0
         return None  # nothing to score here (a 0.0 under "recorded" would read as a grade)
     print(fb.text(title))
     return fb.points

@@ -39,8 +39,7 @@ __all__ = [
 ]
 
 PUBLIC_ONLY_NOTE = "(Public cases only; the autograder adds hidden, randomized cases.)"
-"""Ends a function check run without hidden cases; the grading process (coursekit.guard.ScoreKeyed) scores 0
-a check that shows it in the autograde run, where the hidden cases must have run."""
+"""Ends a function check run without hidden cases (while the student works; the grading process adds them)."""
 
 
 @dataclass
@@ -531,6 +530,18 @@ class _Capped(io.StringIO):
         return len(s)
 
 
+def probe(fn: Any, measure: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``measure(fn, *args, **kwargs)``: call the student's ``fn`` and reduce what it returned to data.
+
+    For items whose answer is an object (a model, the parameters it holds) rather than data: ``measure`` is the
+    item's own code that calls ``fn`` and reads what the check needs (names, logits, flags). While the student
+    works it runs here; in the autograde run ``fn`` is a :class:`coursekit.grading.remote.Remote` and ``measure``
+    runs next to the student's function in the sandboxed runner, so that only its data comes back. ``measure``
+    must return data (numbers, strings, arrays, tensors, lists, dicts) and use nothing of coursekit.grading."""
+    run = getattr(fn, "run_probe", None)
+    return run(measure, *args, **kwargs) if run is not None else measure(fn, *args, **kwargs)
+
+
 class CaseTimeout(BaseException):
     """Raised (by an alarm) inside a student's function that runs past its time limit.
 
@@ -609,30 +620,6 @@ def _in_pkg(filename: str) -> bool:
     return f.startswith(_PKG + os.sep) and f != _CHECKERS_FILE
 
 
-def _trusted(fn: Any) -> bool:
-    """True for a function defined in coursekit itself or in the course's own test suite (tests/ beside the
-    package): the test suite checks the checkers by handing them coursekit's reference kernels, which is no
-    borrowing. A student's function is defined in a notebook cell (or anywhere else) and is watched."""
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    if code is None:
-        return False
-    f = os.path.abspath(code.co_filename) if code.co_filename and not code.co_filename.startswith("<") else ""
-    tests = os.path.join(os.path.dirname(_PKG), "tests") + os.sep
-    return bool(f) and (_in_pkg(f) or f.startswith(tests))
-
-
-def _reference_calls(student: "_CallWatch", reference: Callable[..., Any], inputs: Mapping[str, Any]) -> list[str]:
-    """Names of the grader's own functions the student's function called: the item's reference itself, or
-    anything in coursekit.grading (where the answers live), except callables handed to it as inputs (e.g. the
-    f of a finite-difference item). coursekit's teaching kernels (lora, block, ...) stay allowed: lessons
-    build on them, and a student may use an earlier lesson's kernel."""
-    grading = os.path.join(_PKG, "grading") + os.sep
-    ref_code = getattr(getattr(reference, "__func__", reference), "__code__", None)
-    given = {getattr(getattr(v, "__func__", v), "__code__", None) for v in inputs.values() if callable(v)}
-    return sorted({name for code, name in student.entries.items()
-                   if code not in given and (code is ref_code or os.path.abspath(code.co_filename).startswith(grading))})
-
-
 def _noise_text(lines: list[str]) -> str:
     distinct = list(dict.fromkeys(lines))
     more = f"\n  ({len(distinct) - 5} more distinct lines)" if len(distinct) > 5 else ""
@@ -663,10 +650,11 @@ def check_function(
 
     Score: points × (cases passed) / (cases run). Exceptions inside ``fn`` fail that case only.
 
-    Hostile code: each call may take ``timeout`` seconds (default ``COURSEKIT_CASE_TIMEOUT`` or 30 s);
-    one that runs longer is stopped, fails, and the later cases are not run. A case where ``fn``
-    calls the reference (or a coursekit function the reference runs) fails. What ``fn`` prints is
-    captured and summarised (a print flood cannot push the feedback out of nbgrader's output limit).
+    Each call may take ``timeout`` seconds (default ``COURSEKIT_CASE_TIMEOUT`` or 30 s); one that runs
+    longer is stopped, fails, and the later cases are not run. What ``fn`` prints is captured and
+    summarised (a print flood cannot push the feedback out of nbgrader's output limit). In the autograde
+    run ``fn`` is a :class:`coursekit.grading.remote.Remote`: the student's code runs in a sandboxed
+    runner, with the coursekit functions the item asks for withheld, and its time limit is enforced there.
 
     The student's function and the reference each get their own copies of the inputs, so a function that
     changes its inputs in place cannot change the expected answer; doing so fails the case, with the
@@ -689,10 +677,9 @@ def check_function(
             lines.append(f"✗ {tag}: not run (an earlier case did not return).")
             continue
         kwargs = {k: _copy_input(v) for k, v in case.kwargs.items()}
-        watch = _CallWatch()
         sink = hidden_noise if case.hidden else noise
         try:
-            with quiet(sink), time_limit(limit), watch():
+            with quiet(sink), time_limit(limit):
                 got = fn(*kwargs.values()) if positional else fn(**kwargs)
         except CaseTimeout:
             timed_out = True
@@ -710,14 +697,7 @@ def check_function(
             lines.append(f"✗ {tag}: " + msg)
             lines += _exception_hints(e)
             continue
-        ref_watch = _CallWatch()
-        with ref_watch():
-            want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
-        borrowed = [] if _trusted(fn) else _reference_calls(watch, reference, case.kwargs)
-        if borrowed:
-            lines.append(f"✗ {tag}: your {name} calls coursekit's own answer code ({', '.join(borrowed)}) instead of "
-                         f"computing the result itself; a case passed that way earns nothing.")
-            continue
+        want = reference(**{k: _copy_input(v) for k, v in case.kwargs.items()})
         changed = _changed_inputs(case.kwargs, kwargs, where=not case.hidden)
         if len(outputs) > 1:
             if isinstance(got, np.ndarray) and got.ndim == 1 and len(got) == len(outputs):
@@ -784,7 +764,7 @@ def check_function(
         # What the student's code printed on a hidden case may be its inputs (print(X)): only lines without
         # numbers are passed on (not even a line a public case printed too: its recurring would say the values match).
         safe = [l for l in hidden_noise if not _quotes_numbers(l)]
-        n = sum(getattr(l, "count", 1) for l in hidden_noise if _quotes_numbers(l))  # a summary counts its lines
+        n = sum(l.count if isinstance(l, _Printed) else 1 for l in hidden_noise if _quotes_numbers(l))  # a summary counts its lines
         noise += safe
         if n:
             noise.append(f"({n} line{'s' if n != 1 else ''} printed or warned during hidden cases not shown: "
@@ -903,9 +883,18 @@ def _needs_positional(fn: Callable, cases: Sequence[Case]) -> str | None:
     return ", ".join(sig.parameters)
 
 
+def _student_frames(e: BaseException) -> list:
+    """The traceback frames of ``e`` outside coursekit (for an exception raised in the grader's sandboxed runner,
+    the frames it reported), each with ``filename``, ``lineno``, ``name`` and ``line``."""
+    sent = getattr(e, "coursekit_frames", None)
+    if sent is not None:
+        return [traceback.FrameSummary(f[0], f[1], f[2], line=f[3] or None, lookup_line=False) for f in sent]
+    return [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
+
+
 def _stub_name(e: BaseException) -> str | None:
     """The function (outside coursekit) whose body raised NotImplementedError, if any."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
+    frames = _student_frames(e)
     return frames[-1].name if frames else None
 
 
@@ -915,7 +904,7 @@ def describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = Fal
     ``hidden``: the exception's message is left out when it holds a number (``matmul: ... size 7 is different
     from 5`` quotes the hidden inputs' sizes), even when a public case raised the same words: that they recur
     would tell that the hidden values equal the public ones."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(_PKG)]
+    frames = _student_frames(e)
     if not frames:  # failed at the call: the function's parameters do not fit
         text = (f"{name}({', '.join(kwargs)}) could not be called: {type(e).__name__}: {e}. "
                 f"Check that your function takes exactly these parameters.")
@@ -933,6 +922,9 @@ def describe_exception(e: Exception, name: str, kwargs: dict, hidden: bool = Fal
 
 def _exception_hints(e: Exception) -> list[str]:
     msg = str(e)
+    if "coursekit.grading" in msg:
+        return ["    coursekit's grader is not available to your function while it is graded (it runs in a sandbox "
+                "without it): compute the result in your own code."]
     if "matmul" in msg or "shapes" in msg and "not aligned" in msg or "mat1 and mat2" in msg or "size mismatch" in msg:
         return ["    A matrix product's inner sizes disagree: write each operand's shape next to it "
                 "(X n×d, W d×m, A d×r, B r×m; nn.Linear.weight is out×in) and check which one needs a transpose."]

@@ -14,9 +14,9 @@ The grading process finds the folder through the environment variable ``COURSEKI
 ``coursekit grade``, ``autograder/nbgrader_config.py`` and the test suite point it at
 ``autograder/keys``. No kernel that runs a student's code holds the keys: a student's machine has
 neither the variable nor the folder, and in the autograde run ``coursekit.guard.GuardedExecute``
-starts the kernel without the variable (it gets only the lesson's hidden-case seed, ``COURSEKIT_SEED``).
-There a keyed check records the answer, and ``coursekit.guard.ScoreKeyed`` scores it in the grading
-process. A kernel started with the variable (an instructor's own notebook) checks keys directly.
+starts the kernel without the variable, in a sandbox that hides the folder. There a check only hands
+the answer over, and ``coursekit.guard.ScoreAnswers`` scores it in the grading process, which alone
+holds the keys and the hidden cases' seed. A kernel started with the variable (an instructor's own notebook) checks keys directly.
 
 Instructors::
 

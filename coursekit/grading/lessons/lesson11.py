@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import lora, optim, walk
-from ..checkers import PUBLIC_ONLY_NOTE, Case, Feedback, Mistake, quiet
+from ..checkers import PUBLIC_ONLY_NOTE, Case, Feedback, Mistake, probe, quiet
 from .. import Array, Choice, Function, Numeric
 
 READ_STATE = "Reread 'What AdamW owns' in Know this."
@@ -140,6 +140,30 @@ def trainable_params(model):
     return optim.trainable_params(model)
 
 
+def _measure_selection(fn, model: torch.nn.Module) -> dict:
+    """Call ``trainable_params(model)`` and describe its result as data: each element's kind and, for a parameter of
+    the model, its name (by identity: a copy is not the parameter); the names whose requires_grad it changed."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    got = fn(model)
+    changed = [n for n, p in model.named_parameters() if p.requires_grad != flags[n]]
+    try:
+        got = list(got)
+    except TypeError:
+        return {"changed": changed, "not_a_list": type(got).__name__, "elements": []}
+    elements = []
+    for g in got:
+        if isinstance(g, str):
+            elements.append(["str", g])
+        elif isinstance(g, tuple):
+            elements.append(["tuple", ""])
+        elif isinstance(g, torch.Tensor):
+            elements.append(["param", by_id[id(g)]] if id(g) in by_id else ["copy", ""])
+        else:
+            elements.append(["other", type(g).__name__])
+    return {"changed": changed, "not_a_list": "", "elements": elements}
+
+
 @dataclass
 class ParamSelection:
     """Implement ``trainable_params(model)``: the list of parameters an optimizer should own. Checked on PEFT-shaped
@@ -183,46 +207,42 @@ class ParamSelection:
         return Feedback(self.points * passed / len(cases), self.points, lines)
 
     def _one(self, fn, model: torch.nn.Module) -> list[str] | None:
-        names = {id(p): n for n, p in model.named_parameters()}
-        flags = {n: p.requires_grad for n, p in model.named_parameters()}
-        want = [p for p in model.parameters() if p.requires_grad]  # before the student's code can change a flag
-        noise: list[str] = []
+        names = [n for n, _ in model.named_parameters()]
+        want = [n for n, p in model.named_parameters() if p.requires_grad]  # before the student's code can change a flag
         try:
-            with quiet(noise):
-                got = fn(model)
+            with quiet([]):
+                got = probe(fn, _measure_selection, model)
         except NotImplementedError:
             return None
         except Exception as e:
             return [f"{self.name}(model) raised {type(e).__name__}: {e}"]
-        changed = [n for n, p in model.named_parameters() if p.requires_grad != flags[n]]
+        changed = got["changed"]
         if changed:
             return [f"{self.name} changed requires_grad of {len(changed)} parameters (e.g. {changed[0]}): it must only read "
                     "the model. Which tensors train is the PEFT setup's decision; select by p.requires_grad. " + READ_OWN]
-        try:
-            got = list(got)
-        except TypeError:
-            return [f"{self.name} should return a list of parameters; got {type(got).__name__}."]
-        if any(isinstance(g, str) for g in got):
+        if got["not_a_list"]:
+            return [f"{self.name} should return a list of parameters; got {got['not_a_list']}."]
+        kinds = [k for k, _ in got["elements"]]
+        if "str" in kinds:
             return ["you returned names (strings); the optimizer needs the Parameter objects themselves: "
                     "[p for p in model.parameters() if p.requires_grad]. " + READ_OWN]
-        if any(isinstance(g, tuple) for g in got):
+        if "tuple" in kinds:
             return ["you returned (name, parameter) pairs; return the parameters only. " + READ_OWN]
-        if not all(isinstance(g, torch.Tensor) for g in got):
-            kinds = sorted({type(g).__name__ for g in got})
-            return [f"{self.name} should return Parameter objects; got elements of type {', '.join(kinds)}. " + READ_OWN]
-        ids = [id(g) for g in got]
-        if any(i not in names for i in ids):
+        others = sorted({v for k, v in got["elements"] if k == "other"})
+        if others:
+            return [f"{self.name} should return Parameter objects; got elements of type {', '.join(others)}. " + READ_OWN]
+        if "copy" in kinds:
             return ["some returned tensors are not parameters of the model (copies? .data or .detach() makes a new tensor "
                     "object, and the optimizer would update the copy, not the model). " + READ_OWN]
-        want_ids = {id(p) for p in want}
+        got_names = [v for _, v in got["elements"]]  # the returned parameters, by name, in the order returned
         out = []
-        if len(ids) != len(set(ids)):
+        if len(got_names) != len(set(got_names)):
             out.append("a parameter appears twice: the optimizer would refuse it (or step it twice). " + READ_OWN)
-        extra = [names[i] for i in dict.fromkeys(ids) if i not in want_ids]
-        missing = [names[id(p)] for p in want if id(p) not in set(ids)]
+        extra = [n for n in dict.fromkeys(got_names) if n not in set(want)]
+        missing = [n for n in want if n not in set(got_names)]
         if extra:
             out.append(f"{len(extra)} returned parameters are frozen (requires_grad=False), e.g. {extra[0]}.")
-            if len(set(ids)) == len(names):
+            if len(set(got_names)) == len(names):
                 out.append("You returned every parameter. AdamW skips a frozen one only while its .grad is None; any gradient "
                            "tensor (even zeros) gives it exp_avg / exp_avg_sq state and weight decay. " + READ_OWN)
             elif any("lora_" in n for n in extra):

@@ -12,7 +12,7 @@ import torch
 
 from ... import artifacts, lora
 from .. import Choice, Numeric, Ordering
-from ..checkers import PUBLIC_ONLY_NOTE, Feedback, Mistake, compare_arrays, describe_exception, quiet
+from ..checkers import PUBLIC_ONLY_NOTE, Feedback, Mistake, compare_arrays, describe_exception, probe, quiet
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
@@ -82,6 +82,25 @@ def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Te
     return X, ref, base_out
 
 
+def _measure_reload(fn: Callable, base: torch.nn.Module, adapter_dir: str, X: torch.Tensor) -> dict:
+    """Call ``reload(base, adapter_dir)`` and read the returned model as data: its logits on ``X`` (in eval mode
+    when two calls differ, i.e. dropout is on), and its trainable parameters' names."""
+    model = fn(base=base, adapter_dir=adapter_dir)
+    if model is None:
+        return {"kind": "none"}
+    if not callable(model):
+        return {"kind": "not callable", "type": type(model).__name__}
+    with torch.no_grad():
+        out1, out2 = model(X), model(X)
+    dropout = not torch.equal(out1, out2)
+    if dropout:
+        model.eval()
+        with torch.no_grad():
+            out1 = model(X)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad] if hasattr(model, "named_parameters") else []
+    return {"kind": "model", "out1": out1, "dropout": dropout, "trainable": trainable}
+
+
 def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[str]]:
     """Run the student's reload on one case; (passed, feedback lines)."""
     net = dict(d_in=case["d_in"], hidden=case["hidden"], n_classes=case["n_classes"], seed=case["seed"])
@@ -93,22 +112,17 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[s
         saved = artifacts.rng_state()
         try:
             with quiet(noise):
-                model = fn(base=base, adapter_dir=tmp)
-                if model is None:
-                    return False, [f"✗ {tag}: reload returned None; return the model with the adapter attached."]
-                if not callable(model):
-                    return False, [f"✗ {tag}: reload should return a model (an nn.Module); got {type(model).__name__}."]
-                with torch.no_grad():
-                    out1, out2 = model(X), model(X)
-                lines: list[str] = []
-                if not torch.equal(out1, out2):
-                    lines.append("two calls on the same input gave different logits: dropout is still active. The model is "
-                                 "in training mode (PeftModel.from_pretrained(..., is_trainable=True) or a .train() leaves it "
-                                 "so); for inference load with is_trainable=False or call model.eval(). " + READ_RELOAD)
-                    model.eval()
-                    with torch.no_grad():
-                        out1 = model(X)
-                trainable = [n for n, p in model.named_parameters() if p.requires_grad] if hasattr(model, "named_parameters") else []
+                got = probe(fn, _measure_reload, base, tmp, X)
+            if got["kind"] == "none":
+                return False, [f"✗ {tag}: reload returned None; return the model with the adapter attached."]
+            if got["kind"] == "not callable":
+                return False, [f"✗ {tag}: reload should return a model (an nn.Module); got {got['type']}."]
+            out1, trainable = got["out1"], got["trainable"]
+            lines: list[str] = []
+            if got["dropout"]:
+                lines.append("two calls on the same input gave different logits: dropout is still active. The model is "
+                             "in training mode (PeftModel.from_pretrained(..., is_trainable=True) or a .train() leaves it "
+                             "so); for inference load with is_trainable=False or call model.eval(). " + READ_RELOAD)
         except NotImplementedError:
             raise
         except Exception as e:  # the student's bug, reported, not raised

@@ -107,7 +107,9 @@ def _call(fn: Callable, args: tuple, name: str, tag: str, forbidden: tuple[Calla
         raise _Stub()
     except (Exception, SystemExit) as e:  # the student's bug, reported (sys.exit included)
         return False, [f"✗ {tag}: " + describe_exception(e, name, {}, hidden=hidden)]
-    used = _borrowed(watch, forbidden)
+    # In the autograde run fn stands for a function in the grader's sandboxed runner, where the references are
+    # withheld (coursekit.grading.remote); the watch here would only see that stand-in.
+    used = [] if hasattr(fn, "run_probe") else _borrowed(watch, forbidden)
     if used:
         return False, [f"✗ {tag}: your {name} runs {', '.join(used)} instead of doing the work itself; a case "
                        f"passed that way earns nothing."]
@@ -121,6 +123,9 @@ class _ModelItem:
     title: str
     points: float
     name: str
+    # Graded whole in the sandboxed runner (coursekit.grading.remote): the check needs the objects the student's
+    # function returns (a PEFT model, an optimizer), not data.
+    remote = "whole"
 
     def public(self) -> list:
         raise NotImplementedError
@@ -729,6 +734,8 @@ FIRST_WORD_CASES = [("Thermal.", "thermal"), ("  **software** issue", "software"
 
 class FirstWordItem:
     """Implement ``first_word(text)``: every case's answer must equal coursekit's rule (strings, so a custom check)."""
+
+    withheld = ("coursekit.evaluate:first_word",)  # stubbed in the grader's runner
 
     def __init__(self, title: str, points: float):
         self.title, self.points, self.name = title, points, "first_word"

@@ -1,0 +1,415 @@
+"""The grading process's side of a function check: the student's function runs in a sandboxed runner.
+
+:class:`Remote` is a callable that stands for the student's function inside a check: each call is sent to
+a :mod:`coursekit.runner` process (sandboxed, no keys, no expected values, no grader code, the item's
+withheld functions stubbed), and what comes back is data (:mod:`coursekit.protocol`): the result, or the
+exception, what was printed or warned, and the inputs changed in place. The item's own check (the same
+code that gives feedback while the student works) compares it with the reference, here.
+
+Time limits are enforced from outside: a call that has not answered within its limit is ended by
+killing the runner (a ``try``/``except`` inside cannot outlive that), and raises :class:`CaseTimeout` here.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .. import protocol, sandbox
+from ..runner import write_frame
+from .checkers import CaseTimeout, _case_timeout
+
+GRADING = Path(__file__).resolve().parent
+
+
+class RunnerFailed(Exception):
+    """The runner could not be started or answered with something that is not a reply."""
+
+
+def _restore_exception(err: dict) -> Exception:
+    """An exception like the one the student's code raised (same type name and message), with its frames."""
+    name, message = str(err.get("type", "Exception")), str(err.get("message", ""))
+    cls = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, name, None) if err.get("builtin") else None
+    module = str(err.get("module", ""))
+    if cls is None and module.startswith("coursekit.") and not module.startswith("coursekit.grading"):
+        import importlib  # an exception class of coursekit's own (EmptyBatchError): the same class, so checks can tell
+
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = type(name if name.isidentifier() else "Exception", (Exception,), {})
+    try:
+        e = cls(message)
+    except Exception:
+        e = Exception(message)
+    e.coursekit_frames = [tuple(f) for f in err.get("frames", [])][-20:]  # type: ignore[attr-defined]
+    return e
+
+
+class ProcessEnded(Exception):
+    """The student's function ended the process that ran it (os._exit, a crash, running out of memory)."""
+
+
+class Runner:
+    """One sandboxed :mod:`coursekit.runner` process with the student's function loaded (restarted after a kill)."""
+
+    def __init__(self, payload: dict, withheld: Sequence[str] = (), stubs_dir: Path | None = None, whole: bool = False):
+        self.payload, self.withheld = payload, list(withheld)
+        self._stubs = stubs_dir
+        self.share: str | None = None  # a folder of the grader's the runner may read (inputs written to files)
+        self.whole = whole  # the item's whole check runs in the runner (coursekit.grading visible, keys not)
+        self.env: dict = {}
+        self.proc: subprocess.Popen | None = None
+        self._n = 0
+        self._buf = b""
+
+    def _spec(self) -> sandbox.Spec:
+        from . import keys
+
+        replace: dict = {}
+        hide = [GRADING] if not self.whole else [p for p in (keys.key_dir(),) if p]
+        for target, source in stub_files(self.withheld, self._stubs).items():
+            replace[target] = source
+            cache = Path(target).parent / "__pycache__"
+            hide += sorted(cache.glob(Path(target).stem + ".*.pyc"))
+        return sandbox.Spec(hide=hide, replace=replace)
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "coursekit.runner"]
+        spec = self._spec() if not sandbox.off() else None
+        if spec is not None:
+            if self.share is not None:
+                spec.readable = [self.share]
+            argv = sandbox.command(argv, spec)
+        env = sandbox.environment()
+        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+        env.update(self.env)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, cwd="/tmp" if not sandbox.off() else tempfile.gettempdir())
+        self._buf = b""
+        reply = self.request({"op": "load", **self.payload}, timeout=120)
+        if "error" in reply:
+            raise _restore_exception(reply["error"])
+
+    def request(self, msg: dict, timeout: float | None) -> dict:
+        if msg.get("op") != "load" and (self.proc is None or self.proc.poll() is not None):
+            self.start()  # the first call, or the first after a kill: a fresh runner
+        self._n += 1
+        msg = {**msg, "id": self._n}
+        try:
+            write_frame(self.proc.stdin, _dumps(msg))
+        except (BrokenPipeError, OSError):
+            raise ProcessEnded("the runner had already stopped")
+        deadline = None if not timeout else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    continue  # not a reply (garbage the student's code wrote): skip it
+                if isinstance(reply, dict) and reply.get("id") == self._n:
+                    return reply
+                if isinstance(reply, dict) and reply.get("unreadable"):
+                    raise RunnerFailed(f"the runner could not read the grader's request: {reply.get('error')}")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.kill()
+                raise CaseTimeout(timeout)
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                code = self.proc.wait()
+                self.proc = None
+                raise ProcessEnded(f"the process running it ended (exit status {code})")
+            self._buf += chunk
+            if len(self._buf) > (512 << 20):
+                self.kill()
+                raise ProcessEnded("it produced more than 512 MB of output")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            except Exception:
+                pass
+            self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except Exception:
+                self.kill()
+            self.proc = None
+
+
+def _dumps(msg: dict) -> bytes:
+    """The grader's request, pickled so that the runner can rebuild it without coursekit.grading (which its sandbox
+    lacks): functions and classes of the grading package (a toy model class, a loss given as an input) by value."""
+    import cloudpickle
+
+    from .. import grading
+
+    cloudpickle.register_pickle_by_value(grading)
+    try:
+        return cloudpickle.dumps(msg)
+    finally:
+        cloudpickle.unregister_pickle_by_value(grading)
+
+
+def _signature(params: Any) -> inspect.Signature | None:
+    if not isinstance(params, list):
+        return None
+    out = []
+    for p in params[:50]:
+        try:
+            name, kind, has_default = str(p[0]), int(p[1]), bool(p[2])
+            kw = {"default": None} if has_default else {}
+            out.append(inspect.Parameter(name, inspect._ParameterKind(kind), **kw))
+        except Exception:
+            return None
+    try:
+        return inspect.Signature(out)
+    except ValueError:
+        return None
+
+
+class Remote:
+    """Stands for the student's function in a check; every call runs in the :class:`Runner`."""
+
+    def __init__(self, runner: Runner, name: str, params: Any):
+        self._runner, self.__name__ = runner, name
+        sig = _signature(params)
+        if sig is not None:
+            self.__signature__ = sig
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run_probe(None, *args, **kwargs)
+
+    def run_probe(self, probe: Callable | None, *args: Any, **kwargs: Any) -> Any:
+        """``probe(student_fn, *args, **kwargs)`` in the runner (see :func:`coursekit.grading.checkers.probe`)."""
+        limit = _case_timeout()
+        try:
+            reply = self._runner.request({"op": "call", "args": list(args), "kwargs": kwargs, "probe": probe}, timeout=limit)
+        except CaseTimeout:
+            raise
+        except BaseException:  # interrupted here (e.g. the check's own time limit): the runner must not go on
+            self._runner.kill()
+            raise
+        named = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
+        for k, v in (reply.get("changed") or {}).items():
+            _write_back(named.get(k), v)
+        if reply.get("stdout"):
+            sys.stdout.write(str(reply["stdout"]))
+            sys.stdout.write("\n" * max(0, int(reply.get("stdout_lines", 0)) - str(reply["stdout"]).count("\n")))
+        if reply.get("stderr"):
+            sys.stderr.write(str(reply["stderr"]))
+        for cat, msg in reply.get("warnings") or []:
+            c = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, str(cat), None)
+            warnings.warn(str(msg), c if isinstance(c, type) and issubclass(c, Warning) else UserWarning, stacklevel=2)
+        if "error" in reply:
+            raise _restore_exception(reply["error"])
+        try:
+            return protocol.decode(reply.get("result"))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"its result could not be read ({e})") from None
+
+
+def _write_back(target: Any, encoded: Any) -> None:
+    """Change ``target`` (an input array or tensor) in place the way the student's function changed its copy."""
+    import numpy as np
+
+    try:
+        value = protocol.decode(encoded)
+        if isinstance(target, np.ndarray):
+            target[...] = np.asarray(value).reshape(target.shape)
+        elif hasattr(target, "data") and hasattr(target, "copy_"):
+            import torch
+
+            with torch.no_grad():
+                target.data.copy_(torch.as_tensor(np.asarray(value.detach() if hasattr(value, "detach") else value)).reshape(target.shape))
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------- withheld functions
+
+
+def _teaching(code: types.CodeType) -> bool:
+    f = os.path.abspath(code.co_filename)
+    pkg = str(GRADING.parent) + os.sep
+    return f.startswith(pkg) and not f.startswith(str(GRADING) + os.sep)
+
+
+def default_withheld(reference: Callable, example: dict) -> list[str]:
+    """The coursekit functions a student's function may not use: ``reference`` itself when it is one of
+    coursekit's teaching kernels, else the teaching kernels the reference calls directly (run once on
+    ``example``, a public case's inputs). Returned as ``module:qualname``."""
+    fn = getattr(reference, "__func__", reference)
+    code = getattr(fn, "__code__", None)
+    if code is not None and _teaching(code):
+        return [f"{fn.__module__}:{fn.__qualname__}"]
+    seen: dict[str, None] = {}
+
+    def hook(frame, event, arg):
+        if event == "call" and _teaching(frame.f_code) and frame.f_back is not None \
+                and os.path.abspath(frame.f_back.f_code.co_filename).startswith(str(GRADING) + os.sep):
+            qual = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            if "<" not in qual:
+                seen.setdefault(f"{frame.f_globals.get('__name__', '?')}:{qual}")
+
+    from .checkers import _copy_input, quiet
+
+    old = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        with quiet([]):
+            reference(**{k: _copy_input(v) for k, v in example.items()})
+    except Exception:
+        pass
+    finally:
+        sys.setprofile(old)
+    return list(seen)
+
+
+def stub_files(withheld: Sequence[str], folder: Path | None = None) -> dict[str, Path]:
+    """Module file → a copy in which each withheld function raises instead of computing (see :func:`default_withheld`)."""
+    import importlib.util
+
+    by_module: dict[str, list[str]] = {}
+    for w in withheld:
+        mod, _, qual = w.partition(":")
+        by_module.setdefault(mod, []).append(qual)
+    out = {}
+    folder = Path(folder or tempfile.mkdtemp(prefix="coursekit-stubs-"))
+    for mod, quals in by_module.items():
+        spec = importlib.util.find_spec(mod)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        tree = ast.parse(Path(spec.origin).read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            for child in body if isinstance(body, list) else []:
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    qual = child.name if node is tree else f"{getattr(node, 'name', '')}.{child.name}"
+                    if qual in quals:
+                        msg = (f"coursekit's {mod.split('.')[-1]}.{qual} is withheld while this item is graded: "
+                               "the task is to compute it in your own code")
+                        child.body = [ast.parse(f"raise RuntimeError({msg!r})").body[0]]
+        target = folder / f"{mod}.py"
+        target.write_text(ast.unparse(ast.fix_missing_locations(tree)))
+        out[spec.origin] = target
+    return out
+
+
+def withheld_of(item: Any) -> list[str]:
+    """The coursekit functions ``item`` withholds from the student's function (its ``withheld`` attribute,
+    else :func:`default_withheld` of its reference on its first public case)."""
+    w = getattr(item, "withheld", None)
+    if w is not None:
+        return list(w)
+    reference, public = getattr(item, "reference", None), getattr(item, "public", None)
+    if reference is None or public is None:
+        return []
+    cases = list(public())
+    return default_withheld(reference, cases[0].kwargs) if cases else []
+
+
+def _carried(blob: bytes, withheld: Sequence[str]) -> list[str]:
+    """The withheld functions whose bytecode travels inside the pickled answer (a function rebuilt in the notebook
+    from the reference's ``__code__``, or the reference pickled by value): found in the bytes, never unpickled."""
+    import importlib
+
+    found = []
+    for w in withheld:
+        mod, _, qual = w.partition(":")
+        try:
+            obj: Any = importlib.import_module(mod)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+            code = obj.__code__
+        except Exception:
+            continue
+        if len(code.co_code) >= 16 and code.co_code in blob:
+            found.append(f"{mod.split('.')[-1]}.{qual}")
+    return found
+
+
+def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
+    """Run ``item``'s own check on the student's function, each call of which runs in a sandboxed runner."""
+    from .checkers import Feedback
+
+    whole = getattr(item, "remote", "") == "whole"
+    withheld = withheld_of(item)
+    carried = _carried(payload["fn"], withheld)
+    if carried:
+        return Feedback(0, item.points, [f"Your {name} carries the compiled code of coursekit's {', '.join(carried)}, which "
+                                         "this item asks you to write yourself; nothing it computes counts."])
+    runner = Runner(payload, withheld, whole=whole)
+    if whole:  # the hidden cases' seed, which the item's own check needs in there (it gives away no answer)
+        from . import keys
+
+        runner.env[keys.SEED_ENV] = str(keys.load(ctx.lesson)["seed"])
+    with tempfile.TemporaryDirectory(prefix="coursekit-share-") as share:
+        # Files a check writes as inputs (an adapter folder to reload) go to a folder the runner may read.
+        runner.share, old_tmp = share, tempfile.tempdir
+        tempfile.tempdir = share
+        try:
+            try:
+                runner.start()
+            except BaseException as e:  # noqa: BLE001  (unpickling is the student's code: any failure is theirs)
+                runner.kill()
+                return Feedback(0, item.points, [f"Your {name} could not be loaded in the grader's sandbox: "
+                                                 f"{type(e).__name__}: {str(e)[:300]}. Does it use something only your "
+                                                 "notebook has (a file, a variable defined after it)?"])
+            if whole:
+                return _whole_check(runner, item, ctx)
+            return item.check(Remote(runner, name, params), ctx)
+        finally:
+            tempfile.tempdir = old_tmp
+            runner.close()
+
+
+WHOLE_TIMEOUT = 900.0  # seconds for one item checked whole in the runner (lesson 19's model items: about a minute)
+
+
+def _whole_check(runner: Runner, item: Any, ctx: Any):
+    """An item whose check needs the student's function's objects (a model it loads and trains) runs whole in the
+    runner; the grader takes its points and feedback. The student's code shares that process with the check, so
+    this is weaker than a data check: the items that use it say so (``remote = "whole"``)."""
+    from .checkers import Feedback
+
+    try:
+        reply = runner.request({"op": "check", "item": f"{ctx.lesson}.{ctx.item}"}, timeout=WHOLE_TIMEOUT)
+    except CaseTimeout:
+        return Feedback(0, item.points, [f"The check did not finish within {WHOLE_TIMEOUT:g} s and was stopped."])
+    except ProcessEnded as e:
+        return Feedback(0, item.points, [f"Your function ended the process that checked it ({e})."])
+    if "error" in reply:
+        err = reply["error"]
+        return Feedback(0, item.points, [f"The check could not run your function: {err.get('type')}: {str(err.get('message'))[:300]}"])
+    try:
+        points = min(max(float(reply["points"]), 0.0), float(item.points))
+        lines = [str(x)[:2000] for x in reply["lines"]][:500]
+    except (KeyError, TypeError, ValueError):
+        return Feedback(0, item.points, ["The check sent back no score."])
+    return Feedback(points, item.points, lines)

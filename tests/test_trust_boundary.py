@@ -1,0 +1,340 @@
+"""The trust boundary of grading: nothing a student writes runs where a score is decided.
+
+In the autograde run a check cell's ``grade()`` only hands the answer over (a typed record: a value as data,
+a function pickled for the sandboxed runner); coursekit.guard.ScoreAnswers, in the grading process, scores
+it and replaces the cell's output. These tests drive each half on its own, with attacks from a hostile-
+submission review; tests/test_grading_roundtrip.py runs the example class's hostile students through
+nbgrader end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from coursekit import protocol, sandbox
+from coursekit.grading import answer_record, keys, score_record
+from coursekit.guard import ScoreAnswers
+
+KEYS02 = keys.load("02")  # tests/conftest.py points $COURSEKIT_KEYS at autograder/keys
+RIGHT = KEYS02["keys"]["w1"]
+WRONG = next(o for o in "abcd" if o != RIGHT)
+
+# Skipped where bubblewrap cannot run, except in CI (CI=true), where a missing sandbox is a failure.
+needs_sandbox = pytest.mark.skipif(sandbox.problem() is not None and os.environ.get("CI") != "true",
+                                   reason=f"no sandbox here: {sandbox.problem()}")
+
+
+def _notebook_function(src: str, name: str, **glob):
+    """A function defined the way a notebook cell defines it (its code file is not coursekit's)."""
+    ns = {"__name__": "__main__", **glob}
+    exec(compile(src, "/tmp/ipykernel_0/cell.py", "exec"), ns)
+    fn = ns[name]
+    fn.__module__ = "__main__"
+    return fn
+
+
+def _test_cell(item: str, outputs: list, points: float = 1) -> nbformat.NotebookNode:
+    cell = new_code_cell(f'from coursekit.grading import grade\ngrade("{item}", answer)')
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "points": points, "grade_id": "t",
+                                 "schema_version": 3}
+    cell.outputs = outputs
+    return cell
+
+
+def _record(rec: dict):
+    return new_output("display_data", data={protocol.MIME: rec, "text/plain": "handed over"})
+
+
+def _score(cell) -> tuple[float | None, str]:
+    nb = new_notebook(cells=[cell])
+    ScoreAnswers().preprocess(nb, {})
+    out = nb.cells[0].outputs
+    result = [o for o in out if o.output_type == "execute_result"]
+    text = "".join(o.get("text", "") for o in out if o.output_type == "stream")
+    return (float(result[-1].data["text/plain"]) if result else None), text
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_values_travel_as_data_and_come_back_equal():
+    import torch
+
+    for v in [1, 2.5, float("nan"), "b", ["a", "c"], ("x", 1), {"k": [1, 2]}, {"a", "b"}, None, True, 10**30,
+              np.arange(6, dtype=np.float32).reshape(2, 3), np.float64(0.25), torch.tensor([1.5, 2.0], dtype=torch.bfloat16)]:
+        back = protocol.decode(json.loads(json.dumps(protocol.encode(v))))
+        if isinstance(v, np.ndarray):
+            assert back.dtype == v.dtype and np.array_equal(back, v)
+        elif isinstance(v, torch.Tensor):
+            assert back.dtype == v.dtype and torch.equal(back, v)
+        elif isinstance(v, float) and v != v:
+            assert back != back
+        else:
+            assert back == v and type(back) is type(v), (v, back)
+
+
+def test_an_object_arrives_as_its_type_name_and_runs_nothing():
+    """An answer whose __array__ or __float__ would run code (walk the checker's frames for the expected value) is
+    never rebuilt in the grading process: it arrives as an inert stand-in named after its type."""
+    class Sneaky:
+        def __array__(self, *a, **k):
+            raise AssertionError("ran in the grader")
+
+        def __float__(self):
+            raise AssertionError("ran in the grader")
+
+    back = protocol.decode(protocol.encode(Sneaky()))
+    assert type(back).__name__ == "Sneaky" and isinstance(back, protocol.Opaque)
+    fb = score_record("02.w2", {"item": "02.w2", "answer": protocol.encode(Sneaky())})
+    assert fb.points == 0
+
+
+@pytest.mark.parametrize("bad", [{"$ndarray": "object", "shape": [1], "data": ""}, {"$ndarray": "float64", "shape": [3], "data": "AAAA"},
+                                 {"$tensor": "float64", "shape": [-1], "data": ""}, {"$float": "1e999"}, {"what": 1}])
+def test_a_malformed_record_scores_zero_and_says_so(bad):
+    fb = score_record("02.w2", {"item": "02.w2", "answer": bad})
+    assert fb.points == 0 and "could not be read" in fb.lines[0]
+
+
+@pytest.mark.parametrize("answer, points, says", [(RIGHT, 1.0, "is right"), (WRONG, 0.0, "is not right")])
+def test_a_handed_over_choice_is_scored_with_the_instructors_key(answer, points, says):
+    cell = _test_cell("02.w1", [_record(answer_record("02.w1", answer)),
+                                new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
+    got, text = _score(cell)
+    assert got == points and says in text
+    if answer == WRONG and KEYS02["hints"].get("w1", {}).get(WRONG):
+        assert KEYS02["hints"]["w1"][WRONG][:30] in text  # the hint that teaches, from the instructor's file
+
+
+@pytest.mark.parametrize("outputs, why", [
+    # the kernel's own number (a forged grade(), sys.displayhook(3.0)): dropped, nothing handed over
+    ([new_output("stream", name="stdout", text="[02.w1] 1 / 1 points\n"), new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)],
+     "no answer reached the grader"),
+    ([new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1), _record(answer_record("02.w1", RIGHT)),
+      _record(answer_record("02.w1", WRONG))], "more than one answer"),
+    ([_record(answer_record("02.w3", RIGHT))], "no answer reached the grader"),  # a record for another item
+    ([new_output("error", ename="NameError", evalue="name 'answer_w1' is not defined", traceback=[])], "NameError: name 'answer_w1'"),
+])
+def test_only_the_one_handed_over_answer_counts(outputs, why):
+    got, text = _score(_test_cell("02.w1", outputs))
+    assert got == 0.0 and why in text.lower() or why in text, text
+
+
+def test_the_same_answer_handed_over_twice_counts_once():
+    rec = answer_record("02.w1", RIGHT)
+    assert _score(_test_cell("02.w1", [_record(rec), _record(rec)]))[0] == 1.0
+
+
+def test_a_check_cell_that_is_not_one_grade_call_scores_zero():
+    cell = _test_cell("02.w1", [new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
+    cell.source = "1.0"
+    assert _score(cell)[0] == 0.0
+
+
+def test_every_test_cell_is_one_grade_call_the_scorer_can_read():
+    """ScoreAnswers finds a test cell's item by its one grade("NN.item", ...) call: every lesson's test cells
+    must have exactly one, naming an item of that lesson."""
+    from pathlib import Path
+
+    from coursekit import course
+    from coursekit.grading import lesson_items
+    from coursekit.guard import _GRADE_CALL
+
+    root = Path(__file__).resolve().parents[1]
+    for aid in course.lesson_ids(root):
+        nb = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
+        for c in nb.cells:
+            md = c.get("metadata", {}).get("nbgrader", {})
+            if c.cell_type == "code" and md.get("grade") and not md.get("solution"):
+                calls = _GRADE_CALL.findall(c.source)
+                assert len(calls) == 1 and calls[0].startswith(aid[:2] + "."), (aid, md.get("grade_id"), c.source)
+                assert calls[0].split(".", 1)[1] in lesson_items(aid[:2]), (aid, calls[0])
+
+
+# --------------------------------------------------------------------------- functions, in the sandboxed runner
+
+RIGHT_P1 = "def adapted_forward(X, W, A, B, lora_alpha, r):\n    return X @ W + (lora_alpha / r) * (X @ A) @ B\n"
+
+
+def _fn_record(item: str, src: str, name: str, **glob) -> dict:
+    rec = answer_record(item, _notebook_function(src, name, **glob))
+    assert "function" in rec, rec
+    return json.loads(json.dumps(rec))  # what crosses: JSON
+
+
+@needs_sandbox
+def test_a_right_function_scores_full_in_the_runner_with_hidden_cases():
+    fb = score_record("02.p1", _fn_record("02.p1", RIGHT_P1, "adapted_forward"))
+    assert fb.full and "hidden case" in fb.text(), fb.text()
+
+
+@needs_sandbox
+def test_calling_coursekits_own_kernel_for_the_task_earns_nothing():
+    """The review's lesson-05 attack: lora_backward written as a call of coursekit's reference. In the runner
+    the functions an item asks for are stubs, so the borrowed call fails; the student's own code is untouched."""
+    from coursekit import lora
+
+    src = ("def lora_backward(D, X, W, A, B, s):\n"
+           "    _, c = lora.lora_forward(X, W, A, B, s)\n"
+           "    return lora.lora_backward(D, c)\n")
+    fb = score_record("05.p1", _fn_record("05.p1", src, "lora_backward", lora=lora))
+    assert fb.points == 0 and "withheld" in fb.text(), fb.text()
+
+
+@needs_sandbox
+def test_a_smuggled_reference_earns_nothing():
+    """The reference's code object carried into the pickle (a function rebuilt from it in the notebook)."""
+    import types
+
+    from coursekit import lora
+
+    fake = types.FunctionType(lora.lora_backward.__code__, {"np": np, **vars(lora)}, "lora_backward")
+    fake.__module__ = "__main__"
+    rec = json.loads(json.dumps(answer_record("05.p1", fake)))
+    fb = score_record("05.p1", rec)
+    assert fb.points == 0, fb.text()
+
+
+@needs_sandbox
+def test_a_function_that_outlives_its_time_limit_is_killed_from_outside(monkeypatch):
+    monkeypatch.setenv("COURSEKIT_CASE_TIMEOUT", "2")
+    src = ("import time\n"
+           "def adapted_forward(X, W, A, B, lora_alpha, r):\n"
+           "    while True:\n"
+           "        try:\n"
+           "            time.sleep(100)\n"
+           "        except BaseException:\n"
+           "            pass\n")
+    import time
+
+    t0 = time.monotonic()
+    fb = score_record("02.p1", _fn_record("02.p1", src, "adapted_forward"))
+    assert fb.points == 0 and "did not return within 2 s" in fb.text()
+    assert time.monotonic() - t0 < 30
+
+
+@needs_sandbox
+def test_a_function_that_ends_its_process_loses_that_case_only():
+    src = ("import os\n"
+           "def adapted_forward(X, W, A, B, lora_alpha, r):\n"
+           "    if X.shape[0] == 1:\n"
+           "        os._exit(3)\n"
+           "    return X @ W + (lora_alpha / r) * (X @ A) @ B\n")
+    fb = score_record("02.p1", _fn_record("02.p1", src, "adapted_forward"))
+    assert 0 < fb.points < fb.max_points and "ended" in fb.text(), fb.text()
+
+
+@needs_sandbox
+def test_the_runner_sees_no_keys_no_grader_and_cannot_write(tmp_path):
+    """What the student's function finds around it in the runner, reported through its own result."""
+    key_file = keys.key_dir() / "02.json"
+    src = ("import os, importlib.util, sys\n"
+           "def adapted_forward(X, W, A, B, lora_alpha, r):\n"
+           f"    seen = [os.path.exists({str(key_file)!r}), importlib.util.find_spec('coursekit.grading.lessons') is not None,\n"
+           "            os.access(sys.prefix + '/lib', os.W_OK), os.getpid() < 10,\n"
+           "            any(k.startswith('COURSEKIT_KEYS') or k == 'COURSEKIT_SEED' for k in os.environ)]\n"
+           "    raise RuntimeError(repr(seen))\n")
+    fb = score_record("02.p1", _fn_record("02.p1", src, "adapted_forward"))
+    assert "[False, False, False, True, False]" in fb.text(), fb.text()
+
+
+def test_an_unpicklable_function_is_refused_with_the_reason():
+    import threading
+
+    lock = threading.Lock()
+    fn = _notebook_function("def adapted_forward(X, W, A, B, lora_alpha, r):\n    return lock\n", "adapted_forward", lock=lock)
+    rec = answer_record("02.p1", fn)
+    assert "unsendable" in rec
+    fb = score_record("02.p1", rec)
+    assert fb.points == 0 and "could not be sent to the grader" in fb.text()
+
+
+# --------------------------------------------------------------------------- the sandboxed kernel
+
+
+def _kernel_cell(src: str):
+    c = new_code_cell(src)
+    c.metadata["nbgrader"] = {"schema_version": 3, "locked": False, "solution": True, "grade": False, "grade_id": "a"}
+    return c
+
+
+@needs_sandbox
+def test_the_grading_kernel_cannot_reach_the_grader(tmp_path):
+    """One notebook tries what the review found: read the keys and solutions, write a .pth into site-packages,
+    leave a detached child behind, signal the grading process. None of it works; the grader goes on."""
+    import os
+    import site
+    import time
+
+    from coursekit.guard import GuardedExecute
+
+    marker = tmp_path / "child-was-here"
+    key_file = keys.key_dir() / "02.json"
+    child = f"import time; time.sleep(4); open({str(marker)!r}, 'w')"
+    probe = ("import os, sys, site, subprocess, signal\n"
+             f"print('keys', os.path.exists({str(key_file)!r}))\n"
+             f"print('solutions', os.path.isdir({str(sandbox.REPO / 'solutions')!r}) and bool(os.listdir({str(sandbox.REPO / 'solutions')!r})))\n"
+             "try:\n"
+             "    open(site.getsitepackages()[0] + '/evil.pth', 'w').write('import os')\n"
+             "    print('pth written')\n"
+             "except OSError:\n"
+             "    print('pth refused')\n"
+             f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True)\n"
+             f"print('grader visible', os.path.exists('/proc/{os.getpid()}'))\n"
+             "try:\n"
+             f"    os.kill({os.getpid()}, signal.SIGTERM)\n"
+             "    print('signalled')\n"
+             "except OSError:\n"
+             "    print('cannot signal')\n"
+             "print('env', 'COURSEKIT_KEYS' in os.environ)\n")
+    nb = new_notebook(cells=[_kernel_cell(probe)])
+    (tmp_path / "work").mkdir()
+    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert out, nb.cells[0].outputs
+    for line in ("keys False", "solutions False", "pth refused", "cannot signal", "env False"):
+        assert line in out, out
+    assert not any(p.endswith("evil.pth") for d in site.getsitepackages() for p in os.listdir(d))
+    time.sleep(6)  # the detached child would have written by now: it died with the kernel's namespace
+    assert not marker.exists()
+
+
+@needs_sandbox
+def test_files_a_notebook_writes_stay_in_the_sandbox(tmp_path):
+    from coursekit.guard import GuardedExecute
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "given.txt").write_text("data")
+    nb = new_notebook(cells=[_kernel_cell(
+        "print(open('given.txt').read())\n"
+        "open('big.bin', 'wb').write(b'0' * (1 << 20))\n"
+        "try:\n"
+        "    open('huge.bin', 'wb').write(b'0' * (300 << 20))\n"
+        "except OSError as e:\n"
+        "    print('capped', type(e).__name__)\n")])
+    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "data" in out and "capped" in out, nb.cells[0].outputs
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["given.txt"]
+
+
+def test_without_a_sandbox_grading_refuses_unless_told(monkeypatch, tmp_path):
+    from coursekit import course
+
+    monkeypatch.setattr(sandbox, "problem", lambda: "bubblewrap is not installed (test)")
+    monkeypatch.delenv(sandbox.ENV_OFF, raising=False)
+    with pytest.raises(course.CourseError, match="cannot grade for credit: bubblewrap is not installed"):
+        course.grade_class(lessons=["02"], examples=True, course_dir=tmp_path / "c", release_dir=tmp_path / "r", workers=1,
+                           progress=False)
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytestmark = pytest.mark.skip("the sandbox is Linux only")
