@@ -128,6 +128,11 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
                             "∇A needs dZ = s D Bᵀ: B maps Z to Y, so the gradient goes back through Bᵀ, not B."))
     m_dB.append(Mistake("transposed", dB.T, "your ∇B is transposed: ∇B has the shape of B (r × m), ∇B = s Zᵀ D."))
     m_dA.append(Mistake("transposed", dA.T, "your ∇A has the shape of Aᵀ: ∇A = Xᵀ dZ is d × r, like A."))
+    flipped = ("the upstream gradient is D = ∂L/∂Y as given; each gradient is D carried back "
+               "through the product it came from, with no minus sign. (Lesson 05, 'The four gradients'.)")
+    m_dX.insert(0, Mistake("sign", -dX, "every entry of ∇X has the wrong sign: " + flipped))
+    m_dA.insert(0, Mistake("sign", -dA, "every entry of ∇A has the wrong sign: " + flipped))
+    m_dB.insert(0, Mistake("sign", -dB, "every entry of ∇B has the wrong sign: " + flipped))
     m_dX += [
         Mistake("no adapter path", D @ W.T, "∇X is missing the adapter path: X feeds both paths, so ∇X = D Wᵀ + dZ Aᵀ."),
         Mistake("no base path", dZ @ A.T, "∇X is missing the base path D Wᵀ: W is frozen, but it still passes gradient to X."),
@@ -136,14 +141,46 @@ def backward_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     # B updated before computing dA: dA' = s Xᵀ D (B − η dB)ᵀ = dA − η s Xᵀ D dBᵀ.
     direction = s * X.T @ D @ dB.T
     # as_array: the student's dA may be anything (a tensor that requires grad, a ragged list).
-    g = as_array((got or {}).get("dA"))
-    if g is not None and g.shape == dA.shape and np.all(np.isfinite(g)) and np.any(direction):
+    # Named only when it is the mistake made: ∇B and ∇X are right (the update came after them), the fitted
+    # step is a plausible learning rate, and ∇A is off by more than its dtype's rounding.
+    got = got or {}
+    g = as_array(got.get("dA"))
+    others_right = all(_close(got.get(k), want) for k, want in (("dB", dB), ("dX", dX)))
+    if (g is not None and g.shape == dA.shape and np.all(np.isfinite(g)) and np.any(direction) and others_right
+            and _beyond_rounding(got.get("dA"), g, dA)):
         eta = float(np.sum((dA - g) * direction) / np.sum(direction * direction))
-        if eta > 0 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
-            # Appended last: with one token and r = 1 every multiple of dA fits some η, so a
-            # wrong scale (which fits exactly, with its own value) must be named first.
+        if 1e-5 <= eta <= 10 and np.allclose(g, dA - eta * direction, rtol=1e-6, atol=1e-9):
             then = ("finish the backward pass with this step's B, then update. (Lesson 05, 'The four gradients'; "
                     "lesson 06 walks the order step by step.)")
-            m_dA.append(Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): " + then,
-                                "you computed ∇A with B already updated (B − η·∇B for some step size η): " + then))
+            # With one token and r = 1 every multiple of dA fits some η: a wrong scale that gives the same numbers is
+            # as likely, and the feedback says both rather than guess (the other cases tell them apart).
+            same = [m for m in m_dA if m.label != "sign" and np.shape(m.value) == g.shape
+                    and np.allclose(m.value, g, rtol=1e-6, atol=1e-9)]
+            if same:
+                m_dA.remove(same[0])
+                def both(first: str) -> str:
+                    return ("on this case two mistakes give exactly these numbers: " + first.rstrip(". ")
+                            + "; or you computed ∇A with B already updated (B − η·∇B). Your other cases tell which one: " + then)
+
+                m_dA.insert(0, Mistake(same[0].label + " or updated B", g, both(same[0].message), both(same[0].hint or same[0].message)))
+            else:
+                m_dA.append(Mistake("updated B", g, f"you computed ∇A with B already updated (B − {eta:g}·∇B): " + then,
+                                    "you computed ∇A with B already updated (B − η·∇B for some step size η): " + then))
     return {"dX": m_dX, "dA": m_dA, "dB": m_dB}
+
+
+def _close(got, want: np.ndarray) -> bool:
+    a = as_array(got)
+    return a is not None and a.shape == want.shape and bool(np.allclose(a, want, rtol=1e-6, atol=1e-9))
+
+
+def _beyond_rounding(raw, g: np.ndarray, want: np.ndarray) -> bool:
+    """Whether ``g`` differs from ``want`` by more than the rounding of the student's dtype (a float32 answer's
+    rounding error must not be read as a mistake)."""
+    dtype = getattr(raw, "dtype", np.float64)
+    try:
+        eps = float(np.finfo(np.dtype(str(dtype).removeprefix("torch."))).eps)
+    except TypeError:
+        eps = float(np.finfo(np.float64).eps)
+    scale = float(np.max(np.abs(want))) or 1.0
+    return float(np.max(np.abs(g - want))) > 1000 * eps * scale
