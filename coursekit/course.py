@@ -394,12 +394,24 @@ def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
         r = autograde(aid, sid) if autograde is not None else a.autograde(aid, sid, force=True, create=True)
         if r.get("success"):
             return None
-        log = (r.get("log") or "") + (r.get("error") or "")
+        log = (r.get("log") or "") + "\n" + (r.get("error") or "")
+        why = _nbgrader_reason(log)
+        kept = course / "grading-errors" / sid / f"{aid}.log"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(log)
+        print(f"coursekit grade: nbgrader could not grade {sid}/{aid}: {why} (its log: {kept})", file=sys.stderr)
         problem = ("the grader could not run this notebook" +
                    (": its kernel stopped responding (an endless loop that ignores interrupts, or one that fills the memory?)"
-                    if "unresponsive" in log else "") + ". The instructor has the log.")
+                    if "unresponsive" in log else f" (nbgrader: {why})") + ". The instructor has the log.")
     _record_zero(a, aid, sid)
     return problem
+
+
+def _nbgrader_reason(log: str) -> str:
+    """The last exception line of nbgrader's log (e.g. a check cell whose metadata the student edited)."""
+    lines = [l.strip() for l in log.splitlines() if l.strip()]
+    errs = [l for l in lines if re.match(r"^[\w.]*(Error|Exception|Entry)\b:?", l) and not l.startswith("Traceback")]
+    return (errs[-1] if errs else (lines[-1] if lines else "no log"))[:300]
 
 
 def _record_zero(a, aid: str, sid: str) -> None:

@@ -148,3 +148,24 @@ def test_the_model_lessons_are_the_ones_whose_notebooks_load_the_model():
     loads = {aid[:2] for aid in course.lesson_ids(root)
              if re.search(r"prepare_model|default_checkpoint|load_base|capstone\.", (root / "lessons" / aid / f"{aid}.ipynb").read_text())}
     assert loads == course.MODEL_LESSONS
+
+
+def test_a_submission_nbgrader_cannot_grade_keeps_nbgraders_reason(tmp_path, capsys):
+    """An edited check cell (here: duplicate cell ids, as nbgrader reports them) fails nbgrader itself: the student
+    scores 0 with nbgrader's reason in the feedback, and the instructor gets the reason and the whole log."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    root = Path(__file__).resolve().parents[1]
+    aid = "02-lora-inside-one-matmul"
+    a = course.api(root, tmp_path / "c", tmp_path / "r")
+    course._check(a.generate_assignment(aid, force=True, create=True), "release")
+    sub = tmp_path / "c" / "submitted" / "ex-broken" / aid
+    sub.mkdir(parents=True)
+    nbformat.write(new_notebook(cells=[new_code_cell("1")]), sub / f"{aid}.ipynb")
+    log = "[AutogradeApp | ERROR] boom\nTraceback (most recent call last):\n  File ...\nValueError: Notebook cell ids must be unique: 'p1_test'\n"
+    a.autograde = lambda *args, **kw: {"success": False, "log": log, "error": ""}
+    problem = course.autograde_one(a, aid, "ex-broken")
+    assert "ValueError: Notebook cell ids must be unique" in problem
+    err = capsys.readouterr().err
+    assert "could not grade ex-broken/" in err and "cell ids must be unique" in err
+    assert (tmp_path / "c" / "grading-errors" / "ex-broken" / f"{aid}.log").read_text().startswith("[AutogradeApp")
