@@ -325,3 +325,11 @@ def test_adamw_mistakes_are_named_in_words_and_explain_themselves_on_hidden_case
     assert {m.label for m in found} == {"no bias correction", "coupled weight decay", "eps inside the root",
                                         "no weight decay", "step t − 1"}
     assert all(m.hint and "Reread" in m.hint for m in found)
+
+
+def test_torchs_default_weight_decay_in_p5_is_named():
+    from coursekit import walk
+
+    got = walk.run_walk(**walk.seed_example(), steps=3, weight_decay=0.01)[-1].A_after
+    fb = check("06.p5", got)
+    assert fb.points < fb.max_points and "default weight_decay = 0.01" in fb.text(), fb.text()

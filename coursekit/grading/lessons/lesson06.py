@@ -342,6 +342,9 @@ ITEMS = {
                                                    "across steps, as one torch.optim.AdamW instance does. " + READ_ADAMW),
             Mistake("two", _seed_records(2)[-1].A_after, "that is A after two steps; take one more."),
             Mistake("sgd", _seed_records(3, "sgd")[-1].A_after, "that is the SGD variant; the question asks for AdamW (lr 0.01)."),
+            Mistake("default decay", walk.run_walk(**walk.seed_example(), steps=3, weight_decay=0.01)[-1].A_after,
+                    "that is AdamW with torch's default weight_decay = 0.01: the walk uses no weight decay "
+                    "(torch.optim.AdamW(..., weight_decay=0.0)). " + READ_ADAMW),
         ],
     ),
     "p6": Choice(
