@@ -107,6 +107,12 @@ def command(argv: Sequence[str], spec: Spec) -> list[str]:
             "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
             "--size", str(lim.tmp), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
+    # What the code needs that may sit under /tmp (a CI clone, its environment, a fresh model cache): read-only again.
+    from . import model
+
+    for p in dict.fromkeys([REPO, Path(sys.prefix).resolve(), model.cache_root().resolve()]):
+        if p.exists() and p.is_relative_to("/tmp"):
+            args += ["--ro-bind", str(p), str(p)]
     hidden = [Path(p) for p in [*_course_hidden(), *spec.hide]]
     for p in hidden:
         if p.is_dir():
