@@ -66,9 +66,10 @@ class ProcessEnded(Exception):
 class Runner:
     """One sandboxed :mod:`coursekit.runner` process with the student's function loaded (restarted after a kill)."""
 
-    def __init__(self, payload: dict, withheld: Sequence[str] = (), stubs_dir: Path | None = None, whole: bool = False):
+    def __init__(self, payload: dict, withheld: Sequence[str] = (), whole: bool = False):
         self.payload, self.withheld = payload, list(withheld)
-        self._stubs = stubs_dir
+        self._stubs: tempfile.TemporaryDirectory | None = None  # the stubbed module copies, removed on close
+        self._replace: dict | None = None
         self.share: str | None = None  # a folder of the grader's the runner may read (inputs written to files)
         self.whole = whole  # the item's whole check runs in the runner (coursekit.grading visible, keys not)
         self.env: dict = {}
@@ -81,7 +82,10 @@ class Runner:
 
         replace: dict = {}
         hide = [GRADING] if not self.whole else [p for p in (keys.key_dir(),) if p]
-        for target, source in stub_files(self.withheld, self._stubs).items():
+        if self._replace is None:  # written once, reused when the runner restarts after a kill
+            self._stubs = tempfile.TemporaryDirectory(prefix="coursekit-stubs-")
+            self._replace = stub_files(self.withheld, Path(self._stubs.name))
+        for target, source in self._replace.items():
             replace[target] = source
             cache = Path(target).parent / "__pycache__"
             hide += sorted(cache.glob(Path(target).stem + ".*.pyc"))
@@ -160,6 +164,9 @@ class Runner:
             except Exception:
                 self.kill()
             self.proc = None
+        if self._stubs is not None:
+            self._stubs.cleanup()
+            self._stubs, self._replace = None, None
 
 
 def _dumps(msg: dict) -> bytes:
@@ -291,7 +298,7 @@ def default_withheld(reference: Callable, example: dict) -> list[str]:
     return list(seen)
 
 
-def stub_files(withheld: Sequence[str], folder: Path | None = None) -> dict[str, Path]:
+def stub_files(withheld: Sequence[str], folder: Path) -> dict[str, Path]:
     """Module file → a copy in which each withheld function raises instead of computing (see :func:`default_withheld`)."""
     import importlib.util
 
@@ -300,7 +307,6 @@ def stub_files(withheld: Sequence[str], folder: Path | None = None) -> dict[str,
         mod, _, qual = w.partition(":")
         by_module.setdefault(mod, []).append(qual)
     out = {}
-    folder = Path(folder or tempfile.mkdtemp(prefix="coursekit-stubs-"))
     for mod, quals in by_module.items():
         spec = importlib.util.find_spec(mod)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
