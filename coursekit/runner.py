@@ -5,9 +5,11 @@ no expected value and none of the grader's code (``coursekit/grading`` is not th
 functions the item asks the student to write replaced by stubs. It then sends requests on stdin
 (length-prefixed pickles: the grader trusts what it sends) and reads one JSON line per request on stdout:
 
-- ``{"op": "load", "fn": <cloudpickle bytes from the student's kernel>, "lines": {file: source}}``
+- ``{"op": "load", "fn": <cloudpickle bytes from the student's kernel>, "lines": {file: source},
+  "preload": [module, ...]}``
   → ``{"ok": true}`` or ``{"error": ...}``;
-- ``{"op": "call", "args": [...], "kwargs": {...}}`` → ``{"result": <encoded>, "printed": ..., "changed": ...}``
+- ``{"op": "call", "args": [...], "kwargs": {...}, "probe": <the item's measure or None>}``
+  → ``{"result": <encoded>, "printed": ..., "changed": ...}``
   or ``{"error": {"type", "message", "frames"}, ...}``.
 
 Nothing here decides a score: the grading process compares the data it gets with the reference it alone
@@ -150,20 +152,14 @@ def main() -> None:
             for name, text in (msg.get("lines") or {}).items():
                 linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
             try:
+                for module in msg.get("preload") or ():  # the libraries the item's measures use, imported before any limit
+                    __import__(module)
                 fn = pickle.loads(msg["fn"])
                 reply = {"ok": True, "callable": callable(fn)}
             except BaseException as e:
                 reply = {"error": _error(e)}
         elif op == "call":
             reply = call(fn, msg["args"], msg["kwargs"], msg.get("probe")) if fn is not None else {"error": {"type": "RuntimeError", "message": "no function loaded", "frames": []}}
-        elif op == "check" and fn is not None:  # an item checked whole in here (see coursekit.grading.remote)
-            from coursekit.grading import check
-
-            try:
-                fb = check(msg["item"], fn, hidden=True)
-                reply = {"points": float(fb.points), "lines": [str(x) for x in fb.lines]}
-            except BaseException as e:
-                reply = {"error": _error(e)}
         else:
             reply = {"error": {"type": "ValueError", "message": f"unknown request {op!r}", "frames": []}}
         reply["id"] = msg.get("id")

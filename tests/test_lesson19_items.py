@@ -92,9 +92,9 @@ def test_odd_answers_score_nothing_and_are_named(item, fn, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_confusion_matrix_by_the_reference_earns_nothing_when_graded():
-    """In the autograde run the function runs in the grader's sandboxed runner, where coursekit's
-    confusion_matrix (the item's reference) is withheld."""
+def _graded_in_the_runner(item: str, fn):
+    """``fn`` scored the way the autograde run scores it: pickled by value as a notebook defines it, called in the
+    grader's sandboxed runner, compared in this process."""
     import json
 
     from coursekit import sandbox
@@ -102,10 +102,33 @@ def test_confusion_matrix_by_the_reference_earns_nothing_when_graded():
 
     if sandbox.problem():
         pytest.skip(sandbox.problem())
-    fn = A.confusion_by_the_reference
-    fn.__module__ = "__main__"  # as a notebook defines it: pickled by value
-    fb = score_record("19.p7", json.loads(json.dumps(answer_record("19.p7", fn))))
+    fn.__module__ = "__main__"
+    return score_record(f"19.{item}", json.loads(json.dumps(answer_record(f"19.{item}", fn))))
+
+
+def test_confusion_matrix_by_the_reference_earns_nothing_when_graded():
+    """In the autograde run the function runs in the grader's sandboxed runner, where coursekit's
+    confusion_matrix (the item's reference) is withheld."""
+    fb = _graded_in_the_runner("p7", A.confusion_by_the_reference)
     assert fb.points == 0 and "confusion_matrix is withheld while this item is graded" in fb.text(), fb.text()
+
+
+def test_a_model_item_is_measured_in_the_runner_and_scored_here():
+    """A model item's measure runs next to the student's function in the runner and sends back data (here the
+    optimizer's type, tensors, lr and weight decay); the right answer scores full with its hidden case, and
+    coursekit's own adapter_optimizer is a stub there."""
+    fb = _graded_in_the_runner("p3", A.adapter_optimizer)
+    assert fb.full and "hidden case" in fb.text(), fb.text()
+    fb = _graded_in_the_runner("p3", A.optimizer_by_borrowing)
+    assert fb.points == 0 and "adapter_optimizer is withheld while this item is graded" in fb.text(), fb.text()
+
+
+def test_a_forged_reply_from_inside_the_runner_earns_nothing():
+    """The student's function finds the runner's reply stream and writes a score for every request to come.
+    When lesson 19's model items were checked whole in the runner, such a line was read as the item's score;
+    now a reply carries only measurements, and one that is not the measurement asked for counts for nothing."""
+    fb = _graded_in_the_runner("p1", A.load_forging_replies)
+    assert fb.points == 0 and "could not be read" in fb.text(), fb.text()
 
 
 def test_the_loop_check_sees_any_wrong_scale_of_the_loss():

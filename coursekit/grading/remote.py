@@ -66,22 +66,18 @@ class ProcessEnded(Exception):
 class Runner:
     """One sandboxed :mod:`coursekit.runner` process with the student's function loaded (restarted after a kill)."""
 
-    def __init__(self, payload: dict, withheld: Sequence[str] = (), whole: bool = False):
+    def __init__(self, payload: dict, withheld: Sequence[str] = ()):
         self.payload, self.withheld = payload, list(withheld)
         self._stubs: tempfile.TemporaryDirectory | None = None  # the stubbed module copies, removed on close
         self._replace: dict | None = None
         self.share: str | None = None  # a folder of the grader's the runner may read (inputs written to files)
-        self.whole = whole  # the item's whole check runs in the runner (coursekit.grading visible, keys not)
-        self.env: dict = {}
         self.proc: subprocess.Popen | None = None
         self._n = 0
         self._buf = b""
 
     def _spec(self) -> sandbox.Spec:
-        from . import keys
-
         replace: dict = {}
-        hide = [GRADING] if not self.whole else [p for p in (keys.key_dir(),) if p]
+        hide = [GRADING]
         if self._replace is None:  # written once, reused when the runner restarts after a kill
             self._stubs = tempfile.TemporaryDirectory(prefix="coursekit-stubs-")
             self._replace = stub_files(self.withheld, Path(self._stubs.name))
@@ -100,7 +96,6 @@ class Runner:
             argv = sandbox.command(argv, spec)
         env = sandbox.environment()
         env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-        env.update(self.env)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, cwd="/tmp" if not sandbox.off() else tempfile.gettempdir())
         self._buf = b""
@@ -364,17 +359,12 @@ def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
     """Run ``item``'s own check on the student's function, each call of which runs in a sandboxed runner."""
     from .checkers import Feedback
 
-    whole = getattr(item, "remote", "") == "whole"
     withheld = withheld_of(item)
     carried = _carried(payload["fn"], withheld)
     if carried:
         return Feedback(0, item.points, [f"Your {name} carries the compiled code of coursekit's {', '.join(carried)}, which "
                                          "this item asks you to write yourself; nothing it computes counts."])
-    runner = Runner(payload, withheld, whole=whole)
-    if whole:  # the hidden cases' seed, which the item's own check needs in there (it gives away no answer)
-        from . import keys
-
-        runner.env[keys.SEED_ENV] = str(keys.load(ctx.lesson)["seed"])
+    runner = Runner({**payload, "preload": list(getattr(item, "preload", ()))}, withheld)
     with tempfile.TemporaryDirectory(prefix="coursekit-share-") as share:
         # Files a check writes as inputs (an adapter folder to reload) go to a folder the runner may read.
         runner.share, old_tmp = share, tempfile.tempdir
@@ -387,35 +377,7 @@ def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
                 return Feedback(0, item.points, [f"Your {name} could not be loaded in the grader's sandbox: "
                                                  f"{type(e).__name__}: {str(e)[:300]}. Does it use something only your "
                                                  "notebook has (a file, a variable defined after it)?"])
-            if whole:
-                return _whole_check(runner, item, ctx)
             return item.check(Remote(runner, name, params), ctx)
         finally:
             tempfile.tempdir = old_tmp
             runner.close()
-
-
-WHOLE_TIMEOUT = 900.0  # seconds for one item checked whole in the runner (lesson 19's model items: about a minute)
-
-
-def _whole_check(runner: Runner, item: Any, ctx: Any):
-    """An item whose check needs the student's function's objects (a model it loads and trains) runs whole in the
-    runner; the grader takes its points and feedback. The student's code shares that process with the check, so
-    this is weaker than a data check: the items that use it say so (``remote = "whole"``)."""
-    from .checkers import Feedback
-
-    try:
-        reply = runner.request({"op": "check", "item": f"{ctx.lesson}.{ctx.item}"}, timeout=WHOLE_TIMEOUT)
-    except CaseTimeout:
-        return Feedback(0, item.points, [f"The check did not finish within {WHOLE_TIMEOUT:g} s and was stopped."])
-    except ProcessEnded as e:
-        return Feedback(0, item.points, [f"Your function ended the process that checked it ({e})."])
-    if "error" in reply:
-        err = reply["error"]
-        return Feedback(0, item.points, [f"The check could not run your function: {err.get('type')}: {str(err.get('message'))[:300]}"])
-    try:
-        points = min(max(float(reply["points"]), 0.0), float(item.points))
-        lines = [str(x)[:2000] for x in reply["lines"]][:500]
-    except (KeyError, TypeError, ValueError):
-        return Feedback(0, item.points, ["The check sent back no score."])
-    return Feedback(points, item.points, lines)

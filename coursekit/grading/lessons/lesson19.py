@@ -10,7 +10,9 @@ known wrong variant.
 
 from __future__ import annotations
 
+import atexit
 import copy
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from ... import capstone, evaluate as ceval, model as cmodel, train as ctrain
 from ...data import IGNORE_INDEX, LABELS
 from .. import Choice, Function, Numeric, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout,
-                        describe_exception, quiet, time_limit, worded)
+                        describe_exception, probe, quiet, time_limit, worded)
 
 READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Know this."
 READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Know this."
@@ -34,18 +36,27 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 # --------------------------------------------------------------------------- the tiny checkpoints
 
-_TINY_DIRS: dict[tuple, tempfile.TemporaryDirectory] = {}
+_TINY_DIRS: dict[tuple, str] = {}
 
 
 def tiny_path(seed: int = 0, layers: int = 2) -> Path:
-    """A tiny random Llama checkpoint for this process (written once per (seed, layers), removed at exit)."""
+    """A tiny random Llama checkpoint for this process (written once per (seed, layers) into the temporary folder,
+    again if that folder has gone; removed at exit). Deterministic in ``seed``: the grader's runner writes its own,
+    equal one."""
     key = (seed, layers)
-    if key not in _TINY_DIRS:
-        tmp = tempfile.TemporaryDirectory(prefix="coursekit-tiny-")
+    have = _TINY_DIRS.get(key)
+    if have is None or not (Path(have) / "config.json").exists():
+        have = tempfile.mkdtemp(prefix="coursekit-tiny-")
         with quiet([]):
-            cmodel.tiny_checkpoint(tmp.name, seed=seed, num_hidden_layers=layers)
-        _TINY_DIRS[key] = tmp
-    return Path(_TINY_DIRS[key].name)
+            cmodel.tiny_checkpoint(have, seed=seed, num_hidden_layers=layers)
+        _TINY_DIRS[key] = have
+    return Path(have)
+
+
+@atexit.register
+def _remove_tiny_checkpoints() -> None:
+    for d in _TINY_DIRS.values():
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def tiny_batch(seed: int, rows: int = 2, length: int = 8, answer: int = 2, vocab: int = 96) -> dict[str, torch.Tensor]:
@@ -92,40 +103,58 @@ def _borrowed(watch: _CallWatch, forbidden: tuple[Callable, ...], allowed: tuple
     return sorted(found)
 
 
-def _call(fn: Callable, args: tuple, name: str, tag: str, forbidden: tuple[Callable, ...], hidden: bool):
-    """Run the student's ``fn(*args)`` with output captured, a time limit and a watch on coursekit's reference.
+def _watched(fn: Callable, args: tuple, forbidden: tuple[Callable, ...], allowed: tuple[Callable, ...] = ()):
+    """``fn(*args)`` under a watch on coursekit's answers: ``(result, [what it borrowed])``. Part of each measure,
+    so it runs wherever the student's function runs: in the notebook while the student works (feedback), and in
+    the grader's runner, where the item's ``withheld`` functions are stubs anyway (the enforcement)."""
+    watch = _CallWatch()
+    with watch():
+        out = fn(*args)
+    return out, _borrowed(watch, forbidden, allowed)
 
-    Returns ``(True, result)`` or ``(False, [feedback lines])``; raises :class:`_Stub` for NotImplementedError."""
-    watch, noise = _CallWatch(), []
+
+class _Unreadable(Exception):
+    """What came back from the student's function is not the measurement the check asked for."""
+
+
+def _call(fn: Callable, measure: Callable, args: tuple, name: str, tag: str, hidden: bool):
+    """``measure(fn, *args)``: set up the case, run the student's function and read what it did as data (in the
+    grader's sandboxed runner in the autograde run, see :func:`coursekit.grading.checkers.probe`), with output
+    captured and a time limit. Returns ``(True, data)`` or ``(False, [feedback lines])``; raises :class:`_Stub`
+    for NotImplementedError."""
+    noise: list[str] = []
     limit = _case_timeout()
     try:
-        with quiet(noise), time_limit(limit), watch():
-            out = fn(*args)
+        with quiet(noise), time_limit(limit):
+            out = probe(fn, measure, *args)
     except CaseTimeout:
         return False, [f"✗ {tag}: your {name} did not return within {limit:g} s and was stopped."]
     except NotImplementedError:
         raise _Stub()
     except (Exception, SystemExit) as e:  # the student's bug, reported (sys.exit included)
         return False, [f"✗ {tag}: " + describe_exception(e, name, {}, hidden=hidden)]
-    # In the autograde run fn stands for a function in the grader's sandboxed runner, where the references are
-    # withheld (coursekit.grading.remote); the watch here would only see that stand-in.
-    used = [] if hasattr(fn, "run_probe") else _borrowed(watch, forbidden)
+    if not isinstance(out, dict):
+        raise _Unreadable(type(out).__name__)
+    used = out.get("borrowed") or []
     if used:
-        return False, [f"✗ {tag}: your {name} runs {', '.join(used)} instead of doing the work itself; a case "
-                       f"passed that way earns nothing."]
+        return False, [f"✗ {tag}: your {name} runs {', '.join(map(str, used))} instead of doing the work itself; a "
+                       f"case passed that way earns nothing."]
     return True, out
 
 
 @dataclass
 class _ModelItem:
-    """Shared scoring of the model items: each case is ``(label, check(fn, case, tag, hidden) -> (ok, lines))``."""
+    """Shared scoring of the model items: each case is ``(label, run_case(fn, case, tag, hidden) -> (ok, lines))``.
+
+    The check needs objects the student's function returns (a PEFT model, an optimizer): each item's measure
+    (a module-level function, ``measure(fn, *case) -> dict``) builds the case, calls the function and reduces
+    what it returned to data; the comparison with the reference happens here, in the grading process."""
 
     title: str
     points: float
     name: str
-    # Graded whole in the sandboxed runner (coursekit.grading.remote): the check needs the objects the student's
-    # function returns (a PEFT model, an optimizer), not data.
-    remote = "whole"
+    preload = ("transformers", "peft", "bitsandbytes")  # imported by the grader's runner before its time limits start
+    withheld = ()  # coursekit functions stubbed in the grader's runner while this item is graded
 
     def public(self) -> list:
         raise NotImplementedError
@@ -152,6 +181,9 @@ class _ModelItem:
             except _Stub:
                 return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub "
                                                  f"with your code."])
+            except (_Unreadable, KeyError, TypeError, ValueError, AttributeError) as e:  # a forged measurement
+                ok, msg = False, [f"✗ {tag}: what came back from your {self.name} could not be read as the check's "
+                                  f"measurement ({type(e).__name__}); nothing in it counts."]
             finally:
                 torch.set_rng_state(saved)
             passed += ok
@@ -190,19 +222,48 @@ def _lora_modules(model) -> dict[str, Any]:
     return {n: m for n, m in base.named_modules() if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {})}
 
 
-def load_problems(model: Any, case: LoadCase, layers: int = 2, hidden: bool = False) -> list[str]:
-    """What is wrong with a model that ``load_for_lora`` returned for ``case`` (empty: nothing). ``hidden``: say it
-    without the case's numbers or module names (a hidden case's inputs are not shown)."""
+def describe_lora_model(model: Any) -> dict:
+    """What :func:`load_problems` reads of a model ``load_for_lora`` returned, as data: its kind, each adapted
+    module's rank, scale, dropout and whether its lora_B is nonzero, the first base layer's type and 4-bit
+    settings, gradient checkpointing, the trainable tensors' names and the final norm's dtype."""
     import bitsandbytes as bnb
     from peft import PeftModel
 
     if model is None:
-        return ["returned None: return the model that get_peft_model gives you."]
+        return {"kind": "none"}
     if not isinstance(model, PeftModel):
-        return [f"returned {type(model).__name__}, not a PeftModel: finish with get_peft_model(model, LoraConfig(...)) "
+        return {"kind": "other", "type": type(model).__name__}
+    base = model.get_base_model()
+    mods = {n: {"rank": int(m.lora_A["default"].weight.shape[0]), "scaling": float(m.scaling["default"]),
+                "b_nonzero": bool(m.lora_B["default"].weight.ne(0).any()),
+                "dropout": float(getattr(m.lora_dropout["default"], "p", 0.0))}
+            for n, m in sorted(_lora_modules(model).items())}
+    layer = None
+    first = next(iter(sorted(_lora_modules(model).items())), (None, None))[1]
+    if first is not None:
+        bl = first.base_layer
+        layer = {"type": type(bl).__name__, "four_bit": isinstance(bl, bnb.nn.Linear4bit), "dtype": str(bl.weight.dtype)}
+        if layer["four_bit"]:
+            layer.update(quant_type=str(bl.weight.quant_type), nested=bool(getattr(bl.weight.quant_state, "nested", False)),
+                         compute_dtype=str(bl.compute_dtype))
+    with quiet([]):
+        checkpointing = bool(getattr(base, "is_gradient_checkpointing", False))
+    return {"kind": "peft", "modules": mods, "layer": layer, "checkpointing": checkpointing,
+            "trainable": [n for n, p in model.named_parameters() if p.requires_grad],
+            "norm_dtype": str(base.model.norm.weight.dtype)}
+
+
+def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = False) -> list[str]:
+    """What is wrong with a model ``load_for_lora`` returned for ``case``, from its description
+    (:func:`describe_lora_model`; empty: nothing). ``hidden``: say it without the case's numbers or module names
+    (a hidden case's inputs are not shown)."""
+    if desc["kind"] == "none":
+        return ["returned None: return the model that get_peft_model gives you."]
+    if desc["kind"] != "peft":
+        return [f"returned {desc['type']}, not a PeftModel: finish with get_peft_model(model, LoraConfig(...)) "
                 f"and return what it gives you. " + READ_RECIPE]
     out = []
-    mods = _lora_modules(model)
+    mods = desc["modules"]
     want = _expected_targets(case.target_modules, layers)
     got = set(mods)
     if got != want:
@@ -210,11 +271,11 @@ def load_problems(model: Any, case: LoadCase, layers: int = 2, hidden: bool = Fa
         where = "" if hidden else (" (" + (f"missing {missing[0]}" if missing else "") + (" and " if missing and extra else "")
                                    + (f"unexpected {extra[0]}" if extra else "") + f"; {len(got)} adapted, {len(want)} asked for)")
         out.append(f"the adapters sit on the wrong modules{where}. Pass target_modules through to LoraConfig unchanged.")
-    bad_rank = [(n, m) for n, m in sorted(mods.items()) if m.lora_A["default"].weight.shape[0] != case.r]
-    bad_scale = [(n, m) for n, m in sorted(mods.items()) if abs(m.scaling["default"] - case.lora_alpha / case.r) > 1e-9]
+    bad_rank = [(n, m) for n, m in sorted(mods.items()) if m["rank"] != case.r]
+    bad_scale = [(n, m) for n, m in sorted(mods.items()) if abs(m["scaling"] - case.lora_alpha / case.r) > 1e-9]
     if bad_rank:
         name, m = bad_rank[0]
-        r, scaling = m.lora_A["default"].weight.shape[0], m.scaling["default"]
+        r, scaling = m["rank"], m["scaling"]
         swapped = r == case.lora_alpha and abs(scaling - case.r / case.lora_alpha) < 1e-9
         out.append("the adapters' rank is not the r passed in" + (" (lora_alpha and r swapped?)." if swapped else ".")
                    if hidden else f"{name} has an adapter of rank {r}; the task asks for r = {case.r}"
@@ -222,47 +283,44 @@ def load_problems(model: Any, case: LoadCase, layers: int = 2, hidden: bool = Fa
     elif bad_scale:
         name, m = bad_scale[0]
         out.append("the adapters' scale s is not lora_alpha / r: pass r and lora_alpha to LoraConfig as given."
-                   if hidden else f"the adapter's scale s on {name} is {m.scaling['default']:g}; LoraConfig(r={case.r}, "
+                   if hidden else f"the adapter's scale s on {name} is {m['scaling']:g}; LoraConfig(r={case.r}, "
                    f"lora_alpha={case.lora_alpha}) gives s = lora_alpha / r = {case.lora_alpha / case.r:g}.")
-    if any(bool(m.lora_B["default"].weight.ne(0).any()) for m in mods.values()):
+    if any(m["b_nonzero"] for m in mods.values()):
         out.append("lora_B is not zero at the start: LoRA starts from B = 0, so that the adapted model equals the base "
                    "before training and only lora_B gets a gradient at first (the preflight relies on it). Keep "
                    "LoraConfig's default init_lora_weights.")
-    drops = {float(getattr(m.lora_dropout["default"], "p", 0.0)) for m in mods.values()}
-    if drops - {0.0}:
+    if {m["dropout"] for m in mods.values()} - {0.0}:
         out.append("the adapters have dropout: the recipe uses lora_dropout=0.0 (with dropout on, the loss of one batch "
                    "changes from call to call, and the preflight and the checks below compare exact numbers).")
-    if getattr(model.get_base_model(), "is_gradient_checkpointing", False):
+    if desc["checkpointing"]:
         out.append("gradient checkpointing is on: at these sequence lengths it costs time on a CPU and saves little; "
                    "use prepare_model_for_kbit_training(model, use_gradient_checkpointing=False).")
-    first = next(iter(sorted(mods.items())), (None, None))[1]
-    if first is not None:
-        layer = first.base_layer
+    layer = desc["layer"]
+    if layer is not None:
         if case.quantize:
-            if not isinstance(layer, bnb.nn.Linear4bit):
-                out.append(f"the base layers are {type(layer).__name__}, not 4-bit: pass BitsAndBytesConfig(load_in_4bit=True, "
+            if not layer["four_bit"]:
+                out.append(f"the base layers are {layer['type']}, not 4-bit: pass BitsAndBytesConfig(load_in_4bit=True, "
                            f"...) as quantization_config to from_pretrained. " + READ_RECIPE)
             else:
-                qs = layer.weight.quant_state
-                if layer.weight.quant_type != "nf4":
-                    out.append(f"the base is quantized as {layer.weight.quant_type}, not nf4: bnb_4bit_quant_type='nf4'.")
-                if not getattr(qs, "nested", False):
+                if layer["quant_type"] != "nf4":
+                    out.append(f"the base is quantized as {layer['quant_type']}, not nf4: bnb_4bit_quant_type='nf4'.")
+                if not layer["nested"]:
                     out.append("the per-block absmax constants are not quantized again: QLoRA's double quantization is "
                                "bnb_4bit_use_double_quant=True (lesson 15).")
-                if layer.compute_dtype != torch.bfloat16:
-                    out.append(f"the 4-bit layers compute in {str(layer.compute_dtype).replace('torch.', '')}; the recipe "
+                if layer["compute_dtype"] != "torch.bfloat16":
+                    out.append(f"the 4-bit layers compute in {layer['compute_dtype'].replace('torch.', '')}; the recipe "
                                f"computes in bfloat16 (bnb_4bit_compute_dtype=torch.bfloat16; the default is float32).")
         else:
-            if isinstance(layer, bnb.nn.Linear4bit):
+            if layer["four_bit"]:
                 out.append("with quantize=False the base must stay 16-bit: load it without a quantization_config.")
-            elif layer.weight.dtype == torch.float32:
+            elif layer["dtype"] == "torch.float32":
                 out.append("with quantize=False every base weight is float32, twice the memory of the bf16 base: load "
                            "with dtype=torch.bfloat16, and do not run prepare_model_for_kbit_training on an unquantized "
                            "model (it casts every bf16 weight to float32). One of the two happened here.")
-            elif layer.weight.dtype != torch.bfloat16:
-                out.append(f"with quantize=False the base weights are {str(layer.weight.dtype).replace('torch.', '')}; "
+            elif layer["dtype"] != "torch.bfloat16":
+                out.append(f"with quantize=False the base weights are {layer['dtype'].replace('torch.', '')}; "
                            f"load the bf16 base (dtype=torch.bfloat16).")
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    trainable = list(desc["trainable"])
     not_adapter = [n for n in trainable if "lora_" not in n]
     if not_adapter:
         eg = "" if hidden else f" ({len(not_adapter)}, e.g. {not_adapter[0]})"
@@ -270,20 +328,29 @@ def load_problems(model: Any, case: LoadCase, layers: int = 2, hidden: bool = Fa
                    f"get_peft_model freezes the base; something unfroze it afterwards.")
     if not trainable:
         out.append("nothing is trainable: the adapter's tensors have requires_grad=False.")
-    norm = model.get_base_model().model.norm.weight
-    if case.quantize and norm.dtype != torch.float32:
-        out.append(f"the layer norms are {str(norm.dtype).replace('torch.', '')}: prepare_model_for_kbit_training (which "
+    norm = desc["norm_dtype"]
+    if case.quantize and norm != "torch.float32":
+        out.append(f"the layer norms are {norm.replace('torch.', '')}: prepare_model_for_kbit_training (which "
                    f"casts them, and the embedding, to float32 for stable training) was not run before get_peft_model. "
                    + READ_RECIPE)
-    weights_bf16 = first is not None and first.base_layer.weight.dtype == torch.bfloat16
-    if not case.quantize and norm.dtype == torch.float32 and weights_bf16:
+    weights_bf16 = layer is not None and layer["dtype"] == "torch.bfloat16"
+    if not case.quantize and norm == "torch.float32" and weights_bf16:
         out.append("with quantize=False the norms are float32 though the weights are bf16: something cast them (the "
                    "recipe runs prepare_model_for_kbit_training only for a quantized base).")
     return out
 
 
+def _measure_load(fn: Callable, seed: int, r: int, lora_alpha: int, target_modules: Any, quantize: bool) -> dict:
+    """Call ``load_for_lora`` on the tiny checkpoint of ``seed`` and describe what it returned."""
+    model, used = _watched(fn, (str(tiny_path(seed)), r, lora_alpha, target_modules, quantize),
+                           (ctrain.load_for_lora, ctrain.attach_adapter, cmodel.load_model))
+    return {"borrowed": used, **describe_lora_model(model)}
+
+
 class LoadItem(_ModelItem):
     """Implement ``load_for_lora(path, r, lora_alpha, target_modules, quantize)``: checked on tiny checkpoints."""
+
+    withheld = ("coursekit.train:load_for_lora", "coursekit.train:attach_adapter", "coursekit.model:load_model")
 
     def public(self):
         return [LoadCase("NF4, r = 4, lora_alpha = 8, all-linear", 0, 4, 8, "all-linear", True),
@@ -300,10 +367,9 @@ class LoadItem(_ModelItem):
         return out
 
     def run_case(self, fn, case: LoadCase, tag, hidden):
-        path = tiny_path(case.seed)
         targets = list(case.target_modules) if isinstance(case.target_modules, list) else case.target_modules
-        ok, got = _call(fn, (str(path), case.r, case.lora_alpha, targets, case.quantize), self.name, tag,
-                        (ctrain.load_for_lora, ctrain.attach_adapter, cmodel.load_model), hidden)
+        ok, got = _call(fn, _measure_load, (case.seed, case.r, case.lora_alpha, targets, case.quantize), self.name, tag,
+                        hidden)
         if not ok:
             return False, got
         problems = load_problems(got, case, hidden=hidden)
@@ -383,6 +449,8 @@ class PreflightItem(_ModelItem):
     when the same preflight passed the healthy model of its case set: a function that raises on everything
     (or cannot even be called) refuses nothing in particular."""
 
+    withheld = ("coursekit.train:preflight", "coursekit.capstone:_reference_preflight")
+
     def public(self):
         return [PreflightCase(_FAULTS[f], 0, f) for f in _FAULTS]
 
@@ -404,23 +472,11 @@ class PreflightItem(_ModelItem):
         return super().check(answer, ctx)
 
     def run_case(self, fn, case: PreflightCase, tag, hidden):
-        model, batch, opt = preflight_setup(case)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        watch, noise = _CallWatch(), []
-        raised = None
-        try:
-            with quiet(noise), time_limit(_case_timeout()), watch():
-                fn(model, batch, opt)
-        except CaseTimeout:
-            return False, [f"✗ {tag}: your preflight did not return within {_case_timeout():g} s."]
-        except NotImplementedError:
-            raise _Stub()
-        except (Exception, SystemExit) as e:
-            raised = e
-        used = _borrowed(watch, (ctrain.preflight, capstone._reference_preflight), allowed=(_detach_input,))
-        if used:
-            return False, [f"✗ {tag}: your preflight runs {', '.join(used)}; write the checks yourself."]
-        said = "" if hidden or raised is None else f" (it said: {type(raised).__name__}: {str(raised)[:160]})"
+        ok, got = _call(fn, _measure_preflight, (case.seed, case.fault), self.name, tag, hidden)
+        if not ok:
+            return False, got
+        raised = got["raised"]
+        said = "" if hidden or raised is None else f" (it said: {str(raised[0])[:60]}: {str(raised[1])[:160]})"
         if case.fault:
             if raised is None:
                 return False, [f"✗ {tag}: {_MISSED[case.fault]} " + READ_PREFLIGHT]
@@ -430,26 +486,50 @@ class PreflightItem(_ModelItem):
             return True, [f"✓ {tag}: refused{said}."]
         if raised is not None:
             msg = f"✗ {tag}: your preflight refused a healthy model{said}."
-            if "lora_a" in str(raised).lower():
+            if "lora_a" in str(raised[1]).lower():
                 msg += (" At the start B = 0, so every lora_A gradient is exactly zero (∇A = s·Xᵀ·D·Bᵀ): a zero lora_A "
                         "gradient is expected. Check lora_B.")
             return False, [msg + " " + READ_PREFLIGHT]
-        moved = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+        moved, left = list(got["moved"]), list(got["left"])
         if moved:
             return False, [f"✗ {tag}: after your preflight {len(moved)} tensors differ from before (e.g. {moved[0]}): the "
                            f"run would start from a model the preflight already stepped. Save the parameters (a copy of "
                            f"each, or copy.deepcopy(model.state_dict())) and copy them back before returning. " + READ_PREFLIGHT]
-        if opt.state:
-            return False, [f"✗ {tag}: after your preflight the optimizer holds state for {len(opt.state)} tensors (AdamW's "
-                           f"moments from the preflight step): the first real step would use them. Save "
+        if got["optimizer_state"]:
+            return False, [f"✗ {tag}: after your preflight the optimizer holds state for {int(got['optimizer_state'])} "
+                           f"tensors (AdamW's moments from the preflight step): the first real step would use them. Save "
                            f"copy.deepcopy(optimizer.state_dict()) first and load it back at the end."]
-        left = [n for n, p in model.named_parameters() if p.grad is not None and bool(p.grad.ne(0).any())]
         if left:
             return False, [f"✗ {tag}: after your preflight {len(left)} tensors still hold a gradient (e.g. {left[0]}): the "
                            f"first training step would add its own gradient to it. End with "
                            f"optimizer.zero_grad(set_to_none=True)."]
         self._healthy[case.seed] = True
         return True, [f"✓ {tag}: passed, and the model and the optimizer are as they were."]
+
+
+def _measure_preflight(fn: Callable, seed: int, fault: str) -> dict:
+    """Build the preflight case (``seed``, ``fault``), run ``preflight(model, batch, optimizer)`` on it, and say what
+    happened: whether it raised (type and message), and which parameters moved, which still hold a gradient and how
+    many tensors the optimizer holds state for."""
+    model, batch, opt = preflight_setup(PreflightCase("", seed, fault))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    raised, used = None, []
+    watch = _CallWatch()
+    try:
+        with watch():
+            fn(model, batch, opt)
+    except NotImplementedError:
+        raise
+    except (Exception, SystemExit) as e:
+        try:
+            raised = [type(e).__name__, str(e)[:300]]
+        except Exception:
+            raised = [type(e).__name__, "(its message could not be read)"]
+    used = _borrowed(watch, (ctrain.preflight, capstone._reference_preflight), allowed=(_detach_input,))
+    return {"borrowed": used, "raised": raised,
+            "moved": [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])],
+            "optimizer_state": len(opt.state),
+            "left": [n for n, p in model.named_parameters() if p.grad is not None and bool(p.grad.ne(0).any())]}
 
 
 # --------------------------------------------------------------------------- P3: adapter_optimizer
@@ -466,6 +546,8 @@ class OptCase:
 class OptimizerItem(_ModelItem):
     """Implement ``adapter_optimizer(model, lr, weight_decay)``: AdamW over the trainable tensors only."""
 
+    withheld = ("coursekit.train:adapter_optimizer",)
+
     def public(self):
         return [OptCase("lr 1e-3, no weight decay", 0, 1e-3, 0.0), OptCase("lr 5e-4, weight decay 0.01", 1, 5e-4, 0.01)]
 
@@ -474,45 +556,65 @@ class OptimizerItem(_ModelItem):
                         float(rng.choice([0.0, 0.05, 0.1])))]
 
     def run_case(self, fn, case: OptCase, tag, hidden):
-        model = _qlora_tiny(case.seed)
-        trainable = [p for p in model.parameters() if p.requires_grad]  # decided before the student's code runs
-        meant = {id(p) for p in trainable}
-        ok, opt = _call(fn, (model, case.lr, case.weight_decay), self.name, tag, (ctrain.adapter_optimizer,), hidden)
+        ok, got = _call(fn, _measure_optimizer, (case.seed, case.lr, case.weight_decay), self.name, tag, hidden)
         if not ok:
-            return False, opt
-        if not isinstance(opt, torch.optim.Optimizer):
-            return False, [f"✗ {tag}: returned {type(opt).__name__}; return the torch.optim.AdamW you built."]
-        changed = [n for n, p in model.named_parameters() if p.requires_grad != (id(p) in meant)]
+            return False, got
+        if not got["optimizer"]:
+            return False, [f"✗ {tag}: returned {got['type']}; return the torch.optim.AdamW you built."]
+        changed, frozen = list(got["changed"]), list(got["frozen"])
         if changed:
             return False, [f"✗ {tag}: your function changed which tensors train ({len(changed)}, e.g. {changed[0]}): it "
                            f"should only build the optimizer over the tensors that are already trainable."]
-        owned = [p for g in opt.param_groups for p in g["params"]]
-        ids = {id(p) for p in owned}
-        frozen = [n for n, p in model.named_parameters() if id(p) not in meant and id(p) in ids]
         lines = []
-        if type(opt) is not torch.optim.AdamW:
+        if got["type"] != "AdamW":
             extra = (" Adam adds the decay to the gradient (L2), where it is rescaled by the adaptive step; AdamW decays "
-                     "the weights directly (decoupled)." if type(opt) is torch.optim.Adam else "")
-            lines.append(f"the optimizer is {type(opt).__name__}; the recipe uses torch.optim.AdamW.{extra}")
+                     "the weights directly (decoupled)." if got["type"] == "Adam" else "")
+            lines.append(f"the optimizer is {got['type']}; the recipe uses torch.optim.AdamW.{extra}")
         if frozen:
             lines.append(f"the optimizer holds frozen base tensors ({len(frozen)}, e.g. {frozen[0]}). They stay put today "
                          f"only because their .grad is None; anything that gives one a gradient (an unfrozen norm, a hook) "
                          f"lets AdamW move or decay the base. Build it from [p for p in model.parameters() if p.requires_grad].")
-        missing = [p for p in trainable if id(p) not in ids]
-        if missing:
-            lines.append(f"{len(missing)} adapter tensors are not in the optimizer: they would get gradients and never move.")
-        lrs = {g["lr"] for g in opt.param_groups}
-        wds = {g.get("weight_decay") for g in opt.param_groups}
-        if lrs != {case.lr}:
+        if got["missing"]:
+            lines.append(f"{int(got['missing'])} adapter tensors are not in the optimizer: they would get gradients and never move.")
+        lrs, wds = list(got["lrs"]), list(got["weight_decays"])
+        if set(lrs) != {case.lr}:
             lines.append("the learning rate is not the lr passed in." if hidden else
-                         f"the learning rate is {sorted(lrs)[0]:g}; the task passes lr = {case.lr:g}.")
-        if wds != {case.weight_decay}:
+                         f"the learning rate is {sorted(lrs, key=str)[0]}; the task passes lr = {case.lr:g}.")
+        if set(wds) != {case.weight_decay}:
             lines.append("the weight decay is not the weight_decay passed in." if hidden else
-                         f"the weight decay is {' and '.join(map(str, sorted(wds, key=str)))}; the task passes "
+                         f"the weight decay is {' and '.join(map(str, sorted(set(wds), key=str)))}; the task passes "
                          f"weight_decay = {case.weight_decay:g} for every tensor.")
         if lines:
             return False, [f"✗ {tag}: {lines[0]}"] + [f"    also: {l}" for l in lines[1:]]
-        return True, [f"✓ {tag}: AdamW over the {len(trainable)} adapter tensors, lr and weight decay as asked."]
+        return True, [f"✓ {tag}: AdamW over the {int(got['trainable'])} adapter tensors, lr and weight decay as asked."]
+
+
+def _number(x: Any) -> Any:
+    try:
+        return float(x)
+    except Exception:
+        return str(x)[:60]
+
+
+def _measure_optimizer(fn: Callable, seed: int, lr: float, weight_decay: float) -> dict:
+    """Run ``adapter_optimizer(model, lr, weight_decay)`` on a tiny QLoRA model and describe the optimizer: its type,
+    which tensors it holds (frozen ones, missing adapter ones), their learning rates and weight decays, and whether
+    the function changed which tensors train."""
+    model = _qlora_tiny(seed)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # decided before the student's code runs
+    meant = {id(p) for p in trainable}
+    opt, used = _watched(fn, (model, lr, weight_decay), (ctrain.adapter_optimizer,))
+    if not isinstance(opt, torch.optim.Optimizer):
+        return {"borrowed": used, "optimizer": False, "type": type(opt).__name__}
+    owned = {id(p) for g in opt.param_groups for p in g["params"]}
+    kind = ("AdamW" if type(opt) is torch.optim.AdamW else "Adam" if type(opt) is torch.optim.Adam else
+            type(opt).__name__ + ("" if type(opt).__module__.startswith("torch.optim") else " (a class of your own)"))
+    return {"borrowed": used, "optimizer": True, "type": kind, "trainable": len(trainable),
+            "changed": [n for n, p in model.named_parameters() if p.requires_grad != (id(p) in meant)],
+            "frozen": [n for n, p in model.named_parameters() if id(p) not in meant and id(p) in owned],
+            "missing": sum(id(p) not in owned for p in trainable),
+            "lrs": [_number(g.get("lr")) for g in opt.param_groups],
+            "weight_decays": [_number(g.get("weight_decay")) for g in opt.param_groups]}
 
 
 # --------------------------------------------------------------------------- P4: train_steps
@@ -631,14 +733,13 @@ class TrainItem(_ModelItem):
         model = _train_model(case.seed)
         windows = _windows(case)
         want, want_losses = _variant_losses(model, windows, case.lr, "")
-        mine = copy.deepcopy(model)
-        opt, sched = _optimizer_and_schedule(mine, case.lr, len(windows))
-        start = {n: p.detach().clone() for n, p in mine.named_parameters()}
-        ok, got = _call(fn, (mine, windows, opt, sched, False), self.name, tag, (ctrain.train_steps, ctrain.train), hidden)
+        ok, got = _call(fn, _measure_train, (case.seed, case.steps, case.lr, case.rows), self.name, tag, hidden)
         if not ok:
             return False, got
-        params = {n: p.detach() for n, p in mine.named_parameters() if n in want}
-        moved = [n for n, p in mine.named_parameters() if n not in want and not torch.equal(p.detach(), start[n])]
+        start = {n: p.detach() for n, p in model.named_parameters() if n in want}  # _variant_losses trained copies
+        params, moved = got["params"], list(got["moved"])
+        if set(params) != set(want) or any(tuple(params[n].shape) != tuple(want[n].shape) for n in want):
+            raise _Unreadable("adapter")
         if moved:
             return False, [f"✗ {tag}: a frozen base tensor changed ({moved[0]}): only the adapter may move."]
         if all(torch.equal(params[n], start[n]) for n in params):
@@ -657,11 +758,13 @@ class TrainItem(_ModelItem):
             return False, [f"✗ {tag}: the adapter after the steps differs from the reference loop's{where}: one step per "
                            f"window, each micro-batch's loss sum divided by the window's supervised tokens N, backward, "
                            f"then optimizer.step(), scheduler.step(), optimizer.zero_grad(). " + READ_LOOP]
-        seq = got.get("loss") if isinstance(got, dict) else got
+        result = got["result"]
+        seq = result.get("loss") if isinstance(result, dict) else result
         try:
             losses = [float(x) for x in seq]
         except (TypeError, ValueError):
-            return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {type(got).__name__}: return the list "
+            kind = getattr(result, "type_name", type(result).__name__)
+            return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {kind}: return the list "
                            f"of window losses, one float per step."]
         if len(losses) != len(windows):
             return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {len(losses)} losses for "
@@ -670,6 +773,20 @@ class TrainItem(_ModelItem):
             return False, [f"✗ {tag}: the adapter is right, but the losses returned are not each window's token-weighted "
                            f"mean (Σ loss sums / N, before the step): plot them and they mislead."]
         return True, [f"✓ {tag}: the adapter after {len(windows)} steps matches the reference loop, and so do the losses."]
+
+
+def _measure_train(fn: Callable, seed: int, steps: int, lr: float, rows: tuple) -> dict:
+    """Run ``train_steps`` on the tiny model and windows of a train case, with the check's optimizer and schedule, and
+    send back the adapter after the steps, the frozen tensors that moved, and what the function returned."""
+    model = _train_model(seed)
+    windows = _windows(TrainCase("", seed, steps, lr, rows))
+    opt, sched = _optimizer_and_schedule(model, lr, len(windows))
+    adapter = [n for n, p in model.named_parameters() if p.requires_grad]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result, used = _watched(fn, (model, windows, opt, sched, False), (ctrain.train_steps, ctrain.train))
+    now = dict(model.named_parameters())
+    return {"borrowed": used, "result": result, "params": {n: now[n].detach().clone() for n in adapter if n in now},
+            "moved": [n for n, p in now.items() if n not in adapter and n in start and not torch.equal(p.detach(), start[n])]}
 
 
 # --------------------------------------------------------------------------- P5: answer_logprobs (a Function item)
@@ -758,12 +875,15 @@ class FirstWordItem:
             want = ceval.first_word(text)
             tag = f"hidden case {i}" if hidden else f"public case {i} ({text!r})"
             try:
-                ok, got = _call(answer, (text,), self.name, tag, (ceval.first_word,), hidden)
+                ok, got = _call(answer, _measure_first_word, (text,), self.name, tag, hidden)
             except _Stub:
                 return Feedback(0, self.points, ["first_word still raises NotImplementedError: replace the stub with your code."])
+            except _Unreadable:
+                ok, got = False, [f"✗ {tag}: what came back from your first_word could not be read; nothing in it counts."]
             if not ok:
                 lines += got
                 continue
+            got = got.get("result")
             if got == want:
                 passed += 1
                 lines.append(f"✓ {tag}" + ("" if hidden else f": {got!r}"))
@@ -779,6 +899,11 @@ class FirstWordItem:
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
         return Feedback(self.points * passed / len(cases), self.points, lines)
+
+
+def _measure_first_word(fn: Callable, text: str) -> dict:
+    result, used = _watched(fn, (text,), (ceval.first_word,))
+    return {"borrowed": used, "result": result}
 
 
 # --------------------------------------------------------------------------- P7: confusion_matrix (a Function item)
@@ -843,6 +968,8 @@ def _logits(model, ids) -> torch.Tensor:
 class MergeItem(_ModelItem):
     """Implement ``merge_for_deployment(adapter_dir, path)``: the bf16 base at ``path`` with the adapter merged in."""
 
+    withheld = ("coursekit.train:merge_into_bf16", "coursekit.train:merge_into_dequantized", "coursekit.train:load_adapter")
+
     def public(self):
         return [MergeCase("a tiny NF4-trained adapter, r = 4", 0, 4)]
 
@@ -850,15 +977,13 @@ class MergeItem(_ModelItem):
         return [MergeCase("", int(rng.integers(1, 1000)), int(rng.integers(1, 8)))]
 
     def run_case(self, fn, case: MergeCase, tag, hidden):
-        import bitsandbytes as bnb
         from peft import PeftModel
 
         path = tiny_path(case.seed % 3)
         ids = tiny_batch(case.seed)["input_ids"]
         with tempfile.TemporaryDirectory(prefix="coursekit-19-") as adapter_dir:
             trained_tiny_adapter(case, adapter_dir)
-            ok, merged = _call(fn, (adapter_dir, str(path)), self.name, tag,
-                               (ctrain.merge_into_bf16, ctrain.merge_into_dequantized, ctrain.load_adapter), hidden)
+            ok, merged = _call(fn, _measure_merge, (adapter_dir, case.seed % 3, ids), self.name, tag, hidden)
             if not ok:
                 return False, merged
             want = _logits(_quiet_call(lambda: PeftModel.from_pretrained(
@@ -868,16 +993,19 @@ class MergeItem(_ModelItem):
             nf4_logits = _logits(nf4, ids)
             onto_w4 = _logits(_quiet_call(lambda: PeftModel.from_pretrained(
                 cmodel.dequantized_copy(cmodel.load_model("nf4", path)), adapter_dir).merge_and_unload()), ids)
-        if merged is None or not isinstance(merged, torch.nn.Module):
-            return False, [f"✗ {tag}: returned {type(merged).__name__}; return the merged model (merge_and_unload() gives it)."]
-        if isinstance(merged, PeftModel) or any(hasattr(m, "lora_A") for m in merged.modules()):
+        if merged["kind"] != "module":
+            return False, [f"✗ {tag}: returned {merged['type']}; return the merged model (merge_and_unload() gives it)."]
+        if merged["lora"]:
             return False, [f"✗ {tag}: the returned model still has LoRA layers: merge_and_unload() folds W + sAB into "
                            f"each weight and returns the plain model. " + READ_MERGE]
-        if any(isinstance(m, bnb.nn.Linear4bit) for m in merged.modules()):
+        if merged["four_bit"]:
             return False, [f"✗ {tag}: you merged into the NF4 weights: the merged model is 4-bit, so W + sAB was quantized "
                            f"again, and an update smaller than half a quantization step rounds away. Load the bf16 base "
                            f"from path and merge there. " + READ_MERGE]
-        got = _logits(merged, ids)
+        got = merged["logits"]
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+            raise _Unreadable("logits")
+        got = got.float()
         if torch.allclose(got, base, rtol=0, atol=1e-6) and not torch.allclose(want, base, rtol=0, atol=1e-6):
             return False, [f"✗ {tag}: the merged model computes the bare base model: the trained adapter is not in it (a "
                            f"fresh get_peft_model adapter has B = 0; load the saved one with PeftModel.from_pretrained)."]
@@ -888,7 +1016,7 @@ class MergeItem(_ModelItem):
             return False, [f"✗ {tag}: you merged onto dequant(W4), the NF4 weights decoded to bf16. Section 6 below "
                            f"measures that choice, and it has its merits; this function's task is the usual recipe, the "
                            f"bf16 base at path (W16), so that the two can be compared."]
-        dtypes = {str(p.dtype).replace("torch.", "") for p in merged.parameters()}
+        dtypes = set(map(str, merged["dtypes"]))
         if dtypes != {"bfloat16"}:
             return False, [f"✗ {tag}: your merged model holds {' and '.join(sorted(dtypes))} weights; deploy it as the bf16 "
                            f"base it came from (dtype=torch.bfloat16 when loading): float32 doubles its size, and it "
@@ -900,6 +1028,23 @@ class MergeItem(_ModelItem):
                           f"up to bf16 rounding (the order of the additions differs)."]
         return False, [f"✗ {tag}: the merged model's logits are not the reference merge's (W16 + s·A·B): load the bf16 base "
                        f"from path, PeftModel.from_pretrained(base, adapter_dir), then merge_and_unload(). " + READ_MERGE]
+
+
+def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.Tensor) -> dict:
+    """Run ``merge_for_deployment(adapter_dir, path)`` (``path``: the tiny checkpoint ``checkpoint``) and describe the
+    model it returned: still LoRA or 4-bit layers, its parameters' dtypes, and its logits on ``ids``."""
+    import bitsandbytes as bnb
+    from peft import PeftModel
+
+    merged, used = _watched(fn, (adapter_dir, str(tiny_path(checkpoint))),
+                            (ctrain.merge_into_bf16, ctrain.merge_into_dequantized, ctrain.load_adapter))
+    if merged is None or not isinstance(merged, torch.nn.Module):
+        return {"borrowed": used, "kind": "other", "type": type(merged).__name__}
+    return {"borrowed": used, "kind": "module",
+            "lora": isinstance(merged, PeftModel) or any(hasattr(m, "lora_A") for m in merged.modules()),
+            "four_bit": any(isinstance(m, bnb.nn.Linear4bit) for m in merged.modules()),
+            "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in merged.parameters()}),
+            "logits": _logits(merged, ids)}
 
 
 # --------------------------------------------------------------------------- P10: a number from the student's run
