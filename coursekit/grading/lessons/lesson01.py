@@ -72,7 +72,7 @@ def _ledger_reference(n_params: int, n_adapter: int, method: str) -> tuple[float
 
 
 def _ledger_public() -> list[Case]:
-    return [Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": m}, f"seed 002: 7B base, 20M adapter, {m}")
+    return [Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": m}, f"the lesson's example: 7B base, 20M adapter, {m}")
             for m in memory.METHODS]
 
 

@@ -63,7 +63,7 @@ def _random_case(rng: np.random.Generator, square_B: bool = False) -> dict:
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(2)
     return [
-        Case(_seed_example(), "the seed's worked example, x = [2, -1, 3], s = 0.5"),
+        Case(_seed_example(), "the lesson's worked example, x = [2, -1, 3], s = 0.5"),
         Case(_random_case(rng), "several tokens"),
         Case(_random_case(rng, square_B=True), "r = m"),
     ]
@@ -89,7 +89,7 @@ def _p2_public() -> list[Case]:
     rng = np.random.default_rng(3)
     ex = _seed_example()
     return [
-        Case({k: ex[k] for k in ("W", "A", "B", "lora_alpha", "r")}, "the seed's worked example"),
+        Case({k: ex[k] for k in ("W", "A", "B", "lora_alpha", "r")}, "the lesson's worked example"),
         Case({k: v for k, v in _random_case(rng).items() if k != "X"}, "a random 2-D case"),
     ]
 

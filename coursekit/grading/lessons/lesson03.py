@@ -17,7 +17,7 @@ READ_SVD = "Reread 'The best rank-k approximation' in Know this."
 READ_SCALE = "Reread 'The scale when r changes' in Know this."
 READ_PATTERN = "Reread 'Per-module ranks in PEFT' in Know this."
 
-SEED_SPECTRUM = (4.0, 2.0, 1.0, 0.5)  # seed 002, section 2: the synthetic target update
+SEED_SPECTRUM = (4.0, 2.0, 1.0, 0.5)  # the lesson's synthetic target update
 
 
 # --------------------------------------------------------------------------- P1: best_rank_k

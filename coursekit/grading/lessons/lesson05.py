@@ -27,7 +27,7 @@ def backward(D, X, W, A, B, s):
 
 
 def seed_example() -> dict:
-    """Seed 002, sections 3 and 4: x = [2, -1, 3], rank 1, s = 0.5, D = [0.4, -0.2]."""
+    """Lesson 02's worked example, extended with a gradient: x = [2, -1, 3], rank 1, s = 0.5, D = [0.4, -0.2]."""
     return dict(
         D=np.array([[0.4, -0.2]]),
         X=np.array([[2.0, -1.0, 3.0]]),
@@ -56,7 +56,7 @@ def _case(rng: np.random.Generator, n: int, d: int, m: int, r: int) -> dict:
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(5)
     return [
-        Case(seed_example(), "the seed's worked example, one token, D = [0.4, -0.2], s = 0.5"),
+        Case(seed_example(), "lesson 02's worked example, one token, D = [0.4, -0.2], s = 0.5"),
         Case(_case(rng, n=4, d=3, m=2, r=1), "four tokens, the worked example's sizes"),
         Case(_case(rng, n=3, d=5, m=4, r=2), "rectangular: n = 3, d = 5, m = 4, r = 2"),
     ]

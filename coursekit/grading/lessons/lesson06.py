@@ -188,7 +188,7 @@ def _walk_case(rng: np.random.Generator) -> dict:
 
 def _walk_public() -> list[Case]:
     return [
-        Case(walk.seed_example() | dict(lr=0.1), "the seed's walk, SGD lr 0.1"),
+        Case(walk.seed_example() | dict(lr=0.1), "the lesson's walk, SGD lr 0.1"),
         Case(_walk_case(np.random.default_rng(65)), "nonzero B, s ≠ 1"),
     ]
 

@@ -82,7 +82,7 @@ def _p2_hidden(rng: np.random.Generator) -> list[Case]:
 
 
 def _row_vector(weight, lora_A, lora_B, **kw) -> dict:
-    """The seeds' names: W = weight.T (d × m), A = lora_A.T (d × r), B = lora_B.T (r × m)."""
+    """The course's row-vector names: W = weight.T (d × m), A = lora_A.T (d × r), B = lora_B.T (r × m)."""
     return dict(W=np.asarray(weight).T, A=np.asarray(lora_A).T, B=np.asarray(lora_B).T, lora_alpha=kw["lora_alpha"], r=kw["r"])
 
 

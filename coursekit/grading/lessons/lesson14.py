@@ -198,7 +198,7 @@ def _p3_public() -> list[Case]:
     seed = dict(ex, B=np.array([[0.3, -0.2]]), step=0.2)
     rng = np.random.default_rng(14)
     return [
-        Case(seed, "the seed's X, W, A, target with B = [0.3, −0.2], step 0.2"),
+        Case(seed, "lesson 06's X, W, A, target with B = [0.3, −0.2], step 0.2"),
         Case(_walk_case(rng, 0.2) | dict(s=2.0), "random, step 0.2, s = 2"),
         Case(_walk_case(rng, 0.25) | dict(s=0.5), "random, step 0.25, s = 0.5"),
     ]
@@ -260,7 +260,7 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 
 def seed_walk(rounding=np.round, steps: int = 1):
-    """The seed's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W."""
+    """Lesson 06's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W."""
     ex = walk.seed_example()
     if rounding is not None:
         ex["W"] = _w_hat(ex["W"], 0.2, rounding)
@@ -320,7 +320,7 @@ ITEMS = {
         1,
     ),
     "w3": Array(
-        "toy INT4 codes of the seed's W at step 0.2",
+        "toy INT4 codes of lesson 06's W at step 0.2",
         1,
         name="codes",
         expected=lambda: quant.toy_int4(walk.seed_example()["W"], 0.2)[0],
@@ -368,7 +368,7 @@ ITEMS = {
         mistakes=p3_mistakes,
     ),
     "p4": RowArray(
-        "first-step ∇B of the seed's walk on Ŵ",
+        "first-step ∇B of lesson 06's walk on Ŵ",
         2,
         name="dB",
         expected=lambda: seed_walk()[0].dB,

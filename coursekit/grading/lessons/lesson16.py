@@ -129,7 +129,7 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         out.append(Mistake(
             "transposed", D @ W_hat.T,
             f"you multiplied by Ŵᵀ. The layer stores weight as m × d (out × in) and computes Y = X Ŵᵀ, so the input "
-            f"gradient is D Ŵ (n × m times m × d): the seeds' ∇X = D Wᵀ with W = Ŵᵀ. {READ_GRADIENT}"))
+            f"gradient is D Ŵ (n × m times m × d): lesson 05's ∇X = D Wᵀ with W = Ŵᵀ. {READ_GRADIENT}"))
     return {"dX": out}
 
 

@@ -21,7 +21,7 @@ READ_UNITS = "(Lesson 17, 'Vary it'.)"
 
 
 def ledger_gb(n_params, n_adapter, method, double_quant=True):
-    """Reference for p5: the seed's partial total in decimal GB, plus NF4 block scales under ``"qlora"``.
+    """Reference for p5: lesson 01's ledger partial total in decimal GB, plus NF4 block scales under ``"qlora"``.
 
     Buckets from :func:`coursekit.memory.ledger` (bf16 weights and gradients, two fp32 Adam moments,
     4-bit codes); metadata from :func:`coursekit.memory.nf4_metadata_bytes` (blocksize 64, blocksize2 256).
@@ -223,7 +223,7 @@ ITEMS = {
         1,
     ),
     "p4": Choice(
-        "what the seed's partial totals leave out",
+        "what the ledger's partial totals leave out",
         2,
         options="abcdef",
         multi=True,
