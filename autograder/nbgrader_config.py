@@ -72,5 +72,7 @@ c.IgnorePattern.pattern = (
 c.OverwriteCells.add_missing_cells = True
 
 c.LimitOutput.max_lines = 400
-c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+# The blank an answer cell starts from. It raises nothing, so Run All on a fresh lesson reaches the end: a value cell
+# keeps its `answer_xx = None` line, a function only its docstring, and the check says "not answered yet".
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

@@ -120,6 +120,21 @@ class Recipe:
     first_word: Callable
     merge_for_deployment: Callable
 
+    def missing(self) -> list[str]:
+        """The functions of this recipe not written yet: a fresh lesson's blanks (see coursekit.grading.unanswered)."""
+        from .grading import unanswered
+
+        return [f.name for f in dataclasses.fields(self) if f.name != "name" and unanswered(getattr(self, f.name))]
+
+    def or_reference(self) -> "Recipe":
+        """This recipe with coursekit's reference in place of every function not written yet (:meth:`missing`), so
+        that a lesson run top to bottom before all its answers are in still shows the whole experiment."""
+        gaps = self.missing()
+        if not gaps:
+            return self
+        return dataclasses.replace(self, name=f"{self.name}, with coursekit's {', '.join(gaps)}",
+                                   **{g: getattr(REFERENCE, g) for g in gaps})
+
 
 def _reference_preflight(model, batch, optimizer):
     return ctrain.preflight(model, batch, optimizer=optimizer, trainable=lambda n: "lora_" in n)

@@ -315,3 +315,71 @@ def _kill_group(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
+
+
+# --------------------------------------------------------------------------- Run All on a fresh lesson
+
+RUN_ALL_LESSON = "02-lora-inside-one-matmul"
+RUN_ALL_BUDGET_S = 420  # server start, Run All of a whole lesson on a loaded 2-core machine, save, shutdown
+
+
+def test_run_all_on_a_fresh_lesson_reaches_the_end(browser, tmp_path):
+    """A student opens a fresh lesson, sees it unmodified (no ● on its tab: the stored language_info is the
+    kernel's own), clicks Run → Run All Cells with nothing answered, and every cell runs: no error anywhere, and
+    the checks say "Not answered yet". The lesson is a copy, so saving it here leaves lessons/ alone."""
+    root = tmp_path / "lessons"
+    shutil.copytree(ROOT / "lessons" / RUN_ALL_LESSON, root / RUN_ALL_LESSON)
+    name = f"{RUN_ALL_LESSON}/{RUN_ALL_LESSON}.ipynb"
+    settings = tmp_path / "user-settings"
+    # Every cell in the page (no windowing), so that the last cell's output can be awaited in the DOM.
+    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))
+    token, port = secrets.token_hex(16), _free_port()
+    bindir = Path(sys.executable).parent
+    argv = [str(bindir / "jupyter"), "lab", "--no-browser", f"--ServerApp.root_dir={root}", f"--ServerApp.token={token}",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+    if os.getuid() == 0:
+        argv.append("--allow-root")
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+               JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"), PYTHONNOUSERSITE="1",
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env.pop("COURSEKIT_KEYS", None)  # a student's machine has no answer keys
+    log = tmp_path / "jupyterlab.log"
+    base = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    watchdog = threading.Timer(RUN_ALL_BUDGET_S, lambda: _kill_group(server))
+    watchdog.start()
+    blocked: list[str] = []
+    try:
+        _wait("the server", lambda: server.poll() is None and f"127.0.0.1:{port}/lab" in log.read_text(), 60, log)
+        with local_page(browser, blocked) as (page, errors), _screenshot_on_failure(page, tmp_path):
+            page.goto(f"{base}/lab/tree/{name}?token={token}", wait_until="domcontentloaded")
+            tab = page.locator(".lm-TabBar-tab.jp-mod-current", has_text=Path(name).name).first
+            expect(tab).to_be_visible(timeout=60_000)
+            expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']").first
+                   ).to_be_attached(timeout=120_000)  # the kernel is up and has told the page its language_info
+            page.wait_for_timeout(2000)
+            assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "a freshly opened lesson shows as modified"
+            page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            last = page.locator(".jp-Notebook .jp-CodeCell").last
+            expect(last.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=300_000)
+            shot = tmp_path / "jupyterlab-run-all.png"
+            page.screenshot(path=str(shot))
+            _keep(shot, shot.name)
+            prompts = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+            assert all(re.fullmatch(r"\[\d+\]:?", p.strip()) for p in prompts), f"cells that did not run: {prompts}"
+            tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            assert tracebacks.count() == 0, f"Run All stopped or warned: {tracebacks.first.inner_text()[:800]}"
+            assert page.get_by_text("Not answered yet").count() >= 3, "the unanswered checks do not say so"
+            assert not errors, f"script errors in JupyterLab: {errors}"
+        _api(base, token, "/api/shutdown", method="POST")
+        server.wait(timeout=30)
+    finally:
+        watchdog.cancel()
+        _kill_group(server)
+    assert not blocked, f"JupyterLab asked for off-machine resources: {blocked}"

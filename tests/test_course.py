@@ -58,6 +58,11 @@ def test_notebooks_carry_python3_kernelspec_and_no_outputs(kind, lid):
     nb = _nb(kind, lid)
     assert nb.metadata["kernelspec"]["name"] == "python3"
     assert nb.metadata["kernelspec"]["language"] == "python"
+    # The kernel's own language_info (ipykernel on the course's Python): JupyterLab writes it in when the kernel
+    # starts, so a shorter copy would mark every freshly opened lesson as modified.
+    info = nb.metadata.get("language_info", {})
+    assert {"codemirror_mode", "file_extension", "mimetype", "name", "nbconvert_exporter", "pygments_lexer",
+            "version"} <= set(info) and info["version"].startswith("3.11."), f"{kind}/{lid}: language_info {info}"
     for c in nb.cells:
         if c.cell_type == "code":
             assert not c.outputs, f"{kind}/{lid}: commit notebooks without outputs ({c.source[:60]!r})"

@@ -50,6 +50,8 @@ __all__ = [
     "grade",
     "check",
     "autograding",
+    "unanswered",
+    "written",
     "Choice",
     "Numeric",
     "Array",
@@ -359,6 +361,8 @@ def score_record(item_id: str, record: Mapping[str, Any]) -> Feedback:
     lesson, item = item_id.split(".", 1)
     it = lesson_items(lesson)[item]
     ctx = _Context(lesson, item, True)
+    if record.get("unanswered"):
+        return Feedback(0, it.points, [NOT_ANSWERED])
     if "function" in record and _value_item(it):
         return Feedback(0, it.points, ["Your answer is a function; this item asks for a value."])
     if "answer" in record:
@@ -378,8 +382,47 @@ def score_record(item_id: str, record: Mapping[str, Any]) -> Feedback:
     return remote.check_remotely(it, ctx, payload, str(record.get("name", "function")), record.get("params"))
 
 
+NOT_ANSWERED = "Not answered yet: write your answer in the answer cell above, run it, then run this check again."
+
+
+def unanswered(answer: Any) -> bool:
+    """Whether ``answer`` is the release's blank: ``None`` (a value cell not yet filled in) or a function whose body
+    is only its docstring and the ``# YOUR CODE HERE`` comment (it does nothing and returns None)."""
+    if answer is None:
+        return True
+    code = getattr(answer, "__code__", None)
+    if code is None or not callable(answer):
+        return False
+    import dis
+
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def written(*functions: Callable, **values: Any) -> bool:
+    """Whether every answer given is written (not a blank of the release, see :func:`unanswered`); if one is not,
+    say which, so that a cell that tries the student's answers waits for them instead of failing. Functions are
+    named by their ``__name__``, values by their keyword::
+
+        if written(lora_backward):
+            ...  # the cell's own check of the student's function
+        if written(answer_w1=answer_w1):
+            ...
+    """
+    named = {getattr(f, "__name__", repr(f)): f for f in functions} | values
+    missing = [name for name, answer in named.items() if unanswered(answer)]
+    if missing:
+        print(f"Not answered yet: {', '.join(missing)}. This cell runs once you have written "
+              f"{'it' if len(missing) == 1 else 'them'} above.")
+    return not missing
+
+
 def grade(item_id: str, answer: Any) -> float | None:
-    """Check, print the feedback to stdout, and return the points earned (nbgrader's partial credit).
+    """Check and print the feedback to stdout (one line with the points, then what was right or wrong and why).
+
+    An unanswered item (see :func:`unanswered`) says so and scores 0, so that Run All on a fresh lesson reaches
+    the end. The points are returned only under ``nbgrader validate`` (which reads them as partial credit);
+    while a student works the printed feedback is the whole answer, so the score is not shown twice.
 
     In the autograde run nothing is scored here: the answer goes to the grading process as a typed record
     (a ``display_data`` output of MIME type :data:`coursekit.protocol.MIME`), which scores it with the keys
@@ -389,15 +432,20 @@ def grade(item_id: str, answer: Any) -> float | None:
 
         from .. import protocol
 
-        display({protocol.MIME: answer_record(item_id, answer),
-                 "text/plain": f"[{item_id}] answer handed to the grader"}, raw=True)
+        record = {"item": item_id, "unanswered": True} if unanswered(answer) else answer_record(item_id, answer)
+        display({protocol.MIME: record, "text/plain": f"[{item_id}] answer handed to the grader"}, raw=True)
         return None
     lesson, item = item_id.split(".", 1)
-    title = f"[{item_id}] {lesson_items(lesson)[item].title}"
+    it = lesson_items(lesson)[item]
+    title = f"[{item_id}] {it.title}"
+    validating = os.environ.get("NBGRADER_EXECUTION") == "validate"
+    if unanswered(answer):
+        print(Feedback(0, it.points, [NOT_ANSWERED]).text(title))
+        return 0.0 if validating else None
     fb = check(item_id, answer)
     if hasattr(fb, "recorded"):
         print("\n".join([f"{title}{RECORDED_TAG}{fb.max_points:g} point{'' if fb.max_points == 1 else 's'}, scored by the autograder)"]
                         + ["  " + x for x in fb.lines]))
         return None  # nothing to score here (a 0.0 under "recorded" would read as a grade)
     print(fb.text(title))
-    return fb.points
+    return fb.points if validating else None
