@@ -100,7 +100,7 @@ def _check_finite(**arrays: Any) -> None:
     for name, a in arrays.items():
         bad = lora.nonfinite_entry(name, a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else None
         if bad:
-            raise ValueError(f"{bad}; every entry of {name} must be finite, or the NaN spreads through the whole block.")
+            raise ValueError(f"{bad}; every entry of {name} must be finite, or it spreads NaN through the whole block.")
 
 
 def _check_eps(eps: Any) -> None:

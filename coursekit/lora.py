@@ -127,7 +127,7 @@ def _check_finite(**arrays: Any) -> None:
         bad = nonfinite_entry(name, a)
         if bad:
             raise LoRAValueError(
-                f"{bad}; every entry of {name} must be finite, or the NaN spreads through every product it enters. "
+                f"{bad}; every entry of {name} must be finite, or it spreads NaN through every product {name} enters. "
                 f"Look where {name} was computed (a division by zero, log(0), an overflow)."
             )
 
@@ -140,7 +140,8 @@ def _is_real_dtype(a: Any) -> bool:
 
 def _check_scale(s: Any, name: str = "s") -> None:
     """s is one real, finite number: a Python or NumPy number, a 0-d array or a 0-d torch tensor (not a bool)."""
-    what = "the adapter scale, lora_alpha / r" if name == "s" else "a real number"
+    what = {"s": "the adapter scale, lora_alpha / r", "lora_alpha": "PEFT's lora_alpha, e.g. 16",
+            "scaling": "PEFT's scaling, lora_alpha / r"}.get(name, "a real number")
     if _is_torch(s) or isinstance(s, np.ndarray):
         if s.ndim != 0:
             raise LoRAShapeError(

@@ -150,8 +150,8 @@ def _check_finite(**arrays: np.ndarray) -> None:
     for name, a in arrays.items():
         bad = nonfinite_entry(name, a)
         if bad:
-            raise MLPValueError(f"{bad}; every entry of {name} must be finite, or the NaN spreads through every "
-                                f"product it enters. Look where {name} was computed (a division by zero, an overflow).")
+            raise MLPValueError(f"{bad}; every entry of {name} must be finite, or it spreads NaN through every "
+                                f"product {name} enters. Look where {name} was computed (a division by zero, an overflow).")
 
 
 def _expect(name: str, actual: tuple, expected: tuple, meaning: str) -> None:

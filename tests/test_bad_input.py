@@ -384,3 +384,18 @@ def test_checks_on_tensors_in_the_autograd_graph_print_no_warning(recwarn):
     with pytest.raises(lora.LoRAValueError, match=r"X\[0, 0\] is nan"):
         lora.lora_forward(Xn.requires_grad_(), W, A, B, 0.5)
     assert not [str(w.message) for w in recwarn]
+
+
+def test_peft_layout_merges_name_bad_scaling_and_entries_in_peft_names():
+    from coursekit import merging
+
+    rng = np.random.default_rng(5)
+    weight, lora_A, lora_B = rng.standard_normal((5, 4)), rng.standard_normal((2, 4)), rng.standard_normal((5, 2))
+    for fn in (merging.merge_peft, merging.unmerge_peft):
+        with pytest.raises(lora.LoRADtypeError, match="scaling must be a real number"):
+            fn(weight, lora_A, lora_B, None)
+        with pytest.raises(lora.LoRAValueError, match="scaling must be finite"):
+            fn(weight, lora_A, lora_B, float("nan"))
+    lora_B[3, 0] = np.nan
+    with pytest.raises(lora.LoRAValueError, match=r"lora_B\[3, 0\] is nan"):
+        merging.merge_peft(weight, lora_A, lora_B, 2.0)
