@@ -177,11 +177,14 @@ def softmax_forward(S: Any, allowed: Any = None) -> Any:
     Returns P shaped like S: each row sums to 1 over its allowed entries. A row with no allowed
     entry (every key masked) is all zeros, not NaN, as in PyTorch's ``scaled_dot_product_attention``
     (a plain ``torch.softmax`` over a row of −inf returns NaN).
+    −inf in S is allowed (an additive mask); NaN or +inf at an allowed entry raises AttentionValueError
+    naming the first.
     Source: the numerically stable softmax, e.g. Goodfellow, Bengio & Courville, *Deep Learning*, 4.1.
     """
     _check_floats(S=S)
     if allowed is not None:
         S = _where(_as_bool_mask(allowed, S), S, -math.inf)
+    _check_finite(S=_where(S == -math.inf, 0.0, S))  # −inf is a masked score; NaN and +inf are errors
     m = S.amax(dim=-1, keepdim=True) if _is_torch(S) else S.max(axis=-1, keepdims=True)
     m = _where(_isfinite(m), m, 0.0)  # a fully masked row has max −inf; −inf − (−inf) would be NaN
     E = _exp(S - m)

@@ -399,3 +399,19 @@ def test_peft_layout_merges_name_bad_scaling_and_entries_in_peft_names():
     lora_B[3, 0] = np.nan
     with pytest.raises(lora.LoRAValueError, match=r"lora_B\[3, 0\] is nan"):
         merging.merge_peft(weight, lora_A, lora_B, 2.0)
+
+
+def test_softmax_forward_allows_minus_inf_but_names_nan_and_plus_inf():
+    S = np.array([[0.0, -np.inf, 1.0], [2.0, 0.5, -np.inf]])
+    P = attention.softmax_forward(S)
+    np.testing.assert_allclose(P.sum(axis=-1), 1.0)
+    assert P[0, 1] == 0.0 and P[1, 2] == 0.0
+    for bad in (np.nan, np.inf):
+        S2 = S.copy()
+        S2[1, 1] = bad
+        with pytest.raises(attention.AttentionValueError, match=rf"S\[1, 1\] is {bad}"):
+            attention.softmax_forward(S2)
+    tS = torch.tensor(S)
+    tS[0, 2] = float("nan")
+    with pytest.raises(attention.AttentionValueError, match=r"S\[0, 2\] is nan"):
+        attention.softmax_forward(tS)
