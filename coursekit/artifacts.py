@@ -1,7 +1,7 @@
 """Adapters as artifacts: an inference export bound to its base, and a checkpoint that resumes bit for bit.
 
-Two different things get saved after (or during) a LoRA run (seed 000, "Experiment 2"; seed 002, "What gets
-saved after training?"; PyTorch's "Saving and loading a general checkpoint" tutorial):
+Two different things get saved after (or during) a LoRA run (lesson 12; PEFT's ``save_pretrained`` docs;
+PyTorch's "Saving and loading a general checkpoint" tutorial):
 
 - an **adapter export** — the factors A and B of every target module, the configuration that gives them a
   meaning (``r``, ``lora_alpha``, ``target_modules``) and the identity of the base they were trained on.
@@ -171,8 +171,8 @@ def base_fingerprint(model: nn.Module) -> dict:
 
     Returns ``{"structure": hex, "values": hex, "shapes": {name: [dims]}}``. Two bases with the same
     architecture but other weights share ``structure`` and differ in ``values``: an adapter trained on one
-    means something else on the other (seed 000: "same-shaped weights from another base are not
-    interchangeable"). Hashing reads every base byte once (~0.5 s for 135 M parameters).
+    means something else on the other: same-shaped weights from another base are not interchangeable
+    (lesson 12). Hashing reads every base byte once (~0.5 s for 135 M parameters).
     """
     params = base_parameters(model)
     if not params:

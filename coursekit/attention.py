@@ -1,7 +1,7 @@
 """Causal scaled dot-product attention, single- and multi-head, forward and backward.
 
-One head, row-vector convention (Vaswani et al. 2017, "Attention Is All You Need", eq. 1;
-seed "LoRA & QLoRA: Inside the Update", section 4)::
+One head, row-vector convention (Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762,
+eq. 1; lesson 08 derives the backward pass)::
 
     Q : T × d_h     queries, one row per position      K : T × d_h   keys      V : T × d_v   values
     S = Q Kᵀ / √d_h  (+ −inf where query t may not see key u)      T × T   scores
@@ -33,7 +33,8 @@ dY respectively as its upstream gradient D, and lesson 05's rule applies per pro
 
 NumPy float64 is the reference. The single-head functions, :func:`softmax_backward`,
 :func:`split_heads`, :func:`merge_heads` and the multi-head pair also accept torch tensors (all
-arguments of one library and one floating dtype); the arithmetic is the same.
+arguments of one library and one floating dtype); the arithmetic is the same. The forward
+functions reject a NaN or inf entry in their inputs (Q, K, V; X and the weights), naming the first.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from .lora import _dtype_name, _is_torch  # one definition of "is this a tensor" for the kernels
+from .lora import _dtype_name, _is_torch, nonfinite_entry  # one definition of "is this a tensor" for the kernels
 
 __all__ = [
     "AttentionShapeError",
     "AttentionDtypeError",
+    "AttentionValueError",
     "causal_mask",
     "attention_forward",
     "attention_backward",
@@ -66,6 +68,10 @@ class AttentionShapeError(ValueError):
 
 class AttentionDtypeError(TypeError):
     """An argument is not floating point (or not boolean, for a mask), or arguments mix dtypes or libraries."""
+
+
+class AttentionValueError(ValueError):
+    """An input has a NaN or infinite entry (the message names the first)."""
 
 
 # --------------------------------------------------------------------------- NumPy / torch helpers
@@ -96,6 +102,17 @@ def _check_floats(**arrays: Any) -> bool:
     if len(set(dtypes.values())) > 1:
         raise AttentionDtypeError(f"all arguments must share one dtype, got {dtypes}.")
     return "torch" in kinds.values()
+
+
+def _check_finite(**arrays: Any) -> None:
+    """Every entry is finite; else AttentionValueError naming the tensor and its first bad index."""
+    for name, a in arrays.items():
+        bad = nonfinite_entry(name, a)
+        if bad:
+            raise AttentionValueError(
+                f"{bad}; every entry of {name} must be finite: one NaN in a score row makes the whole softmax row NaN. "
+                f"Look where {name} was computed (a division by zero, log(0), an overflow)."
+            )
 
 
 def _T(x: Any) -> Any:
@@ -160,11 +177,14 @@ def softmax_forward(S: Any, allowed: Any = None) -> Any:
     Returns P shaped like S: each row sums to 1 over its allowed entries. A row with no allowed
     entry (every key masked) is all zeros, not NaN, as in PyTorch's ``scaled_dot_product_attention``
     (a plain ``torch.softmax`` over a row of −inf returns NaN).
+    −inf in S is allowed (an additive mask); NaN or +inf at an allowed entry raises AttentionValueError
+    naming the first.
     Source: the numerically stable softmax, e.g. Goodfellow, Bengio & Courville, *Deep Learning*, 4.1.
     """
     _check_floats(S=S)
     if allowed is not None:
         S = _where(_as_bool_mask(allowed, S), S, -math.inf)
+    _check_finite(S=_where(S == -math.inf, 0.0, S))  # −inf is a masked score; NaN and +inf are errors
     m = S.amax(dim=-1, keepdim=True) if _is_torch(S) else S.max(axis=-1, keepdims=True)
     m = _where(_isfinite(m), m, 0.0)  # a fully masked row has max −inf; −inf − (−inf) would be NaN
     E = _exp(S - m)
@@ -182,7 +202,7 @@ def softmax_backward(P: Any, dP: Any) -> Any:
     back across the row; where P = 0 (masked) dS is exactly 0.
 
     Why: the Jacobian of one softmax row is diag(p) − p pᵀ, so dS_j = p_j (dP_j − Σ_k dP_k p_k).
-    Source: seed 000 section 4; Dao et al. 2022 (FlashAttention), appendix B.2, eq. for dS.
+    Source: Dao et al. 2022 (FlashAttention, arXiv:2205.14135), appendix B.2, eq. for dS; lesson 08.
     Raises AttentionShapeError if the shapes differ, AttentionDtypeError for non-float input.
     """
     _check_floats(P=P, dP=dP)
@@ -273,11 +293,13 @@ def attention_forward(Q: Any, K: Any, V: Any, mask: Any = None, causal: bool = T
     Raises:
         AttentionShapeError: a shape does not fit (message names the argument, expected vs actual).
         AttentionDtypeError: non-float Q/K/V, non-bool mask, mixed dtypes or libraries.
+        AttentionValueError: a NaN or inf entry in Q, K or V (the message names it, e.g. "Q[0, 2, 1] is nan").
 
-    Source: Vaswani et al. 2017, eq. 1; seed 000 section 4; PyTorch docs of
+    Source: Vaswani et al. 2017, eq. 1; PyTorch docs of
     ``torch.nn.functional.scaled_dot_product_attention`` (scale 1/√d_h, ``is_causal``).
     """
     _check_qkv(Q, K, V)
+    _check_finite(Q=Q, K=K, V=V)
     allowed = _allowed(Q, K, mask, causal)
     scale = 1.0 / math.sqrt(Q.shape[-1])
     S = (Q @ _T(K)) * scale
@@ -294,7 +316,7 @@ def attention_backward(dC: Any, cache: dict) -> tuple[Any, Any, Any]:
     Shapes: dC like C (..., T, d_v); dQ like Q, dK like K, dV like V.
 
     Raises AttentionShapeError if dC does not have C's shape; AttentionDtypeError for a dtype or
-    library that differs from the forward's. Source: seed 000 section 4; Dao et al. 2022, appendix B.2.
+    library that differs from the forward's. Source: Dao et al. 2022, appendix B.2; lesson 08.
     """
     Q, K, V, P, allowed, scale = (cache[k] for k in ("Q", "K", "V", "P", "allowed", "scale"))
     _check_floats(dC=dC, V=V)
@@ -378,12 +400,14 @@ def mha_forward(X: Any, Wq: Any, Wk: Any, Wv: Any, Wo: Any, n_heads: int, causal
         ``(Y, cache)``: Y is (..., T, m). ``cache`` holds X, the weights, n_heads, the per-head
         attention cache and the merged context C (..., T, n_heads · d_v) for :func:`mha_backward`.
 
-    Raises AttentionShapeError / AttentionDtypeError naming the argument (expected vs actual).
+    Raises AttentionShapeError / AttentionDtypeError naming the argument (expected vs actual);
+    AttentionValueError for a NaN or inf entry in X or a weight (named); ValueError for a bad n_heads.
     Source: Vaswani et al. 2017, section 3.2.2 (multi-head attention).
     """
     if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads <= 0:
         raise ValueError(f"n_heads must be a positive integer, got {n_heads!r}.")
     _check_mha(X, Wq, Wk, Wv, Wo, n_heads)
+    _check_finite(X=X, Wq=Wq, Wk=Wk, Wv=Wv, Wo=Wo)
     Qh, Kh, Vh = (split_heads(X @ W, n_heads) for W in (Wq, Wk, Wv))
     Ch, attn = attention_forward(Qh, Kh, Vh, causal=causal)
     C = merge_heads(Ch)
@@ -409,7 +433,7 @@ def mha_backward(dY: Any, cache: dict, return_intermediates: bool = False) -> di
     ``dWo = Cᵀ dY``, ``dC = dY Woᵀ``, then per head :func:`attention_backward`, merged back, and
     for each of q, k, v: ``dW = Xᵀ dQ`` (etc.), ``dX = dQ Wqᵀ + dK Wkᵀ + dV Wvᵀ`` (three
     branches from the same X add). Raises AttentionShapeError if dY does not have Y's shape.
-    Source: seed 000 section 4; Vaswani et al. 2017 section 3.2.2.
+    Source: Vaswani et al. 2017 section 3.2.2; the chain rule, lesson 08.
     """
     X, Wq, Wk, Wv, Wo, H, attn, C = (cache[k] for k in ("X", "Wq", "Wk", "Wv", "Wo", "n_heads", "attn", "C"))
     _check_floats(dY=dY, X=X)

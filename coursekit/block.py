@@ -15,8 +15,8 @@ sequence of T positions of width d, row-vector convention, NumPy float64, no RoP
     dn = H W_down                            T × d        (+ s (H A_down) B_down)
     y  = h + dn                              the second residual add
 
-Every adapter consumes **its own projection's input** (seed "LoRA & QLoRA: Inside the Update",
-"Inside the MLP"): q/k/v see u1, o sees the merged heads, gate/up see u2, down sees H.
+Every adapter consumes **its own projection's input** (lesson 10): q/k/v see u1, o sees the merged
+heads, gate/up see u2, down sees H.
 
 RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467; ``LlamaRMSNorm``), per row::
 
@@ -94,6 +94,20 @@ def _float2d(name: str, a: Any) -> None:
         raise ValueError(f"{name} must be 2-D (T × width, one sequence), got shape {a.shape}.")
 
 
+def _check_finite(**arrays: Any) -> None:
+    """Every entry of each floating array is finite; else ValueError naming it and its first bad index
+    ("x[2, 0] is nan"). Other arguments are left to the type checks of the function that uses them."""
+    for name, a in arrays.items():
+        bad = lora.nonfinite_entry(name, a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else None
+        if bad:
+            raise ValueError(f"{bad}; every entry of {name} must be finite, or it spreads NaN through the whole block.")
+
+
+def _check_eps(eps: Any) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)) or not 0 < eps < np.inf:
+        raise ValueError(f"eps must be a finite positive number (RMSNorm's rms_norm_eps, 1e-5 in SmolLM2), got {eps!r}.")
+
+
 # --------------------------------------------------------------------------- RMSNorm
 
 
@@ -101,13 +115,16 @@ def rmsnorm_forward(x: np.ndarray, g: np.ndarray, eps: float = 1e-5) -> tuple[np
     """``y = x / sqrt(mean(x², last axis) + eps) ⊙ g``.
 
     Args: x (T × d) float; g (d,) the gain; eps > 0 (SmolLM2's ``rms_norm_eps`` is 1e-5).
-    Returns ``(y, cache)``, y of x's shape. Raises ValueError if g is not (d,), TypeError for non-float x.
+    Returns ``(y, cache)``, y of x's shape. Raises ValueError if g is not (d,), eps is not a finite
+    number > 0, or x or g has a NaN or inf entry (named); TypeError for non-float x.
     Source: Zhang & Sennrich 2019, eq. 4; transformers ``LlamaRMSNorm``.
     """
     _float2d("x", x)
     g = np.asarray(g)
     if g.shape != (x.shape[-1],):
         raise ValueError(f"g must have shape ({x.shape[-1]},) (one gain per feature of x, which is {x.shape}), got {g.shape}.")
+    _check_eps(eps)
+    _check_finite(x=x, g=g)
     rho = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     xhat = x / rho
     return xhat * g, {"xhat": xhat, "rho": rho, "g": g}
@@ -184,6 +201,8 @@ def _check_block(x: np.ndarray, weights: Mapping, adapters: Mapping, n_heads: in
     for p, AB in adapters.items():
         if not (isinstance(AB, (tuple, list)) and len(AB) == 2):
             raise TypeError(f"adapters[{p!r}] must be a pair (A, B), got {type(AB).__name__}.")
+    _check_finite(x=x, **{k: np.asarray(weights[k]) for k in [f"W_{p}" for p in PROJECTIONS] + ["g1", "g2"]})
+    _check_finite(**{f"{f}_{p}": a for p, AB in adapters.items() for f, a in zip("AB", AB)})
 
 
 # --------------------------------------------------------------------------- forward and backward
@@ -216,10 +235,12 @@ def block_forward(x: np.ndarray, weights: Mapping[str, np.ndarray], adapters: Ma
     unadapted projection), and ``"s"``, ``"n_heads"``, ``"adapters"``, ``"detach"``.
 
     Raises KeyError for a missing weight; ValueError for a wrong shape, an unknown projection name in
-    ``adapters`` or ``detach``, or n_heads not dividing d; TypeError for non-float arrays.
+    ``adapters`` or ``detach``, n_heads not dividing d, a NaN or inf entry (named: "x[1, 3] is nan",
+    "A_q[0, 1] is inf"), eps not > 0, or s not finite; TypeError for non-float arrays or s not a number.
     """
     adapters = dict(adapters or {})
     _check_block(x, weights, adapters, n_heads)
+    lora._check_scale(s)
     detach = frozenset(_check_targets(detach, "detach"))
     proj = {}
 
@@ -380,7 +401,7 @@ def _check_layers(n_layers: Any) -> int:
 def adapter_count(targets: Iterable[str], n_layers: int = 1) -> int:
     """Adapters = target modules per layer × layers (each adapted projection in each layer owns one).
 
-    Example (seed 000, "How many adapters?"): Q/V → 2 per block; Q/K/V/O → 4; all seven → 7.
+    Example (lesson 10): Q/V → 2 per block; Q/K/V/O → 4; all seven → 7.
     Raises ValueError for an unknown or repeated name or a non-positive n_layers.
     """
     return len(_check_targets(targets)) * _check_layers(n_layers)

@@ -49,6 +49,16 @@ def entry_name(name: str, index: tuple) -> str:
     return f"{name}{[int(i) for i in index]}" if len(index) else name
 
 
+def _check_positive(name: str, v: Any, meaning: str, zero_ok: bool = False) -> float:
+    """v is one finite real number > 0 (≥ 0 with zero_ok); returns it as a float."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number ({meaning}), got {type(v).__name__} {v!r}.")
+    if not (np.isfinite(v) and (v >= 0 if zero_ok else v > 0)):
+        raise ValueError(f"{name} must be a finite {'number ≥ 0' if zero_ok else 'positive number'} ({meaning}), got {v!r}"
+                         + ("; a zero step divides by 2ε = 0." if v == 0 and not zero_ok else "."))
+    return float(v)
+
+
 RIGHT = 1e-7
 WRONG = 1e-4
 
@@ -86,10 +96,12 @@ def numeric_gradient(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float
         x: float64 array (any shape); perturbed in place and restored.
         eps: step ε (same units as x). 1e-6 balances truncation (∝ ε²) and round-off (∝ 1/ε) in float64.
 
-    Returns a float64 array shaped like ``x``. Raises TypeError if ``x`` is not a floating NumPy array.
+    Returns a float64 array shaped like ``x``. Raises TypeError if ``x`` is not a floating NumPy array
+    or ``eps`` not a number; ValueError if ``eps`` is not finite and > 0.
     """
     if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"x must be a floating NumPy array, got {type(x).__name__} {getattr(x, 'dtype', '')}.")
+    eps = _check_positive("eps", eps, "the finite-difference step ε, e.g. 1e-6 in float64")
     grad = np.zeros(x.shape, dtype=np.float64)
     it = np.nditer(x, flags=["multi_index"])
     for _ in it:
@@ -213,8 +225,11 @@ def check_vjp(
         wrt: names to check (default: every name in ``grads``).
 
     Returns a :class:`GradReport` naming, per tensor, the worst index with both values.
-    Raises KeyError if a name in ``wrt`` is not an input; TypeError if an input is not float64-able.
+    Raises KeyError if a name in ``wrt`` is not an input; TypeError if an input is not float64-able or
+    eps/tol is not a number; ValueError if eps is not finite and > 0 or tol not finite and ≥ 0.
     """
+    eps = _check_positive("eps", eps, "the finite-difference step ε, e.g. 1e-6 in float64")
+    tol = _check_positive("tol", tol, "the largest accepted relative error, e.g. 1e-6", zero_ok=True)
     inputs = {k: _float64(v) for k, v in inputs.items()}
     D = _float64(D)
     names = list(wrt) if wrt is not None else list(grads)
@@ -261,8 +276,8 @@ def optimal_step(dtype: Any = "float64", f_scale: float = 1.0, d3_scale: float =
     ``d3_scale`` ≈ |f‴| (both positive). Source: Nocedal & Wright, *Numerical Optimization*, 2nd ed.,
     section 8.1 (the ε ≈ u^(1/3) rule for central differences). Raises ValueError for non-positive scales.
     """
-    if not (f_scale > 0 and d3_scale > 0):
-        raise ValueError(f"f_scale and d3_scale must be positive, got {f_scale!r} and {d3_scale!r}.")
+    _check_positive("f_scale", f_scale, "|f| at x")
+    _check_positive("d3_scale", d3_scale, "|f‴| at x")
     return float((3 * unit_roundoff(dtype) * f_scale / d3_scale) ** (1 / 3))
 
 
@@ -275,8 +290,8 @@ def error_model(eps: Any, dtype: Any = "float64", f_scale: float = 1.0, d3_scale
     of x). Raises ValueError if an ε is not positive.
     """
     e = np.asarray(eps, dtype=np.float64)
-    if not np.all(e > 0):
-        raise ValueError(f"every eps must be positive, got {eps!r}.")
+    if not np.all((e > 0) & np.isfinite(e)):
+        raise ValueError(f"every eps must be a finite positive number, got {eps!r}.")
     return e**2 * d3_scale / 6 + unit_roundoff(dtype) * f_scale / e
 
 
@@ -316,8 +331,8 @@ def epsilon_sweep(f: Callable[[np.ndarray], float], x: np.ndarray, analytic: Any
     mismatch or an unknown ``reduce``; TypeError as :func:`numeric_gradient`.
     """
     eps = np.asarray(eps_values, dtype=np.float64)
-    if eps.ndim != 1 or eps.size == 0 or not np.all(eps > 0):
-        raise ValueError(f"eps_values must be a non-empty 1-D sequence of positive steps, got {eps_values!r}.")
+    if eps.ndim != 1 or eps.size == 0 or not np.all((eps > 0) & np.isfinite(eps)):
+        raise ValueError(f"eps_values must be a non-empty 1-D sequence of finite positive steps, got {eps_values!r}.")
     if reduce not in ("max", "median"):
         raise ValueError(f"reduce must be 'max' or 'median', got {reduce!r}.")
     a = _float64(analytic)

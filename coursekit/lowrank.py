@@ -145,7 +145,7 @@ def with_singular_values(sigma: Any, d: int, m: int, rng: np.random.Generator | 
 
     Built as ``U diag(sigma) Vt`` with U (d × p) and V (m × p) random orthonormal columns from QR of
     Gaussian matrices, p = len(sigma) <= min(d, m). Used for synthetic "target updates" such as the
-    seed's spectrum [4, 2, 1, 0.5].
+    spectrum [4, 2, 1, 0.5] of lesson 03.
 
     Raises ValueError if p > min(d, m), sizes are not positive integers, or sigma is invalid.
     """

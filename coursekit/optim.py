@@ -6,7 +6,7 @@ Row-vector convention (coursekit.lora): A is d × r, B is r × m, s = lora_alpha
   ``requires_grad`` (not by name).
 - :func:`optimizer_state_bytes`, :func:`owned_params`: what a ``torch.optim`` optimizer holds and for which tensors.
 - :func:`factor_update`: δ(ΔW) = s(δA·B + A·δB + δA·δB), exact, and :func:`first_order_update` without the
-  second-order cross term (seed 000, section 5, "Muon: possible, but ask what matrix you are optimizing").
+  second-order cross term (lesson 11, "the factor-update algebra").
 - :func:`rescale_factors`: (cA, B/c), the reparameterisation that leaves AB unchanged but not the gradients.
 - :func:`newton_schulz`, :func:`muon_factor_step`: an **experiment**, not a faithful Muon implementation:
   the quintic Newton–Schulz iteration from Keller Jordan's write-up "Muon: An optimizer for hidden layers in
@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from . import lora, walk
 
 __all__ = [
     "trainable_params",
@@ -111,10 +113,13 @@ def factor_update(A: Any, B: Any, dA: Any, dB: Any, s: float) -> np.ndarray:
         δ(ΔW) = s(A + δA)(B + δB) − s·A·B = s(δA·B + A·δB + δA·δB)
 
     A, dA: d × r; B, dB: r × m (float arrays or tensors; computed in float64). Returns a d × m float64 array.
-    Here dA, dB are **updates** (e.g. −lr·∇A), not gradients. Source: seed 000, section 5.
-    Raises TypeError (not 2-D float) or ValueError (shapes that do not fit, naming expected vs actual).
+    Here dA, dB are **updates** (e.g. −lr·∇A), not gradients. Source: expanding the product (lesson 11).
+    s: one real, finite number (:func:`coursekit.lora.scaling`).
+    Raises TypeError (not 2-D float, s not a number) or ValueError (shapes that do not fit, naming expected
+    vs actual; s not finite).
     """
     A, B, dA, dB = _factors(A, B, dA, dB)
+    lora._check_scale(s)
     return float(s) * (dA @ B + A @ dB + dA @ dB)
 
 
@@ -122,6 +127,7 @@ def first_order_update(A: Any, B: Any, dA: Any, dB: Any, s: float) -> np.ndarray
     """δ(ΔW) without the cross term: s(δA·B + A·δB). It differs from :func:`factor_update` by s·δA·δB, which is
     second order: halve both updates and it shrinks fourfold. Shapes and errors as :func:`factor_update`."""
     A, B, dA, dB = _factors(A, B, dA, dB)
+    lora._check_scale(s)
     return float(s) * (dA @ B + A @ dB)
 
 
@@ -165,12 +171,14 @@ def muon_factor_step(param: Any, grad: Any, buf: Any, lr: float, momentum: float
     """One Muon-style step on **one factor** (an experiment; not a faithful Muon and not a recipe):
     buf ← μ·buf + grad; update = newton_schulz(grad + μ·buf) (Nesterov form); param ← param − lr·√max(1, p/q)·update.
     The √(p/q) factor follows the write-up's shape scaling. param, grad, buf: 2-D float arrays of one shape.
-    Returns ``(new_param, new_buf)``. Raises ValueError for mismatched shapes or lr < 0."""
+    Returns ``(new_param, new_buf)``. Raises ValueError for mismatched shapes, lr not a finite number ≥ 0 or
+    momentum not in [0, 1); TypeError if lr or momentum is not a number."""
     param, grad, buf = _f64("param", param), _f64("grad", grad), _f64("buf", buf)
     if grad.shape != param.shape or buf.shape != param.shape:
         raise ValueError(f"grad and buf must have param's shape {param.shape}, got {grad.shape} and {buf.shape}.")
-    if lr < 0:
-        raise ValueError(f"lr must be non-negative, got {lr}.")
+    lr = walk._hyper("lr", lr, "the learning rate")
+    if not 0.0 <= walk._number("momentum", momentum, "μ, the buffer's decay") < 1.0:
+        raise ValueError(f"momentum must lie in [0, 1), got {momentum!r}.")
     buf = momentum * buf + grad
     upd = newton_schulz(grad + momentum * buf, steps)
     p, q = param.shape

@@ -51,28 +51,54 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class QuantError(ValueError):
-    """Bad input to a quantizer: wrong dtype, shape, blocksize, quant_type or an empty tensor."""
+    """Bad input to a quantizer: wrong type, dtype, shape, blocksize, quant_type or state, or an empty tensor."""
+
+
+def _check_positive_int(name: str, v: Any, meaning: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise QuantError(f"{name} must be a positive integer ({meaning}), got {v!r}")
+    return int(v)
+
+
+def _check_tensor(name: str, x: Any, what: str) -> torch.Tensor:
+    if not torch.is_tensor(x):
+        raise QuantError(f"{name} must be a torch.Tensor ({what}), got {type(x).__name__}")
+    return x
+
+
+def _check_state(quant_state: Any, made_by: str) -> Any:
+    """quant_state carries what dequantization reads (a QuantState, or bitsandbytes' own); else name what it must be."""
+    missing = [a for a in ("absmax", "shape", "code", "dtype", "blocksize") if not hasattr(quant_state, a)]
+    if missing:
+        raise QuantError(
+            f"quant_state must be the QuantState that {made_by} returned with the codes (the second element of its "
+            f"(codes, state) pair), got {type(quant_state).__name__}"
+            + (f" without {missing}" if quant_state is not None else "")
+        )
+    _check_positive_int("quant_state.blocksize", quant_state.blocksize, "values per block")
+    return quant_state
 
 
 # --------------------------------------------------------------------------- teaching kernels (NumPy)
 
 
 def toy_int4(W: Any, step: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
-    """The seed's toy INT4 base: ``code = round(W / step)``, ``Ŵ = step · code``.
+    """A toy INT4 base, the one of lesson 14: ``code = round(W / step)``, ``Ŵ = step · code``.
 
     Args:
         W: array-like of floats, any shape.
-        step: the quantization step (0.2 in seed 000), > 0.
+        step: the quantization step (0.2 in lesson 14), a finite number > 0.
     Returns:
         ``(codes, W_hat)``: int8 codes in −8..7 and the float64 reconstruction, both W's shape.
     Raises:
-        QuantError: a non-positive step, a non-finite entry, or a code outside the signed 4-bit range
-            −8..7 (the weight needs a larger step).
-    Source: seed 000, "Try a reconstructed low-bit base" (``W = (W / 0.2).round() * 0.2``).
+        QuantError: a step that is not a finite number > 0, a non-finite entry, or a code outside the
+            signed 4-bit range −8..7 (the weight needs a larger step).
+    Source: round-to-nearest uniform quantization, ``W = (W / 0.2).round() * 0.2`` in torch (lesson 14).
     NumPy rounds halves to even, as torch.round does.
     """
-    if not step > 0:
-        raise QuantError(f"step must be positive, got {step!r}")
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, float, np.integer, np.floating)) \
+            or not 0 < step < np.inf:
+        raise QuantError(f"step must be a finite positive number (the quantization step), got {step!r}")
     W = np.asarray(W, dtype=np.float64)
     if not np.isfinite(W).all():
         raise QuantError("W has a NaN or infinite entry; a quantizer needs finite weights.")
@@ -105,10 +131,11 @@ def absmax_quantize(x: Any, bits: int = 8, blocksize: int = 64) -> tuple[np.ndar
         QuantError: empty input, non-finite values, bits not 4 or 8, blocksize < 1.
     Source: Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (arXiv:2110.02861) §2.
     """
-    if bits not in (4, 8):
+    if bits not in (4, 8) or isinstance(bits, bool):
         raise QuantError(f"bits must be 4 or 8, got {bits!r}")
-    if not isinstance(blocksize, (int, np.integer)) or blocksize < 1:
-        raise QuantError(f"blocksize must be a positive integer, got {blocksize!r}")
+    blocksize = _check_positive_int("blocksize", blocksize, "values per block")
+    if x is None:
+        raise QuantError("x must be an array of floats, got None")
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     if flat.size == 0:
         raise QuantError("cannot quantize an empty tensor")
@@ -128,11 +155,16 @@ def absmax_dequantize(codes: Any, absmax: Any, shape: tuple[int, ...] | None = N
     """Inverse of :func:`absmax_quantize`: ``x̂ = code / Q · absmax[block]`` (float64, reshaped to ``shape``).
 
     Raises:
-        QuantError: the number of absmax values does not match ``ceil(len(codes) / blocksize)``, or
-            ``shape`` does not hold ``len(codes)`` values.
+        QuantError: bits not 4 or 8, blocksize not a positive integer, codes or absmax None, the number
+            of absmax values does not match ``ceil(len(codes) / blocksize)``, or ``shape`` does not hold
+            ``len(codes)`` values.
     """
-    if bits not in (4, 8):
+    if bits not in (4, 8) or isinstance(bits, bool):
         raise QuantError(f"bits must be 4 or 8, got {bits!r}")
+    blocksize = _check_positive_int("blocksize", blocksize, "values per block, as given to absmax_quantize")
+    for name, a in (("codes", codes), ("absmax", absmax)):
+        if a is None:
+            raise QuantError(f"{name} must be the array absmax_quantize returned, got None")
     codes = np.asarray(codes, dtype=np.float64).reshape(-1)
     absmax = np.asarray(absmax, dtype=np.float64).reshape(-1)
     nb = -(-codes.size // blocksize)
@@ -233,9 +265,10 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     Returns:
         uint8 tensor of shape ``((n + 1) // 2, 1)``; an odd n is padded with code 0 in the last low nibble.
     Raises:
-        QuantError: a code outside 0..15, or a non-integer tensor.
+        QuantError: not a tensor, a code outside 0..15, or a non-integer tensor.
     Source: bitsandbytes ``backends/default/ops.py``: ``packed = (q[::2] << 4) | q[1::2]``.
     """
+    _check_tensor("codes", codes, "integer 4-bit codes")
     if codes.is_floating_point() or codes.is_complex():
         raise QuantError(f"codes must be an integer tensor, got {codes.dtype}")
     q = codes.reshape(-1).to(torch.int64)
@@ -248,7 +281,12 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_nibbles(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_nibbles`: the first ``n`` codes as int64, shape ``(n,)``."""
+    """Inverse of :func:`pack_nibbles`: the first ``n`` codes as int64, shape ``(n,)``.
+
+    Raises QuantError if ``packed`` is not a tensor, ``n`` not a non-negative integer or more than the bytes hold."""
+    _check_tensor("packed", packed, "the packed bytes of pack_nibbles")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise QuantError(f"n must be a non-negative integer (how many codes to unpack), got {n!r}")
     if packed.dtype != torch.uint8:
         packed = packed.contiguous().view(torch.uint8)
     flat = packed.reshape(-1).to(torch.int64)
@@ -388,10 +426,12 @@ def dequantize_4bit(packed: torch.Tensor, quant_state: QuantState) -> torch.Tens
     Returns:
         Tensor of ``quant_state.shape`` and ``quant_state.dtype``.
     Raises:
-        QuantError: the byte count or the absmax count does not fit the shape and blocksize.
+        QuantError: packed is not a tensor; quant_state is not a quantization state (e.g. None, or the
+            packed tensor passed twice); the byte count or the absmax count does not fit the shape and blocksize.
     Source: bitsandbytes ``functional.dequantize_4bit`` and ``backends/default/ops.py`` ``_dequantize_4bit_compute``.
     """
-    st = quant_state
+    _check_tensor("packed", packed, "the uint8 codes quantize_4bit returned")
+    st = _check_state(quant_state, "quantize_4bit")
     n = int(np.prod(tuple(st.shape))) if len(st.shape) else 1
     if packed.dtype != torch.uint8:
         packed = packed.contiguous().view(torch.uint8)
@@ -440,12 +480,19 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor | None = None,
     Returns:
         ``(q, state)``: uint8 codes of A's shape and a QuantState with fp32 absmax ``(ceil(n / blocksize),)``.
     Raises:
-        QuantError: wrong type/dtype, empty tensor, non-finite values, blocksize < 1.
-    Source: bitsandbytes ``backends/cpu/ops.py`` (``quantize_blockwise``) → ``csrc/cpu_ops.cpp``; reference note §3.
+        QuantError: wrong type/dtype, empty tensor, non-finite values, blocksize < 1, a code table that
+            is not a sorted 1-D tensor of finite levels.
+    Source: bitsandbytes ``backends/cpu/ops.py`` (``quantize_blockwise``) → ``csrc/cpu_ops.cpp``;
+    ``docs/bitsandbytes-4bit.md`` §3.
     """
     A = _check_float_tensor("A", A)
-    if not isinstance(blocksize, int) or blocksize < 1:
-        raise QuantError(f"blocksize must be a positive integer, got {blocksize!r}")
+    blocksize = _check_positive_int("blocksize", blocksize, "values per block")
+    if code is not None:
+        _check_tensor("code", code, "a sorted table of 8-bit levels, e.g. dynamic_map()")
+        c = code.float().cpu()
+        if c.ndim != 1 or c.numel() < 2 or not torch.isfinite(c).all() or (c.diff() < 0).any():
+            raise QuantError(f"code must be a sorted 1-D table of at least 2 finite levels (e.g. dynamic_map(), "
+                             f"256 entries), got shape {tuple(code.shape)}")
     code = dynamic_map() if code is None else code.float().cpu()
     flat = A.detach().reshape(-1).float().cpu()
     if not torch.isfinite(flat).all():
@@ -466,8 +513,11 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor | None = None,
 
 def dequantize_blockwise(q: torch.Tensor, quant_state: QuantState) -> torch.Tensor:
     """``x̂ = code[q] · absmax[block]`` in fp32, cast to ``quant_state.dtype``, shape of ``q``.
-    Source: bitsandbytes ``csrc/cpu_ops.cpp`` ``dequantizeBlockwise8bitCpu``."""
-    st = quant_state
+
+    Raises QuantError if q is not a tensor, quant_state is not the state :func:`quantize_blockwise`
+    returned, or the absmax count does not fit. Source: bitsandbytes ``csrc/cpu_ops.cpp`` ``dequantizeBlockwise8bitCpu``."""
+    _check_tensor("q", q, "the uint8 codes quantize_blockwise returned")
+    st = _check_state(quant_state, "quantize_blockwise")
     n = q.numel()
     if st.absmax.numel() != -(-n // st.blocksize):
         raise QuantError(f"absmax has {st.absmax.numel()} values; {n} codes in blocks of {st.blocksize} "
@@ -485,9 +535,11 @@ def bits_per_parameter(blocksize: int = 64, compress_statistics: bool = False, b
     Without double quantization: ``4 + 32 / blocksize`` (an fp32 absmax per block): 4.5 at 64.
     With it: ``4 + 8 / blocksize + 32 / (blocksize · blocksize2)`` (an 8-bit code per block, an fp32
     scale per 256 blocks): ≈ 4.127 at 64 and 256.
+    Raises QuantError for a blocksize bitsandbytes does not allow or a blocksize2 that is not a positive integer.
     Source: QLoRA (arXiv:2305.14314) §3 "Double Quantization" (0.5 → 0.127 bits of overhead).
     """
     _check_blocksize(blocksize)
+    _check_positive_int("blocksize2", blocksize2, "absmax values per block of the second quantization")
     if compress_statistics:
         return 4 + 8 / blocksize + 32 / (blocksize * blocksize2)
     return 4 + 32 / blocksize
@@ -497,9 +549,13 @@ def measured_bits_per_parameter(packed: torch.Tensor, quant_state: Any) -> float
     """Bits actually stored per weight: packed codes + absmax (+ nested absmax and the offset), counted in
     bytes from the tensors themselves, divided by the number of weights. Works for this module's
     :class:`QuantState` and for ``bitsandbytes.functional.QuantState`` alike.
+    Raises QuantError if packed is not a tensor, quant_state is not a quantization state, or it describes no weights.
     """
-    st = quant_state
+    _check_tensor("packed", packed, "the packed codes quantize_4bit returned")
+    st = _check_state(quant_state, "quantize_4bit")
     n = int(np.prod(tuple(st.shape)))
+    if n == 0:
+        raise QuantError(f"quant_state.shape {tuple(st.shape)} holds no weights; bits per weight is undefined")
     nbytes = packed.numel() * packed.element_size() + st.absmax.numel() * st.absmax.element_size()
     if getattr(st, "state2", None) is not None:
         nbytes += st.state2.absmax.numel() * st.state2.absmax.element_size()

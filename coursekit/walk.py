@@ -1,8 +1,7 @@
 """The rank-one walk: one adapted projection used as a two-class classifier, trained step by step.
 
 This module holds the reference kernels of lesson 06 and a function that runs the walk and records
-every quantity of every step (seed "LoRA & QLoRA: Inside the Update", section 3, "Walk one rank-one
-example backward")::
+every quantity of every step::
 
     1. Z = X A,  Y = X W + s Z B,  p = softmax(Y),  L = −log p[target]
     2. D = ∂L/∂Y = p − onehot(target)                         (one row; rows are averaged otherwise)
@@ -75,6 +74,39 @@ def _float_array(name: str, x: Any, ndim: int | None = None) -> np.ndarray:
     return x
 
 
+def _finite(**arrays: np.ndarray) -> None:
+    for name, a in arrays.items():
+        bad = lora.nonfinite_entry(name, a)
+        if bad:
+            raise ValueError(f"{bad}; an optimizer step with it would make the parameter NaN or inf. "
+                             f"Look where {name} was computed.")
+
+
+def _number(name: str, v: Any, meaning: str) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number ({meaning}), got {type(v).__name__} {v!r}.")
+    return float(v)
+
+
+def _hyper(name: str, v: Any, meaning: str, positive: bool = False) -> float:
+    """v is one finite real number ≥ 0 (> 0 with positive=True); returns it as a float."""
+    v = _number(name, v, meaning)
+    if not (np.isfinite(v) and (v > 0 if positive else v >= 0)):
+        raise ValueError(f"{name} must be a finite {'positive' if positive else 'non-negative'} number ({meaning}), "
+                         f"got {v!r}.")
+    return v
+
+
+def _betas(betas: Any) -> tuple[float, float]:
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise TypeError(f"betas must be a pair (beta1, beta2), e.g. (0.9, 0.999), got {betas!r}.")
+    b1, b2 = (_number(f"beta{k}", b, "a moment's decay rate") for k, b in enumerate(betas, 1))
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        raise ValueError(f"betas must lie in [0, 1), got {tuple(betas)}; at 1 a moment would never forget, "
+                         f"and the bias correction would divide by 0.")
+    return b1, b2
+
+
 def _targets(target: Any, n: int, m: int) -> np.ndarray:
     t = np.atleast_1d(np.asarray(target))
     if t.dtype == bool or not np.issubdtype(t.dtype, np.integer):
@@ -112,7 +144,7 @@ def cross_entropy_forward(Y: np.ndarray, target: Any) -> tuple[float, dict]:
     """Mean cross-entropy of logits ``Y`` (n × m) against class indices ``target`` (n ints).
 
     ``L = −(1/n) Σ_i log softmax(Y)[i, target[i]]`` (PyTorch ``F.cross_entropy`` with its default
-    ``reduction="mean"``; seed 000 section 1). Returns ``(L, cache)``, L a Python float, cache holding
+    ``reduction="mean"``; lesson 04). Returns ``(L, cache)``, L a Python float, cache holding
     ``p`` (n × m probabilities) and the targets for :func:`cross_entropy_backward`.
 
     Raises TypeError / ValueError for a non-floating or non-2-D Y, or targets of the wrong count or range.
@@ -142,8 +174,8 @@ def softmax_backward(g: np.ndarray, p: np.ndarray) -> np.ndarray:
     """Vector–Jacobian product of ``p = softmax(x)`` (row-wise): ``dx = p ⊙ (g − Σ_j g_j p_j)``.
 
     g: upstream gradient ∂L/∂p, n × m. p: the softmax output, n × m (pass p, not x). Returns n × m.
-    The Jacobian is diag(p) − p pᵀ per row; the row sum broadcasts across the row (seed 000 section 4,
-    the attention rule dS = P ⊙ (dP − rowsum(dP ⊙ P))). Raises ValueError if the shapes differ.
+    The Jacobian is diag(p) − p pᵀ per row; the row sum broadcasts across the row (lesson 08's
+    attention rule dS = P ⊙ (dP − rowsum(dP ⊙ P))). Raises ValueError if the shapes differ.
     """
     g, p = _float_array("g", g, 2), _float_array("p", p, 2)
     if g.shape != p.shape:
@@ -195,19 +227,23 @@ def adamw_step(param: np.ndarray, grad: np.ndarray, state: AdamWState, lr: float
         m̂ = m / (1 − β₁ᵗ),  v̂ = v / (1 − β₂ᵗ)    bias correction
         θ ← θ − lr m̂ / (√v̂ + ε)                  ε outside the square root
 
-    param, grad: float arrays of one shape (any shape). lr, eps ≥ 0; 0 ≤ β < 1; weight_decay ≥ 0.
-    Raises TypeError (not floating arrays) or ValueError (shapes differ, a hyperparameter out of range).
+    param, grad: float arrays of one shape (any shape), finite. lr ≥ 0, eps > 0, 0 ≤ β < 1,
+    weight_decay ≥ 0, all finite numbers. state: an :class:`AdamWState` shaped like param.
+    Raises TypeError (not floating arrays, a hyperparameter that is not a number, betas not a pair, state
+    not an AdamWState) or ValueError (shapes differ, a NaN/inf entry — named — or a hyperparameter out of range).
     """
     param, grad = _float_array("param", param), _float_array("grad", grad)
     if grad.shape != param.shape:
         raise ValueError(f"grad must have the shape of param {param.shape}, got {grad.shape}.")
+    if not isinstance(state, AdamWState):
+        raise TypeError(f"state must be an AdamWState (AdamWState.zeros_like(param) before the first step), got {type(state).__name__}.")
     if state.m.shape != param.shape or state.v.shape != param.shape:
         raise ValueError(f"state.m and state.v must have the shape of param {param.shape}, got {state.m.shape} and {state.v.shape}.")
-    b1, b2 = betas
-    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-        raise ValueError(f"betas must lie in [0, 1), got {betas}.")
-    if lr < 0 or eps < 0 or weight_decay < 0:
-        raise ValueError(f"lr, eps and weight_decay must be non-negative, got lr={lr}, eps={eps}, weight_decay={weight_decay}.")
+    b1, b2 = _betas(betas)
+    lr = _hyper("lr", lr, "the learning rate")
+    eps = _hyper("eps", eps, "added to √v̂ so the step never divides by 0", positive=True)
+    weight_decay = _hyper("weight_decay", weight_decay, "the decoupled decay λ")
+    _finite(param=param, grad=grad)
     t = state.t + 1
     theta = param * (1.0 - lr * weight_decay)
     m = b1 * state.m + (1.0 - b1) * grad
@@ -221,12 +257,13 @@ def adamw_step(param: np.ndarray, grad: np.ndarray, state: AdamWState, lr: float
 def sgd_step(param: np.ndarray, grad: np.ndarray, lr: float, weight_decay: float = 0.0) -> np.ndarray:
     """Plain SGD, ``θ − lr (g + λ θ)``, as ``torch.optim.SGD`` without momentum (its weight decay is
     coupled: added to the gradient). param, grad: float arrays of one shape. Returns a new array.
-    Raises TypeError / ValueError as :func:`adamw_step`."""
+    lr, weight_decay: finite numbers ≥ 0. Raises TypeError / ValueError as :func:`adamw_step`."""
     param, grad = _float_array("param", param), _float_array("grad", grad)
     if grad.shape != param.shape:
         raise ValueError(f"grad must have the shape of param {param.shape}, got {grad.shape}.")
-    if lr < 0 or weight_decay < 0:
-        raise ValueError(f"lr and weight_decay must be non-negative, got lr={lr}, weight_decay={weight_decay}.")
+    lr = _hyper("lr", lr, "the learning rate")
+    weight_decay = _hyper("weight_decay", weight_decay, "SGD's coupled decay λ")
+    _finite(param=param, grad=grad)
     return param - lr * (grad + weight_decay * param)
 
 
@@ -234,7 +271,7 @@ def sgd_step(param: np.ndarray, grad: np.ndarray, lr: float, weight_decay: float
 
 
 def seed_example() -> dict:
-    """The seed's walk (seed 000 section 3): X = [1, 2], A = [0.1, −0.2]ᵀ, B = [0, 0],
+    """Lesson 06's worked walk: X = [1, 2], A = [0.1, −0.2]ᵀ, B = [0, 0],
     W = [[0.63, −0.47], [0.28, 0.91]], s = 1 (r = lora_alpha = 1), target class 1. Fresh float64 arrays."""
     return dict(
         X=np.array([[1.0, 2.0]]),
@@ -290,8 +327,8 @@ def run_walk(X: np.ndarray, W: np.ndarray, A: np.ndarray, B: np.ndarray, s: floa
         target: class index (int) or n indices. steps: ≥ 1.
         optimizer: ``"adamw"`` (one :class:`AdamWState` per factor, kept across steps, as one
             ``torch.optim.AdamW`` instance would) or ``"sgd"``. lr: default 0.01 for AdamW and 0.1 for
-            SGD (the seed's settings). betas, eps: AdamW only. weight_decay: AdamW's decoupled decay,
-            or SGD's coupled one; the seed uses 0.
+            SGD (lesson 06's settings). betas, eps: AdamW only. weight_decay: AdamW's decoupled decay,
+            or SGD's coupled one; lesson 06 uses 0.
 
     Raises ValueError / TypeError for bad shapes, targets, step counts or optimizer names
     (:mod:`coursekit.lora` errors are ValueError / TypeError subclasses).
@@ -302,7 +339,7 @@ def run_walk(X: np.ndarray, W: np.ndarray, A: np.ndarray, B: np.ndarray, s: floa
         raise ValueError(f"steps must be a positive integer, got {steps!r}.")
     for name, a in dict(X=X, W=W, A=A, B=B).items():
         _float_array(name, a, 2)
-    lr = (0.01 if optimizer == "adamw" else 0.1) if lr is None else float(lr)
+    lr = (0.01 if optimizer == "adamw" else 0.1) if lr is None else _hyper("lr", lr, "the learning rate")
     hyper = dict(lr=lr, weight_decay=weight_decay) | (dict(betas=tuple(betas), eps=eps) if optimizer == "adamw" else {})
     A, B = A.copy(), B.copy()
     states = (AdamWState.zeros_like(A), AdamWState.zeros_like(B))
@@ -336,7 +373,7 @@ def _fmt(a: np.ndarray) -> str:
 
 
 def format_record(rec: StepRecord) -> str:
-    """A plain-text summary of one training step (the seed's printout, 6 decimals)."""
+    """A plain-text summary of one training step (lesson 06's printout, 6 decimals)."""
     return "\n".join([
         f"step {rec.step} ({rec.optimizer}): loss before = {rec.loss:.6f}",
         f"  Z  = {_fmt(rec.Z)}   Y = {_fmt(rec.Y)}   p = {_fmt(rec.p)}",

@@ -1,4 +1,4 @@
-"""coursekit.lora: the seed's worked example, identities, PEFT scaling, and checks against torch autograd."""
+"""coursekit.lora: lesson 02's worked example, identities, PEFT scaling, and checks against torch autograd."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ from coursekit.lora import (
 FAST = settings(max_examples=25, deadline=None, derandomize=True)
 
 
-# --------------------------------------------------------------------------- the seed's worked example
+# --------------------------------------------------------------------------- lesson 02's worked example
 
 
 @pytest.fixture
 def seed_example():
-    """Seed 002 section 1: one token x of width 3, a 3 × 2 base, rank 1, s = 0.5."""
+    """Lesson 02's worked example: one token x of width 3, a 3 × 2 base, rank 1, s = 0.5."""
     X = np.array([[2.0, -1.0, 3.0]])
     W = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]])
     A = np.array([[1.0], [0.0], [1.0]])

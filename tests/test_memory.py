@@ -1,4 +1,4 @@
-"""coursekit.memory: the seed's ledger (7B base, 20M adapter) and clear errors on bad input."""
+"""coursekit.memory: lesson 17's ledger (7B base, 20M adapter) and clear errors on bad input."""
 
 import math
 from fractions import Fraction

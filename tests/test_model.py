@@ -345,3 +345,31 @@ def test_dequantized_copy_computes_what_the_4_bit_model_computes(tmp_path):
     bf16 = M.load_model("bf16", path)
     with torch.no_grad():
         assert not torch.equal(bf16(input_ids=ids).logits, want)  # dequant(W4) is not W16
+
+
+
+class _StopAfterLoading(Exception):
+    pass
+
+
+def test_prepare_model_without_progress_draws_no_bar(monkeypatch, tmp_path, capfd):
+    """progress=False is silent on stderr. transformers' GGUF loader calls tqdm directly, so disabling
+    transformers' progress bars did not reach it; a stand-in loader draws that bar (without dequantizing
+    272 tensors) and stops the conversion."""
+    import transformers
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    def loader(*args, **kwargs):
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        raise _StopAfterLoading
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loader)
+    with pytest.raises(_StopAfterLoading):
+        M.prepare_model(tmp_path / "ckpt", progress=False)
+    out, err = capfd.readouterr()
+    assert err == "" and out == "", err[:300]
+    bar = gguf_utils.tqdm
+    with pytest.raises(_StopAfterLoading):
+        M.prepare_model(tmp_path / "ckpt", progress=True)  # the bar is back when asked for
+    assert "Converting and de-quantizing" in capfd.readouterr().err and gguf_utils.tqdm is bar

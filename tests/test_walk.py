@@ -1,4 +1,4 @@
-"""coursekit.walk: the rank-one walk's kernels against torch autograd and torch.optim, the seed's numbers,
+"""coursekit.walk: the rank-one walk's kernels against torch autograd and torch.optim, lesson 06's numbers,
 the step-through widget, and clear errors for bad input."""
 
 import numpy as np
@@ -153,7 +153,7 @@ def test_sgd_step_matches_torch_sgd(wd):
 
 
 def _torch_walk(ex, steps, optimizer, lr):
-    """The seed's PyTorch demo (seed 000 section 3), returning per-step losses, grads and factors."""
+    """Lesson 06's walk in plain PyTorch (autograd and torch.optim), returning per-step losses, grads and factors."""
     X = torch.tensor(ex["X"], requires_grad=True)
     W = torch.tensor(ex["W"])
     A = torch.nn.Parameter(torch.tensor(ex["A"]))
@@ -187,7 +187,7 @@ def test_run_walk_matches_torch(optimizer, lr):
 
 
 def test_run_walk_reproduces_the_seed_printout():
-    """Seed 000, 'Actual output from the CPU run', to the printed six decimals."""
+    """The numbers lesson 06 prints for its walk (a CPU run of the PyTorch version), to six decimals."""
     r1, r2 = walk.run_walk(**walk.seed_example(), steps=2)
     close = lambda a, b: np.testing.assert_allclose(np.ravel(a), b, atol=5e-7)
     close(r1.Z, [-0.3]); close(r1.Y, [1.19, 1.35]); close(r1.p, [0.460085, 0.539915])

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -153,6 +154,27 @@ def encode_example(
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
 
+def _ids(row: int, key: str, seq: Any) -> list[int]:
+    """One row's ``input_ids`` or ``labels`` as a list of Python ints; a clear error for anything else."""
+    where = f"row {row} {key}"
+    if seq is None or isinstance(seq, (str, bytes, Mapping)):
+        raise TypeError(f"{where} must be a flat sequence of token ids (ints), got {type(seq).__name__} {seq!r:.60}; "
+                        "tokenize text first (encode_example).")
+    if isinstance(seq, torch.Tensor):
+        if seq.ndim != 1 or seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool:
+            raise TypeError(f"{where} must be a 1-D integer tensor, got dtype {seq.dtype} and shape {tuple(seq.shape)}.")
+        seq = seq.tolist()
+    out = []
+    for t, v in enumerate(seq):
+        if isinstance(v, torch.Tensor) and v.ndim == 0 and not (v.is_floating_point() or v.dtype == torch.bool):
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            kind = "a nested sequence (a batch inside one row?)" if isinstance(v, (list, tuple)) else type(v).__name__
+            raise TypeError(f"{where}[{t}] is {kind} {v!r:.40}; token ids must be ints (a float id would be truncated).")
+        out.append(int(v))
+    return out
+
+
 def collate(features: Sequence[Mapping[str, Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows into a batch.
 
@@ -166,20 +188,42 @@ def collate(features: Sequence[Mapping[str, Sequence[int]]], pad_id: int) -> dic
         longest row. Padding is decided by row length only, never by ``id == pad_id``.
 
     Raises:
-        ValueError: empty batch, empty row, or labels/input_ids of different lengths.
+        TypeError: features is not a list of rows (None, one row on its own), a row lacks ``input_ids``
+            or ``labels``, an id is not an int (None, a string, a float, a nested list), or pad_id is not an int.
+        ValueError: empty batch, empty row, labels/input_ids of different lengths, a negative input id
+            or pad_id, or a label that is neither -100 nor a token id ≥ 0 (``F.cross_entropy`` would
+            raise an IndexError later, far from the cause).
         EmptyBatchError: no row has a supervised position the model can score (a label != -100 at
             t ≥ 1; the label at t = 0 is never predicted after the shift). The message lists each
             row and why.
     """
+    if features is None or isinstance(features, (str, bytes, Mapping)) or not hasattr(features, "__len__"):
+        hint = "; to collate one row, pass [row]" if isinstance(features, Mapping) else ""
+        raise TypeError(f"features must be a list of rows (dicts with input_ids and labels), got "
+                        f"{type(features).__name__}{hint}.")
     if len(features) == 0:
         raise ValueError("empty batch: collate needs at least one row")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+        raise TypeError(f"pad_id must be a token id, an int (e.g. tokenizer.pad_token_id), got {type(pad_id).__name__} {pad_id!r}.")
+    if pad_id < 0:
+        raise ValueError(f"pad_id must be a token id ≥ 0 (e.g. tokenizer.pad_token_id), got {pad_id}.")
     rows = []
     for i, f in enumerate(features):
-        ids, labels = list(f["input_ids"]), list(f["labels"])
+        if not isinstance(f, Mapping) or "input_ids" not in f or "labels" not in f:
+            raise TypeError(f"row {i} must be a dict with 'input_ids' and 'labels' (as encode_example returns), got "
+                            f"{type(f).__name__}" + (f" with keys {sorted(f)}" if isinstance(f, Mapping) else "") + ".")
+        ids, labels = _ids(i, "input_ids", f["input_ids"]), _ids(i, "labels", f["labels"])
         if len(ids) == 0:
             raise ValueError(f"row {i} has no tokens")
         if len(ids) != len(labels):
             raise ValueError(f"row {i}: {len(ids)} input_ids but {len(labels)} labels (they must be aligned)")
+        bad = next((t for t, v in enumerate(ids) if v < 0), None)
+        if bad is not None:
+            raise ValueError(f"row {i} input_ids[{bad}] is {ids[bad]}; token ids are ≥ 0 (-100 belongs in labels only).")
+        bad = next((t for t, v in enumerate(labels) if v < 0 and v != IGNORE_INDEX), None)
+        if bad is not None:
+            raise ValueError(f"row {i} labels[{bad}] is {labels[bad]}; a label is a token id ≥ 0 or exactly {IGNORE_INDEX} "
+                             f"(ignored). -1 is a common mistake for the ignore index.")
         rows.append((ids, labels))
     T = max(len(ids) for ids, _ in rows)
     B = len(rows)
@@ -236,7 +280,13 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits: [B, T, V] float; labels: [B, T] int64 aligned with input_ids. Logit t is scored
     against label t+1. Returns a 0-dim float32 (or wider) tensor. The reference for
     ``micro_batch_loss``; use it when a model's loss ignores ``num_items_in_batch``.
+    Raises ValueError for a label below 0 other than -100 (named with its index).
     """
+    bad = (labels < 0) & (labels != IGNORE_INDEX)
+    if bool(bad.any()):
+        where = [int(i) for i in bad.nonzero()[0]]
+        raise ValueError(f"labels{where} is {int(labels[tuple(where)])}; a label is a token id ≥ 0 or exactly "
+                         f"{IGNORE_INDEX} (ignored). -1 is a common mistake for the ignore index.")
     shift_logits = logits[:, :-1, :].reshape(-1, logits.size(-1))
     if shift_logits.dtype in (torch.float16, torch.bfloat16):
         shift_logits = shift_logits.float()  # as transformers does: no half-precision log-softmax
