@@ -360,8 +360,8 @@ def test_run_all_on_a_fresh_lesson_reaches_the_end(browser, tmp_path):
             page.goto(f"{base}/lab/tree/{name}?token={token}", wait_until="domcontentloaded")
             tab = page.locator(".lm-TabBar-tab.jp-mod-current", has_text=Path(name).name).first
             expect(tab).to_be_visible(timeout=60_000)
-            expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']").first
-                   ).to_be_attached(timeout=120_000)  # the kernel is up and has told the page its language_info
+            # The status bar says "| Idle" once the kernel is connected (and has told the page its language_info).
+            expect(page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\| Idle")).first).to_be_visible(timeout=180_000)
             page.wait_for_timeout(2000)
             assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "a freshly opened lesson shows as modified"
             page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
