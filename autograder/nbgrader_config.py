@@ -76,3 +76,10 @@ c.LimitOutput.max_lines = 400
 # keeps its `answer_xx = None` line, a function only its docstring, and the check says "not answered yet".
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# The release drops the solution-only cells tagged "assert-numbers" (coursekit/checkcells.py): the checks that pin
+# every number a lesson quotes run in CI on solutions/, and students read the computation without them.
+from nbgrader.converters import GenerateAssignment  # noqa: E402
+
+c.GenerateAssignment.preprocessors = ["coursekit.checkcells.DropNumberChecks",
+                                      *GenerateAssignment.class_traits()["preprocessors"].default()]
