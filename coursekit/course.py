@@ -354,7 +354,8 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
                 bar.write(count.line(aid), file=sys.stdout)
     finally:
         autograde.close()
-    for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
+    # nbgrader fails on a lesson with no autograded submission (none handed in, or every one scored 0 with a reason)
+    for aid in sorted({aid for aid, sid in jobs if (aid, sid) not in problems}):
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     for (aid, sid), problem in problems.items():
         write_problem_feedback(course / a.coursedir.feedback_directory / sid / aid, aid, problem)

@@ -187,6 +187,26 @@ def _pipeline(config) -> list:
     return [import_item(p) if isinstance(p, str) else p for p in pps]
 
 
+class TaskMaker:
+    """Builds the :class:`Task` of each submission of the course that ``api`` grades, in the grading process: the
+    files from its submitted/ folder, read when the task is made, and one cells-only gradebook per lesson, made
+    from the course's gradebook (after the release) once and kept in ``scratch``."""
+
+    def __init__(self, api, scratch: Path):
+        db = _sqlite_path(api.coursedir.db_url)
+        if db is None:
+            raise CourseError("grading on workers needs nbgrader's default SQLite gradebook")
+        self._db, self._scratch = db, Path(scratch)
+        self._gradebooks: dict[str, bytes] = {}
+        self._config = task_config(api.config)
+        self._submitted = Path(api.coursedir.root) / api.coursedir.submitted_directory
+
+    def __call__(self, aid: str, sid: str, attempt: int = 1) -> Task:
+        if aid not in self._gradebooks:
+            self._gradebooks[aid] = lesson_gradebook(self._db, aid, self._scratch / f"{aid}.db")
+        return Task(aid, sid, submission_files(self._submitted / sid / aid), self._gradebooks[aid], self._config, attempt)
+
+
 def _quiet() -> None:
     import logging
     import warnings
@@ -233,6 +253,8 @@ def execute(task: Task) -> dict:
         cfg.CourseDirectory.submitted_directory = "submitted"
         cfg.CourseDirectory.autograded_directory = "autograded"
         cfg.CourseDirectory.db_url = f"sqlite:///{scratch / 'gradebook.db'}"
+        # The kernel sees neither this scratch course nor the grader's course folder (when the worker shares its machine).
+        cfg.GuardedExecute.hidden_paths = [*cfg.GuardedExecute.get("hidden_paths", []), str(scratch)]
         pps = _pipeline(cfg)
         token = uuid.uuid4().hex
         cfg.Autograde.autograde_preprocessors = pps[: _execute_index(pps) + 1] + [CaptureExecuted]
@@ -375,6 +397,7 @@ class Autograder:
         self.executed_here: list[tuple[str, str]] = []  # executed here after all (nbgrader failed there, or cells differ)
         self.failed: dict[tuple[str, str], Failure] = {}  # not executed after a retry: scored 0 with the reason
         self.task_seconds: dict[tuple[str, str], float] = {}  # wall time of each execution on its worker
+        self.replay_seconds: dict[tuple[str, str], float] = {}  # wall time of grading each one here (the serial part)
         self.task_bytes = 0  # submission and gradebook bytes sent to the workers
         db = _sqlite_path(api.coursedir.db_url)
         has_execute = any(isinstance(p, type) and issubclass(p, Execute) for p in _pipeline(api.config))
@@ -387,11 +410,8 @@ class Autograder:
         from nbgrader.apps import NbGraderAPI
         from nbgrader.coursedir import CourseDirectory
 
-        self._db = db
         self._tmp = tempfile.TemporaryDirectory(prefix="coursekit-grade-")
-        self._gradebooks: dict[str, bytes] = {}
-        self._config = task_config(api.config)
-        self._submitted = Path(api.coursedir.root) / api.coursedir.submitted_directory
+        self.task = TaskMaker(api, Path(self._tmp.name))
         cfg = copy.deepcopy(api.config)
         pps = _pipeline(api.config)
         i = _execute_index(pps)
@@ -430,13 +450,6 @@ class Autograder:
                     self.dashboard = self._cluster.dashboard_link
             self._say(f"local Dask cluster: {self.workers} worker{'s' * (self.workers > 1)}"
                       + (f"; dashboard: {self.dashboard}" if self.dashboard else ""))
-
-    def task(self, aid: str, sid: str, attempt: int = 1) -> Task:
-        """The :class:`Task` of one submission (read from the course's submitted/ folder now)."""
-        if aid not in self._gradebooks:
-            self._gradebooks[aid] = lesson_gradebook(self._db, aid, Path(self._tmp.name) / f"{aid}.db")
-        files = submission_files(self._submitted / sid / aid)
-        return Task(aid, sid, files, self._gradebooks[aid], self._config, attempt)
 
     def _submit(self, aid: str, sid: str, attempt: int = 1):
         try:
@@ -500,7 +513,11 @@ class Autograder:
         if r.get("executed"):
             _RECORDS[self._token]["notebooks"][(aid, sid)] = r["executed"]
         # else nbgrader failed on the worker before executing: ReplayExecute grades it here exactly as serially
-        return self._replay.autograde(aid, sid, force=True, create=True)
+        t0 = time.perf_counter()
+        try:
+            return self._replay.autograde(aid, sid, force=True, create=True)
+        finally:
+            self.replay_seconds[(aid, sid)] = time.perf_counter() - t0
 
     def close(self) -> None:
         if self._lock is not None:
