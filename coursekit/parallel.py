@@ -385,13 +385,21 @@ class Autograder:
     def __init__(self, api, jobs: list[tuple[str, str]], workers: int | None = None, scheduler: str | None = None,
                  task_timeout: float | None = None, ahead: int | None = None, log=None):
         self.api = api
+        self._client = self._cluster = self._tmp = None
         self._lock = _lock_course(Path(api.coursedir.root))
+        try:
+            self._start(jobs, workers, scheduler, task_timeout, ahead, log)
+        except BaseException:  # e.g. no scheduler at that address: release the course folder's lock
+            self.close()
+            raise
+
+    def _start(self, jobs, workers, scheduler, task_timeout, ahead, log) -> None:
+        api = self.api
         self.workers = max(1, min(workers or default_workers(), len(jobs) or 1))
         self.task_timeout = float(task_timeout or TASK_TIMEOUT)
         self._say = log or (lambda *a, **k: None)
         self._futures: dict = {}  # (aid, sid) → (Dask future, submitted at) or the Failure that kept it off the cluster
         self._pending: list[tuple[str, str]] = []
-        self._client = self._cluster = self._tmp = None
         self.dashboard = None
         self.replayed: list[tuple[str, str]] = []       # executed by a worker, graded here
         self.executed_here: list[tuple[str, str]] = []  # executed here after all (nbgrader failed there, or cells differ)
