@@ -351,7 +351,6 @@ def _sqlite_path(db_url: str) -> Path | None:
 def local_cluster(workers: int):
     """A Dask cluster on this machine: ``workers`` worker processes of one thread each (one notebook kernel at a
     time each), a task retried once when its worker dies, the dashboard only where bokeh is installed."""
-    import importlib.util
     import logging
 
     import dask
@@ -360,8 +359,10 @@ def local_cluster(workers: int):
     with dask.config.set({"distributed.scheduler.allowed-failures": 1,
                           # the workers share the cores: one BLAS/torch thread per kernel (distributed's default too)
                           "distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": 1}):
+        # A free port for the scheduler's web server (two local clusters on one machine must not both want 8787); it
+        # serves the dashboard where bokeh is installed.
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.ERROR,
-                            dashboard_address=":0" if importlib.util.find_spec("bokeh") else None)
+                            dashboard_address="127.0.0.1:0")
 
 
 @dataclass
