@@ -13,16 +13,19 @@ worker carries no answer key, hint or hidden-case seed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -193,13 +196,21 @@ def test_what_travels_to_a_worker_holds_no_key_hint_or_seed(release, tmp_path):
     secrets = [str(data["seed"]), *(h for hints in data.get("hints", {}).values() for h in hints.values())]
     secrets += [json.dumps(k) for k in data["keys"].values() if not isinstance(k, str)]  # orderings, multi-choice
     task = parallel.TaskMaker(a, tmp_path)(AID, "ex-perfect")
-    assert set(task.files) == {f"{AID}.ipynb"}
+    # The files are the student's own hand-in, byte for byte (a perfect one holds the right answers, of course).
+    assert task.files == {f"{AID}.ipynb": (work / "submitted" / "ex-perfect" / AID / f"{AID}.ipynb").read_bytes()}
     blob = pickle.dumps(task)
-    text = blob.decode("latin-1")
-    leaked = [s[:40] for s in secrets if s in text]
+    rest = pickle.dumps(dataclasses.replace(task, files={}))  # the gradebook, the config and the names
+    leaked = [s[:40] for s in secrets if s.encode() in rest]
     assert not leaked, f"secrets in a worker's task: {leaked}"
-    assert "autograder/keys" not in text and keymod.ENV not in text
+    assert b"autograder/keys" not in rest and keymod.ENV.encode() not in rest
     assert len(blob) < 2 << 20, "a task should carry one submission and one lesson's cells"
+    db = tmp_path / "sent.db"
+    db.write_bytes(task.gradebook)
+    with closing(sqlite3.connect(db)) as c:
+        assert c.execute("SELECT name FROM assignment").fetchall() == [(AID,)]
+        assert c.execute("SELECT COUNT(*) FROM base_cell").fetchone()[0] > 0
+        for table in ("student", "submitted_assignment", "grade", "comment"):
+            assert c.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0, f"the worker's gradebook has {table} rows"
 
 
 def test_cli_refuses_workers_with_a_scheduler(capsys):
