@@ -24,7 +24,8 @@ Failures: a task whose worker dies is run again on another worker once (the sche
 ``distributed.scheduler.allowed-failures``, set to 1 for the local cluster; set it on your scheduler),
 and so is a task that raises; a task that has not returned ``task_timeout`` seconds after this process
 began waiting for it is cancelled and submitted once more. A submission that fails twice scores 0 with
-the reason (see :meth:`Autograder.__call__`): the run always finishes. A worker that executed the notebook
+the reason (see :meth:`Autograder.__call__`), and so does every submission still waiting once the cluster has had
+no worker at all for ``NO_WORKERS_GRACE`` seconds: the run always finishes. A worker that executed the notebook
 but whose nbgrader failed, or whose notebook's cells do not match, is graded here as a serial run would
 (``ReplayExecute`` then executes it in this process). ``workers=1`` without a scheduler is nbgrader's
 plain serial autograde.
@@ -52,6 +53,7 @@ from traitlets import Unicode
 from .nbenv import CourseError, kernel_env
 
 TASK_TIMEOUT = 3600  # seconds a submission's execution may take on a worker, by default (the cells have their own limits)
+NO_WORKERS_GRACE = 120  # seconds a cluster may have no worker at all (all died, or none joined yet) before jobs fail
 MAX_SUBMISSION_BYTES = 64 << 20  # a submission folder larger than this is not sent to a worker (a notebook is ~100 kB)
 
 
@@ -365,6 +367,10 @@ def local_cluster(workers: int):
                             dashboard_address="127.0.0.1:0")
 
 
+class _NoWorkers(RuntimeError):
+    """The cluster has had no worker for NO_WORKERS_GRACE seconds."""
+
+
 @dataclass
 class Failure:
     """Why a submission could not be executed on the cluster (it then scores 0 with ``reason``)."""
@@ -402,6 +408,7 @@ class Autograder:
         self._futures: dict = {}  # (aid, sid) → (Dask future, submitted at) or the Failure that kept it off the cluster
         self._pending: list[tuple[str, str]] = []
         self.dashboard = None
+        self._no_workers_since: float | None = None
         self.replayed: list[tuple[str, str]] = []       # executed by a worker, graded here
         self.executed_here: list[tuple[str, str]] = []  # executed here after all (nbgrader failed there, or cells differ)
         self.failed: dict[tuple[str, str], Failure] = {}  # not executed after a retry: scored 0 with the reason
@@ -444,7 +451,11 @@ class Autograder:
                 self._client = Client(scheduler, timeout="30s")
             except OSError as e:
                 raise CourseError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
-            self._client.wait_for_workers(1, timeout=300)
+            try:
+                self._client.wait_for_workers(1, timeout=NO_WORKERS_GRACE)
+            except TimeoutError:
+                raise CourseError(f"the Dask scheduler at {scheduler} has had no worker for {NO_WORKERS_GRACE} s: start "
+                                  "`dask worker` on the grading machines (README: Grading a large class)") from None
             self.workers = max(1, len(self._client.nthreads()))
             self.dashboard = self._client.dashboard_link
             self._say(f"Dask cluster {scheduler}: {self.workers} worker{'s' * (self.workers > 1)}; "
@@ -485,9 +496,12 @@ class Autograder:
             if isinstance(fut, Failure):
                 return fut
             try:
-                r = fut.result(timeout=self.task_timeout)
+                r = self._wait(fut)
                 self.task_seconds[(aid, sid)] = r.get("seconds", 0.0)
                 return r
+            except _NoWorkers as e:
+                fut.cancel()
+                return Failure(f"no grading worker was connected to the cluster for {NO_WORKERS_GRACE:g} s", [str(e)])
             except (TimeoutError, DaskTimeout):
                 fut.cancel()
                 attempts.append(f"attempt {attempt}: not done after {self.task_timeout:g} s")
@@ -502,6 +516,28 @@ class Autograder:
             if attempt == 1:
                 fut, _ = self._submit(aid, sid, attempt=2)
         return Failure(why, attempts)
+
+    def _wait(self, fut) -> dict:
+        """``fut.result()`` within ``task_timeout`` seconds (TimeoutError past it); _NoWorkers once the cluster has had
+        no worker for NO_WORKERS_GRACE seconds (then at once for every later job, unless a worker has come back)."""
+        from distributed import TimeoutError as DaskTimeout
+
+        deadline = time.monotonic() + self.task_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"not done after {self.task_timeout:g} s")
+            try:
+                return fut.result(timeout=min(left, 5.0))
+            except (TimeoutError, DaskTimeout):
+                if self._client.nthreads():
+                    self._no_workers_since = None
+                    continue
+                now = time.monotonic()
+                if self._no_workers_since is None:
+                    self._no_workers_since = now
+                if now - self._no_workers_since >= NO_WORKERS_GRACE:
+                    raise _NoWorkers(f"no worker since {NO_WORKERS_GRACE:g} s or more") from None
 
     # -- grading
 
