@@ -174,3 +174,19 @@ def test_a_submission_nbgrader_cannot_grade_keeps_nbgraders_reason(tmp_path, cap
     err = capsys.readouterr().err
     assert "could not grade ex-broken/" in err and "cell ids must be unique" in err
     assert (tmp_path / "c" / "grading-errors" / "ex-broken" / f"{aid}.log").read_text().startswith("[AutogradeApp")
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_release_shows_the_computation_not_its_checks(lid):
+    """The asserts that pin a lesson's numbers run in CI on solutions/ (cells tagged assert-numbers) and are not
+    in the student's notebook: no such cell in the release, and check lines are a small share of its code."""
+    from coursekit.checkcells import TAG, is_check_cell
+
+    sol, rel = _nb("solutions", lid), _nb("lessons", lid)
+    tagged = [c for c in sol.cells if TAG in c.metadata.get("tags", [])]
+    assert all(is_check_cell(c) for c in tagged), f"{lid}: a cell tagged {TAG} must be a plain code cell"
+    assert not [c for c in rel.cells if TAG in c.metadata.get("tags", [])], f"lessons/{lid} still has check cells"
+    code = [l for c in rel.cells if c.cell_type == "code" and not c.metadata.get("nbgrader") for l in c.source.splitlines()]
+    checks = [l for l in code if re.match(r"\s*(assert |np\.testing\.|torch\.testing\.)", l)]
+    assert len(checks) <= 0.1 * len(code), (f"lessons/{lid}: {len(checks)} of {len(code)} code lines are checks; move "
+                                            f"them to a cell tagged {TAG} after the computation: {checks[:3]}")
