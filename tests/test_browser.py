@@ -232,6 +232,16 @@ def _first_heading(nb_path: Path) -> str:
     raise AssertionError(f"{nb_path} has no markdown heading")
 
 
+def _lab_env(tmp_path: Path) -> dict:
+    """The environment `make lab` gives the server (the venv first, its Jupyter data), with the tester's own
+    ~/.jupyter (user settings, workspaces, config) kept out of the picture: those live under ``tmp_path``."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"), PYTHONNOUSERSITE="1",
+                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "user-settings"),
+                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+
+
 def test_jupyterlab_opens_lesson_00_with_no_dialog(browser, tmp_path):
     _lab_settings_installed()
     token, port = secrets.token_hex(16), _free_port()
@@ -239,12 +249,7 @@ def test_jupyterlab_opens_lesson_00_with_no_dialog(browser, tmp_path):
                                    f"--ServerApp.port={port}", "--ServerApp.port_retries=0"])
     lesson0 = argv[-1]
     title = _first_heading(cwd / lesson0)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"), PYTHONNOUSERSITE="1",
-               # the tester's own ~/.jupyter (user settings, workspaces, config) stays out of the picture
-               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "user-settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env = _lab_env(tmp_path)
     log = tmp_path / "jupyterlab.log"
     base = f"http://127.0.0.1:{port}"
     before = set(cwd.rglob("*"))
@@ -336,15 +341,11 @@ def test_run_all_on_a_fresh_lesson_reaches_the_end(browser, tmp_path):
     (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
         json.dumps({"windowingMode": "none"}))
     token, port = secrets.token_hex(16), _free_port()
-    bindir = Path(sys.executable).parent
-    argv = [str(bindir / "jupyter"), "lab", "--no-browser", f"--ServerApp.root_dir={root}", f"--ServerApp.token={token}",
+    argv = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", f"--ServerApp.root_dir={root}", f"--ServerApp.token={token}",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
     if os.getuid() == 0:
         argv.append("--allow-root")
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
-               JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"), PYTHONNOUSERSITE="1",
-               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env = _lab_env(tmp_path)
     env.pop("COURSEKIT_KEYS", None)  # a student's machine has no answer keys
     log = tmp_path / "jupyterlab.log"
     base = f"http://127.0.0.1:{port}"
