@@ -86,7 +86,7 @@ def nibble_pack(codes: Any) -> Any:
     Raises:
         ValueError (``coursekit.quant.QuantError``): a code outside 0..15.
     A NumPy face of :func:`coursekit.quant.pack_nibbles`. Source: ``bitsandbytes/backends/default/ops.py`` (quantize_4bit default):
-    ``packed = (q[::2] << 4) | q[1::2]``; reference note §2 step 6.
+    ``packed = (q[::2] << 4) | q[1::2]``; docs/bitsandbytes-4bit.md §2.
     """
     import numpy as np
     import torch
@@ -359,7 +359,7 @@ MODEL_SHAPES = {"q_proj, o_proj": (576, 576), "k_proj, v_proj": (192, 576), "gat
                 "down_proj": (576, 1536)}
 
 #: The known bad case of bitsandbytes 0.50.2's AVX512 ``dequantize_4bit``: NF4, blocksize 64, a weight whose last
-#: dim (80) is a multiple of 16 but not of the blocksize (reference note §4, "Bug found").
+#: dim (80) is a multiple of 16 but not of the blocksize (docs/bitsandbytes-4bit.md §4, "A wrong absmax index").
 BAD_CASE = {"shape": (5, 80), "blocksize": 64, "quant_type": "nf4", "double_quant": False, "dtype": "float32"}
 
 #: The same bug on the model's own rows at a larger blocksize: 576 is a multiple of 64 but not of 128, so a

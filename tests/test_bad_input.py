@@ -234,7 +234,9 @@ def test_the_other_quant_functions_reject_none_wrong_types_and_bad_sizes():
 
 def test_dequantize_4bit_still_reads_a_bitsandbytes_quant_state():
     bnbF = pytest.importorskip("bitsandbytes.functional")
-    W = torch.randn(64, 32)
+    # Rows a whole number of blocks long: bitsandbytes 0.50.2's AVX512 dequantize kernel is wrong when a row is
+    # not (coursekit.probes.BAD_CASE, docs/bitsandbytes-4bit.md), and this test is about reading the state.
+    W = torch.randn(32, 128)
     packed, st = bnbF.quantize_4bit(W, blocksize=64, quant_type="nf4")
     torch.testing.assert_close(quant.dequantize_4bit(packed, st), bnbF.dequantize_4bit(packed, st), rtol=0, atol=0)
 
@@ -364,7 +366,7 @@ def test_adamw_and_sgd_name_a_non_finite_gradient_and_a_missing_state():
     with pytest.raises(ValueError, match="lr must be a finite non-negative number"):
         walk.sgd_step(p, p, lr=float("nan"))
     with pytest.raises(ValueError, match="lr must be a finite non-negative number"):
-        walk.run_walk(**walk.seed_example(), lr=float("nan"))
+        walk.run_walk(**walk.worked_example(), lr=float("nan"))
 
 
 def test_muon_factor_step_rejects_nan_lr_and_momentum():
