@@ -253,12 +253,12 @@ def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: t
         out[rung.name] = {}
         for split in cdata.HELDOUT_SPLITS:
             key = {"model": "nf4 base", "base": ident, "style": rung.style, "scoring": rung.scoring, "split": split,
-                   "shots": SHOTS if rung.style == "few_shot" else 0}
+                   "shots": SHOTS if rung.style == "few_shot" else 0, "matmul": _matmul()}
 
             def compute(rung=rung, split=split):
                 nonlocal base
                 if base is None:
-                    base = cmodel.load_model("nf4")
+                    base = for_this_cpu(cmodel.load_model("nf4"))
                 return ceval.evaluate(base, tokenizer, cdata.load_split(split), rung.scoring, rung.style, shots,
                                       progress=progress, desc=f"{rung.name}, {split}", first_word=recipe.first_word,
                                       logprob_fn=recipe.answer_logprobs)
@@ -268,6 +268,18 @@ def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: t
 
 
 # --------------------------------------------------------------------------- 2. training
+
+
+def _matmul() -> str:
+    """Name of the dtype this machine's capstone computes in (:func:`coursekit.model.matmul_dtype`)."""
+    return str(cmodel.matmul_dtype()).removeprefix("torch.")
+
+
+def for_this_cpu(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``, computing in :func:`coursekit.model.matmul_dtype`: unchanged where the CPU multiplies bf16 in
+    hardware; elsewhere :func:`coursekit.model.compute_in_float32` (the weights keep their values, NF4 codes
+    included; only the arithmetic widens), because emulated bf16 would make the run take hours there."""
+    return cmodel.compute_in_float32(model) if cmodel.matmul_dtype() == torch.float32 else model
 
 
 def _release_memory() -> None:
@@ -282,7 +294,7 @@ def _release_memory() -> None:
 def _run_key(name: str) -> dict:
     quantize, cfg, _ = RUNS[name]
     return {"quantize": quantize, "config": asdict(cfg), "base": ctrain.base_identity()["checkpoint_files"],
-            "data": data_key()}
+            "data": data_key(), "matmul": _matmul()}
 
 
 def _losses(out: Any) -> list[float]:
@@ -312,8 +324,8 @@ class TrainedRun:
 
             quantize, cfg, _ = RUNS[self.name]
             torch.manual_seed(cfg.seed)
-            model = self.recipe.load_for_lora(cmodel.prepare_model(progress=False), cfg.r, cfg.lora_alpha,
-                                              cfg.target_modules, quantize)
+            model = for_this_cpu(self.recipe.load_for_lora(cmodel.prepare_model(progress=False), cfg.r,
+                                                           cfg.lora_alpha, cfg.target_modules, quantize))
             set_peft_model_state_dict(model, load_file(str(self.adapter_dir / "adapter_model.safetensors")))
             self._model = model
         return self._model
@@ -350,7 +362,8 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
         def work():
             torch.manual_seed(cfg.seed)
             model = recipe.load_for_lora(path, cfg.r, cfg.lora_alpha, cfg.target_modules, quantize)
-            footprint = cmodel.footprint(model)
+            footprint = cmodel.footprint(model)  # as the recipe loaded it, before any widening for this CPU
+            for_this_cpu(model)
             opt = recipe.adapter_optimizer(model, cfg.lr, cfg.weight_decay)
             sched = get_linear_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
             recipe.preflight(model, windows[0][0], opt)
@@ -364,7 +377,7 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
         record = {"name": name, "quantize": quantize, "config": asdict(cfg), "losses": losses,
                   "train_seconds": seconds, "seconds_per_step": seconds / cfg.steps, "footprint_mb": footprint / 1e6,
                   "adapter_sha": _file_sha(adapter_dir / "adapter_model.safetensors"),
-                  "torch_threads": torch.get_num_threads()}
+                  "torch_threads": torch.get_num_threads(), "matmul_dtype": key["matmul"]}
         store.write(folder, key, record, recipe.name)
         return TrainedRun(name, {**record, "adapter_dir": str(adapter_dir), "cached": False, "by": recipe.name}, recipe, model)
 
@@ -473,7 +486,8 @@ def heldout_results(run: TrainedRun, tokenizer, store: Store, scorings: tuple[st
     for scoring in scorings:
         out[scoring] = {}
         for split in cdata.HELDOUT_SPLITS:
-            key = {"adapter": rec["adapter_sha"], "run": rec["name"], "style": "plain", "scoring": scoring, "split": split}
+            key = {"adapter": rec["adapter_sha"], "run": rec["name"], "style": "plain", "scoring": scoring, "split": split,
+                   "matmul": _matmul()}
             out[scoring][split] = store.result("heldout", key, lambda scoring=scoring, split=split: ceval.evaluate(
                 run.model, tokenizer, cdata.load_split(split), scoring, "plain", progress=progress,
                 desc=f"{rec['name']}, {split}", first_word=run.recipe.first_word,
@@ -523,7 +537,7 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
     "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement", "accuracy", "no_label",
     "same_token_as_base"}}}``."""
     record, recipe = run.record, run.recipe
-    key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split}
+    key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split, "matmul": _matmul()}
 
     def compute() -> dict:
         examples = cdata.load_split(split)
@@ -537,11 +551,11 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
             return sum(p == ex["label"] for p, ex in zip(pred, examples)) / len(examples)
 
         adapter_dir = run.adapter_dir
-        reloaded = ctrain.load_nf4_with_adapter(adapter_dir)
+        reloaded = for_this_cpu(ctrain.load_nf4_with_adapter(adapter_dir))
         ref = ceval.next_token_logits(reloaded, tokenizer, prompts)
         codes = _codes(reloaded)
         trained = ceval.next_token_logits(run.model, tokenizer, prompts)  # same batches, so the same arithmetic
-        base_logits = ceval.next_token_logits(cmodel.load_model("nf4"), tokenizer, prompts)
+        base_logits = ceval.next_token_logits(for_this_cpu(cmodel.load_model("nf4")), tokenizer, prompts)
         base_pred, base_tokens = labels_of(base_logits), base_logits.argmax(dim=-1)
         ref_pred = labels_of(ref)
         out = {"reload_max_abs_diff": float((trained - ref).abs().max()), "n": len(examples),
@@ -554,6 +568,7 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
             merged = build()
             if name == MERGES[2][0]:
                 out["nf4_codes_changed"] = _changed_codes(codes, _codes(merged))
+            for_this_cpu(merged)  # after the merge: the merged weights are the recipe's, only the arithmetic widens
             logits = ceval.next_token_logits(merged, tokenizer, prompts)
             pred = labels_of(logits)
             diff = (logits - ref).abs()

@@ -348,6 +348,57 @@ def test_dequantized_copy_computes_what_the_4_bit_model_computes(tmp_path):
 
 
 
+@pytest.mark.parametrize("text, native", [
+    ("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n", True),   # Sapphire Rapids, Zen 4
+    ("flags\t\t: fpu sse2 avx2 amx_bf16\n", True),
+    ("Features\t: fp asimd bf16 i8mm\n", True),                         # Arm v8.6
+    ("flags\t\t: fpu sse2 avx2 fma f16c\nflags\t\t: fpu sse2 avx2\n", False),  # AVX2 only, e.g. EPYC Rome
+    ("flags\t\t: avx512f avx512bw avx512vl\n", False),                   # AVX512 without its BF16 extension
+    ("", False),
+])
+def test_native_bf16_reads_the_cpu_flags(text, native):
+    assert M.native_bf16(text) is native
+
+
+def test_matmul_dtype_follows_the_cpu_unless_overridden(monkeypatch):
+    monkeypatch.delenv(M.MATMUL_DTYPE_ENV, raising=False)
+    assert M.matmul_dtype() == (torch.bfloat16 if M.native_bf16() else torch.float32)
+    monkeypatch.setenv(M.MATMUL_DTYPE_ENV, "float32")
+    assert M.matmul_dtype() == torch.float32
+    monkeypatch.setenv(M.MATMUL_DTYPE_ENV, "bfloat16")
+    assert M.matmul_dtype() == torch.bfloat16
+    monkeypatch.setenv(M.MATMUL_DTYPE_ENV, "fp16")
+    with pytest.raises(ValueError, match="COURSEKIT_MATMUL_DTYPE must be"):
+        M.matmul_dtype()
+
+
+def test_compute_in_float32_keeps_the_weights_and_widens_only_the_arithmetic(tmp_path):
+    import bitsandbytes as bnb
+
+    path = M.tiny_checkpoint(tmp_path / "t", seed=3)
+    ids = torch.randint(2, 90, (2, 9))
+    nf4 = M.load_model("nf4", path)
+    codes = {n: m.weight.data.clone() for n, m in nf4.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    with torch.no_grad():
+        in_bf16 = nf4(input_ids=ids).logits.float()
+    M.compute_in_float32(nf4)
+    layers = {n: m for n, m in nf4.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert layers and all(m.compute_dtype == torch.float32 for m in layers.values())
+    assert all(torch.equal(layers[n].weight.data, c) for n, c in codes.items())  # the NF4 codes are untouched
+    assert not [n for n, p in nf4.named_parameters() if p.dtype in (torch.bfloat16, torch.float16)]
+    with torch.no_grad():
+        in_fp32 = nf4(input_ids=ids).logits
+    assert in_fp32.dtype == torch.float32
+    assert not torch.equal(in_fp32, in_bf16)  # the rounding of the arithmetic changed ...
+    torch.testing.assert_close(in_fp32, in_bf16, rtol=0.05, atol=0.05)  # ... and nothing else
+
+    bf16 = M.load_model("bf16", path)
+    w16 = bf16.model.layers[0].mlp.up_proj.weight.detach().clone()
+    M.compute_in_float32(bf16)
+    w32 = bf16.model.layers[0].mlp.up_proj.weight
+    assert w32.dtype == torch.float32 and torch.equal(w32, w16.float())  # each bf16 value is a float32 value
+
+
 class _StopAfterLoading(Exception):
     pass
 
