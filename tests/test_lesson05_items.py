@@ -115,17 +115,17 @@ def test_notebook_p3_case_is_the_graded_case():
         np.testing.assert_array_equal(ns[f"{k}_p3"], v)
 
 
-def test_seed_example_is_lesson02s_layer():
-    from coursekit.grading.lessons.lesson02 import _seed_example
+def test_worked_example_is_lesson02s_layer():
+    from coursekit.grading.lessons.lesson02 import _worked_example
 
-    ex02, ex05 = _seed_example(), lesson05.seed_example()
+    ex02, ex05 = _worked_example(), lesson05.worked_example()
     for k in ("X", "W", "A", "B"):
         np.testing.assert_array_equal(ex02[k], ex05[k])
     assert lora.scaling(ex02["lora_alpha"], ex02["r"]) == ex05["s"]
 
 
 def test_reference_reproduces_the_seed_numbers():
-    dX, dA, dB = lesson05.backward(**lesson05.seed_example())
+    dX, dA, dB = lesson05.backward(**lesson05.worked_example())
     np.testing.assert_allclose(dB, [[1.0, -0.5]])
     np.testing.assert_allclose(dA, [[0.1], [-0.05], [0.15]])
     np.testing.assert_allclose(dX, [[0.45, -0.2, 0.65]])

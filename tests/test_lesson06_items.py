@@ -48,7 +48,7 @@ def log_softmax_backward(g, x):
 
 
 def a_after_three():
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     sa, sb = (dict(m=np.zeros_like(ex[k]), v=np.zeros_like(ex[k])) for k in "AB")
     A, B = ex["A"], ex["B"]
     for t in (1, 2, 3):
@@ -60,7 +60,7 @@ def a_after_three():
 
 
 def sgd_loss_after_one():
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     A, B = sgd_walk_step(ex["X"], ex["W"], ex["A"], ex["B"], 1.0, 1, 0.1)
     Y = ex["X"] @ ex["W"] + (ex["X"] @ A) @ B
     return float(-np.log(np.exp(Y[0, 1]) / np.exp(Y).sum()))
@@ -136,20 +136,20 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
 
 
 def test_p2_lr_mistake_is_computed_not_typed():
-    lr01 = walk.run_walk(**walk.seed_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after
+    lr01 = walk.run_walk(**walk.worked_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after
     assert "lr 0.01" in check("06.p4", lr01).text()
 
 
 def test_p6_mistakes():
-    restarted = walk.seed_example()
+    restarted = walk.worked_example()
     for _ in range(3):  # a new optimizer each step: moments and t start over
         rec = walk.run_walk(**restarted, steps=1)[0]
         restarted |= dict(A=rec.A_after, B=rec.B_after)
     fb = check("06.p5", restarted["A"])
     assert 0 < fb.points < 2 and "restarted AdamW" in fb.text()
-    fb = check("06.p5", walk.run_walk(**walk.seed_example(), steps=2)[-1].A_after)
+    fb = check("06.p5", walk.run_walk(**walk.worked_example(), steps=2)[-1].A_after)
     assert "after two steps" in fb.text()
-    fb = check("06.p5", walk.run_walk(**walk.seed_example(), steps=3, optimizer="sgd")[-1].A_after)
+    fb = check("06.p5", walk.run_walk(**walk.worked_example(), steps=3, optimizer="sgd")[-1].A_after)
     assert "SGD variant" in fb.text()
     fb = check("06.p5", a_after_three().T)
     assert fb.points == 0 and "transpose" in fb.text()
@@ -330,6 +330,6 @@ def test_adamw_mistakes_are_named_in_words_and_explain_themselves_on_hidden_case
 def test_torchs_default_weight_decay_in_p5_is_named():
     from coursekit import walk
 
-    got = walk.run_walk(**walk.seed_example(), steps=3, weight_decay=0.01)[-1].A_after
+    got = walk.run_walk(**walk.worked_example(), steps=3, weight_decay=0.01)[-1].A_after
     fb = check("06.p5", got)
     assert fb.points < fb.max_points and "default weight_decay = 0.01" in fb.text(), fb.text()

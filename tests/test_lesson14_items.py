@@ -69,11 +69,11 @@ def test_notebook_loads_no_real_model():
 
 
 def test_seed_numbers_carry_over():
-    codes, W_hat = quant.toy_int4(walk.seed_example()["W"])
+    codes, W_hat = quant.toy_int4(walk.worked_example()["W"])
     np.testing.assert_array_equal(codes, [[3, -2], [1, 5]])
     np.testing.assert_allclose(W_hat, [[0.6, -0.4], [0.2, 1.0]])
-    plain = walk.run_walk(**walk.seed_example(), steps=1)[0]
-    toy = walk.run_walk(**(walk.seed_example() | dict(W=W_hat)), steps=1)[0]
+    plain = walk.run_walk(**walk.worked_example(), steps=1)[0]
+    toy = walk.run_walk(**(walk.worked_example() | dict(W=W_hat)), steps=1)[0]
     assert toy.loss < plain.loss  # the seed: the quantized toy starts lower on this target
     np.testing.assert_allclose(plain.dB, [[-0.138026, 0.138026]], atol=1e-6)
 
@@ -285,7 +285,7 @@ def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
 
 
 def test_truncated_W_hat_walk_is_recognised():
-    trunc = walk.run_walk(**(walk.seed_example() | dict(W=np.array([[0.6, -0.4], [0.2, 0.8]]))), steps=1)[0]
+    trunc = walk.run_walk(**(walk.worked_example() | dict(W=np.array([[0.6, -0.4], [0.2, 0.8]]))), steps=1)[0]
     fb = check("14.p4", trunc.dB)
     assert fb.points < 2 and "rounds to 5, not 4" in fb.text(), fb.text()
 

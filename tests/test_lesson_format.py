@@ -147,7 +147,7 @@ def test_the_seed_rule():
     caught = ["the seed says so", "as in seed 002, section 3", "the seeds' authors", "the seed's claim",
               "- Seed: an article", "Seeds: two articles"]
     allowed = ["a random seed of 0", "default_rng(seed=0)", "make_case(n, seed = 3)", "torch.manual_seed(0)",
-               "the hidden-case seed", "random-number seed 7", "walk.seed_example()", "np.random.seed(1)", "seeded"]
+               "the hidden-case seed", "random-number seed 7", "np.random.seed(1)", "seeded"]
     assert all(article_seeds(t) for t in caught), [t for t in caught if not article_seeds(t)]
     assert not any(article_seeds(t) for t in allowed), [t for t in allowed if article_seeds(t)]
 

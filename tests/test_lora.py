@@ -32,7 +32,7 @@ FAST = settings(max_examples=25, deadline=None, derandomize=True)
 
 
 @pytest.fixture
-def seed_example():
+def worked_example():
     """Lesson 02's worked example: one token x of width 3, a 3 × 2 base, rank 1, s = 0.5."""
     X = np.array([[2.0, -1.0, 3.0]])
     W = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]])
@@ -42,16 +42,16 @@ def seed_example():
     return X, W, A, B, 0.5, D
 
 
-def test_seed_forward(seed_example):
-    X, W, A, B, s, _ = seed_example
+def test_seed_forward(worked_example):
+    X, W, A, B, s, _ = worked_example
     Y, cache = lora_forward(X, W, A, B, s)
     np.testing.assert_allclose(Y, [[5.5, -4.25]], rtol=0, atol=1e-12)
     np.testing.assert_allclose(cache["Z"], [[5.0]], atol=1e-12)
     assert cache["s"] == s and cache["B"] is B
 
 
-def test_seed_backward(seed_example):
-    X, W, A, B, s, D = seed_example
+def test_seed_backward(worked_example):
+    X, W, A, B, s, D = worked_example
     _, cache = lora_forward(X, W, A, B, s)
     dX, dA, dB = lora_backward(D, cache)
     np.testing.assert_allclose(dB, [[1.0, -0.5]], atol=1e-12)
@@ -60,8 +60,8 @@ def test_seed_backward(seed_example):
     assert dX.shape == X.shape and dA.shape == A.shape and dB.shape == B.shape
 
 
-def test_seed_backward_passes_gradcheck(seed_example):
-    X, W, A, B, s, D = seed_example
+def test_seed_backward_passes_gradcheck(worked_example):
+    X, W, A, B, s, D = worked_example
     _, cache = lora_forward(X, W, A, B, s)
     dX, dA, dB = lora_backward(D, cache)
     rep = check_vjp(lambda X, A, B: lora_forward(X, W, A, B, s), {"X": X, "A": A, "B": B},
@@ -102,7 +102,7 @@ def test_merge_rejects_mismatched_factors():
 # --------------------------------------------------------------------------- sizes and scaling
 
 
-def test_param_count_seed_example():
+def test_param_count_worked_example():
     assert param_count(4096, 4096, 16) == 131_072
     assert dense_param_count(4096, 4096) == 4096 * 4096
     assert adapter_fraction(4096, 4096, 16) == 0.0078125

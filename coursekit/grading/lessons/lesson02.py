@@ -33,7 +33,7 @@ def peft_layout_forward(x, weight, lora_A, lora_B, scaling):
 # --------------------------------------------------------------------------- cases
 
 
-def _seed_example() -> dict:
+def _worked_example() -> dict:
     # Seed 002, section 3: x = [2, -1, 3], s = 0.5 (rank 1, so lora_alpha = 0.5).
     return dict(
         X=np.array([[2.0, -1.0, 3.0]]),
@@ -63,7 +63,7 @@ def _random_case(rng: np.random.Generator, square_B: bool = False) -> dict:
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(2)
     return [
-        Case(_seed_example(), "the lesson's worked example, x = [2, -1, 3], s = 0.5"),
+        Case(_worked_example(), "the lesson's worked example, x = [2, -1, 3], s = 0.5"),
         Case(_random_case(rng), "several tokens"),
         Case(_random_case(rng, square_B=True), "r = m"),
     ]
@@ -87,7 +87,7 @@ def _p1_gradcheck(fn, case: Case) -> list[str] | None:
 
 def _p2_public() -> list[Case]:
     rng = np.random.default_rng(3)
-    ex = _seed_example()
+    ex = _worked_example()
     return [
         Case({k: ex[k] for k in ("W", "A", "B", "lora_alpha", "r")}, "the lesson's worked example"),
         Case({k: v for k, v in _random_case(rng).items() if k != "X"}, "a random 2-D case"),

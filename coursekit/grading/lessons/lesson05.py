@@ -26,7 +26,7 @@ def backward(D, X, W, A, B, s):
 # --------------------------------------------------------------------------- cases
 
 
-def seed_example() -> dict:
+def worked_example() -> dict:
     """Lesson 02's worked example, extended with a gradient: x = [2, -1, 3], rank 1, s = 0.5, D = [0.4, -0.2]."""
     return dict(
         D=np.array([[0.4, -0.2]]),
@@ -56,7 +56,7 @@ def _case(rng: np.random.Generator, n: int, d: int, m: int, r: int) -> dict:
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(5)
     return [
-        Case(seed_example(), "lesson 02's worked example, one token, D = [0.4, -0.2], s = 0.5"),
+        Case(worked_example(), "lesson 02's worked example, one token, D = [0.4, -0.2], s = 0.5"),
         Case(_case(rng, n=4, d=3, m=2, r=1), "four tokens, the worked example's sizes"),
         Case(_case(rng, n=3, d=5, m=4, r=2), "rectangular: n = 3, d = 5, m = 4, r = 2"),
     ]
@@ -107,12 +107,12 @@ def _p3_mistakes() -> list[Mistake]:
 
 
 def _dW_example() -> np.ndarray:
-    ex = seed_example()
+    ex = worked_example()
     return ex["X"].T @ ex["D"]
 
 
 def _dW_mistakes() -> list[Mistake]:
-    ex = seed_example()
+    ex = worked_example()
     X, D, W, s = ex["X"], ex["D"], ex["W"], ex["s"]
     return [
         Mistake("scaled", s * X.T @ D, "the base path has no scale: s multiplies only the adapter path, so ∇W = Xᵀ D. " + READ_FROZEN),

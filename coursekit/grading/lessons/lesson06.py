@@ -44,12 +44,12 @@ def log_softmax_backward(g, x):
 
 
 def _seed_records(steps=3, optimizer="adamw"):
-    return walk.run_walk(**walk.seed_example(), steps=steps, optimizer=optimizer)
+    return walk.run_walk(**walk.worked_example(), steps=steps, optimizer=optimizer)
 
 
 def _restarted_adamw(steps: int) -> np.ndarray:
     """A after ``steps`` AdamW steps when the optimizer state is thrown away after every step."""
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     for _ in range(steps):
         rec = walk.run_walk(**ex, steps=1)[0]
         ex = ex | dict(A=rec.A_after, B=rec.B_after)
@@ -188,7 +188,7 @@ def _walk_case(rng: np.random.Generator) -> dict:
 
 def _walk_public() -> list[Case]:
     return [
-        Case(walk.seed_example() | dict(lr=0.1), "the lesson's walk, SGD lr 0.1"),
+        Case(walk.worked_example() | dict(lr=0.1), "the lesson's walk, SGD lr 0.1"),
         Case(_walk_case(np.random.default_rng(65)), "nonzero B, s ≠ 1"),
     ]
 
@@ -326,7 +326,7 @@ ITEMS = {
             Mistake("before", _seed_records(1)[0].loss, "that is the loss before the step (0.616344); recompute it with the updated A and B."),
             Mistake("adamw", _seed_records(1)[0].loss_after, "that is AdamW's loss after step 1; the question asks for SGD with lr 0.1."),
             Mistake("two steps", _seed_records(2, "sgd")[1].loss_after, "that is the loss after two SGD steps; one step is asked."),
-            Mistake("lr 0.01", walk.run_walk(**walk.seed_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after,
+            Mistake("lr 0.01", walk.run_walk(**walk.worked_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after,
                     "that is SGD with lr 0.01 (AdamW's rate); the SGD variant uses lr 0.1."),
         ],
     ),
@@ -342,7 +342,7 @@ ITEMS = {
                                                    "across steps, as one torch.optim.AdamW instance does. " + READ_ADAMW),
             Mistake("two", _seed_records(2)[-1].A_after, "that is A after two steps; take one more."),
             Mistake("sgd", _seed_records(3, "sgd")[-1].A_after, "that is the SGD variant; the question asks for AdamW (lr 0.01)."),
-            Mistake("default decay", walk.run_walk(**walk.seed_example(), steps=3, weight_decay=0.01)[-1].A_after,
+            Mistake("default decay", walk.run_walk(**walk.worked_example(), steps=3, weight_decay=0.01)[-1].A_after,
                     "that is AdamW with torch's default weight_decay = 0.01: the walk uses no weight decay "
                     "(torch.optim.AdamW(..., weight_decay=0.0)). " + READ_ADAMW),
         ],

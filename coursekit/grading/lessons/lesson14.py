@@ -194,7 +194,7 @@ def _walk_case(rng: np.random.Generator, step: float) -> dict:
 
 
 def _p3_public() -> list[Case]:
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     seed = dict(ex, B=np.array([[0.3, -0.2]]), step=0.2)
     rng = np.random.default_rng(14)
     return [
@@ -261,7 +261,7 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 def seed_walk(rounding=np.round, steps: int = 1):
     """Lesson 06's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W."""
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     if rounding is not None:
         ex["W"] = _w_hat(ex["W"], 0.2, rounding)
     return walk.run_walk(**ex, steps=steps)
@@ -323,17 +323,17 @@ ITEMS = {
         "toy INT4 codes of lesson 06's W at step 0.2",
         1,
         name="codes",
-        expected=lambda: quant.toy_int4(walk.seed_example()["W"], 0.2)[0],
+        expected=lambda: quant.toy_int4(walk.worked_example()["W"], 0.2)[0],
         rtol=0.0,
         atol=1e-9,
         mistakes=lambda: [
-            Mistake("truncated", np.trunc(walk.seed_example()["W"] / 0.2),
+            Mistake("truncated", np.trunc(walk.worked_example()["W"] / 0.2),
                     f"you truncated toward zero (int(...) or .astype(int)): 0.91 / 0.2 = 4.55, and a code is the nearest integer. {READ_TOY}"),
-            Mistake("floor", np.floor(walk.seed_example()["W"] / 0.2),
+            Mistake("floor", np.floor(walk.worked_example()["W"] / 0.2),
                     f"you used floor, which sends −2.35 and 4.55 down; a code is the nearest integer. {READ_TOY}"),
-            Mistake("transposed", quant.toy_int4(walk.seed_example()["W"], 0.2)[0].T,
+            Mistake("transposed", quant.toy_int4(walk.worked_example()["W"], 0.2)[0].T,
                     f"your codes are transposed: codes[i, j] belongs to W[i, j] (row i of W). {READ_TOY}"),
-            Mistake("W hat", quant.toy_int4(walk.seed_example()["W"], 0.2)[1],
+            Mistake("W hat", quant.toy_int4(walk.worked_example()["W"], 0.2)[1],
                     f"that is Ŵ = 0.2 · code, the reconstruction; the question asks for the integer codes. {READ_TOY}"),
         ],
     ),
@@ -387,7 +387,7 @@ ITEMS = {
         rtol=1e-4,
         mistakes=lambda: _seed_mistakes("loss_after") + [
             Mistake("before", seed_walk()[0].loss, f"that is the loss before the step (step 1); the question asks for step 8's recomputed loss. {READ_WALK}"),
-            Mistake("SGD", walk.run_walk(**(walk.seed_example() | dict(W=_w_hat(walk.seed_example()["W"], 0.2))), steps=1,
+            Mistake("SGD", walk.run_walk(**(walk.worked_example() | dict(W=_w_hat(walk.worked_example()["W"], 0.2))), steps=1,
                                          optimizer="sgd", lr=0.01)[0].loss_after,
                     f"that is a plain gradient-descent step (B −= lr·∇B); the walk uses AdamW, whose first step moves every "
                     f"entry with a nonzero gradient by about lr. {READ_WALK}"),
