@@ -40,11 +40,13 @@ __all__ = [
     "AdamWState",
     "adamw_step",
     "sgd_step",
-    "seed_example",
+    "worked_example",
     "StepRecord",
     "run_walk",
     "format_record",
+    "Page",
     "walk_pages",
+    "page_html",
     "step_through",
 ]
 
@@ -270,7 +272,7 @@ def sgd_step(param: np.ndarray, grad: np.ndarray, lr: float, weight_decay: float
 # --------------------------------------------------------------------------- the walk
 
 
-def seed_example() -> dict:
+def worked_example() -> dict:
     """Lesson 06's worked walk: X = [1, 2], A = [0.1, −0.2]ᵀ, B = [0, 0],
     W = [[0.63, −0.47], [0.28, 0.91]], s = 1 (r = lora_alpha = 1), target class 1. Fresh float64 arrays."""
     return dict(
@@ -384,35 +386,98 @@ def format_record(rec: StepRecord) -> str:
     ])
 
 
-def walk_pages(records: Sequence[StepRecord]) -> list[tuple[str, str]]:
-    """The step-through's pages: for every training step, the eight steps of :data:`EIGHT_STEPS`,
-    each as ``(title, text)`` with that step's tensors. ``len(pages) == 8 * len(records)``."""
+@dataclass(frozen=True)
+class Page:
+    """One page of the step-through: ``title`` (which training step, which of the eight steps), the ``tensors``
+    that step computes or uses, each ``(name, values, before)`` with ``before`` the values this step replaced
+    (None when the step does not change that tensor), and a one-line ``note``."""
+
+    title: str
+    tensors: tuple[tuple[str, np.ndarray, np.ndarray | None], ...]
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        """The page as plain text: each tensor with its shape (``before → after`` for a changed one), then the note."""
+        lines = []
+        for name, values, before in self.tensors:
+            shape = " × ".join(map(str, np.shape(values)))
+            shown = _fmt(values) if before is None else f"{_fmt(before)} → {_fmt(values)}"
+            lines.append(f"{name} ({shape}) = {shown}")
+        return "\n".join(lines + ([self.note] if self.note else []))
+
+
+def walk_pages(records: Sequence[StepRecord]) -> list[Page]:
+    """The step-through's pages: for every training step, the eight steps of :data:`EIGHT_STEPS`, each a
+    :class:`Page` holding that step's matrices. ``len(pages) == 8 * len(records)``. Raises ValueError for no records."""
     if not records:
         raise ValueError("records must hold at least one StepRecord (run run_walk first).")
     pages = []
     for rec in records:
-        tensors = [
-            f"Z = X A = {_fmt(rec.Z)}\nY = X W + s Z B = {_fmt(rec.Y)}\np = softmax(Y) = {_fmt(rec.p)}\nloss = {rec.loss:.6f}",
-            f"D = p − onehot = {_fmt(rec.D)}",
-            f"∇B = s Zᵀ D = {_fmt(rec.dB)}",
-            f"dZ = s D Bᵀ = {_fmt(rec.dZ)}   (B = {_fmt(rec.B)})",
-            f"∇A = Xᵀ dZ = {_fmt(rec.dA.ravel())}ᵀ",
-            f"∇X = D Wᵀ + dZ Aᵀ = {_fmt(rec.dX)}",
-            f"{rec.optimizer} {rec.hyper}\nA: {_fmt(rec.A.ravel())}ᵀ → {_fmt(rec.A_after.ravel())}ᵀ\n"
-            f"B: {_fmt(rec.B)} → {_fmt(rec.B_after)}\nW: unchanged",
-            f"loss: {rec.loss:.6f} → {rec.loss_after:.6f}",
+        steps = [
+            ((("A", rec.A, None), ("B", rec.B, None), ("Z = X A", rec.Z, None), ("Y = X W + s Z B", rec.Y, None),
+              ("p = softmax(Y)", rec.p, None)), f"loss = −log p[target] = {rec.loss:.6f}"),
+            ((("p", rec.p, None), ("D = p − onehot", rec.D, None)), "D is the loss's gradient with respect to Y."),
+            ((("Zᵀ", rec.Z.T, None), ("D", rec.D, None), ("∇B = s Zᵀ D", rec.dB, None)),
+             "∇B has B's shape: one entry per entry of B."),
+            ((("D", rec.D, None), ("Bᵀ", rec.B.T, None), ("dZ = s D Bᵀ", rec.dZ, None)),
+             "B is still zero, so dZ is zero: the gradient cannot reach A yet." if not rec.B.any()
+             else "dZ uses this step's B, before the update."),
+            ((("dZ", rec.dZ, None), ("∇A = Xᵀ dZ", rec.dA, None)),
+             "∇A has A's shape; it is zero while dZ is." if not rec.dA.any() else "∇A has A's shape."),
+            ((("∇X = D Wᵀ + dZ Aᵀ", rec.dX, None),), "Both paths into X add: through W and through the adapter."),
+            ((("A", rec.A_after, rec.A), ("B", rec.B_after, rec.B)),
+             f"{rec.optimizer} {rec.hyper}; W is frozen and does not change."),
+            ((), f"loss: {rec.loss:.6f} → {rec.loss_after:.6f} (on the training example)"),
         ]
-        for k, (title, text) in enumerate(zip(EIGHT_STEPS, tensors), 1):
-            pages.append((f"training step {rec.step} ({rec.optimizer}) · {k}/8: {title}", text))
+        for k, (title, (tensors, note)) in enumerate(zip(EIGHT_STEPS, steps), 1):
+            pages.append(Page(f"training step {rec.step} ({rec.optimizer}) · {k}/8: {title}", tensors, note))
     return pages
 
 
+#: The step-through's tensor area, in CSS: the same height on every page (it scrolls if a page needs more).
+STEP_THROUGH_HEIGHT = "15em"
+
+_CELL = "padding:2px 7px;border:1px solid #bbb;text-align:right;font-family:monospace"
+
+
+def _matrix_html(name: str, values: np.ndarray, before: np.ndarray | None) -> str:
+    """One tensor as an HTML table under its name and shape; with ``before``, both tables and the changed entries
+    shaded."""
+    def table(a: np.ndarray, changed: np.ndarray | None) -> str:
+        a = np.atleast_2d(np.asarray(a, dtype=np.float64))
+        rows = []
+        for i, row in enumerate(a):
+            cells = []
+            for j, v in enumerate(row):
+                shade = ";background:#ffe58f" if changed is not None and changed[i, j] else ""
+                cells.append(f'<td style="{_CELL}{shade}">{v:.6f}</td>')
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+        return '<table style="border-collapse:collapse;display:inline-table;vertical-align:middle">' + "".join(rows) + "</table>"
+
+    shape = " × ".join(map(str, np.shape(values)))
+    head = f'<div style="font-family:monospace;margin-bottom:2px">{html.escape(name)} <span style="color:#666">({shape})</span></div>'
+    if before is None:
+        body = table(values, None)
+    else:
+        changed = np.atleast_2d(np.asarray(values) != np.asarray(before))
+        body = table(before, None) + '<span style="margin:0 8px">→</span>' + table(values, changed)
+    return f'<div style="display:inline-block;vertical-align:top;margin:0 18px 10px 0">{head}{body}</div>'
+
+
+def page_html(page: Page) -> str:
+    """A :class:`Page` as the HTML the step-through shows: its matrices side by side, then its note."""
+    parts = [_matrix_html(*t) for t in page.tensors]
+    note = f'<div style="margin-top:4px">{html.escape(page.note)}</div>' if page.note else ""
+    return "<div>" + "".join(parts) + "</div>" + note
+
+
 def step_through(records: Sequence[StepRecord]):
-    """An ipywidgets step-through of :func:`walk_pages`: Previous / Next buttons, a label naming the
-    step and an HTML area showing its tensors. The index clamps at the first and last page (the
-    buttons disable there). Returns an ``ipywidgets.VBox`` with attributes ``prev``, ``next``,
-    ``label``, ``out``, ``pages`` and ``index`` (an int). Creating it needs no browser; the notebook
-    prints the same numbers statically as well.
+    """An ipywidgets step-through of :func:`walk_pages`: Previous / Next buttons, a label naming the step and an
+    HTML area (fixed height :data:`STEP_THROUGH_HEIGHT`) showing that step's matrices with their shapes; on the
+    update page the entries that changed are shaded. The index clamps at the first and last page (the buttons
+    disable there). Returns an ``ipywidgets.VBox`` with attributes ``prev``, ``next``, ``label``, ``out``,
+    ``pages`` and ``index`` (an int). Creating it needs no browser; the notebook prints the same numbers statically.
     """
     import ipywidgets as widgets
 
@@ -420,15 +485,16 @@ def step_through(records: Sequence[StepRecord]):
     prev = widgets.Button(description="◀ Previous")
     nxt = widgets.Button(description="Next ▶")
     label = widgets.Label()
-    out = widgets.HTML()
+    out = widgets.HTML(layout=widgets.Layout(height=STEP_THROUGH_HEIGHT, overflow="auto"))
     box = widgets.VBox([widgets.HBox([prev, nxt, label]), out])
     box.prev, box.next, box.label, box.out, box.pages, box.index = prev, nxt, label, out, pages, 0
+    box.add_class("coursekit-step-through")
 
     def show(i: int) -> None:
         box.index = max(0, min(len(pages) - 1, i))
-        title, text = pages[box.index]
-        label.value = f"{box.index + 1}/{len(pages)} · {title}"
-        out.value = f"<pre>{html.escape(text)}</pre>"
+        page = pages[box.index]
+        label.value = f"{box.index + 1}/{len(pages)} · {page.title}"
+        out.value = page_html(page)
         prev.disabled = box.index == 0
         nxt.disabled = box.index == len(pages) - 1
 

@@ -324,8 +324,34 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 # --------------------------------------------------------------------------- Run All on a fresh lesson
 
-RUN_ALL_LESSON = "02-lora-inside-one-matmul"
+RUN_ALL_LESSON = "06-the-rank-one-walk"  # every kind of item, plots, and the step-through widget
 RUN_ALL_BUDGET_S = 420  # server start, Run All of a whole lesson on a loaded 2-core machine, save, shutdown
+
+
+def _step_through_pages(page, tmp_path: Path) -> None:
+    """The step-through widget rendered by Run All: Next moves to the next page, its matrices replace the last
+    page's, and the matrix area keeps its height."""
+    widget = page.locator(".coursekit-step-through").first
+    expect(widget).to_be_visible(timeout=60_000)
+    widget.scroll_into_view_if_needed()
+    area = widget.locator(".widget-html").last
+    label = widget.locator(".widget-label").first
+    expect(label).to_have_text(re.compile(r"^1/16 · training step 1"), timeout=30_000)
+    assert area.locator("table").count() >= 3, "the first page shows no matrices"
+    first = area.inner_text()
+    heights = [area.bounding_box()["height"]]
+    nxt = widget.get_by_role("button", name=re.compile("Next"))
+    for k in range(2, 8):
+        nxt.click()
+        expect(label).to_have_text(re.compile(rf"^{k}/16 · "), timeout=10_000)
+        heights.append(area.bounding_box()["height"])
+    assert area.inner_text() != first
+    # Page 7 is the update: A and B before and after, the entries the optimizer changed shaded.
+    assert area.locator("td[style*='background']").count() == 2, "the update page shades no changed entry"
+    shot = tmp_path / "step-through.png"
+    widget.screenshot(path=str(shot))
+    _keep(shot, shot.name)
+    assert max(heights) - min(heights) < 1, f"the widget changes height between pages: {heights}"
 
 
 def test_run_all_on_a_fresh_lesson_reaches_the_end(browser, tmp_path):
@@ -377,6 +403,7 @@ def test_run_all_on_a_fresh_lesson_reaches_the_end(browser, tmp_path):
             tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             assert tracebacks.count() == 0, f"Run All stopped or warned: {tracebacks.first.inner_text()[:800]}"
             assert page.get_by_text("Not answered yet").count() >= 3, "the unanswered checks do not say so"
+            _step_through_pages(page, tmp_path)
             assert not errors, f"script errors in JupyterLab: {errors}"
         _api(base, token, "/api/shutdown", method="POST")
         server.wait(timeout=30)

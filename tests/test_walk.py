@@ -178,7 +178,7 @@ def _torch_walk(ex, steps, optimizer, lr):
 
 @pytest.mark.parametrize("optimizer, lr", [("adamw", 0.01), ("sgd", 0.1)])
 def test_run_walk_matches_torch(optimizer, lr):
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     recs = walk.run_walk(**ex, steps=5, optimizer=optimizer)
     for rec, (loss, dA, dB, dX, A, B, after) in zip(recs, _torch_walk(ex, 5, optimizer, lr)):
         assert rec.loss == pytest.approx(loss, rel=1e-13) and rec.loss_after == pytest.approx(after, rel=1e-13)
@@ -188,7 +188,7 @@ def test_run_walk_matches_torch(optimizer, lr):
 
 def test_run_walk_reproduces_the_seed_printout():
     """The numbers lesson 06 prints for its walk (a CPU run of the PyTorch version), to six decimals."""
-    r1, r2 = walk.run_walk(**walk.seed_example(), steps=2)
+    r1, r2 = walk.run_walk(**walk.worked_example(), steps=2)
     close = lambda a, b: np.testing.assert_allclose(np.ravel(a), b, atol=5e-7)
     close(r1.Z, [-0.3]); close(r1.Y, [1.19, 1.35]); close(r1.p, [0.460085, 0.539915])
     close([r1.loss, r1.loss_after, r2.loss_after], [0.616344, 0.613588, 0.610433])
@@ -201,7 +201,7 @@ def test_run_walk_reproduces_the_seed_printout():
 
 
 def test_run_walk_records_use_this_steps_factors_and_leave_inputs_alone():
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     frozen = {k: v.copy() for k, v in ex.items() if isinstance(v, np.ndarray)}
     recs = walk.run_walk(**ex, steps=3)
     for k, v in frozen.items():
@@ -219,7 +219,7 @@ def test_run_walk_records_use_this_steps_factors_and_leave_inputs_alone():
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_both_zero_init_never_moves(optimizer):
-    ex = walk.seed_example() | dict(A=np.zeros((2, 1)))
+    ex = walk.worked_example() | dict(A=np.zeros((2, 1)))
     recs = walk.run_walk(**ex, steps=10, optimizer=optimizer, weight_decay=0.1)
     for rec in recs:
         assert not rec.dA.any() and not rec.dB.any()
@@ -230,7 +230,7 @@ def test_both_zero_init_never_moves(optimizer):
 
 
 def test_weight_decay_moves_A_without_a_loss_gradient():
-    rec = walk.run_walk(**walk.seed_example(), steps=1, weight_decay=0.5)[0]
+    rec = walk.run_walk(**walk.worked_example(), steps=1, weight_decay=0.5)[0]
     assert not rec.dA.any()
     np.testing.assert_allclose(rec.A_after, rec.A * (1 - 0.01 * 0.5), rtol=1e-15)
 
@@ -247,21 +247,35 @@ def test_several_rows_and_non_unit_scale_match_autograd():
 
 
 def test_format_record_and_pages():
-    recs = walk.run_walk(**walk.seed_example(), steps=2)
+    recs = walk.run_walk(**walk.worked_example(), steps=2)
     text = walk.format_record(recs[0])
     assert "0.616344" in text and "-0.138026" in text and "0.613588" in text
     pages = walk.walk_pages(recs)
     assert len(pages) == 16
-    assert pages[0][0].startswith("training step 1") and "1/8" in pages[0][0]
-    assert "0.460085" in pages[1][1] and "-0.138026" in pages[2][1]
-    assert "0.009172" in pages[8 + 4][1]  # step 2's ∇A
+    assert pages[0].title.startswith("training step 1") and "1/8" in pages[0].title
+    assert "0.460085" in pages[1].text and "-0.138026" in pages[2].text
+    assert "0.009172" in pages[8 + 4].text  # step 2's ∇A
+    assert "(1 × 2)" in pages[2].text and "∇A = Xᵀ dZ (2 × 1)" in pages[4].text  # every tensor with its shape
+    assert "cannot reach A yet" in pages[3].note and "cannot reach A" not in pages[8 + 3].note  # B = 0 only at first
+
+
+def test_the_update_page_shows_before_and_after_and_what_changed():
+    recs = walk.run_walk(**walk.worked_example(), steps=2)
+    first, second = walk.walk_pages(recs)[6], walk.walk_pages(recs)[8 + 6]
+    (a, a_after, a_before), (b, b_after, b_before) = first.tensors
+    assert (a, b) == ("A", "B") and np.array_equal(a_before, recs[0].A) and np.array_equal(b_after, recs[0].B_after)
+    html_first = walk.page_html(first)
+    # Step 1: ∇A = 0, so AdamW leaves A alone and moves B (two entries); step 2 moves all four entries.
+    assert html_first.count("background:#ffe58f") == 2
+    assert walk.page_html(second).count("background:#ffe58f") == 4
+    assert "→" in first.text and "W is frozen" in first.note
 
 
 # --------------------------------------------------------------------------- the step-through widget
 
 
 def test_step_through_buttons_move_and_clamp():
-    recs = walk.run_walk(**walk.seed_example(), steps=2)
+    recs = walk.run_walk(**walk.worked_example(), steps=2)
     w = walk.step_through(recs)
     import ipywidgets as widgets
 
@@ -283,10 +297,20 @@ def test_step_through_buttons_move_and_clamp():
     assert w.index == 14 and not w.next.disabled
 
 
+def test_step_through_shows_matrices_at_one_height():
+    w = walk.step_through(walk.run_walk(**walk.worked_example(), steps=1))
+    heights = set()
+    for _ in range(8):
+        assert "<table" in w.out.value or w.index == 7  # matrices as tables (the last page is the loss alone)
+        heights.add(w.out.layout.height)
+        w.next.click()
+    assert heights == {walk.STEP_THROUGH_HEIGHT}
+
+
 def test_step_through_escapes_html():
-    w = walk.step_through(walk.run_walk(**walk.seed_example(), steps=1))
-    w.next.click()
-    assert w.out.value.startswith("<pre>") and "<" not in w.out.value[5:-6]
+    page = walk.Page("t", (("<b>x</b>", np.zeros((1, 1)), None),), note="a < b & c")
+    out = walk.page_html(page)
+    assert "<b>x</b>" not in out and "&lt;b&gt;x&lt;/b&gt;" in out and "a &lt; b &amp; c" in out
 
 
 # --------------------------------------------------------------------------- bad input
@@ -318,7 +342,7 @@ def test_errors_name_the_argument():
         walk.sgd_step(p, p, lr=-0.1)
     with pytest.raises(TypeError, match="grad must be a floating"):
         walk.sgd_step(p, np.zeros((2, 1), dtype=int), lr=0.1)
-    ex = walk.seed_example()
+    ex = walk.worked_example()
     with pytest.raises(ValueError, match="optimizer must be 'adamw' or 'sgd'"):
         walk.run_walk(**ex, optimizer="adam")
     with pytest.raises(ValueError, match="steps must be a positive integer"):
