@@ -57,6 +57,8 @@ __all__ = [
     "softmax_backward",
     "split_heads",
     "merge_heads",
+    "repeat_kv",
+    "repeat_kv_backward",
     "mha_forward",
     "mha_backward",
 ]
@@ -362,6 +364,43 @@ def merge_heads(Xh: Any) -> Any:
         raise AttentionShapeError(f"Xh must have shape (..., n_heads, T, d_h), got {tuple(Xh.shape)}.")
     *lead, H, T, dh = Xh.shape
     return Xh.swapaxes(-2, -3).reshape(*lead, T, H * dh)
+
+
+def _check_groups(X: Any, name: str, heads: Any, heads_name: str) -> int:
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads <= 0:
+        raise ValueError(f"{heads_name} must be a positive integer, got {heads!r}.")
+    if X.ndim < 3:
+        raise AttentionShapeError(f"{name} must have shape (..., heads, T, d_h), got {tuple(X.shape)}.")
+    return int(heads)
+
+
+def repeat_kv(K: Any, n_rep: int) -> Any:
+    """Grouped-query attention's key/value sharing: (..., H_kv, T, d_h) → (..., H_kv · n_rep, T, d_h).
+
+    Query head h reads key/value head ``h // n_rep``: each KV head is repeated ``n_rep`` times in a row, as
+    transformers' Llama ``repeat_kv`` does (SmolLM2-135M: 9 query heads, 3 KV heads, n_rep = 3, so query heads
+    0-2 share KV head 0). Source: Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models
+    from Multi-Head Checkpoints", arXiv:2305.13245, §2.2. Raises AttentionShapeError for fewer than 3
+    dimensions; ValueError for a non-positive n_rep.
+    """
+    n_rep = _check_groups(K, "K", n_rep, "n_rep")
+    return K.repeat_interleave(n_rep, dim=-3) if hasattr(K, "repeat_interleave") else np.repeat(K, n_rep, axis=-3)
+
+
+def repeat_kv_backward(dK_rep: Any, n_kv_heads: int) -> Any:
+    """The backward of :func:`repeat_kv`: (..., H, T, d_h) → (..., n_kv_heads, T, d_h).
+
+    A KV head that ``n_rep = H / n_kv_heads`` query heads read gets the **sum** of their gradients (a tensor
+    used several times collects one gradient per use): ``dK[g] = Σ_{h // n_rep = g} dK_rep[h]``. Applies to dK
+    and dV alike. Raises AttentionShapeError when H is not a multiple of n_kv_heads or for fewer than 3
+    dimensions; ValueError for a non-positive n_kv_heads.
+    """
+    n_kv = _check_groups(dK_rep, "dK_rep", n_kv_heads, "n_kv_heads")
+    *lead, H, T, dh = dK_rep.shape
+    if H % n_kv:
+        raise AttentionShapeError(f"the number of query heads ({H}, axis -3 of dK_rep) must be a multiple of "
+                                  f"n_kv_heads = {n_kv}.")
+    return dK_rep.reshape(*lead, n_kv, H // n_kv, T, dh).sum(-3)
 
 
 def _check_mha(X: Any, Wq: Any, Wk: Any, Wv: Any, Wo: Any, n_heads: int) -> None:

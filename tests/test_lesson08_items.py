@@ -69,8 +69,50 @@ def hard_coded_softmax(P, dP):
     return np.zeros_like(P)
 
 
+def gqa_backward(dC, Q, K, V, P):
+    """Right: per query head with P2's function, each KV head summing the heads that read it."""
+    n_rep = Q.shape[0] // K.shape[0]
+    dQ, dK, dV = np.zeros_like(Q), np.zeros_like(K), np.zeros_like(V)
+    for h in range(Q.shape[0]):
+        dq, dk, dv = attention_backward(dC[h], Q[h], K[h // n_rep], V[h // n_rep], P[h])
+        dQ[h], dK[h // n_rep], dV[h // n_rep] = dq, dK[h // n_rep] + dk, dV[h // n_rep] + dv
+    return dQ, dK, dV
+
+
+def gqa_backward_torch(dC, Q, K, V, P):
+    """Right, by autograd through transformers' repeat layout (P is not needed)."""
+    n_rep = Q.shape[0] // K.shape[0]
+    Qt, Kt, Vt = (torch.tensor(a, requires_grad=True) for a in (Q, K, V))
+    C = torch.nn.functional.scaled_dot_product_attention(Qt, Kt.repeat_interleave(n_rep, 0), Vt.repeat_interleave(n_rep, 0),
+                                                         is_causal=True)
+    C.backward(torch.tensor(dC))
+    return Qt.grad, Kt.grad, Vt.grad
+
+
+def _gqa_wrong(kind):
+    def fn(dC, Q, K, V, P):
+        H, n_kv = Q.shape[0], K.shape[0]
+        n_rep = H // n_kv
+        parts = [attention_backward(dC[h], Q[h], K[h // n_rep], V[h // n_rep], P[h]) for h in range(H)]
+        dQ = np.stack([p[0] for p in parts])
+        dKr, dVr = np.stack([p[1] for p in parts]), np.stack([p[2] for p in parts])
+        if kind == "not summed":
+            return dQ, dKr, dVr
+        if kind == "mean":
+            return dQ, dKr.reshape(n_kv, n_rep, *dKr.shape[1:]).mean(1), dVr.reshape(n_kv, n_rep, *dVr.shape[1:]).mean(1)
+        if kind == "interleaved":  # the wrong sharing: K[h % n_kv] in the forward as well
+            parts = [attention_backward(dC[h], Q[h], K[h % n_kv], V[h % n_kv], P[h]) for h in range(H)]
+            dK, dV = np.zeros_like(K), np.zeros_like(V)
+            for h, (_, dk, dv) in enumerate(parts):
+                dK[h % n_kv] += dk
+                dV[h % n_kv] += dv
+            return np.stack([p[0] for p in parts]), dK, dV
+        return dQ, dKr[::n_rep], dVr[::n_rep]  # first only
+    return fn
+
+
 RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 130816, "p4": "a",
-         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a"}
+         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a", "p10": gqa_backward}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -294,3 +336,31 @@ def test_p6_expected_is_lesson_05s_rule_with_D_equal_dQ():
     c = lesson08.P6_CASE
     np.testing.assert_allclose(lesson08._p6_expected(), c["s"] * c["X"].T @ c["dQ"] @ c["B"].T)
     np.testing.assert_allclose(lesson08._p6_expected(), [[4.5], [3.5], [1.0]])
+
+
+# --------------------------------------------------------------------------- p10: grouped-query attention
+
+
+def test_p10_reference_agrees_with_autograd_and_coursekit():
+    for case in lesson08._p10_public() + list(lesson08._p10_hidden(np.random.default_rng(1))):
+        for mine, ref in zip(lesson08.gqa_backward(**case.kwargs), gqa_backward_torch(**case.kwargs)):
+            np.testing.assert_allclose(mine, ref.numpy(), rtol=1e-10, atol=1e-12)
+    assert check("08.p10", gqa_backward_torch, hidden=True).full
+
+
+def test_p10_cases_cover_smollm2s_grouping_and_several_group_sizes():
+    cases = lesson08._p10_public() + list(lesson08._p10_hidden(np.random.default_rng(0)))
+    groups = {(c.kwargs["Q"].shape[0], c.kwargs["K"].shape[0]) for c in cases}
+    assert (9, 3) in groups and len({h // kv for h, kv in groups}) >= 3 and any(kv > 1 for _, kv in groups)
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("not summed", "collects the sum of their gradients"),
+    ("mean", "not their mean"),
+    ("interleaved", "h // n_rep"),
+    ("first only", "only the first query head of each group"),
+])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_p10_mistakes_are_named(kind, says, hidden):
+    fb = check("08.p10", _gqa_wrong(kind), hidden=hidden)
+    assert not fb.full and says in fb.text(), fb.text()

@@ -15,6 +15,7 @@ READ_BWD = "Reread 'Backward, one rule per product' in Know this."
 READ_SOFTMAX = "Reread 'The softmax step' in Know this."
 READ_MASK = "Reread 'Masked means zero: probability and gradient' in Know this."
 READ_LORA = "Reread 'Where LoRA fits' in Know this."
+READ_GQA = "Reread 'Grouped-query attention: shared keys, summed gradients' in Know this."
 
 
 # --------------------------------------------------------------------------- references
@@ -252,6 +253,78 @@ def _p6_mistakes() -> list[Mistake]:
     ]
 
 
+# --------------------------------------------------------------------------- p10: grouped-query attention
+
+
+def gqa_backward(dC, Q, K, V, P):
+    """Reference for p10: ``(dQ, dK, dV)`` of causal grouped-query attention. Q, P, dC have H query heads;
+    K, V have H_kv heads, and query head h reads KV head h // (H / H_kv)."""
+    n_kv = K.shape[-3]
+    n_rep = Q.shape[-3] // n_kv
+    Kr, Vr = att.repeat_kv(K, n_rep), att.repeat_kv(V, n_rep)
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    dVr = np.swapaxes(P, -1, -2) @ dC
+    dS = att.softmax_backward(P, dC @ np.swapaxes(Vr, -1, -2))
+    dQ, dKr = (dS @ Kr) * scale, (np.swapaxes(dS, -1, -2) @ Q) * scale
+    return dQ, att.repeat_kv_backward(dKr, n_kv), att.repeat_kv_backward(dVr, n_kv)
+
+
+def _gqa_case(rng: np.random.Generator, n_kv: int, n_rep: int, T: int, dh: int, dv: int) -> dict:
+    H = n_kv * n_rep
+    Q, K, V = rng.standard_normal((H, T, dh)), rng.standard_normal((n_kv, T, dh)), rng.standard_normal((n_kv, T, dv))
+    _, cache = att.attention_forward(Q, att.repeat_kv(K, n_rep), att.repeat_kv(V, n_rep))
+    return dict(dC=rng.standard_normal((H, T, dv)), Q=Q, K=K, V=V, P=cache["P"])
+
+
+def _p10_public() -> list[Case]:
+    rng = np.random.default_rng(810)
+    return [
+        Case(_gqa_case(rng, 1, 2, 3, 2, 2), "2 query heads sharing 1 KV head, T = 3, d_h = d_v = 2"),
+        Case(_gqa_case(rng, 3, 3, 4, 4, 3), "SmolLM2's grouping: 9 query heads, 3 KV heads, T = 4, d_h = 4, d_v = 3"),
+        Case(_gqa_case(rng, 2, 2, 5, 2, 2), "4 query heads, 2 KV heads, T = 5"),
+    ]
+
+
+def _p10_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for n_kv, n_rep in ((2, 3), (3, 2), (1, 4), (4, 2)):
+        cases.append(Case(_gqa_case(rng, n_kv, n_rep, int(rng.integers(2, 6)), int(rng.choice([2, 4])),
+                                    int(rng.integers(1, 4)))))
+    return cases
+
+
+def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    dC, Q, K, V, P = (np.asarray(kw[k], dtype=np.float64) for k in ("dC", "Q", "K", "V", "P"))
+    n_kv = K.shape[-3]
+    n_rep = Q.shape[-3] // n_kv
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    Vr = att.repeat_kv(V, n_rep)
+    dS = att.softmax_backward(P, dC @ np.swapaxes(Vr, -1, -2))
+    dKr, dVr = (np.swapaxes(dS, -1, -2) @ Q) * scale, np.swapaxes(P, -1, -2) @ dC
+    out: dict[str, list[Mistake]] = {}
+    for name, rep in (("dK", dKr), ("dV", dVr)):
+        grouped = rep.reshape(n_kv, n_rep, *rep.shape[1:])
+        strided = rep.reshape(n_rep, n_kv, *rep.shape[1:])  # head h counted with KV head h % H_kv
+        out[name] = [
+            Mistake("not summed", rep, f"your {name} has one head per query head; a KV head that several query heads "
+                    f"read collects the sum of their gradients: {name}[g] = Σ over the query heads h with "
+                    f"h // n_rep = g. " + READ_GQA),
+            Mistake("mean", grouped.mean(1), f"you averaged the query heads' gradients; a tensor used n_rep times "
+                    f"collects the sum of the n_rep gradients, not their mean. " + READ_GQA),
+            Mistake("interleaved", strided.sum(0), "you grouped query head h with KV head h % H_kv; transformers' "
+                    "repeat_kv repeats each KV head n_rep times in a row, so query head h reads KV head h // n_rep. "
+                    + READ_GQA),
+            Mistake("first only", grouped[:, 0], f"you kept only the first query head of each group; every query head "
+                    f"that reads a KV head adds its gradient to {name}. " + READ_GQA),
+        ]
+
+    def keep(ms, right):
+        return [m for m in ms if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
+
+    _, dK, dV = gqa_backward(dC, Q, K, V, P)
+    return {"dQ": [], "dK": keep(out["dK"], dK), "dV": keep(out["dV"], dV)}
+
+
 # --------------------------------------------------------------------------- items
 
 ITEMS = {
@@ -321,5 +394,17 @@ ITEMS = {
     "p7": Choice(
         "the upstream gradient D of an adapter on o_proj",
         1,
+    ),
+    "p10": Function(
+        "implement gqa_backward: grouped-query attention's dQ, dK, dV",
+        3,
+        name="gqa_backward",
+        reference=gqa_backward,
+        public=_p10_public,
+        hidden=_p10_hidden,
+        outputs=("dQ", "dK", "dV"),
+        mistakes=_p10_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
     ),
 }
