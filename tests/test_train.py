@@ -134,9 +134,10 @@ def test_the_loss_without_unsupervised_logits_is_the_models_loss(tok, batch):
     g1 = {n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad}
     m.zero_grad()
     ref.backward()
-    for n, p in m.named_parameters():
-        if p.requires_grad:
-            assert torch.allclose(g1[n], p.grad, rtol=2e-2, atol=1e-5), n
+    # Two bf16 computations of the same gradient round differently entry by entry (and differently on CPUs with and
+    # without native bf16), so compare each adapter tensor as a whole: relative error of the norm of the difference.
+    errors = {n: float((g1[n] - p.grad).norm() / p.grad.norm()) for n, p in m.named_parameters() if p.requires_grad}
+    assert max(errors.values()) < 2e-2, max(errors.items(), key=lambda kv: kv[1])
     empty = dict(batch, labels=torch.full_like(batch["labels"], data.IGNORE_INDEX))
     with pytest.raises(data.EmptyBatchError):
         train.supervised_loss_sum(m, empty)
