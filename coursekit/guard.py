@@ -46,6 +46,37 @@ def _error(ename: str, text: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=text, traceback=[f"{ename}: {text}"])
 
 
+#: Longest single wait on a kernel channel, in seconds (see :func:`poll_in_slices`).
+POLL_SLICE_S = 1.0
+
+
+def poll_in_slices(get_msg, slice_s: float = POLL_SLICE_S):
+    """``get_msg`` (a jupyter_client async channel's) that never waits longer than ``slice_s`` at a time.
+
+    nbclient waits for a cell's execute_reply with one ``shell_channel.get_msg(timeout=T)`` call, T being the cell's
+    whole time limit. After a cell that opens ipywidgets comms (lesson 17's slider, lesson 06's step-through), that
+    single wait sometimes does not wake when the reply arrives: the kernel sits idle and the grader waits the full
+    T (40 minutes here) before calling the cell timed out (nbclient issue #312, "when cell contains ipywidget,
+    execute cell will sometimes block", open; seen here grading lesson 17 in the test suite). Waiting in short
+    slices asks the socket again every ``slice_s`` seconds, which finds a reply that is already there.
+    Same contract as ``get_msg``: returns the message, or raises ``queue.Empty`` once ``timeout`` has passed.
+    """
+    from queue import Empty
+
+    async def sliced(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            step = slice_s if left is None else max(0.0, min(slice_s, left))
+            try:
+                return await get_msg(timeout=step)
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    return sliced
+
+
 class GuardedExecute(Execute):
     """nbgrader's Execute, with a short limit for answer cells and a notebook that survives its kernel's death."""
 
@@ -114,6 +145,15 @@ class GuardedExecute(Execute):
         return sandbox.Spec(workdir=cwd, keep=keep, hide=[h for h in hide if h != cwd])
 
     start_new_kernel = run_sync(async_start_new_kernel)  # nbclient binds the sync face to its own coroutine
+
+    async def async_start_new_kernel_client(self):
+        """nbclient's kernel client, its shell and iopub waits cut into short slices (:func:`poll_in_slices`)."""
+        kc = await super().async_start_new_kernel_client()
+        for channel in (kc.shell_channel, kc.iopub_channel):
+            channel.get_msg = poll_in_slices(channel.get_msg)
+        return kc
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     def _get_timeout(self, cell):
         t = self.notebook_timeouts.get(self._notebook) if getattr(self, "_notebook", "") else None
