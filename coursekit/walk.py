@@ -427,7 +427,8 @@ def walk_pages(records: Sequence[StepRecord]) -> list[Page]:
              "∇A has A's shape; it is zero while dZ is." if not rec.dA.any() else "∇A has A's shape."),
             ((("∇X = D Wᵀ + dZ Aᵀ", rec.dX, None),), "Both paths into X add: through W and through the adapter."),
             ((("A", rec.A_after, rec.A), ("B", rec.B_after, rec.B)),
-             f"{rec.optimizer} {rec.hyper}; W is frozen and does not change."),
+             f"{rec.optimizer}: " + ", ".join(f"{k} = {v}" for k, v in rec.hyper.items())
+             + "; W is frozen and does not change."),
             ((), f"loss: {rec.loss:.6f} → {rec.loss_after:.6f} (on the training example)"),
         ]
         for k, (title, (tensors, note)) in enumerate(zip(EIGHT_STEPS, steps), 1):
