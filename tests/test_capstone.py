@@ -78,8 +78,9 @@ def test_a_half_written_result_is_never_read(tmp_path):
     assert store.result("k", {}, lambda: {"v": 1}, by="t")["v"] == 1
 
 
-def test_a_moved_store_still_finds_its_adapters(tmp_path):
-    """Records hold no absolute path: a store copied or moved (another COURSEKIT_CACHE) still works."""
+def test_a_moved_store_still_finds_its_adapters(report, tmp_path):
+    """Records hold no absolute path: a store copied or moved (another COURSEKIT_CACHE) still works. (``report``:
+    the run must exist first, whichever test or notebook happened to run before this one.)"""
     import shutil
 
     store = capstone.Store(compute=False)
