@@ -173,14 +173,20 @@ def test_memory_as_lesson_19_reads_it(report):
     assert abs(q["peak_rss_mb"] - b["peak_rss_mb"]) < 0.1 * b["peak_rss_mb"]
 
 
-def test_with_glibcs_defaults_the_qlora_process_keeps_far_more_resident():
-    """The 'going deeper' note: without returning freed blocks, QLoRA's resident peak is far above LoRA's, though the
-    memory in use is about the same (above)."""
+def test_with_glibcs_defaults_the_qlora_process_keeps_far_more_resident(report):
+    """The 'going deeper' note: without returning freed blocks, QLoRA's resident peak is hundreds of MB above LoRA's,
+    though the memory in use is about the same (above). How much glibc keeps varies from run to run (measured here:
+    287 to 805 MB above LoRA), so the test asks for what the note claims, not for one run's figure: the allocator
+    setting alone hands back over 200 MB of QLoRA's peak, and the QLoRA-LoRA gap is several times larger without it."""
     store = capstone.Store(compute=True)
     q, b = (capstone.peak_memory(n, store, return_freed=False) for n in ("qlora", "lora_bf16"))
     if q["peak_rss_mb"] is None:
         pytest.skip("no /proc: resident memory is not measured here")
-    assert q["allocator"] == "default" and q["peak_rss_mb"] > b["peak_rss_mb"] + 300
+    qf, bf = report["runs"]["qlora"]["memory"], report["runs"]["lora_bf16"]["memory"]
+    assert q["allocator"] == "default" and qf["allocator"] != "default"
+    assert q["peak_rss_mb"] - qf["peak_rss_mb"] > 200
+    assert q["peak_rss_mb"] - b["peak_rss_mb"] > 200
+    assert q["peak_rss_mb"] - b["peak_rss_mb"] > 4 * abs(qf["peak_rss_mb"] - bf["peak_rss_mb"])
 
 
 def test_the_ablation_trains_faster_and_scores_lower_within_the_intervals(report):
