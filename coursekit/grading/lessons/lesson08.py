@@ -18,6 +18,13 @@ READ_LORA = "Reread 'Where LoRA fits' in Know this."
 READ_GQA = "Reread 'Grouped-query attention: shared keys, summed gradients' in Know this."
 
 
+def _not_right(mistakes, right) -> list[Mistake]:
+    """The mistakes whose value differs from the right answer: on small or degenerate cases (T = 1, uniform rows)
+    several wrong formulas coincide with the right one, and such a "mistake" must not be reported."""
+    return [m for m in mistakes
+            if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
+
+
 # --------------------------------------------------------------------------- references
 
 
@@ -104,9 +111,7 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
     # The messages quote only axis numbers and formulas (axis=-1, T × T), never a case's values or sizes: each is also
     # the hint a hidden case shows.
     out = worded(out)
-    # On small or degenerate cases (T = 1, uniform rows) several formulas coincide with the right one:
-    # a "mistake" equal to the right answer must not be reported.
-    return [m for m in out if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
+    return _not_right(out, right)
 
 
 def _p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
@@ -194,10 +199,7 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     m_k += [Mistake("no softmax step", dP.T @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
 
-    def keep(ms, right):
-        return [m for m in ms if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
-
-    return {"dQ": keep(m_q, dQ), "dK": keep(m_k, dK), "dV": keep(m_v, P.T @ dC)}
+    return {"dQ": _not_right(m_q, dQ), "dK": _not_right(m_k, dK), "dV": _not_right(m_v, P.T @ dC)}
 
 
 # --------------------------------------------------------------------------- p3: masked entries
@@ -318,11 +320,8 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
                     f"that reads a KV head adds its gradient to {name}. " + READ_GQA),
         ]
 
-    def keep(ms, right):
-        return [m for m in ms if not (np.shape(m.value) == right.shape and np.allclose(m.value, right, rtol=1e-9, atol=1e-12))]
-
-    _, dK, dV = gqa_backward(dC, Q, K, V, P)
-    return {"dQ": [], "dK": keep(out["dK"], dK), "dV": keep(out["dV"], dV)}
+    return {"dQ": [], "dK": _not_right(out["dK"], att.repeat_kv_backward(dKr, n_kv)),
+            "dV": _not_right(out["dV"], att.repeat_kv_backward(dVr, n_kv))}
 
 
 # --------------------------------------------------------------------------- items
