@@ -12,7 +12,8 @@ from coursekit import guard
 
 class MissesItsWakeup:
     """A channel whose ``get_msg`` sees only a message that is already there when it is called; one that arrives
-    during the wait goes unnoticed until the wait times out (the reported bug)."""
+    during the wait goes unnoticed until the wait times out (the reported bug: one wait of the whole limit, as
+    nbclient makes, returns nothing)."""
 
     def __init__(self, arrives_after: float):
         self.t0, self.arrives_after, self.calls = time.monotonic(), arrives_after, 0
@@ -23,18 +24,6 @@ class MissesItsWakeup:
             return {"msg_type": "execute_reply"}
         await asyncio.sleep(timeout if timeout is not None else 3600)
         raise Empty
-
-
-def test_one_long_wait_sleeps_through_the_reply():
-    """The bad path, as nbclient waits: one get_msg for the whole limit returns nothing, at the limit."""
-    ch = MissesItsWakeup(arrives_after=0.2)
-    t0 = time.monotonic()
-    try:
-        asyncio.run(ch.get_msg(timeout=2.0))
-        got = True
-    except Empty:
-        got = False
-    assert not got and time.monotonic() - t0 >= 2.0
 
 
 def test_sliced_waits_find_the_reply_soon_after_it_arrives():
