@@ -39,6 +39,20 @@ def _wrong_rows() -> list[tuple[str, str, str, str]]:
 WRONG = _wrong_rows()
 
 
+def _told_rows() -> list[tuple[str, str, str, str]]:
+    """(lesson, student, warm-up test cell, text its feedback must contain): a warm-up is worth 0 points, so a wrong
+    warm-up answer loses nothing and is only explained; expected.json lists those under "told"."""
+    rows = []
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        spec = json.loads(exp.read_text())
+        for cell, text in spec.get("told", {}).items():
+            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
+    return rows
+
+
+TOLD = _told_rows()
+
+
 def _exact_rows() -> list[tuple[str, str, float, list[str]]]:
     """(lesson, student, exact code score, texts the feedback file must contain) for the example folders whose
     expected.json gives a "score" (hostile and broken submissions: some score 0 or full marks on purpose)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from coursekit import course
-from graded_examples import EXACT, EXACT_SCORE, EXAMPLES, WRONG, cell_scores, feedback_text, submission_scores
+from graded_examples import EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text, submission_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
@@ -89,6 +89,14 @@ def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text
         assert "hidden case" in fb, "the autograde run adds hidden cases"
 
 
+def _wrong_warm_ups_are_explained_and_cost_nothing(self, graded, sid, cell, text):
+    """A warm-up is formative: its test cell is worth 0 points, and a wrong answer's feedback still explains it."""
+    work, _ = graded
+    assert cell_scores(work, self.AID, sid)[cell] == (0.0, 0.0), f"{sid}: {cell} should be worth 0 points"
+    fb = feedback_text(work, self.AID, sid)
+    assert text in fb, f"{sid}: feedback lacks {text!r}"
+
+
 def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, graded, sid, score, texts):
     """Hostile and broken submissions (expected.json with "score"): exactly that code score, a feedback file
     with the given plain-words texts, and, for one that could not be graded at all, a line in the table."""
@@ -125,6 +133,13 @@ for _aid in LESSONS:
 
         _ns["test_typical_mistakes_score_in_between_and_say_why"] = pytest.mark.parametrize(
             "sid,cell,text", _rows, ids=[f"{sid}-{cell}" for sid, cell, _ in _rows])(_test)
+    _told = [(sid, cell, text) for aid, sid, cell, text in TOLD if aid == _aid]
+    if _told:
+        def _test_told(self, graded, sid, cell, text):
+            _wrong_warm_ups_are_explained_and_cost_nothing(self, graded, sid, cell, text)
+
+        _ns["test_wrong_warm_ups_are_explained_and_cost_nothing"] = pytest.mark.parametrize(
+            "sid,cell,text", _told, ids=[f"{sid}-{cell}" for sid, cell, _ in _told])(_test_told)
     _exact = [(sid, score, texts) for aid, sid, score, texts in EXACT if aid == _aid]
     if _exact:
         def _test_exact(self, graded, sid, score, texts):

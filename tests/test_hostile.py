@@ -29,9 +29,9 @@ def test_editing_the_loaded_keys_changes_nothing():
     from coursekit.grading import keys
 
     loaded = keys.load("02")
-    wrong = next(x for x in "abcd" if x != loaded["keys"]["w1"])
-    loaded["keys"]["w1"] = wrong  # a plain dict a notebook could edit: the next check reads the file again
-    assert check("02.w1", wrong).points == 0
+    wrong = next(x for x in "abcd" if x != loaded["keys"]["p6"])
+    loaded["keys"]["p6"] = wrong  # a plain dict a notebook could edit: the next check reads the file again
+    assert check("02.p6", wrong).points == 0
 
 
 def test_a_function_that_loops_forever_loses_its_cases_and_grading_goes_on():

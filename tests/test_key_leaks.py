@@ -2,10 +2,11 @@
 (lessons/), the installed coursekit package, and the feedback of a graded class. Feedback reports
 hidden cases' outcomes, never the generator of their inputs.
 
-The keys, the hints that explain wrong choices and the seeds live in the instructor's folder
-(autograder/keys/NN.json, read through $COURSEKIT_KEYS); the package ships none of them and cannot read
-them on its own, so a student's machine records choice answers without scoring them (no oracle to try
-letters against). Every key of every lesson (choice and ordering keys, and the int ``"seed"`` of the
+The keys of the items that count, the hints that explain their wrong choices and the seeds live in the
+instructor's folder (autograder/keys/NN.json, read through $COURSEKIT_KEYS); the package ships none of them
+and cannot read them on its own, so a student's machine records those choice answers without scoring them
+(no oracle to try letters against). Warm-ups are the exception by design: worth 0 points, they ship their
+keys and an explanation of every option, and say at once whether an answer is right. Every key of every lesson (choice and ordering keys, and the int ``"seed"`` of the
 hidden cases) is searched in the forms it would take if it leaked: the key table
 (``"w1": "b"``, ``answer_w1 = "b"``, ``"seed": 1234``), the seed as a bare number, an ordering as a list
 literal. The last tests plant keys in copies and check that the scan finds them, so a scan that
@@ -264,6 +265,8 @@ def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, c
     monkeypatch.delenv(keymod.ENV, raising=False)
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     for item_id, item in lesson_items(num).items():
+        if isinstance(item, Choice) and item.formative:
+            continue  # a warm-up: its key ships on purpose (test_warm_ups_are_formative_and_explain_every_option)
         if isinstance(item, Choice):
             tries = [[o] if item.multi else o for o in item.options]
         elif isinstance(item, Ordering):
@@ -277,6 +280,47 @@ def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, c
         assert len(set(outs)) == 1 and "Recorded" in outs[0], f"{num}.{item_id}: answers differ without a key:\n" + "\n".join(outs)
         grade(f"{num}.{item_id}", 42)
         assert "Recorded" not in capsys.readouterr().out, f"{num}.{item_id}: a malformed answer was recorded"
+
+
+@pytest.mark.parametrize("num", sorted(KEYS))
+def test_warm_ups_are_formative_and_explain_every_option(num, monkeypatch, capsys):
+    """Every warm-up is worth 0 points, and only warm-ups ship a key. On a student's machine (no keys) a warm-up
+    choice says right or not right at once, with the explanation of the option chosen; an item that counts
+    never ships its key."""
+    from coursekit.grading import Choice, grade
+
+    monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    items = lesson_items(num)
+    assert any(i.startswith("w") for i in items), f"lesson {num} has no warm-up"
+    for item_id, item in items.items():
+        warm_up = item_id.startswith("w")
+        assert (item.points == 0) == warm_up, f"{num}.{item_id}: warm-ups are worth 0 points, other items more"
+        if not isinstance(item, Choice):
+            continue
+        assert item.formative == warm_up, f"{num}.{item_id}: {'a warm-up must ship' if warm_up else 'a counted item must not ship'} its key"
+        if not warm_up:
+            continue
+        for option in item.options:
+            grade(f"{num}.{item_id}", option)
+            out = capsys.readouterr().out
+            verdict = f"({option}) is right." if option == item.key else f"({option}) is not right."
+            assert verdict in out and item.explain[option][:60] in out, f"{num}.{item_id} ({option}):\n{out}"
+            assert "feedback only, 0 points" in out and "Recorded" not in out, out
+        assert len({item.explain[o] for o in item.options}) == len(item.options), f"{num}.{item_id}: two options share an explanation"
+
+
+def test_a_formative_choice_cannot_carry_points_or_leave_an_option_unexplained():
+    from coursekit.grading import Choice
+
+    every = {o: f"why {o}" for o in "abcd"}
+    with pytest.raises(ValueError, match="0 points"):
+        Choice("q", 1, key="b", explain=every)
+    with pytest.raises(ValueError, match=r"missing \['d'\]"):
+        Choice("q", 0, key="b", explain={o: every[o] for o in "abc"})
+    with pytest.raises(ValueError, match="key file"):
+        Choice("q", 1, explain=every)
+    assert Choice("q", 0, key="b", explain=every).formative and not Choice("q", 1).formative
 
 
 def test_orderings_list_their_labels_alphabetically():
@@ -298,18 +342,20 @@ def test_every_keyed_item_has_a_key():
 def test_key_problems_names_a_missing_key(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
     data = json.loads((tmp_path / "keys" / "02.json").read_text())
-    del data["keys"]["w1"]
+    del data["keys"]["p6"]
     data["keys"]["zz"] = "a"
+    data["keys"]["w1"] = "b"  # a warm-up ships its key: one in the instructor's file is a mistake too
     (tmp_path / "keys" / "02.json").write_text(json.dumps(data))
     monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
     from coursekit.grading import key_problems
 
-    assert set(key_problems()) == {"02.w1: no key", "02.zz: a key for an item that needs none or does not exist"}
+    assert set(key_problems()) == {"02.p6: no key", "02.zz: a key for an item that needs none or does not exist",
+                                   "02.w1: a key for an item that needs none or does not exist"}
     assert set(key_problems(["02"])) == set(key_problems()) and key_problems(["03"]) == []
     # grading refuses the lesson whose keys have problems, and only that one
     from coursekit import course
 
-    with pytest.raises(course.CourseError, match="02.w1: no key"):
+    with pytest.raises(course.CourseError, match="02.p6: no key"):
         course._require_keys(["02-lora-inside-one-matmul"])
     course._require_keys(["03-what-low-rank-restricts"])
 
@@ -431,14 +477,14 @@ def test_a_grading_run_uses_the_keys_read_at_its_start(tmp_path, monkeypatch):
     and the run reports the change (coursekit grade prints a warning)."""
     shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
     monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
-    right = keymod.load("02")["keys"]["w1"]
+    right = keymod.load("02")["keys"]["p6"]
     keymod.freeze(["02"])
     try:
         forged = json.loads((tmp_path / "keys" / "02.json").read_text())
-        forged["keys"]["w1"] = next(o for o in "abcd" if o != right)
+        forged["keys"]["p6"] = next(o for o in "abcd" if o != right)
         (tmp_path / "keys" / "02.json").write_text(json.dumps(forged))
-        assert keymod.load("02")["keys"]["w1"] == right
+        assert keymod.load("02")["keys"]["p6"] == right
     finally:
         changed = keymod.thaw()
     assert changed == [str(tmp_path / "keys" / "02.json")]
-    assert keymod.load("02")["keys"]["w1"] != right  # after the run, the disk again
+    assert keymod.load("02")["keys"]["p6"] != right  # after the run, the disk again

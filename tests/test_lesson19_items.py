@@ -74,7 +74,7 @@ def test_right_choices_score_full(item):
 ])
 def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     fb = check(f"19.{item}", fn, hidden=False)
-    assert fb.points < fb.max_points and text in fb.text(), fb.text()
+    assert not fb.full and text in fb.text(), fb.text()
 
 
 @pytest.mark.parametrize("item, fn, text", [
@@ -149,7 +149,7 @@ def test_a_preflight_that_refuses_everything_refuses_nothing_in_particular():
 def test_hidden_cases_name_the_mistake_without_their_inputs(item, fn):
     fb = check(f"19.{item}", fn, hidden=True)
     hidden = [l for l in fb.lines if l.startswith("✗ hidden case")]
-    assert hidden and fb.points < fb.max_points
+    assert hidden and not fb.full
     for line in hidden:
         own = line.split("the same mistake as public case")[0]  # a public case's description is public
         assert "r = " not in own and "lr = " not in own and "lora_alpha=" not in own, line

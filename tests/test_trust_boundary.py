@@ -22,7 +22,7 @@ from coursekit.grading import answer_record, keys, score_record
 from coursekit.guard import ScoreAnswers
 
 KEYS02 = keys.load("02")  # tests/conftest.py points $COURSEKIT_KEYS at autograder/keys
-RIGHT = KEYS02["keys"]["w1"]
+RIGHT = KEYS02["keys"]["p6"]
 WRONG = next(o for o in "abcd" if o != RIGHT)
 
 # Skipped where bubblewrap cannot run, except in CI (CI=true), where a missing sandbox is a failure.
@@ -104,35 +104,35 @@ def test_a_malformed_record_scores_zero_and_says_so(bad):
 
 @pytest.mark.parametrize("answer, points, says", [(RIGHT, 1.0, "is right"), (WRONG, 0.0, "is not right")])
 def test_a_handed_over_choice_is_scored_with_the_instructors_key(answer, points, says):
-    cell = _test_cell("02.w1", [_record(answer_record("02.w1", answer)),
+    cell = _test_cell("02.p6", [_record(answer_record("02.p6", answer)),
                                 new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
     got, text = _score(cell)
     assert got == points and says in text
-    if answer == WRONG and KEYS02["hints"].get("w1", {}).get(WRONG):
-        assert KEYS02["hints"]["w1"][WRONG][:30] in text  # the hint that teaches, from the instructor's file
+    if answer == WRONG and KEYS02["hints"].get("p6", {}).get(WRONG):
+        assert KEYS02["hints"]["p6"][WRONG][:30] in text  # the hint that teaches, from the instructor's file
 
 
 @pytest.mark.parametrize("outputs, why", [
     # the kernel's own number (a forged grade(), sys.displayhook(3.0)): dropped, nothing handed over
-    ([new_output("stream", name="stdout", text="[02.w1] 1 / 1 points\n"), new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)],
+    ([new_output("stream", name="stdout", text="[02.p6] 1 / 1 points\n"), new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)],
      "no answer reached the grader"),
-    ([new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1), _record(answer_record("02.w1", RIGHT)),
-      _record(answer_record("02.w1", WRONG))], "more than one answer"),
+    ([new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1), _record(answer_record("02.p6", RIGHT)),
+      _record(answer_record("02.p6", WRONG))], "more than one answer"),
     ([_record(answer_record("02.w3", RIGHT))], "no answer reached the grader"),  # a record for another item
     ([new_output("error", ename="NameError", evalue="name 'answer_w1' is not defined", traceback=[])], "NameError: name 'answer_w1'"),
 ])
 def test_only_the_one_handed_over_answer_counts(outputs, why):
-    got, text = _score(_test_cell("02.w1", outputs))
+    got, text = _score(_test_cell("02.p6", outputs))
     assert got == 0.0 and why in text.lower() or why in text, text
 
 
 def test_the_same_answer_handed_over_twice_counts_once():
-    rec = answer_record("02.w1", RIGHT)
-    assert _score(_test_cell("02.w1", [_record(rec), _record(rec)]))[0] == 1.0
+    rec = answer_record("02.p6", RIGHT)
+    assert _score(_test_cell("02.p6", [_record(rec), _record(rec)]))[0] == 1.0
 
 
 def test_a_check_cell_that_is_not_one_grade_call_scores_zero():
-    cell = _test_cell("02.w1", [new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
+    cell = _test_cell("02.p6", [new_output("execute_result", data={"text/plain": "1.0"}, execution_count=1)])
     cell.source = "1.0"
     assert _score(cell)[0] == 0.0
 

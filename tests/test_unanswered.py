@@ -33,7 +33,7 @@ def test_blanks_are_recognised_and_answers_are_not():
         assert not unanswered(answer), answer
 
 
-@pytest.mark.parametrize("item, answer", [("02.w1", None), ("02.p1", blank), ("02.p3", None)])
+@pytest.mark.parametrize("item, answer", [("02.p6", None), ("02.p1", blank), ("02.p3", None)])
 def test_grade_says_not_answered_and_scores_0(item, answer, capsys, monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     assert grade(item, answer) is None  # the printed line carries the points; no second "Out: 0.0"

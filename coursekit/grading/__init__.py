@@ -44,6 +44,7 @@ from .checkers import (
     check_multi,
     check_numeric,
     check_ordering,
+    formative,
 )
 
 __all__ = [
@@ -76,13 +77,40 @@ def autograding() -> bool:
 
 @dataclass
 class Choice:
-    """A multiple-choice item; ``multi`` for "choose all that apply". The key (a letter, or a list of letters)
-    and the hints for each option live in the instructor's key file (see :mod:`.keys`), not here."""
+    """A multiple-choice item; ``multi`` for "choose all that apply".
+
+    A counted item's key (a letter, or a list of letters) and the hints for its wrong options live in the
+    instructor's key file (see :mod:`.keys`), not here: while a student works its check only records the answer.
+    A *formative* item (a warm-up) ships its ``key`` and an ``explain`` text for every option, right or wrong, so
+    its check says at once whether the answer is right and why; such an item is worth 0 points, because a key
+    that ships can be read or found by trying the letters.
+
+    Raises ValueError when a formative item has points or leaves an option unexplained."""
 
     title: str
     points: float
     options: str = "abcd"
     multi: bool = False
+    key: Any = None
+    explain: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            if self.explain:
+                raise ValueError(f"{self.title!r}: explanations ship only with a formative item's key; a counted "
+                                 "item's hints belong in the instructor's key file")
+            return
+        if self.points:
+            raise ValueError(f"{self.title!r}: a choice whose key ships with the course is formative and must be worth "
+                             f"0 points, not {self.points}")
+        missing = sorted(set(self.options) - set(self.explain))
+        if missing or set(self.explain) - set(self.options):
+            raise ValueError(f"{self.title!r}: explain every option {list(self.options)} (missing {missing}) and no other")
+
+    @property
+    def formative(self) -> bool:
+        """Whether the key ships with the course (a warm-up: immediate feedback, 0 points)."""
+        return self.key is not None
 
     def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         if self.multi:
@@ -97,6 +125,9 @@ class Choice:
         return [list(c) for n in range(1, len(opts) + 1) for c in itertools.combinations(opts, n)]
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
+        if self.formative:
+            check = check_multi if self.multi else check_choice
+            return formative(check(answer, self.key, 1, list(self.options), self.explain))
         if not ctx.has_keys():
             return _recorded(self, answer)
         return self._run(answer, ctx.key(), ctx.hints())
@@ -117,7 +148,8 @@ class Numeric:
 
     def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         want = self.expected() if self.expected else float(key)
-        return check_numeric(answer, want, self.points, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
+        fb = check_numeric(answer, want, self.points or 1, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
+        return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if self.expected is None and not ctx.has_keys():
@@ -140,7 +172,8 @@ class Array:
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
-        return check_array(answer, self.expected(), self.points, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
+        fb = check_array(answer, self.expected(), self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
+        return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 
 
 @dataclass
@@ -315,7 +348,9 @@ RECORDED_TAG = ": recorded (worth "  # what a keyed check prints after its title
 def keyed(item: Any) -> bool:
     """Whether ``item`` is scored against the instructor's key (a choice, an ordering, a number without
     ``expected``): while a student works, its check can only record the answer."""
-    return isinstance(item, (Choice, Ordering)) or (isinstance(item, Numeric) and item.expected is None)
+    if isinstance(item, Choice):
+        return not item.formative
+    return isinstance(item, Ordering) or (isinstance(item, Numeric) and item.expected is None)
 
 
 def _value_item(item: Any) -> bool:

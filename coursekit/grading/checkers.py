@@ -49,6 +49,7 @@ class Feedback:
     points: float
     max_points: float
     lines: list[str] = field(default_factory=list)
+    right: bool | None = None  # a formative (0-point) item's verdict; None: read it from the points
 
     def __post_init__(self) -> None:
         # nbgrader rejects a cell result above its points; never let rounding exceed it.
@@ -56,11 +57,19 @@ class Feedback:
 
     @property
     def full(self) -> bool:
-        return self.points >= self.max_points
+        """Whether the answer is right: all the points, or for a formative item its verdict."""
+        return self.right if self.right is not None else self.points >= self.max_points
 
     def text(self, title: str = "") -> str:
-        head = f"{title}: {self.points:g} / {self.max_points:g} points" if title else f"{self.points:g} / {self.max_points:g} points"
+        score = f"{self.points:g} / {self.max_points:g} points" if self.max_points else "feedback only, 0 points"
+        head = f"{title}: {score}" if title else score
         return "\n".join([head] + ["  " + line for line in self.lines])
+
+
+def formative(fb: Feedback) -> Feedback:
+    """A formative (0-point) item's result: checked as if worth one point, it keeps the verdict and the
+    explanation and scores 0 of 0."""
+    return Feedback(0.0, 0.0, fb.lines, right=fb.full)
 
 
 @dataclass

@@ -113,13 +113,34 @@ def _packed_mistakes() -> list[Mistake]:
 ITEMS = {
     # Warm-up
     "w1": Choice(
-        "Where do the implement-a-kernel and compute-a-value items of a lesson sit?", 1,
+        "Where do the implement-a-kernel and compute-a-value items of a lesson sit?", 0,
+        key="c",
+        explain={
+            "a": "Warm-up is a short check of what you bring in (about 3 questions), not where you build things.",
+            "b": "Know this is exposition with runnable cells; nothing there is graded.",
+            "c": "Practice is the graded part of a lesson: it holds the autograded items (implement a function, compute a value, choose an option, order steps) plus a few free-text answers an instructor grades by hand. Warm-up only checks what you bring in, and Know this is ungraded exposition. (Lesson 00, 'How this course works'.)",
+            "d": "Going further lists primary sources to read; it is not graded.",
+        },
     ),
     "w2": Choice(
-        "What does the autograder add to the cases a grade cell runs while you work?", 1,
+        "What does the autograder add to the cases a grade cell runs while you work?", 0,
+        key="b",
+        explain={
+            "a": "If it ran only the public cases, hard-coding their answers would earn full marks. Reread 'How to get feedback'.",
+            "b": "When your instructor autogrades the submission, the same grade cell also runs hidden, randomized cases, so an answer that only fits the visible cases earns less. A function that is right in general passes them as well. (Lesson 00, 'How to get feedback'.)",
+            "c": "Nothing is compared with your classmates; every answer is checked against coursekit's reference.",
+            "d": "The autograder does not grade style or timing; it runs the same checks plus hidden cases.",
+        },
     ),
     "w3": Choice(
-        "A lesson's prose says 'the maximum error is 0.07'. Where does that number come from?", 1,
+        "A lesson's prose says 'the maximum error is 0.07'. Where does that number come from?", 0,
+        key="a",
+        explain={
+            "a": "Every number quoted in the prose is computed by a code cell and checked by an assert against what the cell computes. When CI re-runs the notebook, a stale number fails the build instead of drifting silently. (Lesson 00, 'How this course works'.)",
+            "b": "A number copied from a paper or a document is exactly what this course avoids; versions change.",
+            "c": "Nothing is typed in by hand; if it were, nbval could not catch a stale number.",
+            "d": "The grader checks your answers, not the prose; the prose is checked by asserts when nbval runs the notebook.",
+        },
     ),
     # Practice
     "p1": Choice(

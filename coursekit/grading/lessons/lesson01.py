@@ -120,18 +120,39 @@ ITEMS = {
     # ------------------------------------------------------------------ warm-up
     "w1": Choice(
         "What QLoRA changes that LoRA does not",
-        1,
+        0,
         options="abcd",
+        key="b",
+        explain={
+            "a": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
+            "b": "LoRA decides what trains (the factors A and B, with W frozen); QLoRA keeps exactly that and also stores the frozen base's eligible weights as 4-bit codes (NF4) with one scale per block, while the adapter and the arithmetic stay in higher precision. In one line: LoRA changes what trains, QLoRA also changes how the base is stored. (Lesson 01, 'Full fine-tuning, PEFT, LoRA, QLoRA'.)",
+            "c": "A and B keep their shapes (d × r and r × m): quantization changes the bytes of W, not its logical shape. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
+            "d": "Both are usually trained with AdamW; the optimizer is a separate choice from the adapter. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
+        },
     ),
     "w2": Choice(
         "Weekly-changing prices",
-        1,
+        0,
         options="abcd",
+        key="c",
+        explain={
+            "a": "A weekly fine-tune chases facts that change faster than you can train and evaluate, and weights are not a dependable database of changing facts. Reread Know this, 'What is missing?'.",
+            "b": "More trainable parameters do not make a model know next week's prices. Reread Know this, 'What is missing?'.",
+            "c": "What is missing here is current facts, not behaviour, and facts that change every week belong in the input: retrieval or a tool call fetches the live price list at question time. Facts baked into weights go stale, and you cannot tell which ones did. (Lesson 01, 'What is missing?'.)",
+            "d": "Constrained output fixes the shape of an answer, not the facts in it. Reread Know this, 'What is missing?'.",
+        },
     ),
     "w3": Choice(
         "Largest bucket of full fine-tuning",
-        1,
+        0,
         options="abcd",
+        key="d",
+        explain={
+            "a": "Activations can dominate at long sequences, but they are not a persistent tensor and the ledger leaves them out; among the ledger's buckets, look again. Reread Know this, 'The memory ledger'.",
+            "b": "The bf16 weights are 2 bytes per parameter; another bucket costs four times as much. Reread Know this, 'The memory ledger'.",
+            "c": "The bf16 gradients are 2 bytes per parameter, the same as the weights. Reread Know this, 'The memory ledger'.",
+            "d": "Adam keeps two fp32 moment buffers, m and v, for every trainable parameter: 2 × 4 = 8 bytes, so 7 × 10⁹ × 8 = 56 GB. That is four times the bf16 weights (14 GB) and four times the bf16 gradients (14 GB), two thirds of the 84 GB total. (Lesson 01, 'The memory ledger'.)",
+        },
     ),
     # ------------------------------------------------------------------ practice
     "p1": Choice(

@@ -127,11 +127,18 @@ P7_SIDE = 24
 ITEMS = {
     "w1": Choice(
         "the shape of A",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "r × d is how PEFT *stores* lora_A.weight (out × in); in the row-vector convention X A needs A to be d × r. Reread 'Shapes first' in Know this.",
+            "b": "A maps each token's d features down to the r-wide code: X A is (n × d)(d × r) = n × r, so A must be d × r, and B (r × m) maps the code back up to m outputs. (Lesson 02, 'Shapes first'.)",
+            "c": "r × m is B's shape: B maps the r-wide code back to m outputs. Reread 'Shapes first' in Know this.",
+            "d": "m × r is how PEFT stores lora_B.weight. Reread 'Shapes first' in Know this.",
+        },
     ),
     "w2": Numeric(
         "the scale s for lora_alpha = 32, r = 8",
-        1,
+        0,
         name="s",
         expected=lambda: lora.scaling(32, 8),
         mistakes=lambda: [
@@ -142,7 +149,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "the adapter at initialisation (B = 0)",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0.",
+            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'Shapes first'.)",
+            "c": "The whole layer equals X W; the adapter's own contribution is zero.",
+            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros.",
+        },
     ),
     "p1": Function(
         "implement adapted_forward",

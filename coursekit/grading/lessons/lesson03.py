@@ -297,7 +297,7 @@ W3 = dict(lora_alpha=16, r_from=4, r_to=16)
 ITEMS = {
     "w1": Numeric(
         f"the largest possible rank of A B, A {W1_SHAPES['d']} × {W1_SHAPES['r']}, B {W1_SHAPES['r']} × {W1_SHAPES['m']}",
-        1,
+        0,
         name="max_rank",
         expected=lambda: min(W1_SHAPES.values()),
         rtol=0,
@@ -311,11 +311,18 @@ ITEMS = {
     ),
     "w2": Choice(
         "which matrix has rank 1",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "The second row [2, 4] is 2 times the first row [1, 2], and the second column is 2 times the first, so all columns lie along one direction: rank 1. It is the outer product [1, 2]ᵀ[1, 2], a single rank-one piece. (Lesson 03, 'Rank of a product'.)",
+            "b": "The identity's two columns point in different directions: rank 2. Reread 'Rank of a product' in Know this.",
+            "c": "diag(1, −1) has two independent columns (one per axis): rank 2. Reread 'Rank of a product' in Know this.",
+            "d": "A permutation matrix has full rank: its columns are distinct unit vectors. Reread 'When low rank fails'.",
+        },
     ),
     "w3": Numeric(
         f"the factor by which s changes when r goes from {W3['r_from']} to {W3['r_to']} at lora_alpha = {W3['lora_alpha']}",
-        1,
+        0,
         name="factor",
         expected=lambda: lora.scaling(W3["lora_alpha"], W3["r_to"]) / lora.scaling(W3["lora_alpha"], W3["r_from"]),
         mistakes=lambda: [

@@ -323,15 +323,36 @@ def _p6_losses() -> tuple[float, float]:
 ITEMS = {
     "w1": Choice(
         "what -100 in labels means",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "-100 is not a token id (ids are >= 0); padding gets its own id, pad_id. -100 is a label value that the loss skips. Reread 'Two masks, two jobs' in Know this.",
+            "b": "−100 is PyTorch's default ignore_index: F.cross_entropy gives a position with label −100 no loss, and with reduction=\"mean\" leaves it out of the denominator too. The mean runs over the N supervised positions only. (Lesson 04, '−100: the label the loss skips'.)",
+            "c": "Which positions may be attended to is the attention mask's job; a -100 label leaves attention alone. Reread 'Two masks, two jobs' in Know this.",
+            "d": "Nothing is penalised: the position contributes exactly zero to the loss and to the count N. Reread 'Two masks, two jobs' in Know this.",
+        },
     ),
     "w2": Choice(
         "a prompt token under assistant-only supervision",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "The two masks do different jobs: attention_mask 1 lets the answer tokens read the question, and label −100 keeps the question out of the loss. The prompt is visible but not supervised. (Lesson 04, 'Two masks, two jobs'.)",
+            "b": "attention_mask 0 would hide the prompt from the answer tokens: the model could not read the question. Reread 'Two masks, two jobs' in Know this.",
+            "c": "With its own id as label, the prompt would be trained on too (full-conversation training, not assistant-only). Reread 'Two masks, two jobs' in Know this.",
+            "d": "That hides the prompt and trains on it: both masks are the wrong way round. Reread 'Two masks, two jobs' in Know this.",
+        },
     ),
     "w3": Choice(
         "who does the causal shift",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "Logit t is the prediction made after reading tokens 0..t; scoring it against token t would let it copy its input. Reread 'The shift happens once' in Know this.",
+            "b": "Logit t + 1 has already seen token t + 1: nothing left to predict. Reread 'The shift happens once' in Know this.",
+            "c": "Logit t − 1 has read tokens 0…t − 1 and predicts token t. transformers' causal LMs do the shift once, inside their loss (ForCausalLMLoss), comparing logits[:, :-1] with labels[:, 1:], so labels aligned with input_ids are what you pass, and the label at position 0 is never scored. (Lesson 04, 'The shift happens once'.)",
+            "d": "transformers' causal LMs shift inside their loss (ForCausalLMLoss); shifting first makes it happen twice. Reread 'The shift happens once' in Know this.",
+        },
     ),
     "p1": Function(
         "implement make_labels",

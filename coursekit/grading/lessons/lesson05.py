@@ -125,15 +125,36 @@ def _dW_mistakes() -> list[Mistake]:
 ITEMS = {
     "w1": Choice(
         "the shape of ∇A",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "r × d is Aᵀ's shape (and how PEFT stores lora_A.weight). The gradient of a scalar loss with respect to A has A's own shape, d × r. Reread 'Shapes force the transposes' in Know this.",
+            "b": "L is a scalar, so its gradient with respect to any tensor has that tensor's own shape: ∇A has A's shape, d × r. The product that gives it, ∇A = Xᵀ dZ = (d × n)(n × r), sums every token's contribution over n. (Lesson 05, 'Shapes force the transposes'.)",
+            "c": "n × r is the shape of Z = XA and of dZ, the gradient arriving at Z; ∇A = Xᵀ dZ sums over the n tokens and is d × r. Reread 'Shapes force the transposes' in Know this.",
+            "d": "d × m is W's shape; ∇A must have A's shape, d × r. Reread 'Shapes force the transposes' in Know this.",
+        },
     ),
     "w2": Choice(
         "a frozen W and the gradient reaching X",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "Freezing only means autograd forms no ∇W = Xᵀ D (W.grad stays None). XW is still in the graph, so its share D Wᵀ of ∇X = D Wᵀ + dZ Aᵀ still flows back to X and to every layer below. (Lesson 05, 'Frozen is not detached'.)",
+            "b": "Freezing stops the optimizer from updating W; it does not cut the graph. The base path D Wᵀ still reaches X. Reread 'Frozen is not detached' in Know this.",
+            "c": "Frozen weights still pass gradient: with the adapter path alone, every layer below would see only a small correction of its true gradient. Reread 'Frozen is not detached' in Know this.",
+            "d": "No gradient for W is formed at all (W.grad stays None); the frozen weight is used, not updated. Reread 'Frozen is not detached' in Know this.",
+        },
     ),
     "w3": Choice(
         "the gradient of Z in Y = Z B",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "D B does not multiply: D is n × m and B is r × m, the inner sizes m and r disagree. Reread 'Shapes force the transposes' in Know this.",
+            "b": "Bᵀ D is (m × r)(n × m): it needs r = n and would not give Z's shape n × r. Reread 'Shapes force the transposes' in Know this.",
+            "c": "For a product Y = P Q with upstream gradient D, ∂L/∂P = D Qᵀ; here P = Z and Q = B, so ∂L/∂Z = D Bᵀ. The shapes confirm it: (n × m)(m × r) = n × r, Z's own shape, and in the adapted layer the scale adds a factor s, dZ = s D Bᵀ. (Lesson 05, 'Shapes force the transposes'.)",
+            "d": "Dᵀ B is (m × n)(r × m): it needs n = r, and the gradient of Z must have Z's shape n × r. Reread 'Shapes force the transposes' in Know this.",
+        },
     ),
     "p1": Function(
         "implement lora_backward",

@@ -259,11 +259,18 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 ITEMS = {
     "w1": Choice(
         "D for softmax cross-entropy, one row",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "p alone ignores which class is right; the gradient must push the target's logit up. Reread 'Softmax, cross-entropy and D' in Know this.",
+            "b": "That is −D: with it, gradient descent would push the target's probability down. Reread 'Softmax, cross-entropy and D' in Know this.",
+            "c": "L = −log_softmax(Y)[target], so the upstream gradient is −onehot(target), and the log-softmax rule gives dY = −onehot + p. Each wrong logit gets +p_j and the target gets p[target] − 1 < 0, so a descent step lowers the wrong logits and raises the target; in the toy D ≈ [0.460085, −0.460085]. (Lesson 06, 'Softmax, cross-entropy and D'.)",
+            "d": "−log p is the loss itself, not its gradient with respect to the logits. Reread 'Softmax, cross-entropy and D' in Know this.",
+        },
     ),
     "w2": Numeric(
         "the cross-entropy loss for target class 1 with p = [0.460085, 0.539915]",
-        1,
+        0,
         name="loss",
         expected=lambda: _seed_records(1)[0].loss,
         rtol=0,
@@ -277,7 +284,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "which tensors are the optimizer's parameters in the walk",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "The optimizer updates only the trainable parameters, A and B, as in torch.optim.AdamW([A, B], ...); W is frozen and gets no gradient. X does get ∇X = DWᵀ + dZAᵀ, but only to pass the signal on to earlier layers: it is the layer's input, not something this layer learns. (Lesson 06, 'The eight steps, once by hand'.)",
+            "b": "W is frozen: it passes gradient to X (D Wᵀ) but is never in the optimizer. Reread 'The toy: one projection as a classifier' in Know this.",
+            "c": "X gets a gradient so that earlier layers could learn, but X is an input, not a parameter of this layer. Reread 'The toy: one projection as a classifier' in Know this.",
+            "d": "A is in the optimizer from the start; at step one its gradient happens to be zero, so AdamW leaves it where it is. Reread 'Why ∇A is zero at step one' in Know this.",
+        },
     ),
     "p1": Function(
         "implement ce_grad",

@@ -225,12 +225,19 @@ def _p7_mistakes() -> list[Mistake]:
 ITEMS = {
     "w1": Choice(
         "the central-difference formula",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "That is the forward difference: it works, but its error shrinks only like ε, not ε². Reread 'Central differences, entry by entry' in Know this.",
+            "b": "The Taylor expansions of f(x + ε) and f(x − ε) share their even terms, so their difference is 2ε f′(x) + ε³/3 · f‴(x); dividing by the 2ε between the two points leaves f′(x) with an error of only ε²/6 · f‴(x), second order. For sin at x = 1 and ε = 1e-3 that is about 9.0e-8, against 4.2e-4 for the forward difference. (Lesson 07, 'Central differences, entry by entry'.)",
+            "c": "The two points x + ε and x − ε are 2ε apart: dividing by ε doubles the slope. Reread 'Central differences, entry by entry' in Know this.",
+            "d": "A sum of the two values measures the function's level, not its slope; a derivative needs a difference. Reread 'Central differences, entry by entry' in Know this.",
+        },
     ),
     "w2": Numeric(
         f"loss evaluations for a full central-difference check of X, A and B (n = {W2_SHAPE['n']}, d = {W2_SHAPE['d']}, "
         f"m = {W2_SHAPE['m']}, r = {W2_SHAPE['r']})",
-        1,
+        0,
         name="n_evals",
         expected=_w2_expected,
         rtol=0,
@@ -238,7 +245,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "why gradient checks run in float64",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "Speed is not the reason: float64 is slower on most hardware. The reason is round-off, which is divided by ε. Reread 'float32 needs other tolerances' in Know this.",
+            "b": "float32 keeps 24 bits (unit round-off about 6.0e-8), so each of f(x ± ε) is off by roughly 1e-7·|f|, and the central difference carries a round-off error of about 1e-7·|f| / ε: at ε = 1e-6 that is 0.1·|f|, and the estimate is noise. In float64 (u ≈ 1.1e-16) the same term is about 1e-10·|f|, far below the signal of a real bug, so the check runs there and the same code is then trusted in float32. (Lesson 07, 'float32 needs other tolerances'.)",
+            "c": "Autograd works in float32 and bfloat16 too; finite differences are what suffer from float32's rounding. Reread 'float32 needs other tolerances' in Know this.",
+            "d": "Adapters are trained in float32 or bf16; the check uses float64 only to keep round-off below the bug signal. Reread 'float32 needs other tolerances' in Know this.",
+        },
     ),
     "p1": Function(
         "implement central_difference",

@@ -329,15 +329,36 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 ITEMS = {
     "w1": Choice(
         "the shape of P for one head",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "T × d_h is the shape of Q, K and dQ; P holds one probability per (query, key) pair: T × T. Reread 'One head, forward' in Know this.",
+            "b": "S = Q Kᵀ / √d_h multiplies a T × d_h matrix by a d_h × T one and contracts over d_h, so S, and P = softmax(S) row by row, are T × T: row t is query t's distribution over the T keys. (Lesson 08, 'One head, forward'.)",
+            "c": "d_h × d_h would be Qᵀ K, which contracts over positions; attention compares positions, Q Kᵀ is T × T. Reread 'One head, forward' in Know this.",
+            "d": "T × d_v is the shape of V and of the output C = P V; P itself is T × T. Reread 'One head, forward' in Know this.",
+        },
     ),
     "w2": Choice(
         "which keys a causal query may attend",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "The causal mask sets the score to −∞ wherever key u comes after query t (u > t), so query t keeps every earlier key and its own position on the diagonal: P is lower triangular, and the first query's row is a single 1 on key 0. (Lesson 08, 'One head, forward'.)",
+            "b": "u ≥ t would let each query look at the future, the opposite of causal. Reread 'Masked means zero: probability and gradient' in Know this.",
+            "c": "u < t would hide the query's own position; PyTorch's is_causal keeps the diagonal (u ≤ t). Reread 'Masked means zero: probability and gradient' in Know this.",
+            "d": "That is bidirectional attention (an encoder); a decoder's causal mask hides every key after the query. Reread 'Masked means zero: probability and gradient' in Know this.",
+        },
     ),
     "w3": Choice(
         "why the row maximum is subtracted",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "Subtracting a constant from a row leaves its softmax unchanged: exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s). Reread 'One head, forward' in Know this.",
+            "b": "Subtracting the row maximum m multiplies numerator and denominator by the same exp(−m), so exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s) and P does not change. But the largest exponent becomes exp(0) = 1, so scores in the hundreds no longer overflow (exp(710) is already inf in float64). (Lesson 08, 'One head, forward'.)",
+            "c": "The gradient does not change either; the rowsum term in dS already makes each row of dS sum to zero. Reread 'One head, forward' in Know this.",
+            "d": "The mask is applied with −inf before the maximum; subtracting the maximum only keeps exp from overflowing. Reread 'One head, forward' in Know this.",
+        },
     ),
     "p1": Function(
         "implement softmax_backward",

@@ -270,11 +270,18 @@ def _p7_mistakes() -> list[Mistake]:
 ITEMS = {
     "w1": Choice(
         "the shape of H and of dH",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "n × d is the shape of X and of the MLP's output Y; H lives in the wide intermediate space, n × f. Reread 'The gated MLP' in Know this.",
+            "b": "H = SiLU(G) ⊙ U is element-wise, so it has the shape of G = X W_gate and U = X W_up: (n × d)(d × f) = n × f, one row per token in the wide intermediate space. A gradient has the shape of its tensor, so dH = dY W_downᵀ is n × f too. (Lesson 09, 'The gated MLP'.)",
+            "c": "f × d is W_down's shape. H has one row per token: n × f. Reread 'The gated MLP' in Know this.",
+            "d": "d × f is W_gate's (and W_up's) shape. H = SiLU(XW_gate) ⊙ (XW_up) has one row per token: n × f. Reread 'The gated MLP' in Know this.",
+        },
     ),
     "w2": Numeric(
         "SiLU′(0)",
-        1,
+        0,
         name="SiLU′(0)",
         expected=lambda: float(mlp.silu_grad(0.0)),
         rtol=1e-9,
@@ -287,7 +294,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "the gradient reaching X in the gated MLP",
-        1,
+        0,
+        key="d",
+        explain={
+            "a": "That drops the up branch: X is used by both the gate and the up projection, and a tensor used twice collects both gradients. Reread 'Branches add' in Know this.",
+            "b": "The branches are combined by adding their gradients, not by multiplying them element by element. Reread 'Branches add' in Know this.",
+            "c": "Averaging halves each contribution: the chain rule sums over every path from X to the loss. Reread 'Branches add' in Know this.",
+            "d": "X reaches the loss along two paths, and the chain rule sums over every path: the gate branch contributes dG W_gateᵀ, the up branch dU W_upᵀ (each n × d), and the two add, as micrograd's += does. It is the same rule that gave lesson 05's ∇X = D Wᵀ + dZ Aᵀ. (Lesson 09, 'Branches add'.)",
+        },
     ),
     "p1": Function(
         "implement silu_grad",

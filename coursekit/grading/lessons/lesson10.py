@@ -198,11 +198,18 @@ def _du2(dy, cache):
 ITEMS = {
     "w1": Choice(
         "the input of the o_proj adapter",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "x is the block's input; it reaches o_proj only through RMSNorm, q/k/v and attention. Every adapter consumes its own projection's input. Reread 'The block, projection by projection' in Know this.",
+            "b": "u1 = RMSNorm(x) is what q, k and v (and their adapters) see; o_proj sees the attention output. Reread 'The block, projection by projection' in Know this.",
+            "c": "Every adapter consumes its own projection's input, and o_proj computes o = mh W_o, where mh = merge_heads(C) joins the contexts C = P V of all heads back into one T × d matrix; so the o_proj adapter computes mh W_o + s (mh A) B, with as many rows in A as mh has columns. (Lesson 10, 'The block, projection by projection'.)",
+            "d": "P is T × T per head and has no projection weight; the context P V of every head, merged, is o_proj's input. Reread 'The block, projection by projection' in Know this.",
+        },
     ),
     "w2": Numeric(
         "factor matrices for Q/K/V/O on 30 layers",
-        1,
+        0,
         name="factor matrices",
         expected=lambda: float(block.factor_count(("q", "k", "v", "o"), 30)),
         rtol=0,
@@ -214,7 +221,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "a frozen o_proj between the loss and the q/v adapters",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "requires_grad=False only stops autograd from forming ∇W_o; the product o = mh W_o stays in the graph, so the gradient dh arriving at o's output goes back as dh W_oᵀ, is split into heads, and attention's backward hands dQ to q's adapter and dV to v's. Only a detach (or torch.no_grad()) on o_proj would cut that road. (Lesson 10, 'Frozen is not detached, block edition'.)",
+            "b": "Freezing only stops W_o from being updated (no ∇W_o is formed); the product mh W_o stays in the graph, so dh W_oᵀ reaches the attention heads. Reread 'Frozen is not detached, block edition' in Know this.",
+            "c": "The residual h = x + o bypasses attention entirely: q and v sit inside the attention branch, and they are fed through o_proj, frozen or not. Reread 'Frozen is not detached, block edition' in Know this.",
+            "d": "q and v are on the same side of o_proj; both get gradient through it (q via the scores, v via the weighted sum). Reread 'Frozen is not detached, block edition' in Know this.",
+        },
     ),
     "p1": Function(
         "count adapters and factor matrices",

@@ -299,11 +299,18 @@ P3 = dict(p=2.5, lr=0.05, wd=0.2, steps=3)
 ITEMS = {
     "w1": Choice(
         "what torch.optim.AdamW stores per parameter",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "AdamW keeps running averages, not the history: memory would grow with every step. Reread 'What AdamW owns' in Know this.",
+            "b": "torch.optim.AdamW keeps lesson 06's m, v and t for each parameter tensor in opt.state[p], named exp_avg and exp_avg_sq (both shaped like the tensor) and step, created lazily at the first step() in which the tensor has a gradient. The learning rate and the other hyperparameters live in opt.param_groups, shared by all tensors of a group. (Lesson 11, 'What AdamW owns'.)",
+            "c": "The learning rate lives in the param group, shared by all its tensors; per tensor AdamW keeps two moments shaped like it and a step count. Reread 'What AdamW owns' in Know this.",
+            "d": "A copy of the frozen base is never part of the optimizer's state; the optimizer only sees the tensors you give it. Reread 'What AdamW owns' in Know this.",
+        },
     ),
     "w2": Numeric(
         "numbers in AdamW's moments for one r = 16 adapter on a 4096 × 4096 projection",
-        1,
+        0,
         name="floats",
         expected=lambda: 2 * lora.param_count(4096, 4096, 16),
         rtol=0,
@@ -320,7 +327,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "AdamW(model.parameters(), weight_decay=0.1) on a PEFT model",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "torch.optim.AdamW skips every parameter whose .grad is None before it applies the decay, and a frozen base weight's .grad stays None. Reread 'Zero gradient, None gradient, not owned' in Know this.",
+            "b": "AdamW does not check requires_grad; it accepts frozen tensors without complaint and skips them because their .grad is None. Reread 'Zero gradient, None gradient, not owned' in Know this.",
+            "c": "Backward never fills .grad for a tensor with requires_grad=False, so the base weights keep .grad = None, and torch.optim.AdamW skips every parameter whose .grad is None: no moments, no decoupled decay, and the weights come out bitwise unchanged. AdamW never looks at requires_grad itself, which is why a gradient tensor of zeros, unlike None, would bring both moments and the (1 − lr·λ) shrink. (Lesson 11, 'Ownership: only trainable tensors'.)",
+            "d": "State is created lazily, at the first step where the parameter has a gradient: a None gradient means no state. Reread 'Zero gradient, None gradient, not owned' in Know this.",
+        },
     ),
     "p1": Function(
         "implement factor_update",

@@ -198,15 +198,36 @@ class ReloadItem:
 ITEMS = {
     "w1": Choice(
         "what an inference adapter export holds",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "A is not regenerated: training changed it, and B alone means nothing without the A it was trained with. Reread 'Two artifacts' in Know this.",
+            "b": "Inference must rebuild the adapted layers exactly: both trained factors of every target module, the configuration that says where they go and how they scale (r, lora_alpha, target_modules, so s = lora_alpha / r), and the identity of the base, because the frozen base weights are not saved but bound by identity. Its test is that the reloaded logits equal the trained model's. (Lesson 12, 'Two artifacts'.)",
+            "c": "Optimizer moments are for resuming training; an inference export does not need them. Reread 'Two artifacts' in Know this.",
+            "d": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it to its base. Reread 'Two artifacts' in Know this.",
+        },
     ),
     "w2": Choice(
         "resuming without the RNG state, dropout on",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "Dropout draws a new mask from the global RNG at every training forward, not only at initialisation. Reread 'A resumable checkpoint' in Know this.",
+            "b": "Nothing fails: the run continues, silently on a different path. Reread 'A resumable checkpoint' in Know this.",
+            "c": "Dropout draws a new mask from the global torch RNG at every training forward, and a resumed process finds that RNG somewhere else; so step k + 1 uses other masks, and its loss and its update differ at once, with no error. Restoring the torch, NumPy and Python RNG states (last, after the model is built) is what makes the resumed run bitwise equal to the uninterrupted one. (Lesson 12, 'A resumable checkpoint'.)",
+            "d": "Resumed steps are training steps: dropout is on, and its masks come from the RNG you did not restore. Reread 'A resumable checkpoint' in Know this.",
+        },
     ),
     "w3": Choice(
         "outputs of a freshly attached adapter",
-        1,
+        0,
+        key="d",
+        explain={
+            "a": "lora_A is random, but lora_B starts at zero, so (XA)B = 0 exactly.",
+            "b": "A new LoraConfig gives a new adapter, initialised; the same r and lora_alpha do not bring the trained factors back. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
+            "c": "The adapter adds zero to the base layer's output; the output itself is the base model's.",
+            "d": "PEFT's default initialisation draws lora_A at random but sets lora_B to zero, so the adapter's contribution s (XA)B is exactly zero and every adapted layer returns its base output, bit for bit. That is also the symptom of a 'trained' model rebuilt with get_peft_model instead of loaded: it answers exactly like the base. (Lesson 12, 'Reloading: load the saved adapter, do not create a new one'.)",
+        },
     ),
     "p1": Numeric(
         f"adapter parameters of r = {P1_R} on q_proj and v_proj of SmolLM2-135M",

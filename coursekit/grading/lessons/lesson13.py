@@ -141,15 +141,36 @@ P4_CASE = dict(W=1.0, delta=0.005, dtype="bfloat16")
 ITEMS = {
     "w1": Choice(
         "the merged weight in PEFT's layout",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "lora_A.weight is r × d and lora_B.weight is m × r: lora_A @ lora_B pairs d with m (usually an error), and even when d = m it gives an r × r matrix, not the m × d update. (Lesson 13, 'The merge in PEFT's layout'.)",
+            "b": "nn.Linear and PEFT store every matrix transposed: weight = Wᵀ, lora_A.weight = Aᵀ (r × d) and lora_B.weight = Bᵀ (m × r). Transposing W + sAB gives Wᵀ + s BᵀAᵀ, so the factors swap places: weight + s · lora_B.weight @ lora_A.weight, (m × r)(r × d) = m × d, which is exactly what PEFT's get_delta_weight adds. (Lesson 13, 'The merge in PEFT's layout'.)",
+            "c": "The scale s = lora_alpha / r is part of the adapter's output, so it is part of the merge too. (Lesson 13, 'The merge in PEFT's layout'.)",
+            "d": "weight is m × d and lora_B @ lora_A is m × d already: transposing it adds the wrong matrix (or fails). (Lesson 13, 'The merge in PEFT's layout'.)",
+        },
     ),
     "w2": Choice(
         "what lora_dropout does in eval mode",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "model.eval() switches nn.Dropout off: nothing is dropped. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
+            "b": "That is what *non*-inverted dropout would need at test time. torch's Dropout scales by 1 / (1 − p) while training instead, so at eval time it is the identity. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
+            "c": "torch's nn.Dropout is inverted dropout: in training it zeroes each entry with probability p and multiplies the survivors by 1/(1 − p), so E[dropout(x)] = x, and in eval mode it returns x unchanged. After model.eval() the adapter path is exactly s(XA)B, which is why a merge is checked in eval mode and takes no (1 − p) factor. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
+            "d": "Dropout sits on the input of the adapter path (before lora_A), and in eval mode it is the identity. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
+        },
     ),
     "w3": Choice(
         "merge, then unmerge, in float32",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a few units in the last place, not bit for bit.",
+            "b": "Each step rounds once: fl(W + sAB) is off by at most half a unit in the last place, and subtracting sAB rounds again, so you get W back to about one or two units in the last place (float32's spacing is 2⁻²³ ≈ 1.2e-7 at 1.0). The lesson's toy layer comes back within 1e-6 of its base after unmerge(), and that works because merge() keeps A and B. (Lesson 13, 'Merging in low precision'.)",
+            "c": "A and B are kept (PEFT keeps them after merge()), so the update can be subtracted again.",
+            "d": "Rounding does not need a zero B to be small: float32 keeps the update to ~1e-7 relative to W.",
+        },
     ),
     "p1": Function(
         "implement merge (PEFT layout)",

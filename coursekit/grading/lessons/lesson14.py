@@ -300,7 +300,7 @@ class RowArray(Array):
 ITEMS = {
     "w1": Numeric(
         "int8 absmax code of 0.6 in the block [0.12, −0.9, 0.35, 0.6]",
-        1,
+        0,
         name="code",
         expected=lambda: float(quant.absmax_quantize([0.12, -0.9, 0.35, 0.6], bits=8, blocksize=4)[0][3]),
         rtol=0.0,
@@ -317,11 +317,18 @@ ITEMS = {
     ),
     "w2": Choice(
         "why bitsandbytes gives every block of 64 values its own absmax",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "Blocks cost work and memory (one absmax per block); they are there for accuracy, not speed. (Lesson 14, 'Blocks'.)",
+            "b": "In absmax quantization the block's largest magnitude sets the grid (the int4 step is absmax / 7), so an outlier makes its block's grid so coarse that most ordinary values in it round to code 0. With one absmax per 64 values only that block pays; with one absmax per tensor, about nine in ten ordinary values of the lesson's test weight were coded 0. The price is 32 / 64 = 0.5 extra bit per weight for the fp32 absmax. (Lesson 14, 'Outliers and block size'.)",
+            "c": "The codes address levels (16 for 4 bits), not positions: the block size is a separate choice (32 … 4096). (Lesson 14, 'Blocks'.)",
+            "d": "In QLoRA the codes are frozen; nothing about blocks makes them trainable. (Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)",
+        },
     ),
     "w3": Array(
         "toy INT4 codes of lesson 06's W at step 0.2",
-        1,
+        0,
         name="codes",
         expected=lambda: quant.toy_int4(walk.worked_example()["W"], 0.2)[0],
         rtol=0.0,

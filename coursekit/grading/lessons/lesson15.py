@@ -288,15 +288,36 @@ class _BlockFunction(Function):
 ITEMS = {
     "w1": Choice(
         "how many NF4 levels, and where",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "Eight and eight with no zero would be symmetric, but then a zero weight (and bitsandbytes' padding) could not be stored exactly. NF4 spends one level on an exact 0. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "b": "Sixteen codes cannot hold a symmetric set and an exact zero (8 + 8 has no zero, 7 + 0 + 7 leaves a code unused), so NF4 takes 8 positive normal quantiles, 7 negative ones and an exact 0, all divided by Φ⁻¹(offset) ≈ 1.848 so that the ends are exactly −1 and +1. Every code is used, and a zero weight (or the padding of an odd tensor) is stored exactly. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "c": "The side with the extra level is the positive one: 8 positive quantiles, 7 negative ones. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "d": "All 16 codes are used: the 16th level goes to the positive side, it is not left empty. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+        },
     ),
     "w2": Choice(
         "what double quantization compresses",
-        1,
+        0,
+        key="d",
+        explain={
+            "a": "The 4-bit codes are left alone. What is quantized a second time are the quantization constants, the per-block absmax values. (Lesson 15, 'Double quantization'.)",
+            "b": "The adapter is not quantized at all in QLoRA; double quantization is about the frozen base's metadata. (Lesson 15, 'Double quantization'.)",
+            "c": "Activations are not touched by bitsandbytes' 4-bit storage; double quantization shrinks the per-block scales of the stored weight. (Lesson 15, 'Double quantization'.)",
+            "d": "Every block of 64 weights keeps an fp32 absmax, 0.5 extra bits per weight. Double quantization subtracts their mean (one fp32 offset) and quantizes the centred values to uint8 codes with the 8-bit dynamic map, in blocks of 256 that each keep one fp32 absmax, so the overhead drops to 8/64 + 32/(64 · 256) ≈ 0.127 bits; the 4-bit codes stay as they were. (Lesson 15, 'Double quantization'.)",
+        },
     ),
     "w3": Choice(
         "what a Linear4bit stores, and what its matmul runs in",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "Storage and compute are separate: the weight is packed uint8 bytes, two NF4 codes each, plus a quant_state with the absmax (fp32 per block, or uint8 codes with an fp32 scale per 256 blocks and an offset when double quantized). On every forward the layer casts the input to compute_dtype, dequantizes code[q] · absmax (computed in fp32, rounded once to bf16), runs F.linear in bf16 and casts the output back to the input's dtype. (Lesson 15, 'Storage dtype and compute dtype'.)",
+            "b": "The bf16 weights are gone after quantization: the layer keeps only the codes and scales, and dequantizes them on every forward. (Lesson 15, 'Storage dtype and compute dtype'.)",
+            "c": "There is no 4-bit arithmetic on this path: the codes are looked up in the table, multiplied by absmax, and the matmul runs in compute_dtype. (Lesson 15, 'Storage dtype and compute dtype'.)",
+            "d": "compute_dtype is the dtype of the dequantized weight and of the matmul, not of a saved file; the stored weight is uint8. (Lesson 15, 'Storage dtype and compute dtype'.)",
+        },
     ),
     "p1": Function(
         "implement nf4_levels(offset)",

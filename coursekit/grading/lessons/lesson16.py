@@ -138,15 +138,36 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 ITEMS = {
     "w1": Choice(
         "what NF4 places at normal quantiles",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "absmax is each block's scale, stored per block (in fp32, or in 8 bits with double quantization); it is not placed anywhere. The normal quantiles are the 16 levels the scaled weights are rounded to. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "b": "The NF4 table is fixed: the same 16 levels for every block of every layer; only absmax changes from block to block. Nothing is computed from the layer's own ranks. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "c": "NF4's table is fixed: 16 levels Φ⁻¹(p) at evenly spaced probabilities, divided by the largest so they span [−1, 1], and every block is divided by its own absmax before rounding to them. Because a block's scaled weights are roughly normal, levels at equal-probability quantiles each get a similar share of them: on SmolLM2's gate_proj the NF4 codes carry 3.88 of 4 bits, against 3.49 for evenly spaced int4. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+            "d": "An evenly spaced grid is plain absmax INT4. NF4's levels crowd near 0 and thin out in the tails, where a normal distribution puts few weights. (Lesson 15, 'Sixteen levels from normal quantiles'.)",
+        },
     ),
     "w2": Choice(
         "what double quantization compresses",
-        1,
+        0,
+        key="a",
+        explain={
+            "a": "Without double quantization each block of 64 keeps an fp32 absmax, 4 + 32/64 = 4.5 bits per parameter. Double quantization stores each absmax, minus one fp32 offset (their mean), as an 8-bit code in blocks of 256 that each keep one fp32 scale: 4 + 8/64 + 32/(64 · 256) ≈ 4.127 bits, with the 4-bit codes unchanged. (Lesson 15, 'Double quantization'.)",
+            "b": "The 4-bit codes are already packed two per byte; there is nothing left to pack. Double quantization quantizes the per-block constants (absmax). (Lesson 15, 'Double quantization'.)",
+            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass are ordinary floating-point tensors, never 4-bit codes. (Lesson 15, 'Double quantization'.)",
+            "d": "The adapter is what you train; it stays in full precision, and so does its optimizer state. (Lesson 15, 'Double quantization'.)",
+        },
     ),
     "w3": Choice(
         "the dominant persistent memory term: 7B base in 4 bits, 20M-parameter adapter",
-        1,
+        0,
+        key="d",
+        explain={
+            "a": "AdamW keeps two fp32 moments per *adapter* parameter: 20M × 8 bytes = 0.16 GB, against 3.5 GB for 7B weights at 4 bits. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "b": "The adapter's gradients are 20M × 2 bytes = 0.04 GB; the base has no gradients at all. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "c": "With double quantization the constants cost about 0.127 bits per weight, 7e9 × 0.127 / 8 ≈ 0.11 GB: small next to the 4-bit codes themselves. (Lesson 15, 'Bits per parameter, counted'.)",
+            "d": "7e9 weights × 0.5 byte (two 4-bit codes per byte) = 3.5 GB. Everything else is small: the adapter's AdamW moments are 20M × 8 bytes = 0.16 GB, its bf16 weights and gradients 0.04 GB each, the double-quantized absmax about 0.11 GB, and the frozen base has no gradients or optimizer state. (Lesson 17, 'The ledger, bucket by bucket'.)",
+        },
     ),
     "p1": Function(
         "implement quantized_linear_backward (input gradient of a 4-bit layer)",

@@ -184,11 +184,18 @@ ITEMS = {
     # ------------------------------------------------------------------ warm-up
     "w1": Choice(
         "the largest bucket of the QLoRA partial total (7B base, 20M adapter)",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "A frozen base has no optimizer state: under QLoRA that bucket is 0. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "b": "The adapter bucket is 20M × 12 bytes = 0.24 GB, a small share of 3.74 GB. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "c": "The codes take 7e9 × 0.5 byte = 3.5 GB, 94 % of 3.74 GB. The rest is the adapter, 20M × 12 bytes (2 weight + 2 gradient + 8 for two fp32 moments) = 0.24 GB, and the frozen base adds no gradients and no Adam moments. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "d": "A frozen base stores no gradient: under QLoRA that bucket is 0. (Lesson 17, 'The ledger, bucket by bucket'.)",
+        },
     ),
     "w2": Numeric(
         "NF4 metadata without double quantization, bits per parameter",
-        1,
+        0,
         name="bits_per_param",
         expected=lambda: memory.nf4_metadata_bytes(64 * 10**6, double_quant=False) * 8 / (64 * 10**6),
         rtol=1e-3,
@@ -197,7 +204,14 @@ ITEMS = {
     ),
     "w3": Choice(
         "what gradient checkpointing trades",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "Checkpointing changes which activations are kept, not their precision. (Lesson 17, 'Measured: gradient checkpointing'.)",
+            "b": "With checkpointing each decoder layer runs its forward saving only its input, and during backward it runs that forward again to rebuild the tensors its backward needs, one layer at a time. So you pay an extra forward of every checkpointed layer to keep less: in the lesson the forward kept about 5× less, not 30×, because the loss's full-vocabulary log-softmax sits after the last checkpointed layer. (Lesson 17, 'Measured: gradient checkpointing'.)",
+            "c": "The optimizer state is untouched: AdamW still holds two moments per trainable parameter. (Lesson 17, 'Measured: gradient checkpointing'.)",
+            "d": "The weights stay where they are: checkpointing only drops activations saved for backward. (Lesson 17, 'Measured: gradient checkpointing'.)",
+        },
     ),
     # ------------------------------------------------------------------ practice
     "p1": Numeric(

@@ -259,15 +259,29 @@ def _p6_mistakes():
 ITEMS = {
     "w1": Choice(
         "what a GGUF file is",
-        1,
+        0,
+        key="b",
+        explain={
+            "a": "GGUF does not fix one encoding: each tensor in the file carries its own type (F32, Q8_0, Q4_1, ...). The shipped file mixes three. (Lesson 18, 'A container, not an encoding'.)",
+            "b": "A GGUF file is a header of key–value metadata (architecture, sizes, tokenizer, chat template), a tensor table (name, shape, type and offset of every tensor) and the tensor bytes, and the type belongs to each tensor, not to the file. The course's file mixes three: Q4_1 for the 210 linear projections, Q8_0 for the tied embedding and F32 for the 61 norm vectors. (Lesson 18, 'A container, not an encoding'.)",
+            "c": "GGUF is a file format: it stores metadata and tensors and runs nothing; no autograd lives in it. (Lesson 18, 'A container, not an encoding'.)",
+            "d": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments in the file, and nothing about it forbids or provides them. (Lesson 18, 'A container, not an encoding'.)",
+        },
     ),
     "w2": Choice(
         "how a Q4_1 block reconstructs a weight",
-        1,
+        0,
+        key="c",
+        explain={
+            "a": "w = d·q has no offset: every weight of the block would have the sign of d. Q4_1 adds the block minimum m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "b": "w = d·(q − 8) is Q4_0, the symmetric format with one scale per block. Q4_1 stores a minimum instead. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "c": "Q4_1 is an asymmetric grid: the quantizer takes m = the block's minimum and d = (max − min) / 15, so the 16 levels m, m + d, …, m + 15d span the block's range, and the decoder computes w = d · q + m in float32. Code 0 gives back the minimum and code 15 the maximum (up to the float16 rounding of d and m). (Lesson 18, 'Inside a Q4_1 block'.)",
+            "d": "d is the step between levels and m the smallest value: w = d·q + m, not the other way round. (Lesson 18, 'Inside a Q4_1 block'.)",
+        },
     ),
     "w3": Numeric(
         "bits per weight of Q4_1",
-        1,
+        0,
         name="bits_per_weight",
         expected=lambda: gguf_file.bits_per_weight("Q4_1"),
         rtol=1e-3,

@@ -1070,9 +1070,33 @@ def _gain_mistakes() -> list[Mistake]:
 
 
 ITEMS = {
-    "w1": Choice("what the optimizer updates in QLoRA", 1),
-    "w2": Choice("why a split of unseen symptoms", 1),
-    "w3": Choice("which baseline to beat", 1),
+    "w1": Choice("what the optimizer updates in QLoRA", 0,
+        key="b",
+        explain={
+            "a": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
+            "b": "get_peft_model freezes the base and attaches the adapters, so the only tensors with requires_grad are the lora_A and lora_B factors, and the optimizer is AdamW over exactly those. The NF4 codes get no gradient, and the norms, though cast to float32 by prepare_model_for_kbit_training, stay frozen: the preflight checks that every parameter without lora_ in its name is bit-identical after a step. (Lesson 19, 'Step 3: the training loop'.)",
+            "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
+            "d": "prepare_model_for_kbit_training casts the norms to float32 for stable training, but it does not make them trainable.",
+        },
+    ),
+    "w2": Choice("why a split of unseen symptoms", 0,
+        key="b",
+        explain={
+            "a": "A model that scores 100 % answers with the label every time: it has the format.",
+            "b": "That split keeps out sentence templates and machines, but its symptoms are the training symptoms, so the cue words that carry the category (\"gearbox grinds\") were all seen in training; a model can score 100 % by recognising those learned cues. Whether it learned the categories themselves is tested only by tickets whose cue words, such as thermocouple, RCD or sludge, never occur in training. (Lesson 19, 'The data: one training split, two held-out splits'.)",
+            "c": "The machines in that split are new too, and the model still scored 100 %: the machine's name did not mislead it.",
+            "d": "A held-out split proves only what it keeps out of training. This one keeps out wordings and machines, not the cues that carry the category: see 'The data: one training split, two held-out splits'.",
+        },
+    ),
+    "w3": Choice("which baseline to beat", 0,
+        key="b",
+        explain={
+            "a": "That prompt never names the labels, so an untrained model cannot answer it with one: beating it shows only that training taught the format. See 'The bar to beat'.",
+            "b": "A fine-tune costs data, compute and an artifact to maintain, so it must beat what you could get without it: prompts a reasonable person writes first (zero-shot with label definitions, few-shot, label scoring with no training), scored on the same held-out tickets with the same rule, with 95 % intervals. Beating the training prompt, which never names the labels, shows only that training taught the format. (Lesson 19, 'The bar to beat'.)",
+            "c": "A random guess is a floor, not the competition: a good prompt often beats it without any training.",
+            "d": "The training loss measures fit to the training tickets, not usefulness on new ones.",
+        },
+    ),
     "p1": LoadItem("implement load_for_lora (the recipe in four calls)", 3, "load_for_lora"),
     "p2": PreflightItem("implement preflight", 3, "preflight"),
     "p3": OptimizerItem("implement adapter_optimizer", 1, "adapter_optimizer"),
