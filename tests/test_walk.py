@@ -1,6 +1,8 @@
 """coursekit.walk: the rank-one walk's kernels against torch autograd and torch.optim, lesson 06's numbers,
 the step-through widget, and clear errors for bad input."""
 
+import html
+
 import numpy as np
 import pytest
 import torch
@@ -297,14 +299,24 @@ def test_step_through_buttons_move_and_clamp():
     assert w.index == 14 and not w.next.disabled
 
 
-def test_step_through_shows_matrices_at_one_height():
+def test_step_through_shows_each_steps_matrices_at_one_height():
+    """Each click shows the next page's own matrices (their values and shapes), the label names the page, the
+    buttons disable at the ends, and the area keeps one height: a page taller than it scrolls inside instead of
+    growing the cell (the browser test measures the rendered height)."""
     w = walk.step_through(walk.run_walk(**walk.worked_example(), steps=1))
-    heights = set()
-    for _ in range(8):
-        assert "<table" in w.out.value or w.index == 7  # matrices as tables (the last page is the loss alone)
-        heights.add(w.out.layout.height)
+    seen = []
+    for i in range(len(w.pages)):
+        assert w.index == i and w.label.value.startswith(f"{i + 1}/{len(w.pages)} · {w.pages[i].title}")
+        assert w.out.value == walk.page_html(w.pages[i]) and w.out.value not in seen  # this page's content, new
+        for name, values, _before in w.pages[i].tensors:
+            assert html.escape(name) in w.out.value and " × ".join(map(str, np.shape(values))) in w.out.value, (i, name)
+        assert (w.out.layout.height, w.out.layout.overflow) == (walk.STEP_THROUGH_HEIGHT, "auto")
+        assert w.prev.disabled == (i == 0) and w.next.disabled == (i == len(w.pages) - 1)
+        seen.append(w.out.value)
         w.next.click()
-    assert heights == {walk.STEP_THROUGH_HEIGHT}
+    assert w.index == len(w.pages) - 1  # Next at the last page stays there
+    w.prev.click()
+    assert w.out.value == seen[-2]
 
 
 def test_step_through_escapes_html():

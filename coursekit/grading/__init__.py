@@ -12,9 +12,11 @@ their public cases; in the autograde run (``NBGRADER_EXECUTION=autograde``) they
 generated from the lesson's seed, so a hard-coded answer earns nothing.
 
 Item kinds: :class:`Choice` (one or several letters), :class:`Numeric`, :class:`Array`,
-:class:`Ordering`, :class:`Function`. Keys, hints for wrong choices and hidden-case seeds live with the
-instructor (``autograder/keys/NN.json``, found through ``$COURSEKIT_KEYS``; see :mod:`.keys`); without them
-keyed items are recorded, not scored. Numbers and arrays are computed from the reference kernels.
+:class:`Ordering`, :class:`Function`. Keys, hints for wrong choices and hidden-case seeds of the items that
+count live with the instructor (``autograder/keys/NN.json``, found through ``$COURSEKIT_KEYS``; see :mod:`.keys`);
+without them keyed items are recorded, not scored. Warm-ups are formative: worth 0 points, a warm-up choice
+ships its key and an explanation of every option (``Choice(..., key=, explain=)``), so its check says right or
+wrong at once. Numbers and arrays are computed from the reference kernels.
 """
 
 from __future__ import annotations

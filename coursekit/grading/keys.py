@@ -1,7 +1,9 @@
-"""Answer keys live with the instructor, never in the package or the release notebooks.
+"""Answer keys of the items that count live with the instructor, never in the package or the release notebooks.
 
-Choice, ordering and keyed numeric items need a key; function items need the seed of their hidden,
-randomized cases; wrong choices have hints that explain them. None of that ships in ``coursekit``:
+Counted choice, ordering and keyed numeric items need a key; function items need the seed of their hidden,
+randomized cases; wrong choices have hints that explain them. None of that ships in ``coursekit``
+(the warm-ups, worth 0 points, are the deliberate exception: their keys and explanations sit in their
+``Choice`` declarations, see :class:`coursekit.grading.Choice`):
 it sits in one JSON file per lesson in the instructor's key folder, ``autograder/keys/NN.json``::
 
     {"seed": SEED,                  # int: the hidden cases' generator seed
