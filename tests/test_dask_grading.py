@@ -1,0 +1,220 @@
+"""Grading on a real Dask cluster (``coursekit grade --scheduler``), with a worker killed mid-run.
+
+A scheduler and two worker processes (``dask scheduler``, ``dask worker --nthreads 1 --nworkers 1``) are
+started on localhost with ``subprocess``, without the answer keys' variable in their environment, as on
+machines of their own. Three of lesson 02's example students (blank, perfect, transposed-B: three different
+scores) are graded serially in one temporary course folder and through the cluster in another; while the
+cluster grades, one worker is killed (its whole process group, SIGKILL) once a submission is running on it.
+The scheduler runs that task again on the other worker (``allowed-failures`` 1: once), and grades.csv must be
+byte for byte the serial run's, with every notebook executed on a worker (none executed in the grading
+process) and none failed. Then a task deadline too short for any notebook: the submission is tried twice and
+scored 0 with the reason in the score table and its feedback file, and the run finishes. What travels to a
+worker carries no answer key, hint or hidden-case seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from coursekit import course, parallel
+from coursekit.grading import keys as keymod
+from graded_examples import feedback_text
+
+ROOT = Path(__file__).resolve().parents[1]
+AID = "02-lora-inside-one-matmul"
+STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]
+DASK = str(Path(sys.executable).parent / "dask")
+
+pytestmark = pytest.mark.notebooks
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(scheduler address, {worker name: its `dask worker` process}); every process is stopped afterwards."""
+    logs = tmp_path_factory.mktemp("dask-logs")
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(keymod.ENV)}
+    env.update(OMP_NUM_THREADS="1", DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1")
+    procs: list[subprocess.Popen] = []
+
+    def start(name, *argv):
+        out = open(logs / f"{name}.log", "w")
+        p = subprocess.Popen([DASK, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                             cwd=logs)
+        procs.append(p)
+        return p
+
+    try:
+        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1], "--no-dashboard")
+        workers = {name: start(name, "worker", addr, "--nthreads", "1", "--nworkers", "1", "--name", name,
+                               "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(logs / name))
+                   for name in ("w0", "w1")}
+        from distributed import Client
+
+        with Client(addr, timeout="60s") as c:
+            c.wait_for_workers(2, timeout=120)
+        yield addr, workers
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    rel = tmp_path_factory.mktemp("release")
+    course.release([AID], root=ROOT, course_dir=tmp_path_factory.mktemp("release-course"), release_dir=rel)
+    return rel
+
+
+def _class(work: Path, release: Path, students=STUDENTS) -> Path:
+    built = course.build_examples(ROOT, AID, work / "submitted", release)
+    for sid in set(built) - set(students):
+        shutil.rmtree(work / "submitted" / sid)
+    return work
+
+
+class _Killer(threading.Thread):
+    """Kills worker ``name`` (its whole process group) as soon as an execution has been running on it for a second."""
+
+    def __init__(self, addr: str, name: str, proc: subprocess.Popen):
+        super().__init__(daemon=True)
+        self.addr, self.name, self.proc = addr, name, proc
+        self.killed: str | None = None  # the task it was running
+        self.stop = threading.Event()
+
+    def run(self):
+        from distributed import Client
+
+        with Client(self.addr, timeout="60s") as c:
+            where = {a: w["name"] for a, w in c.scheduler_info()["workers"].items()}
+            victim = next(a for a, n in where.items() if n == self.name)
+            seen = None
+            while not self.stop.is_set():
+                running = [k for k in c.processing(workers=[victim]).get(victim, ()) if str(k).startswith("execute-")]
+                if running and seen is None:
+                    seen = time.monotonic()
+                if running and time.monotonic() - seen > 1.0:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.killed = str(running[0])
+                    return
+                time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def graded(cluster, release, tmp_path_factory):
+    addr, workers = cluster
+    made = []
+
+    class Recording(parallel.Autograder):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    serial = _class(tmp_path_factory.mktemp("serial"), release)
+    dask = _class(tmp_path_factory.mktemp("dask"), release)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "Autograder", Recording)
+        course.grade_class(lessons=[AID], root=ROOT, course_dir=serial, release_dir=release, progress=False, workers=1)
+        killer = _Killer(addr, "w0", workers["w0"])
+        killer.start()
+        try:
+            table = course.grade_class(lessons=[AID], root=ROOT, course_dir=dask, release_dir=release, progress=False,
+                                       scheduler=addr)
+        finally:
+            killer.stop.set()
+            killer.join(timeout=30)
+    return {"serial": serial, "dask": dask, "table": table, "killed": killer.killed, "autograder": made[-1],
+            "worker_gone": workers["w0"].poll() is not None}
+
+
+def test_a_worker_was_killed_while_executing_a_submission(graded):
+    assert graded["killed"], "no execution ran on the worker to kill (the test proves nothing)"
+    assert graded["worker_gone"]
+
+
+def test_grades_csv_is_byte_for_byte_the_serial_runs(graded):
+    serial = (graded["serial"] / "grades.csv").read_bytes()
+    assert (graded["dask"] / "grades.csv").read_bytes() == serial
+    assert len(course.read_grades_csv(graded["serial"] / "grades.csv")) == len(STUDENTS)
+
+
+def test_every_notebook_ran_on_a_worker_and_none_failed(graded):
+    a = graded["autograder"]
+    assert sorted(a.replayed) == [(AID, sid) for sid in sorted(STUDENTS)]
+    assert a.executed_here == [] and a.failed == {}
+    assert len(a.task_seconds) == len(STUDENTS) and all(s > 0 for s in a.task_seconds.values())
+    assert "could not be graded" not in graded["table"] and "Graded 0" not in graded["table"]
+
+
+def test_a_task_past_its_deadline_is_tried_twice_then_scored_zero_with_the_reason(cluster, release, tmp_path_factory):
+    addr, _ = cluster
+    work = _class(tmp_path_factory.mktemp("deadline"), release, ["ex-perfect"])
+    table = course.grade_class(lessons=[AID], root=ROOT, course_dir=work, release_dir=release, progress=False,
+                               scheduler=addr, task_timeout=0.5)
+    why = "still running after 0.5 s on two grading workers"
+    assert f"ex-perfect/{AID}:" in table and why in table, table
+    assert float(course.read_grades_csv(work / "grades.csv")[0]["raw_score"]) == 0.0
+    assert why in feedback_text(work, AID, "ex-perfect")
+    assert "attempt 2" in (work / "grading-errors" / "ex-perfect" / f"{AID}.log").read_text()
+
+
+def test_what_travels_to_a_worker_holds_no_key_hint_or_seed(release, tmp_path):
+    """The pickled task (as Dask sends it) of a perfect submission, searched for every secret of lesson 02."""
+    work = _class(tmp_path / "course", release, ["ex-perfect"])
+    a = course.api(ROOT, work, release)
+    assert a.generate_assignment(AID, force=True, create=True)["success"]
+    data = json.loads((ROOT / "autograder" / "keys" / "02.json").read_text())
+    secrets = [str(data["seed"]), *(h for hints in data.get("hints", {}).values() for h in hints.values())]
+    secrets += [json.dumps(k) for k in data["keys"].values() if not isinstance(k, str)]  # orderings, multi-choice
+    task = parallel.TaskMaker(a, tmp_path)(AID, "ex-perfect")
+    # The files are the student's own hand-in, byte for byte (a perfect one holds the right answers, of course).
+    assert task.files == {f"{AID}.ipynb": (work / "submitted" / "ex-perfect" / AID / f"{AID}.ipynb").read_bytes()}
+    blob = pickle.dumps(task)
+    rest = pickle.dumps(dataclasses.replace(task, files={}))  # the gradebook, the config and the names
+    leaked = [s[:40] for s in secrets if s.encode() in rest]
+    assert not leaked, f"secrets in a worker's task: {leaked}"
+    assert b"autograder/keys" not in rest and keymod.ENV.encode() not in rest
+    assert len(blob) < 2 << 20, "a task should carry one submission and one lesson's cells"
+    db = tmp_path / "sent.db"
+    db.write_bytes(task.gradebook)
+    with closing(sqlite3.connect(db)) as c:
+        assert c.execute("SELECT name FROM assignment").fetchall() == [(AID,)]
+        assert c.execute("SELECT COUNT(*) FROM base_cell").fetchone()[0] > 0
+        for table in ("student", "submitted_assignment", "grade", "comment"):
+            assert c.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0, f"the worker's gradebook has {table} rows"
+
+
+def test_cli_refuses_workers_with_a_scheduler(capsys):
+    from coursekit import cli
+
+    assert cli.main(["grade", "02", "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"]) == 2
+    assert "--workers is for a local cluster" in capsys.readouterr().err
