@@ -296,7 +296,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
 
 CAPSTONE = "19-capstone-a-real-qlora-run"
-MODEL_LESSONS = {"09", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model
+MODEL_LESSONS = {"08", "09", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model (08: its config)
 
 
 def _fill_capstone_store(progress: bool) -> None:

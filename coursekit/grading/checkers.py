@@ -69,7 +69,10 @@ class Feedback:
 def formative(fb: Feedback) -> Feedback:
     """A formative (0-point) item's result: checked as if worth one point, it keeps the verdict and the
     explanation and scores 0 of 0."""
-    return Feedback(0.0, 0.0, fb.lines, right=fb.full)
+    # a partial-credit note ("(1/4 of the points: …)", "… (3/4 of the points).") means nothing where there are none
+    lines = [re.sub(r"\s*\(\d+/\d+ of the points\)\.?$", ".", line) for line in fb.lines
+             if not re.match(r"\(\d+/\d+ of the points", line)]
+    return Feedback(0.0, 0.0, lines, right=fb.full)
 
 
 @dataclass
