@@ -61,7 +61,8 @@ class Feedback:
         return self.right if self.right is not None else self.points >= self.max_points
 
     def text(self, title: str = "") -> str:
-        score = f"{self.points:g} / {self.max_points:g} points" if self.max_points else "feedback only, 0 points"
+        unit = "point" if self.max_points == 1 else "points"
+        score = f"{self.points:g} / {self.max_points:g} {unit}" if self.max_points else "feedback only, 0 points"
         head = f"{title}: {score}" if title else score
         return "\n".join([head] + ["  " + line for line in self.lines])
 
