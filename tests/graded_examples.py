@@ -25,32 +25,20 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "autograder" / "examples"
 
 
-def _wrong_rows() -> list[tuple[str, str, str, str]]:
-    """(lesson, student, test cell that must lose points, text its feedback must contain), from every
-    example folder's expected.json: {"mistake": "...", "loses": {"p1_test": "feedback text", ...}}."""
+def _cell_rows(field: str, required: bool) -> list[tuple[str, str, str, str]]:
+    """(lesson, student, test cell, text its feedback must contain) from every example folder's expected.json:
+    ``"loses"`` names the cells that must lose points ({"p1_test": "feedback text", ...}); ``"told"`` the warm-up
+    cells, worth 0 points, whose feedback must still explain the wrong answer."""
     rows = []
     for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
         spec = json.loads(exp.read_text())
-        for cell, text in spec["loses"].items():
+        for cell, text in (spec[field] if required else spec.get(field, {})).items():
             rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
     return rows
 
 
-WRONG = _wrong_rows()
-
-
-def _told_rows() -> list[tuple[str, str, str, str]]:
-    """(lesson, student, warm-up test cell, text its feedback must contain): a warm-up is worth 0 points, so a wrong
-    warm-up answer loses nothing and is only explained; expected.json lists those under "told"."""
-    rows = []
-    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
-        spec = json.loads(exp.read_text())
-        for cell, text in spec.get("told", {}).items():
-            rows.append((exp.parent.parent.name, f"ex-{exp.parent.name}", cell, text))
-    return rows
-
-
-TOLD = _told_rows()
+WRONG = _cell_rows("loses", required=True)  # every example says what it loses ({} when nothing)
+TOLD = _cell_rows("told", required=False)
 
 
 def _exact_rows() -> list[tuple[str, str, float, list[str]]]:

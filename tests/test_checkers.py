@@ -804,3 +804,20 @@ def test_a_withheld_print_flood_on_hidden_cases_is_counted_in_lines(capfd):
 
     fb = _run_silently(capfd, check_function, chatty, cases, lambda x: x, 1, "f")
     assert "(300 lines printed or warned during hidden cases not shown" in fb.text(), fb.text()
+
+
+def test_partial_credit_is_explained_where_there_are_points_and_dropped_where_there_are_none():
+    """A known mistake earns 1/4 and the feedback says so; the same answer to a 0-point warm-up says why it is
+    wrong and nothing about points. Right values in the wrong dtype earn 3/4, with the dtype named."""
+    from coursekit.grading.checkers import Mistake, formative
+
+    want = np.array([1.0, 2.0])
+    known = [Mistake("doubled", want * 2, "you doubled it.")]
+    fb = check_array(want * 2, want, 4, name="Y", mistakes=known)
+    assert fb.points == 1 and "(1/4 of the points: a known mistake, on the right track.)" in fb.text(), fb.text()
+    warm = formative(fb)
+    assert (warm.points, warm.max_points, warm.full) == (0, 0, False) and "you doubled it." in warm.text()
+    assert "of the points" not in warm.text(), warm.text()
+    fb = check_array(want.astype(np.float32), want, 4, name="Y", dtype=np.float64)
+    assert fb.points == 3 and "Y has dtype float32; expected float64." in fb.text() and "(3/4 of the points.)" in fb.text()
+    assert formative(fb).full is False and "of the points" not in formative(fb).text()

@@ -50,6 +50,7 @@ class Feedback:
     max_points: float
     lines: list[str] = field(default_factory=list)
     right: bool | None = None  # a formative (0-point) item's verdict; None: read it from the points
+    credit: str = ""  # why the points are partial ("1/4 of the points: a known mistake"), shown after the lines
 
     def __post_init__(self) -> None:
         # nbgrader rejects a cell result above its points; never let rounding exceed it.
@@ -64,16 +65,13 @@ class Feedback:
         unit = "point" if self.max_points == 1 else "points"
         score = f"{self.points:g} / {self.max_points:g} {unit}" if self.max_points else "feedback only, 0 points"
         head = f"{title}: {score}" if title else score
-        return "\n".join([head] + ["  " + line for line in self.lines])
+        return "\n".join([head] + ["  " + line for line in self.lines] + ([f"  ({self.credit}.)"] if self.credit else []))
 
 
 def formative(fb: Feedback) -> Feedback:
     """A formative (0-point) item's result: checked as if worth one point, it keeps the verdict and the
-    explanation and scores 0 of 0."""
-    # a partial-credit note ("(1/4 of the points: …)", "… (3/4 of the points).") means nothing where there are none
-    lines = [re.sub(r"\s*\(\d+/\d+ of the points\)\.?$", ".", line) for line in fb.lines
-             if not re.match(r"\(\d+/\d+ of the points", line)]
-    return Feedback(0.0, 0.0, lines, right=fb.full)
+    explanation and scores 0 of 0 (no partial-credit note: there are no points to share)."""
+    return Feedback(0.0, 0.0, fb.lines, right=fb.full)
 
 
 @dataclass
@@ -470,13 +468,13 @@ def check_array(answer: Any, expected: Any, points: float, name: str = "answer",
         return Feedback(0, points, lines)
     if kind == "values":
         if any(l.startswith("Likely mistake:") for l in lines) and as_array(answer) is not None and np.isfinite(as_array(answer)).all():
-            return Feedback(points / 4, points, lines + ["(1/4 of the points: a known mistake, on the right track.)"])
+            return Feedback(points / 4, points, lines, credit="1/4 of the points: a known mistake, on the right track")
         return Feedback(0, points, lines)
     if dtype is not None:
         got = str(getattr(answer, "dtype", type(answer).__name__)).replace("torch.", "")
         want = np.dtype(dtype).name
         if got != want:
-            return Feedback(points * 3 / 4, points, lines + [f"{name} has dtype {got}; expected {want} (3/4 of the points)."])
+            return Feedback(points * 3 / 4, points, lines + [f"{name} has dtype {got}; expected {want}."], credit="3/4 of the points")
     return Feedback(points, points, lines)
 
 
