@@ -173,20 +173,21 @@ def test_memory_as_lesson_19_reads_it(report):
     assert abs(q["peak_rss_mb"] - b["peak_rss_mb"]) < 0.1 * b["peak_rss_mb"]
 
 
-def test_with_glibcs_defaults_the_qlora_process_keeps_far_more_resident(report):
-    """The 'going deeper' note: without returning freed blocks, QLoRA's resident peak is hundreds of MB above LoRA's,
-    though the memory in use is about the same (above). How much glibc keeps varies from run to run (measured here:
-    287 to 805 MB above LoRA), so the test asks for what the note claims, not for one run's figure: the allocator
-    setting alone hands back over 200 MB of QLoRA's peak, and the QLoRA-LoRA gap is several times larger without it."""
+def test_returning_freed_blocks_never_raises_the_peak_and_the_default_is_measurable(report):
+    """The 'going deeper' note: with glibc's defaults a process may keep freed blocks, so its resident peak reads at
+    or above the peak measured with freed blocks returned, never below it (a few MB of page rounding aside). How much
+    above varies between machines and runs (measured: 287 to 805 MB on one machine, 3 MB on a fresh CI machine), so
+    the lesson names no figure and this test asks only for the direction, and for the call the note tells the
+    student to make."""
     store = capstone.Store(compute=True)
-    q, b = (capstone.peak_memory(n, store, return_freed=False) for n in ("qlora", "lora_bf16"))
+    q = capstone.peak_memory("qlora", store, return_freed=False)
     if q["peak_rss_mb"] is None:
         pytest.skip("no /proc: resident memory is not measured here")
-    qf, bf = report["runs"]["qlora"]["memory"], report["runs"]["lora_bf16"]["memory"]
+    qf = report["runs"]["qlora"]["memory"]
     assert q["allocator"] == "default" and qf["allocator"] != "default"
-    assert q["peak_rss_mb"] - qf["peak_rss_mb"] > 200
-    assert q["peak_rss_mb"] - b["peak_rss_mb"] > 200
-    assert q["peak_rss_mb"] - b["peak_rss_mb"] > 4 * abs(qf["peak_rss_mb"] - bf["peak_rss_mb"])
+    assert q["footprint_mb"] == pytest.approx(qf["footprint_mb"])
+    assert q["saved_activations_mb"] == pytest.approx(qf["saved_activations_mb"])
+    assert q["peak_rss_mb"] > qf["peak_rss_mb"] - 0.02 * qf["peak_rss_mb"]
 
 
 def test_the_ablation_trains_faster_and_scores_lower_within_the_intervals(report):
