@@ -190,8 +190,10 @@ def test_returning_freed_blocks_never_raises_the_peak_and_the_default_is_measura
     assert q["peak_rss_mb"] > qf["peak_rss_mb"] - 0.02 * qf["peak_rss_mb"]
 
 
-def test_the_ablation_trains_faster_and_scores_lower_within_the_intervals(report):
-    assert report["runs"]["qlora_qv"]["seconds_per_step"] < report["runs"]["qlora"]["seconds_per_step"]
+def test_the_ablation_scores_lower_within_the_intervals(report):
+    """Lesson 19's reading of the ablation. Its seconds per step are printed, never compared here: a timing is one
+    measurement on a machine that may be busy (CI once measured the q,v run slower than all-linear), and speed
+    belongs to ``make bench``."""
     for split in data.HELDOUT_SPLITS:
         q, v = report["heldout"]["qlora"]["labels"][split], report["heldout"]["qlora_qv"]["labels"][split]
         assert v["accuracy"] < q["accuracy"]
