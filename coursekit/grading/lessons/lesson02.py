@@ -34,7 +34,7 @@ def peft_layout_forward(x, weight, lora_A, lora_B, scaling):
 
 
 def _worked_example() -> dict:
-    # Seed 002, section 3: x = [2, -1, 3], s = 0.5 (rank 1, so lora_alpha = 0.5).
+    # Lesson 02's worked example: x = [2, -1, 3], s = 0.5 (rank 1, so lora_alpha = 0.5).
     return dict(
         X=np.array([[2.0, -1.0, 3.0]]),
         W=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]]),

@@ -40,7 +40,7 @@ def log_softmax_backward(g, x):
     return walk.log_softmax_backward(g, x)
 
 
-# --------------------------------------------------------------------------- the seed's walk
+# --------------------------------------------------------------------------- the lesson's worked walk
 
 
 def _seed_records(steps=3, optimizer="adamw"):

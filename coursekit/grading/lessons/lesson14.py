@@ -256,7 +256,7 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     return {"D": out_D, "dX": out_dX}
 
 
-# --------------------------------------------------------------------------- the seed's walk on Ŵ
+# --------------------------------------------------------------------------- lesson 06's worked walk on Ŵ
 
 
 def seed_walk(rounding=np.round, steps: int = 1):
