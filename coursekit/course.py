@@ -282,6 +282,11 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
         raise CourseError(f"cannot grade for credit: {sandbox.problem()}. Submissions run in a sandbox so that no student's "
                           "code can read the answer keys, other students' work or the gradebook, or outlive the run. "
                           "Install bubblewrap, or pass --unsandboxed to grade anyway (not for credit).")
+    if not sandbox.off() and sandbox.tree_caps_problem():
+        print(f"WARNING: each submission runs sandboxed, but without caps on its whole process tree: "
+              f"{sandbox.tree_caps_problem()}. One submission's fork bomb, or many processes that each stay under the "
+              f"per-process memory cap, can then slow or stop this run. Grade as root on Linux for the caps.",
+              file=sys.stderr)
     from .grading import keys
 
     keys.freeze({aid[:2] for aid in ids})  # this run grades with the keys as they are now

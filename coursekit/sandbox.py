@@ -12,10 +12,15 @@ functions, :mod:`coursekit.runner`) is started through :func:`command`, which wr
   nothing written there outlives the process tree;
 - own PID namespace, killed with its parent (``--die-with-parent``): the code cannot see or signal
   the grader, and no child it starts (detached or not) outlives the run;
-- address space and file size limited (``prlimit``) so one process cannot take the machine's memory.
+- address space and file size limited (``prlimit``) so one process cannot take the machine's memory;
+- the whole tree's memory and number of tasks capped by a control group (:mod:`coursekit.cgroups`), so
+  neither a fork bomb nor many processes that each stay under the per-process cap can take the machine:
+  the next ``fork`` fails, or the out-of-memory killer ends a process of that tree and of no other.
 
 Where bubblewrap cannot run (macOS, a container without user namespaces) :func:`available` says why, and
-``coursekit grade`` refuses to grade for credit unless told ``--unsandboxed``.
+``coursekit grade`` refuses to grade for credit unless told ``--unsandboxed``. Where control groups cannot be
+made (no write access to /sys/fs/cgroup), the sandbox still isolates but the tree caps are off:
+:func:`tree_caps_problem` says why, and ``coursekit grade`` prints it before it starts.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ REPO = PKG.parent
 
 @dataclass
 class Limits:
-    """Caps for one sandboxed process tree. Bytes; ``memory`` is each process's address space."""
+    """Caps for one sandboxed process tree. Bytes; ``memory`` is each process's address space, ``tree_memory``
+    the resident memory of the whole tree (its tmpfs files included), ``tasks`` its processes and threads."""
 
     memory: int = 12 << 30
+    tree_memory: int = 12 << 30
+    tasks: int = 512
     tmp: int = 256 << 20
     workdir: int = 256 << 20
     file_size: int = 256 << 20
@@ -85,6 +93,13 @@ def available() -> bool:
     return problem() is None
 
 
+def tree_caps_problem() -> str | None:
+    """Why the whole-tree caps (memory, tasks) are off here (None when they hold): see :mod:`coursekit.cgroups`."""
+    from . import cgroups
+
+    return cgroups.problem()
+
+
 def _course_hidden() -> list[Path]:
     """The repository's folders no student code may read (everything but coursekit, lessons and the environment)."""
     keep = {PKG, REPO / "lessons", Path(sys.prefix).resolve()}
@@ -103,7 +118,10 @@ def command(argv: Sequence[str], spec: Spec) -> list[str]:
     lim = spec.limits
     # SIGINT (a kernel interrupt: jupyter_client signals the process group) must reach the kernel, not end
     # bubblewrap: bubblewrap runs with it ignored; ipykernel installs its own handler while a cell runs.
-    args = ["env", "--ignore-signal=INT", "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--",
+    from . import cgroups
+
+    caps = cgroups.enter(lim.tree_memory, lim.tasks) if cgroups.problem() is None else []
+    args = [*caps, "env", "--ignore-signal=INT", "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--",
             "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
             "--size", str(lim.tmp), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run"]

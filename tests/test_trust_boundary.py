@@ -255,6 +255,91 @@ def test_an_unpicklable_function_is_refused_with_the_reason():
     assert fb.points == 0 and "could not be sent to the grader" in fb.text()
 
 
+# --------------------------------------------------------------------------- caps on the whole process tree
+
+# Like needs_sandbox: skipped where control groups cannot be made, except in CI, where that is a failure.
+needs_tree_caps = pytest.mark.skipif(sandbox.tree_caps_problem() is not None and os.environ.get("CI") != "true",
+                                     reason=f"no process-tree caps here: {sandbox.tree_caps_problem()}")
+
+
+def _in_sandbox(src: str, limits) -> "subprocess.CompletedProcess":
+    import subprocess
+
+    return subprocess.run(sandbox.command([sys.executable, "-c", src], sandbox.Spec(limits=limits)),
+                          capture_output=True, text=True, timeout=120)
+
+
+# A fork bomb that stops by itself after 300 children (each sleeps 20 s), so that a broken cap cannot harm the
+# machine that runs this test: with the cap it stops much earlier, on the fork the kernel refuses.
+_FORK_BOMB = ("import os, time\n"
+              "n = 0\n"
+              "try:\n"
+              "    while n < 300:\n"
+              "        if os.fork() == 0:\n"
+              "            time.sleep(20)\n"
+              "            os._exit(0)\n"
+              "        n += 1\n"
+              "except OSError as e:\n"
+              "    print('refused after', n, type(e).__name__)\n"
+              "else:\n"
+              "    print('not capped', n)\n")
+
+# Three children of 200 MB each: every one stays far below the per-process address-space cap.
+_MANY_HOGS = ("import os, time\n"
+              "kids = []\n"
+              "for i in range(3):\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        b = bytearray(200 << 20)\n"
+              "        for j in range(0, len(b), 4096):\n"
+              "            b[j] = 1\n"
+              "        time.sleep(2)\n"
+              "        os._exit(0)\n"
+              "    kids.append(pid)\n"
+              "print('killed', sum(os.WIFSIGNALED(os.waitpid(k, 0)[1]) for k in kids))\n")
+
+
+@needs_sandbox
+@needs_tree_caps
+def test_a_fork_bomb_is_stopped_by_the_trees_task_cap():
+    import time
+
+    t0 = time.monotonic()
+    r = _in_sandbox(_FORK_BOMB, sandbox.Limits(tasks=40))
+    assert "refused after" in r.stdout, (r.stdout, r.stderr)
+    assert int(r.stdout.split()[2]) < 40
+    assert time.monotonic() - t0 < 15  # its sleeping children died with the sandbox, they were not waited for
+
+
+@needs_sandbox
+@needs_tree_caps
+def test_many_processes_under_the_per_process_cap_are_capped_as_a_tree():
+    """600 MB in three processes: under a 300 MB tree cap the out-of-memory killer ends some of them (and nothing
+    outside the tree); under the default cap all three finish, so the cap, not the machine, did it."""
+    capped = _in_sandbox(_MANY_HOGS, sandbox.Limits(tree_memory=300 << 20))
+    assert capped.returncode == 0 and capped.stdout.split()[:1] == ["killed"], (capped.stdout, capped.stderr)
+    assert int(capped.stdout.split()[1]) >= 1
+    free = _in_sandbox(_MANY_HOGS, sandbox.Limits())
+    assert free.stdout.strip() == "killed 0", (free.stdout, free.stderr)
+
+
+def test_without_control_groups_the_sandbox_runs_without_tree_caps(monkeypatch):
+    from coursekit import cgroups
+
+    monkeypatch.setattr(cgroups, "problem", lambda: "no cgroup file system here")
+    argv = sandbox.command(["true"], sandbox.Spec())
+    assert argv[0] == "env" and "coursekit-sandbox" not in argv
+    assert sandbox.tree_caps_problem() == "no cgroup file system here"
+
+
+@pytest.mark.parametrize("memory, tasks", [(0, 10), (1 << 20, -1), (1.5e9, 10), (1 << 20, None), (True, 10)])
+def test_tree_caps_refuse_what_is_not_a_positive_int(memory, tasks):
+    from coursekit import cgroups
+
+    with pytest.raises(ValueError, match="positive int"):
+        cgroups.enter(memory, tasks)
+
+
 # --------------------------------------------------------------------------- the sandboxed kernel
 
 
