@@ -40,13 +40,23 @@ PKG = Path(__file__).resolve().parent
 REPO = PKG.parent
 
 
+def _tree_memory_default() -> int:
+    """12 GiB, or a third of the machine's memory where that is less: two trees graded at once (one per core
+    of a 2-core grader) then leave a third for the grader and the system."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 12 << 30
+    return min(12 << 30, phys // 3)
+
+
 @dataclass
 class Limits:
     """Caps for one sandboxed process tree. Bytes; ``memory`` is each process's address space, ``tree_memory``
     the resident memory of the whole tree (its tmpfs files included), ``tasks`` its processes and threads."""
 
     memory: int = 12 << 30
-    tree_memory: int = 12 << 30
+    tree_memory: int = field(default_factory=lambda: _tree_memory_default())
     tasks: int = 512
     tmp: int = 256 << 20
     workdir: int = 256 << 20
