@@ -31,6 +31,29 @@ def test_store_computes_once_and_then_reads(tmp_path):
     assert store.result("kind", {"a": 2}, compute, by="test")["value"] == 42 and calls == [1, 1]
 
 
+def test_the_default_store_on_a_fresh_machine_prepares_the_model_first(tmp_path, monkeypatch):
+    """`coursekit capstone` (make capstone) on a fresh machine: the store is named by the checkpoint's hash, so it
+    converts the embedded model first instead of failing on the missing manifest."""
+    from coursekit import model
+
+    monkeypatch.setenv("COURSEKIT_CACHE", str(tmp_path))
+    calls = []
+
+    def prepare_model(progress=True):
+        calls.append(progress)
+        out = model.default_checkpoint_dir()
+        out.mkdir(parents=True)
+        (out / model.MANIFEST).write_text(json.dumps({"model": model.MODEL_NAME, "route": model.ROUTE,
+                                                      "checkpoint": {"files": {"model.safetensors": "ab" * 32}}}))
+        return out
+
+    monkeypatch.setattr(model, "prepare_model", prepare_model)
+    store = capstone.Store()
+    assert calls == [False] and store.root.parent == tmp_path / "capstone" and "-abababababab-" in store.root.name
+    capstone.Store()
+    assert calls == [False]  # prepared once; the next store only reads the manifest
+
+
 def test_a_store_that_may_not_compute_says_how_to_fill_it(tmp_path):
     with pytest.raises(capstone.CacheMiss, match="coursekit capstone"):
         capstone.Store(root=tmp_path, compute=False).result("kind", {"a": 1}, lambda: {"v": 1}, by="test")
