@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,7 @@ def pytest_collection_finish(session):
     code = "from coursekit.cli import main; raise SystemExit(main(['capstone', '--quiet']))"
     _precompute["log"] = log
     _precompute["proc"] = subprocess.Popen([sys.executable, "-c", code], stdout=fd, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
     os.close(fd)
 
 
@@ -89,12 +90,18 @@ def pytest_sessionfinish(session, exitstatus):
     if proc is None:
         return
     if proc.poll() is None:  # every reader here is done; a reader on another worker computes what is left itself
-        proc.terminate()  # (each result is written whole, and its lock is released with the process)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Its whole process group: a memory measurement runs in a child process of its own. Each result is written
+        # whole, and its lock goes with the process.
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # it ended by itself meanwhile
+                pass
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     elif proc.returncode != 0:
         return  # its log stays for a look: the readers computed what it did not
     os.unlink(_precompute["log"])

@@ -184,15 +184,15 @@ class Store:
     """
 
     def __init__(self, root: str | Path | None = None, compute: bool | None = None, fresh: bool = False):
-        if root is None:
-            if not cmodel.default_checkpoint_dir().exists():  # a fresh machine: the store is named by the checkpoint
-                cmodel.prepare_model(progress=False)  # (written whole: a folder that exists has its manifest)
-            sha = list(ctrain.base_identity()["checkpoint_files"].values())[0][:12]
-            root = cmodel.cache_root() / "capstone" / f"v{STORE_VERSION}-{sha}-{data_key()}"
         if compute is None:
             from .grading import autograding
 
             compute = not autograding()
+        if root is None:
+            if compute and not cmodel.default_checkpoint_dir().exists():  # a fresh machine: the store is named by
+                cmodel.prepare_model(progress=False)  # the checkpoint (written whole: an existing folder has its manifest)
+            sha = list(ctrain.base_identity()["checkpoint_files"].values())[0][:12]
+            root = cmodel.cache_root() / "capstone" / f"v{STORE_VERSION}-{sha}-{data_key()}"
         self.root, self.compute, self.fresh = Path(root), compute, fresh
         self._refreshed: set[Path] = set()
 

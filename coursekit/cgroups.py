@@ -11,9 +11,12 @@ out-of-memory killer end a process of that tree, never one outside it (the grade
 into it before it runs (``sh`` writes its own PID into ``cgroup.procs`` and then ``exec``\\ s the command, so
 the process that jupyter_client or the runner starts is the command itself). Both layouts of the kernel's
 interface are handled: cgroup v1 (one hierarchy per controller, as in many containers and VMs) and cgroup v2
-(one unified hierarchy, as under systemd). Groups are nested under this process's own, so limits set above
-(a container's) still hold. Each group is removed once it is empty and older than a minute (the next
-:func:`enter` sweeps them; ``rmdir`` of a group with live tasks fails, so a running tree is never touched).
+(one unified hierarchy, as under systemd). Under v1 the groups are nested under this process's own, so limits
+set above (a container's) still hold; under v2 they sit under the root's ``coursekit`` folder (a group with
+processes of its own cannot have capped children), so a limit set on the grader's own group does not extend to
+them. Swap counts toward the memory cap where the kernel accounts it. Each group is removed once it is empty
+and older than a minute (the next :func:`enter` sweeps them; ``rmdir`` of a group with live tasks fails, so a
+running tree is never touched), and this process's own empty groups when it exits.
 
 Source: the kernel's documentation of control groups, *Control Group v2* and *cgroup v1: Memory Resource
 Controller* / *Process Number Controller* (https://docs.kernel.org/admin-guide/cgroup-v2.html,
@@ -22,6 +25,7 @@ https://docs.kernel.org/admin-guide/cgroup-v1/memory.html, https://docs.kernel.o
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
@@ -34,6 +38,16 @@ GROUP = "coursekit"  # the folder, under this process's own group, that holds on
 SWEEP_AGE = 60  # seconds: an empty group older than this is removed (a younger one may be about to be entered)
 
 _counter = itertools.count()
+_made: list[Path] = []  # this process's groups, removed at exit where empty
+
+
+@atexit.register
+def _remove_own() -> None:
+    for g in _made:  # (the parent folder stays: another grading process may be making a group in it)
+        try:
+            g.rmdir()
+        except OSError:
+            pass
 
 
 class Unavailable(RuntimeError):
@@ -79,6 +93,7 @@ def layout() -> Layout:
                          "memory.limit_in_bytes", unified=False)
             out.memory.mkdir(exist_ok=True)
             out.pids.mkdir(exist_ok=True)
+            _probe(out)
             return out
         if (ROOT / "cgroup.controllers").exists():  # cgroup v2: the root is exempt from "no internal processes"
             base = ROOT / GROUP
@@ -88,10 +103,21 @@ def layout() -> Layout:
                 (ROOT / "cgroup.subtree_control").write_text(" ".join("+" + c for c in missing))
             base.mkdir(exist_ok=True)
             (base / "cgroup.subtree_control").write_text("+memory +pids")
-            return Layout(base, base, "memory.max", unified=True)
+            out = Layout(base, base, "memory.max", unified=True)
+            _probe(out)
+            return out
     except (OSError, ValueError) as e:
         raise Unavailable(f"cannot create control groups under {ROOT}: {e}") from e
     raise Unavailable(f"no memory and pids control groups are mounted under {ROOT}")
+
+
+def _probe(lay: Layout) -> None:
+    """Make and remove one group in each parent: a parent folder can exist (made by an earlier run as root) where
+    this process may not write."""
+    for parent in dict.fromkeys([lay.memory, lay.pids]):
+        g = parent / f"probe-{os.getpid()}"
+        g.mkdir(exist_ok=True)
+        g.rmdir()
 
 
 def problem() -> str | None:
@@ -124,14 +150,21 @@ def enter(memory: int, tasks: int) -> list[str]:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     lay = layout()
     name = f"{os.getpid()}-{next(_counter)}"
-    groups = {lay.memory: {lay.memory_file: memory, "pids.max": tasks}} if lay.unified else \
-        {lay.memory: {lay.memory_file: memory}, lay.pids: {"pids.max": tasks}}
+    # Swap: memory.memsw (v1, at least the memory limit, so written after it) and memory.swap.max (v2) exist only
+    # where the kernel accounts swap; there the tree's swap counts toward its cap (v1) or is refused (v2).
+    groups = {lay.memory: {lay.memory_file: memory, "pids.max": tasks, "memory.swap.max": 0}} if lay.unified else \
+        {lay.memory: {lay.memory_file: memory, "memory.memsw.limit_in_bytes": memory}, lay.pids: {"pids.max": tasks}}
     procs = []
     for parent, limits in groups.items():
         _sweep(parent)
         g = parent / name
         g.mkdir(exist_ok=True)
+        _made.append(g)
         for f, v in limits.items():
+            if f.startswith("memory.memsw") or f == "memory.swap.max":
+                if (g / f).exists():
+                    (g / f).write_text(str(v))
+                continue
             (g / f).write_text(str(v))
         procs.append(str(g / "cgroup.procs"))
     script = 'for f in "$@"; do shift; [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; done; exec "$@"'

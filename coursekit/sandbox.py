@@ -130,7 +130,11 @@ def command(argv: Sequence[str], spec: Spec) -> list[str]:
     # bubblewrap: bubblewrap runs with it ignored; ipykernel installs its own handler while a cell runs.
     from . import cgroups
 
-    caps = cgroups.enter(lim.tree_memory, lim.tasks) if cgroups.problem() is None else []
+    try:
+        caps = cgroups.enter(lim.tree_memory, lim.tasks) if cgroups.problem() is None else []
+    except OSError as e:  # the groups' folder went away or became unwritable since the check: isolate all the same
+        print(f"WARNING: this submission's process tree runs without caps: {e}", file=sys.stderr)
+        caps = []
     args = [*caps, "env", "--ignore-signal=INT", "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--",
             "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
