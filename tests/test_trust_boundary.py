@@ -332,6 +332,19 @@ def test_without_control_groups_the_sandbox_runs_without_tree_caps(monkeypatch):
     assert sandbox.tree_caps_problem() == "no cgroup file system here"
 
 
+def test_a_group_that_cannot_be_made_leaves_the_sandbox_without_tree_caps_and_says_so(monkeypatch, capsys):
+    from coursekit import cgroups
+
+    def enter(memory, tasks):
+        raise PermissionError(13, "Permission denied", "/sys/fs/cgroup/pids/coursekit/1-0")
+
+    monkeypatch.setattr(cgroups, "problem", lambda: None)
+    monkeypatch.setattr(cgroups, "enter", enter)
+    argv = sandbox.command(["true"], sandbox.Spec())
+    assert argv[0] == "env" and "bwrap" in argv
+    assert "without caps" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("memory, tasks", [(0, 10), (1 << 20, -1), (1.5e9, 10), (1 << 20, None), (True, 10)])
 def test_tree_caps_refuse_what_is_not_a_positive_int(memory, tasks):
     from coursekit import cgroups
