@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_quant.py
 	$(BIN)/python benchmarks/bench_capstone.py
 	$(BIN)/python benchmarks/bench_grading.py
+	$(BIN)/python benchmarks/bench_sandbox.py
 
 clean:
 	rm -rf autograder/example-class .pytest_cache .hypothesis

@@ -55,6 +55,9 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
+# What the grader measured of this run (seconds spent executing and scoring: coursekit.grading.budget) stays in the
+# autograded notebook; everything else of the notebook's metadata is cleared as nbgrader does.
+c.ClearMetadataPreprocessor.preserve_nb_metadata_mask = {("language_info", "name"), "coursekit_budget"}
 c.ExecutePreprocessor.kernel_name = "python3"
 # The grading kernel's own log (e.g. ipykernel's note about TCP transport) is noise in the grader's output.
 c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]

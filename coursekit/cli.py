@@ -51,8 +51,11 @@ def _grade(args: argparse.Namespace) -> int:
         from . import sandbox
 
         os.environ[sandbox.ENV_OFF] = "1"
+    if args.certs and not args.scheduler:
+        print("coursekit grade: --certs goes with --scheduler (a local cluster makes its own certificate)", file=sys.stderr)
+        return 2
     table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers,
-                             scheduler=args.scheduler, task_timeout=args.task_timeout)
+                               scheduler=args.scheduler, task_timeout=args.task_timeout, certs=args.certs)
     print(table)
     return 0
 
@@ -95,6 +98,15 @@ def _capstone(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_certs(args: argparse.Namespace) -> int:
+    from . import cluster
+
+    for p in cluster.make_certs(args.folder, days=args.days):
+        print(f"wrote {p}")
+    print(cluster.usage(args.folder))
+    return 0
+
+
 def _keys(args: argparse.Namespace) -> int:
     from .course import use_course_keys
     from .grading import keys
@@ -132,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                            help="notebooks executed at once on a local Dask cluster (default: one per CPU core); 1 "
                                 "grades one submission after the other. Only one process writes the gradebook either way")
             s.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                           help="execute the submissions on an existing Dask cluster, e.g. tcp://10.0.0.5:8786, whose "
-                                "workers have the course's environment (README: Grading a large class)")
+                           help="execute the submissions on an existing Dask cluster, e.g. tls://10.0.0.5:8786, whose "
+                                "workers have the course's environment and bubblewrap (README: Grading a large class); "
+                                "tcp:// only on the loopback address")
+            s.add_argument("--certs", default=None, metavar="DIR",
+                           help="the TLS certificates of a tls:// scheduler, made by `coursekit cluster-certs DIR`")
             s.add_argument("--task-timeout", type=float, default=None, metavar="SECONDS",
                            help="seconds one submission's execution may take on a worker before it is tried once more "
                                 "elsewhere, then scored 0 (default 3600)")
@@ -153,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--retrain", action="store_true", help="train and evaluate again even where results are stored")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_capstone)
+    cc = sub.add_parser("cluster-certs", help="instructors: make the TLS certificates a Dask grading cluster on several "
+                                               "machines needs (a certificate authority and one node certificate)")
+    cc.add_argument("folder", help="an empty folder to write ca.pem, node.pem, node-key.pem and ca-key.pem into")
+    cc.add_argument("--days", type=int, default=365, help="days the certificates are valid (default 365)")
+    cc.set_defaults(func=_cluster_certs)
     k = sub.add_parser("keys", help="instructors: show a lesson's answer keys (autograder/keys/, or $COURSEKIT_KEYS) or check them all")
     k.add_argument("action", choices=["show", "check"])
     k.add_argument("lesson", nargs="?", help="with show: two-digit lesson number, e.g. 02")

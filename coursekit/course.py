@@ -26,6 +26,7 @@ import copy
 import csv
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +249,8 @@ EXAMPLE_CLASS = Path("autograder") / "example-class"
 
 def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | None = None, examples: bool = False,
                 course_dir: Path | None = None, release_dir: Path | None = None, progress: bool = True,
-                workers: int | None = None, scheduler: str | None = None, task_timeout: float | None = None) -> str:
+                workers: int | None = None, scheduler: str | None = None, task_timeout: float | None = None,
+                certs: str | os.PathLike | None = None) -> str:
     """Release, autograde every submission, write feedback and grades.csv; return the score table.
 
     ``examples=False`` grades your class: the submissions in the configured course folder
@@ -262,8 +264,10 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     ``workers`` notebooks execute at once on a local Dask cluster (default: one per CPU core; 1 grades one
     submission after the other, as nbgrader does); ``scheduler`` (e.g. ``"tcp://10.0.0.5:8786"``) sends the
     executions to the workers of an existing Dask cluster instead. ``task_timeout``: seconds one submission's
-    execution may take on a worker (default coursekit.parallel.TASK_TIMEOUT). Only this process holds the keys
-    and writes the gradebook (see coursekit.parallel).
+    execution may take on a worker (default coursekit.parallel.TASK_TIMEOUT). ``certs``: the folder of TLS
+    certificates (``coursekit cluster-certs``) for a ``tls://`` scheduler; a plain ``tcp://`` one is refused unless it
+    is on the loopback address (coursekit.cluster). Only this process holds the keys and writes the gradebook (see
+    coursekit.parallel).
     """
     if examples and course_dir is None:
         course_dir = repo_root(root) / EXAMPLE_CLASS
@@ -274,6 +278,10 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     root = repo_root(root)
     ids = _known(root, lessons)
+    if scheduler:
+        from . import cluster
+
+        cluster.client_security(scheduler, certs)  # an address or certificates it cannot use: say so before anything runs
     use_course_keys(root)
     _require_keys(ids)
     from . import sandbox
@@ -291,7 +299,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
     keys.freeze({aid[:2] for aid in ids})  # this run grades with the keys as they are now
     try:
-        return _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler, task_timeout)
+        return _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler, task_timeout, certs)
     finally:
         changed = keys.thaw()
         if changed:
@@ -321,7 +329,8 @@ def _fill_capstone_store(progress: bool) -> None:
         capstone.run(capstone.REFERENCE, capstone.Store(compute=True), progress=progress, log=say)
 
 
-def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None) -> str:
+def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None,
+                 certs=None) -> str:
     from tqdm.auto import tqdm
 
     from . import parallel
@@ -340,12 +349,17 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
         if examples:
             build_examples(root, aid, submitted, release_dir)
+    release_root = release_folder(a)
+    # A kernel cell whose source is not the release's (added or edited by the student) gets the answer cells' limit.
+    from .guard import release_sources
+
+    a.config.GuardedExecute.release_sources = release_sources(release_root)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
     # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
     say = (lambda *m: tqdm.write(" ".join(map(str, m)), file=sys.stdout)) if progress else None
-    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid) is None],
-                                    workers, scheduler=scheduler, task_timeout=task_timeout, log=say)
+    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid, release_root) is None],
+                                    workers, scheduler=scheduler, task_timeout=task_timeout, log=say, certs=certs)
     count = Progress(jobs)
     try:
         bar = tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
@@ -402,11 +416,71 @@ class Progress:
         return f"{aid}: {self.done[aid] - failed} graded, {failed} failed" + (" (0 points; the table below says why)" if failed else "")
 
 
-def check_submission(folder: Path, aid: str) -> str | None:
+#: A submitted file larger than this is refused (a lesson's notebook with its outputs is well under 10 MB).
+MAX_FILE_BYTES = 32 << 20
+#: Files nbgrader itself adds to a submission folder (``nbgrader collect`` writes the submission time).
+NBGRADER_FILES = ("timestamp.txt",)
+
+
+def lesson_files(release: Path | None, aid: str) -> set[str]:
+    """The files a submission of ``aid`` may hold: its notebook, nbgrader's own, and the files the lesson's release
+    folder ships (``release/<aid>/``, relative paths)."""
+    names = {f"{aid}.ipynb", *NBGRADER_FILES}
+    folder = None if release is None else Path(release) / aid
+    if folder is not None and folder.is_dir():
+        names |= {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+    return names
+
+
+def _unsafe(folder: Path, aid: str, allowed: set[str] | None) -> str | None:
+    """Why ``folder`` is not plain data (a symbolic link, a device or pipe, a file too large, a file the lesson does
+    not name), looked at without following any link; None when it is."""
+    if folder.is_symlink() or folder.parent.is_symlink():
+        return ("your submission folder is a symbolic link. Hand in the lesson's folder itself, with the notebook "
+                "file in it.")
+    extra = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in sorted([*dirnames, *filenames]):
+            p = Path(dirpath) / name
+            rel = p.relative_to(folder).as_posix()
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                return (f"it holds a symbolic link ({rel}), which the grader does not follow: hand in the files "
+                        "themselves (the notebook saved by Jupyter), not links to them.")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return f"it holds {rel}, which is not a regular file (a device, pipe or socket): hand in files only."
+            if st.st_size > MAX_FILE_BYTES:
+                return (f"{rel} is {st.st_size >> 20} MB, more than the {MAX_FILE_BYTES >> 20} MB a submitted file may "
+                        "have (clear the notebook's outputs, or leave large files out).")
+            if allowed is not None and rel not in allowed:
+                extra.append(rel)
+    if extra and (folder / f"{aid}.ipynb").is_file():
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        return (f"it holds files the lesson does not ask for ({shown}). Hand in {aid}.ipynb"
+                + (" and the lesson's own files" if len(allowed or ()) > 1 + len(NBGRADER_FILES) else "") + " only.")
+    return None
+
+
+def release_folder(a) -> Path:
+    """The release folder (``lessons/``) of the course that the NbGraderAPI ``a`` grades."""
+    return Path(a.coursedir.root) / a.coursedir.release_directory
+
+
+def check_submission(folder: Path, aid: str, release: Path | None = None) -> str | None:
     """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
 
-    The notebook must be ``<aid>.ipynb``, non-empty, JSON, and a notebook nbformat can read."""
+    A submission is data, looked at before nbgrader touches it (nbgrader copies what it finds, following links, as
+    the user who grades): the folder must hold no symbolic link, device or pipe, no file over
+    :data:`MAX_FILE_BYTES`, and nothing but ``<aid>.ipynb`` and the files of :func:`lesson_files` (checked when
+    ``release`` is given). The notebook must be ``<aid>.ipynb``, non-empty, JSON, and a notebook nbformat can read."""
     nb_path = folder / f"{aid}.ipynb"
+    unsafe = _unsafe(folder, aid, lesson_files(release, aid) if release is not None else None)
+    if unsafe is not None and not (folder / f"{aid}.ipynb").is_file() and "does not ask for" in unsafe:
+        unsafe = None  # a renamed notebook: the sentence below says what to do
+    if unsafe is not None:
+        return unsafe
     if not nb_path.is_file():
         others = sorted(p.name for p in folder.glob("*.ipynb"))
         if others:
@@ -432,7 +506,7 @@ def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
     else why it could not be graded (it then scores 0 in the gradebook, and nothing of an earlier
     run's autograded copy remains to produce stale feedback)."""
     course = Path(a.coursedir.root)
-    problem = check_submission(course / a.coursedir.submitted_directory / sid / aid, aid)
+    problem = check_submission(course / a.coursedir.submitted_directory / sid / aid, aid, release_folder(a))
     if problem is None:
         r = autograde(aid, sid) if autograde is not None else a.autograde(aid, sid, force=True, create=True)
         if r.get("success"):

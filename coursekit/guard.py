@@ -46,6 +46,40 @@ def _error(ename: str, text: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=text, traceback=[f"{ename}: {text}"])
 
 
+#: Notebook metadata key under which GuardedExecute records how long the execution took (for ScoreAnswers' budget).
+BUDGET_KEY = "coursekit_budget"
+
+
+def source_hash(source: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def release_sources(release_dir: Path) -> dict[str, list[str]]:
+    """Lesson id → :func:`source_hash` of every code cell of its release notebook (``release_dir/<id>/<id>.ipynb``),
+    for :attr:`GuardedExecute.release_sources`."""
+    import nbformat
+
+    out = {}
+    for folder in sorted(Path(release_dir).iterdir()) if Path(release_dir).is_dir() else []:
+        nb_path = folder / f"{folder.name}.ipynb"
+        if nb_path.is_file():
+            nb = nbformat.read(nb_path, as_version=4)
+            out[folder.name] = sorted({source_hash(c.source) for c in nb.cells if c.cell_type == "code"})
+    return out
+
+
+def _output_size(content: dict) -> int:
+    """Bytes of one output message's payload (its text, data and traceback)."""
+    n = len(str(content.get("text", "")).encode("utf-8", "replace"))
+    for v in (content.get("data") or {}).values():
+        n += len(v if isinstance(v, str) else str(v))
+    for line in content.get("traceback") or ():
+        n += len(str(line))
+    return n
+
+
 #: Longest single wait on a kernel channel, in seconds (see :func:`poll_in_slices`).
 POLL_SLICE_S = 1.0
 
@@ -88,6 +122,15 @@ class GuardedExecute(Execute):
     hidden_paths = List(Unicode(), help="Folders the sandboxed kernel must not see (the course folder, the lesson "
                                          "sources); the keys' folder and the course repository's are always hidden.").tag(config=True)
 
+    release_sources = Dict(
+        {}, help="Lesson id → sha256 of the source of each code cell of its release notebook (release_sources()): a "
+                 "code cell whose source is not among them (added or edited by the student) gets answer_timeout."
+    ).tag(config=True)
+
+    cell_output_bytes = Integer(1 << 20, help="Bytes of output one cell may keep (what reaches autograded/ and "
+                                               "feedback/); the rest is cut with a note.").tag(config=True)
+    notebook_output_bytes = Integer(16 << 20, help="Bytes of output a whole notebook may keep.").tag(config=True)
+
     interrupt_grace = Integer(
         10, help="Seconds a timed-out cell's kernel gets to answer after the interrupt; if it does not, it is stopped."
     ).tag(config=True)
@@ -95,10 +138,35 @@ class GuardedExecute(Execute):
     _dead: tuple[str, str] | None = None
     _timed_out = False
 
+    _private: Path | None = None
+    _deadline: float | None = None
+
     def preprocess(self, nb, resources=None, km=None):
+        from coursekit.grading import budget
+
         self._dead = None
         self._notebook = (resources or {}).get("unique_key", "")
-        return super().preprocess(nb, resources, km)
+        aid = ((resources or {}).get("nbgrader", {}) or {}).get("assignment") or self._notebook
+        lesson = str(aid)[:2]
+        self._budget = budget.seconds(lesson) if lesson.isdigit() else None
+        t0 = time.monotonic()
+        self._deadline = None if self._budget is None else t0 + self._budget
+        self._known = set(self.release_sources.get(aid, ()))
+        self._cell_bytes: dict[int, int] = {}
+        self._cut: set[int] = set()
+        self._notebook_bytes = 0
+        nb.metadata.pop(BUDGET_KEY, None)  # only this run's own measurement counts
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+            # What ScoreAnswers may still spend of the budget (it reads this, also from a grading worker's notebook).
+            nb.metadata[BUDGET_KEY] = {"executed_seconds": round(time.monotonic() - t0, 3)}
+            return nb, resources
+        finally:
+            if self._private is not None:  # the kernel's sockets and connection file
+                import shutil
+
+                shutil.rmtree(self._private, ignore_errors=True)
+                self._private = None
 
     async def async_start_new_kernel(self, **kwargs):
         """Start the kernel without the answer keys: no ``$COURSEKIT_KEYS``, only this lesson's hidden-case
@@ -118,13 +186,22 @@ class GuardedExecute(Execute):
                 self.create_kernel_manager()
             cwd = kwargs.get("cwd") or self.resources.get("metadata", {}).get("path") or os.getcwd()
             spec = self._sandbox_spec(Path(cwd))
-            plain = self.km.format_kernel_cmd
+            km = self.km
+            # No network in the sandbox: the kernel's channels are Unix sockets in a folder only it and the grader
+            # may enter, and an interrupt travels as a message on the control channel (the kernel runs in a session
+            # of its own, out of reach of a signal to the launcher's process group).
+            self._private = sandbox.make_private_folder("ck-")
+            km.transport = "ipc"
+            km.connection_file = str(self._private / "kernel.json")
+            km.ip = str(self._private / "k")
+            km.kernel_spec.interrupt_mode = "message"
+            spec.writable, spec.env = [self._private], env
+            plain = km.format_kernel_cmd
+
             # In its own PID namespace the kernel's parent is the namespace's init (pid 1), which ipykernel's parent
             # poller would take for a dead parent; --die-with-parent does that job.
-            km = self.km
-
             def wrapped(extra_arguments=None):
-                spec.readable = [os.path.realpath(km.connection_file)]  # may sit in /tmp, which the sandbox replaces
+                sandbox.give(Path(km.connection_file))
                 return sandbox.command(plain([*(extra_arguments or []), "--IPKernelApp.parent_handle=1"]), spec)
 
             km.format_kernel_cmd = wrapped
@@ -155,16 +232,66 @@ class GuardedExecute(Execute):
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
+    def _students(self, cell) -> bool:
+        """Whether ``cell`` holds the student's code: an answer cell, or a code cell added or edited (its source is
+        not one of the release notebook's)."""
+        if _nbg(cell).get("solution"):
+            return True
+        return bool(self._known) and cell.cell_type == "code" and source_hash(cell.source) not in self._known
+
     def _get_timeout(self, cell):
         t = self.notebook_timeouts.get(self._notebook) if getattr(self, "_notebook", "") else None
-        if t is None and cell is not None and _nbg(cell).get("solution") and self.answer_timeout > 0:
+        if t is None and cell is not None and self._students(cell) and self.answer_timeout > 0:
             t = min(self.answer_timeout, self.timeout or self.answer_timeout)
         if t is None:
-            return super()._get_timeout(cell)
-        return t if t > 0 else None
+            t = super()._get_timeout(cell)
+        t = t if t and t > 0 else None
+        if self._deadline is not None:  # never past the submission's budget
+            left = max(1.0, self._deadline - time.monotonic())
+            t = left if t is None else min(t, left)
+        return t
+
+    def _over_budget(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline - 0.5
+
+    def output(self, outs, msg, display_id, cell_index):
+        """nbclient's output handler, keeping at most ``cell_output_bytes`` per cell and ``notebook_output_bytes`` in
+        all (one 50 MB line must not reach autograded/ and feedback/, nor fill the grader's memory). A check cell's
+        answer record passes whole: ScoreAnswers replaces it with the feedback."""
+        from coursekit.protocol import MIME
+
+        content = msg.get("content", {})
+        cell = self.nb.cells[cell_index] if 0 <= cell_index < len(self.nb.cells) else {}
+        if MIME in (content.get("data") or {}) and _nbg(cell).get("grade") and not _nbg(cell).get("solution"):
+            return super().output(outs, msg, display_id, cell_index)
+        if cell_index in self._cut:
+            return None
+        size = _output_size(content)
+        used = self._cell_bytes.get(cell_index, 0)
+        cell_room, notebook_room = self.cell_output_bytes - used, self.notebook_output_bytes - self._notebook_bytes
+        room = min(cell_room, notebook_room)
+        if size <= room:
+            self._cell_bytes[cell_index] = used + size
+            self._notebook_bytes += size
+            return super().output(outs, msg, display_id, cell_index)
+        if room > 0 and msg.get("msg_type") == "stream":  # keep the start of the text that crosses the line
+            content["text"] = str(content.get("text", "")).encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+            super().output(outs, msg, display_id, cell_index)
+            self._notebook_bytes += room
+        self._cut.add(cell_index)  # say once what happened, then keep nothing more of this cell
+        limit, whose = (self.cell_output_bytes, "this cell") if cell_room <= notebook_room else \
+            (self.notebook_output_bytes, "this notebook")
+        outs.append(NotebookNode(output_type="stream", name="stdout",
+                                 text=f"\n[output cut: the grader keeps at most {limit:,} bytes of {whose}'s output]\n"))
+        return None
 
     async def _async_handle_timeout(self, timeout, cell=None):
         self._timed_out = True
+        if self._over_budget():
+            text = (f"this cell was still running when your submission's grading time budget ({self._budget:g} s) ran "
+                    "out, so it was stopped, and the cells after it are not run.")
+            self.error_on_timeout = {"ename": "BudgetSpent", "evalue": text, "traceback": [f"BudgetSpent: {text}"]}
+            return await super()._async_handle_timeout(timeout, cell)
         self.error_on_timeout = {
             "ename": "CellTimeoutError",
             "evalue": f"this cell was still running after {timeout} s and was stopped (an endless loop?). "
@@ -174,6 +301,8 @@ class GuardedExecute(Execute):
         return await super()._async_handle_timeout(timeout, cell)
 
     def preprocess_cell(self, cell, resources, index):
+        if self._dead is None and cell.cell_type == "code" and self._over_budget():
+            self._dead = (_cell_name(cell, index), f"used up its grading time budget ({self._budget:g} s)")
         if self._dead is not None:
             if cell.cell_type == "code":
                 where, how = self._dead
@@ -187,6 +316,8 @@ class GuardedExecute(Execute):
                 stuck = self._timed_out and not self._responsive()
             except CellTimeoutError:  # after the interrupt the kernel never went idle: nbgrader would fail the notebook
                 stuck = True
+            if not stuck and self._timed_out and self._over_budget():
+                self._dead = (_cell_name(cell, index), f"used up its grading time budget ({self._budget:g} s)")
             if stuck:
                 where = _cell_name(cell, index)
                 self._dead = (where, "kept running after it was interrupted (the kernel was stopped)")
@@ -281,8 +412,12 @@ class ScoreAnswers(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         import json as _json
 
-        from coursekit.grading import lesson_items, score_record
+        from coursekit.grading import budget, lesson_items, score_record
 
+        t0 = time.monotonic()
+        executed = float((nb.metadata.get(BUDGET_KEY) or {}).get("executed_seconds", 0) or 0)
+        deadline: budget.Deadline | None = None
+        spent: budget.BudgetSpent | None = None
         for cell in nb.cells:
             md = _nbg(cell)
             if cell.cell_type != "code" or not md.get("grade") or md.get("solution"):
@@ -300,8 +435,21 @@ class ScoreAnswers(NbGraderPreprocessor):
                 it = lesson_items(lesson)[item]
                 title = f"[{item_id}] {it.title}"
                 recs = {_json.dumps(r, sort_keys=True): r for r in _records(outs, item_id)}
+                if deadline is None:  # what the execution left of the submission's budget
+                    total = budget.seconds(lesson)
+                    deadline = budget.Deadline(total, total - executed)
+                runs_code = len(recs) == 1 and "function" in next(iter(recs.values()))
+                if runs_code and (spent is not None or deadline.left() <= 0):  # (a value costs no time to score)
+                    spent = spent or deadline.spent()
+                    cell.outputs = _result(f"{title}: 0 points\n  {spent.reason()[0].upper() + spent.reason()[1:]}", 0.0, count)
+                    continue
                 if len(recs) == 1:
-                    fb = score_record(item_id, next(iter(recs.values())))
+                    try:
+                        fb = score_record(item_id, next(iter(recs.values())), deadline)
+                    except budget.BudgetSpent as e:
+                        spent = e
+                        cell.outputs = _result(f"{title}: 0 points\n  {e.reason()[0].upper() + e.reason()[1:]}", 0.0, count)
+                        continue
                     cell.outputs = _result(fb.text(title), min(max(fb.points, 0.0), float(it.points)), count)
                     continue
                 errors = [o for o in outs if o.get("output_type") == "error"]
@@ -317,6 +465,7 @@ class ScoreAnswers(NbGraderPreprocessor):
                 self.log.warning("could not score %s: %s", item_id, e, exc_info=True)
                 cell.outputs = _result(f"[{item_id}] 0 points\n  The grader could not score this check ({type(e).__name__}); "
                                        "the instructor has the log.", 0.0, count)
+        nb.metadata[BUDGET_KEY] = {**(nb.metadata.get(BUDGET_KEY) or {}), "scored_seconds": round(time.monotonic() - t0, 3)}
         return nb, resources
 
 

@@ -50,6 +50,7 @@ import nbformat
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Unicode
 
+from . import cluster
 from .nbenv import CourseError, kernel_env
 
 TASK_TIMEOUT = 3600  # seconds a submission's execution may take on a worker, by default (the cells have their own limits)
@@ -96,6 +97,9 @@ class Task:
     gradebook: bytes
     config: object
     attempt: int = 1
+    # How the worker must isolate the notebook: {"unsandboxed": the instructor's --unsandboxed, "require_caps": refuse
+    # without the control-group caps}. See worker_problem.
+    policy: dict = field(default_factory=lambda: {"unsandboxed": False, "require_caps": True})
 
     def size(self) -> int:
         """Bytes of submission and gradebook carried (the config adds a few kB)."""
@@ -142,9 +146,12 @@ def lesson_gradebook(db: Path, aid: str, dest: Path) -> bytes:
 
 
 def submission_files(folder: Path) -> dict:
-    """Relative path → bytes of every file in a submission folder (CourseError past MAX_SUBMISSION_BYTES)."""
+    """Relative path → bytes of every file in a submission folder (CourseError past MAX_SUBMISSION_BYTES, or for a
+    symbolic link: coursekit.course.check_submission refuses those first)."""
     out, total = {}, 0
     for f in sorted(folder.rglob("*")):
+        if f.is_symlink():
+            raise CourseError(f"the submission folder {folder} holds a symbolic link: {f.name}")
         if f.is_file():
             total += f.stat().st_size
             if total > MAX_SUBMISSION_BYTES:
@@ -202,11 +209,13 @@ class TaskMaker:
         self._gradebooks: dict[str, bytes] = {}
         self._config = task_config(api.config)
         self._submitted = Path(api.coursedir.root) / api.coursedir.submitted_directory
+        self.policy = {"unsandboxed": False, "require_caps": True}
 
     def __call__(self, aid: str, sid: str, attempt: int = 1) -> Task:
         if aid not in self._gradebooks:
             self._gradebooks[aid] = lesson_gradebook(self._db, aid, self._scratch / f"{aid}.db")
-        return Task(aid, sid, submission_files(self._submitted / sid / aid), self._gradebooks[aid], self._config, attempt)
+        return Task(aid, sid, submission_files(self._submitted / sid / aid), self._gradebooks[aid], self._config, attempt,
+                    self.policy)
 
 
 def _quiet() -> None:
@@ -216,6 +225,21 @@ def _quiet() -> None:
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="nbgrader.api")
     warnings.filterwarnings("ignore", message=".*not in session.*")
+
+
+class SandboxRefused(RuntimeError):
+    """A grading worker cannot run a submission in the sandbox the grader asked for, so it refuses the task."""
+
+
+def worker_problem(policy: dict) -> str | None:
+    """On a worker: why it cannot execute a submission under ``policy`` (no bubblewrap, or no control-group caps where
+    they are required), naming the worker; None when it can."""
+    from . import sandbox
+
+    if policy.get("unsandboxed"):
+        return None
+    why = sandbox.problem() or (sandbox.tree_caps_problem() if policy.get("require_caps", True) else None)
+    return None if why is None else f"grading worker {socket.gethostname()}:{os.getpid()} refuses to run submissions: {why}"
 
 
 def execute(task: Task) -> dict:
@@ -228,8 +252,14 @@ def execute(task: Task) -> dict:
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
+    from . import sandbox
     from .grading import keys
 
+    why = worker_problem(task.policy)
+    if why:
+        raise SandboxRefused(why)
+    if task.policy.get("unsandboxed"):
+        os.environ[sandbox.ENV_OFF] = "1"
     t0 = time.perf_counter()
     # A worker started from the grader's shell may have inherited the key folder's variable: drop it (the sandboxed
     # kernel never gets it anyway, coursekit.sandbox.environment).
@@ -363,8 +393,10 @@ def local_cluster(workers: int):
                           "distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": 1}):
         # A free port for the scheduler's web server (two local clusters on one machine must not both want 8787); it
         # serves the dashboard where bokeh is installed.
+        # Loopback only, and TLS with a certificate made for this run: no other process can join or command it
+        # (coursekit.cluster).
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.ERROR,
-                            dashboard_address="127.0.0.1:0")
+                            host="127.0.0.1", dashboard_address="127.0.0.1:0", security=cluster.local_security())
 
 
 class _NoWorkers(RuntimeError):
@@ -390,8 +422,9 @@ class Autograder:
     as a context manager). ``replayed``, ``executed_here`` and ``failed`` say what happened to each job."""
 
     def __init__(self, api, jobs: list[tuple[str, str]], workers: int | None = None, scheduler: str | None = None,
-                 task_timeout: float | None = None, ahead: int | None = None, log=None):
+                 task_timeout: float | None = None, ahead: int | None = None, log=None, certs=None):
         self.api = api
+        self._certs = certs
         self._client = self._cluster = self._tmp = None
         self._lock = _lock_course(Path(api.coursedir.root))
         try:
@@ -428,6 +461,13 @@ class Autograder:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="coursekit-grade-")
         self.task = TaskMaker(api, Path(self._tmp.name))
+        from . import sandbox
+
+        # Workers isolate as this process would: with --unsandboxed not at all; on a cluster of other machines always
+        # with the tree caps; on a local cluster with them where this machine has them (a grader that is not root
+        # has none, and was told so).
+        self.task.policy = {"unsandboxed": sandbox.off(),
+                            "require_caps": bool(scheduler) or sandbox.tree_caps_problem() is None}
         cfg = copy.deepcopy(api.config)
         pps = _pipeline(api.config)
         i = _execute_index(pps)
@@ -447,8 +487,9 @@ class Autograder:
         from distributed import Client
 
         if scheduler:
+            security = cluster.client_security(scheduler, self._certs)
             try:
-                self._client = Client(scheduler, timeout="30s")
+                self._client = Client(scheduler, timeout="30s", security=security)
             except OSError as e:
                 raise CourseError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
             try:
@@ -457,6 +498,11 @@ class Autograder:
                 raise CourseError(f"the Dask scheduler at {scheduler} has had no worker for {NO_WORKERS_GRACE} s: start "
                                   "`dask worker` on the grading machines (README: Grading a large class)") from None
             self.workers = max(1, len(self._client.nthreads()))
+            refusing = {a: p for a, p in self._client.run(worker_problem, self.task.policy).items() if p}
+            if refusing and len(refusing) == len(self._client.nthreads()):
+                raise CourseError("no worker of the cluster can grade in the sandbox:\n  " + "\n  ".join(refusing.values()))
+            for why in refusing.values():  # the tasks they are sent fail there and are retried on another worker
+                print(f"WARNING: {why}", file=sys.stderr)
             self.dashboard = self._client.dashboard_link
             self._say(f"Dask cluster {scheduler}: {self.workers} worker{'s' * (self.workers > 1)}; "
                       f"dashboard (needs bokeh on the scheduler): {self.dashboard}")
@@ -511,7 +557,10 @@ class Autograder:
                 attempts.append(f"attempt {attempt}: {type(e).__name__}: {e}")
                 dead = type(e).__name__ == "KilledWorker"
                 why = ("the grading worker running it stopped twice (out of memory, or its machine went away)" if dead
+                       else str(e) if isinstance(e, SandboxRefused)
                        else f"the grading worker failed twice ({type(e).__name__})")
+                if isinstance(e, SandboxRefused):
+                    print(f"coursekit grade: {e}", file=sys.stderr)
                 break  # the scheduler has already run it twice
             if attempt == 1:
                 fut, _ = self._submit(aid, sid, attempt=2)

@@ -1,26 +1,37 @@
-"""Run a student's code in an isolated process tree (bubblewrap), so that it cannot reach the grader.
+"""Run a student's code in an isolated process tree (bubblewrap) that is given nothing it does not need.
 
 Everything a submission runs in while graded (its notebook's kernel, and the runner that calls its
 functions, :mod:`coursekit.runner`) is started through :func:`command`, which wraps the command in
-`bubblewrap <https://github.com/containers/bubblewrap>`_ (Debian package ``bubblewrap``):
+`bubblewrap <https://github.com/containers/bubblewrap>`_ (Debian package ``bubblewrap``). The sandbox is an
+allow-list:
 
-- the whole file system is **read-only** (no ``.pth`` file in site-packages, no edited coursekit);
-- the course repository is **hidden** except the ``coursekit`` package, the environment and
-  the lessons (no ``solutions/``, ``autograder/`` with its keys, gradebook and other students,
-  ``tests/`` or ``.git``); so are the course folder, the key folder and anything else ``hide`` lists;
-- ``/tmp`` and the working folder are private ``tmpfs`` mounts of a fixed size (the disk cap);
-  nothing written there outlives the process tree;
-- own PID namespace, killed with its parent (``--die-with-parent``): the code cannot see or signal
-  the grader, and no child it starts (detached or not) outlives the run;
-- address space and file size limited (``prlimit``) so one process cannot take the machine's memory;
-- the whole tree's memory and number of tasks capped by a control group (:mod:`coursekit.cgroups`), so
-  neither a fork bomb nor many processes that each stay under the per-process cap can take the machine:
-  the next ``fork`` fails, or the out-of-memory killer ends a process of that tree and of no other.
+- **an empty file system** into which only what Python needs is bound read-only: the system's shared
+  libraries, the interpreter and this environment's site-packages, the ``coursekit`` package (without the
+  grader's item tables), the converted model cache, and the few files of ``/etc`` the dynamic loader reads.
+  No home folder, no other user's files, no ``/etc/shadow``, no other copy of the course, no ``/sys``;
+- a fresh ``/proc`` and a minimal ``/dev`` (``null``, ``zero``, ``urandom`` …); ``/tmp``, ``/dev/shm`` and the
+  working folder are private ``tmpfs`` mounts of a fixed size each, gone with the process tree;
+- **no privilege**: run by root, the sandboxed process changes to an unprivileged user (``SANDBOX_UID``) with
+  every capability and the bounding set dropped and ``no_new_privs`` set (``setpriv``), after bubblewrap has
+  made its mounts; run by anyone else, it runs in a user namespace with every capability dropped. Either way
+  it cannot unmount a cover, remount a folder writable, write a control group or load anything setuid;
+- **no network**: its own network namespace holds only a loopback of its own, so nothing it reads can be
+  sent anywhere and no server on the grading machine (a Dask scheduler) can be reached. The kernel's
+  channels to the grader are Unix sockets in a private folder (:func:`coursekit.guard.GuardedExecute`),
+  the runner's are its stdin and stdout;
+- **an explicit environment** (``--clearenv``; :func:`environment` lists what is passed), its own PID, IPC and
+  UTS namespaces, a new session (no terminal to push keystrokes into), killed with its parent;
+- address space and file size limited (``prlimit``), and the whole tree's memory and number of tasks capped
+  by a control group (:mod:`coursekit.cgroups`) that the tree enters before it drops its privilege and
+  cannot leave.
 
 Where bubblewrap cannot run (macOS, a container without user namespaces) :func:`available` says why, and
 ``coursekit grade`` refuses to grade for credit unless told ``--unsandboxed``. Where control groups cannot be
 made (no write access to /sys/fs/cgroup), the sandbox still isolates but the tree caps are off:
 :func:`tree_caps_problem` says why, and ``coursekit grade`` prints it before it starts.
+
+Sources: bubblewrap's manual (``bwrap(1)``), util-linux's ``setpriv(1)``, and the kernel's
+*capabilities(7)* and *user_namespaces(7)* pages (a mount made in a more privileged namespace is locked).
 """
 
 from __future__ import annotations
@@ -39,6 +50,17 @@ ENV_OFF = "COURSEKIT_UNSANDBOXED"  # "1": run student code without the sandbox (
 PKG = Path(__file__).resolve().parent
 REPO = PKG.parent
 
+#: The unprivileged user and group a root grader's sandboxed processes run as ("nobody" on Debian).
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+
+#: Variables of the grader's environment a sandboxed process gets (by exact name or by prefix); nothing else.
+PASSED_ENV = ("COURSEKIT_CACHE", "COURSEKIT_MATMUL_DTYPE", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED")
+PASSED_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "LC_")
+
+#: The files of /etc the dynamic loader and Python read (when they exist); nothing else of /etc is there.
+ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/fonts")
+
 
 def _tree_memory_default() -> int:
     """12 GiB, or a third of the machine's memory where that is less: two trees graded at once (one per core
@@ -53,28 +75,34 @@ def _tree_memory_default() -> int:
 @dataclass
 class Limits:
     """Caps for one sandboxed process tree. Bytes; ``memory`` is each process's address space, ``tree_memory``
-    the resident memory of the whole tree (its tmpfs files included), ``tasks`` its processes and threads."""
+    the resident memory of the whole tree (its tmpfs files included), ``tasks`` its processes and threads;
+    ``tmp``, ``shm`` and ``workdir`` the sizes of the private /tmp, /dev/shm and working folder."""
 
     memory: int = 12 << 30
     tree_memory: int = field(default_factory=lambda: _tree_memory_default())
     tasks: int = 512
     tmp: int = 256 << 20
+    shm: int = 64 << 20
     workdir: int = 256 << 20
     file_size: int = 256 << 20
 
 
 @dataclass
 class Spec:
-    """What a sandbox sees besides the read-only system: a private working folder (``workdir``, a tmpfs in
-    which ``keep`` files of the same folder outside stay readable), folders to ``hide``, files to replace
-    (``replace``: path → path of the replacement, e.g. a withheld reference), and extra read-only folders."""
+    """What a sandbox sees besides the system's libraries and the interpreter: a private working folder
+    (``workdir``, a tmpfs in which the ``keep`` files of the same folder outside stay readable), folders
+    inside those to ``hide``, files to replace (``replace``: path → path of the replacement, e.g. a withheld
+    reference), extra read-only paths (``readable``) and read-write folders (``writable``: the kernel's
+    socket folder). ``env``: the environment :func:`environment` picks the sandbox's from."""
 
     workdir: Path | None = None
     keep: Sequence[Path] = ()
     hide: Sequence[Path] = ()
     replace: dict = field(default_factory=dict)
     readable: Sequence[Path] = ()
+    writable: Sequence[Path] = ()
     limits: Limits = field(default_factory=Limits)
+    env: dict | None = None  # the environment :func:`environment` picks from (default: this process's)
 
 
 def off() -> bool:
@@ -82,16 +110,23 @@ def off() -> bool:
     return os.environ.get(ENV_OFF, "") == "1"
 
 
+def privileged() -> bool:
+    """Whether this process is root, so that the sandbox must change to :data:`SANDBOX_UID` itself."""
+    return os.geteuid() == 0
+
+
 @functools.lru_cache(maxsize=1)
 def problem() -> str | None:
-    """Why bubblewrap cannot isolate a process here (None when it can)."""
+    """Why bubblewrap cannot isolate a process here (None when it can): it is run once with the sandbox's own
+    flags (no network, no privilege)."""
     if not sys.platform.startswith("linux"):
         return f"bubblewrap needs Linux; this is {sys.platform}"
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt install bubblewrap)"
+    if privileged() and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed: a root grader needs it to drop its privilege in the sandbox"
     try:
-        r = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                            "--die-with-parent", "true"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(_bwrap([sys.executable, "-c", "pass"], Spec()), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap could not start: {e}"
     if r.returncode != 0:
@@ -110,72 +145,175 @@ def tree_caps_problem() -> str | None:
     return cgroups.problem()
 
 
-def _course_hidden() -> list[Path]:
-    """The repository's folders no student code may read (everything but coursekit, lessons and the environment)."""
-    keep = {PKG, REPO / "lessons", Path(sys.prefix).resolve()}
-    out = []
-    if (REPO / "autograder").is_dir() or (REPO / "solutions").is_dir():  # an editable install of the course repository
-        for p in REPO.iterdir():
-            rp = p.resolve()
-            if rp in keep or any(k.is_relative_to(rp) for k in keep) or p.name in ("pyproject.toml", "coursekit.egg-info"):
-                continue
-            out.append(p)
+def _system() -> list[tuple[str, ...]]:
+    """Mounts of the system's shared libraries and the interpreter, read-only (symbolic links such as a
+    merged-/usr system's /lib → usr/lib are recreated as links)."""
+    out: list[tuple[str, ...]] = []
+    roots = ["/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", *ETC]
+    exe = Path(sys.executable)
+    interp = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), exe.resolve().parent, exe.parent.resolve()}
+    if privileged():
+        roots.append(shutil.which("setpriv") or "/usr/bin/setpriv")
+    if not PKG.is_relative_to(Path(sys.prefix).resolve()):  # an editable install reads coursekit from the repository
+        interp.add(PKG)
+    seen: set[str] = set()
+    for p in [*roots, *sorted(map(str, interp))]:
+        if p in seen or not os.path.lexists(p) or any(p.startswith(q + "/") for q in seen if not q.startswith("/etc")):
+            continue
+        seen.add(p)
+        if os.path.islink(p) and os.path.dirname(p) == "/":
+            out.append(("--symlink", os.readlink(p), p))
+        else:
+            out.append(("--ro-bind", p, p))
     return out
+
+
+def _model_cache() -> list[Path]:
+    """The converted model and the capstone store (read-only), made readable by the sandbox's user first: a cache
+    folder made by ``mktemp -d`` (0700), or a file written through ``mkstemp`` (0600), would keep it out. Nothing
+    in the cache is secret: it is what every student's own run computes."""
+    from . import model
+
+    root = model.cache_root()
+    if not root.exists():
+        return []
+    root = root.resolve()
+    readable_by_sandbox(root)
+    return [root]
+
+
+def _env_args(env: dict) -> list[str]:
+    args = ["--clearenv"]
+    for k, v in sorted(env.items()):
+        args += ["--setenv", k, v]
+    return args
+
+
+def _parents(mounts: list[tuple[str, ...]]) -> list[str]:
+    """``--dir`` arguments (mode 0755) for the folders that lead to each mount point: bubblewrap would otherwise
+    copy their modes from the host, and a 0700 parent (/root, pytest's tmp folder) would keep the unprivileged
+    user out. A folder that is itself mounted, or lies inside a mount, is left alone."""
+    points = [m[-1] for m in mounts]
+    need: set[str] = set()
+    for p in points:
+        for a in Path(p).parents:
+            a = str(a)
+            if a == "/" or any(a == q or a.startswith(q.rstrip("/") + "/") for q in points):
+                continue
+            need.add(a)
+    out: list[str] = []
+    for a in sorted(need):
+        out += ["--perms", "0755", "--dir", a]
+    return out
+
+
+def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
+    lim = spec.limits
+    args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if not privileged():  # bubblewrap makes a user namespace; nothing may be kept of its capabilities
+        args += ["--unshare-user", "--cap-drop", "ALL"]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(lim.tmp), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(lim.shm), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    mounts = _system()
+    mounts += [("--ro-bind", str(p), str(p)) for p in _model_cache()]
+    mounts += [("--ro-bind", str(p), str(p)) for p in spec.readable if os.path.exists(p)]
+    mounts += [("--bind", str(p), str(p)) for p in spec.writable]
+    if spec.workdir is not None:
+        mounts.append(("--size", str(lim.workdir), "--perms", "1777", "--tmpfs", str(spec.workdir)))
+    args += _parents(mounts)
+    for m in mounts:
+        args += list(m)
+    for target, source in spec.replace.items():
+        args += ["--ro-bind", str(source), str(target)]
+    points = [Path(m[-1]) for m in mounts]
+    for p in map(Path, spec.hide):  # things inside a bound folder that stay out (the grader's item tables)
+        if not any(p.is_relative_to(q) for q in points):
+            continue  # not in the sandbox at all
+        if p.is_dir():
+            args += ["--size", "4096", "--perms", "0555", "--tmpfs", str(p)]
+        elif p.exists():
+            args += ["--ro-bind", "/dev/null", str(p)]
+    if spec.workdir is not None:
+        w = Path(spec.workdir)
+        for f in spec.keep:
+            args += ["--ro-bind", str(f), str(w / Path(f).name)]
+        args += ["--chdir", str(w)]
+    else:
+        args += ["--chdir", "/tmp"]
+    args += _env_args(environment(spec.env))
+    args += ["--"]
+    if privileged():  # after bubblewrap's mounts: an unprivileged user, no capability left, none to gain
+        args += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return args + list(argv)
 
 
 def command(argv: Sequence[str], spec: Spec) -> list[str]:
     """``argv`` wrapped so that it runs in the sandbox described by ``spec`` (see the module docstring)."""
     lim = spec.limits
-    # SIGINT (a kernel interrupt: jupyter_client signals the process group) must reach the kernel, not end
-    # bubblewrap: bubblewrap runs with it ignored; ipykernel installs its own handler while a cell runs.
     from . import cgroups
 
+    # The control group first, while this process may still write it: the tree is in it before the sandbox starts.
     try:
         caps = cgroups.enter(lim.tree_memory, lim.tasks) if cgroups.problem() is None else []
     except OSError as e:  # the groups' folder went away or became unwritable since the check: isolate all the same
         print(f"WARNING: this submission's process tree runs without caps: {e}", file=sys.stderr)
         caps = []
-    args = [*caps, "env", "--ignore-signal=INT", "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--",
-            "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-            "--size", str(lim.tmp), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
-    # What the code needs that may sit under /tmp (a CI clone, its environment, a fresh model cache): read-only again.
-    from . import model
+    return [*caps, "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--", *_bwrap(argv, spec)]
 
-    for p in dict.fromkeys([REPO, Path(sys.prefix).resolve(), model.cache_root().resolve()]):
-        if p.exists() and p.is_relative_to("/tmp"):
-            args += ["--ro-bind", str(p), str(p)]
-    hidden = [Path(p) for p in [*_course_hidden(), *spec.hide]]
-    for p in hidden:
-        if p.is_dir():
-            args += ["--tmpfs", str(p)]
-        elif p.exists():
-            args += ["--ro-bind", "/dev/null", str(p)]
-    for p in spec.readable:  # e.g. the lesson release inside a hidden folder
-        if Path(p).exists():
-            args += ["--ro-bind", str(p), str(p)]
-    for target, source in spec.replace.items():
-        args += ["--ro-bind", str(source), str(target)]
-    if spec.workdir is not None:
-        w = Path(spec.workdir)
-        args += ["--size", str(lim.workdir), "--tmpfs", str(w)]
-        for f in spec.keep:
-            args += ["--ro-bind", str(f), str(w / Path(f).name)]
-        args += ["--chdir", str(w)]
-    return args + ["--", *argv]
+
+def make_private_folder(prefix: str) -> Path:
+    """A fresh folder under /tmp that only the grader and the sandboxed user may enter (for the kernel's sockets
+    and connection file); the caller removes it. Its path is short: a Unix socket's path has at most 107 bytes."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    if privileged():
+        os.chown(d, SANDBOX_UID, SANDBOX_GID)
+    return d
+
+
+def give(path: Path) -> None:
+    """Make ``path`` (a file the grader wrote for the sandboxed process) readable by it."""
+    if privileged():
+        os.chown(path, SANDBOX_UID, SANDBOX_GID)
+
+
+def readable_by_sandbox(folder: Path) -> None:
+    """Make every file and folder under ``folder`` (inputs a check wrote for the runner, the model cache) readable
+    by the sandbox's user: a file written with ``mkstemp`` is the grader's alone (mode 0600)."""
+    if not privileged():
+        return
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for p, bits in [(dirpath, 0o555), *((os.path.join(dirpath, f), 0o444) for f in filenames)]:
+            try:
+                st = os.lstat(p)
+                if not os.path.islink(p) and st.st_mode & bits != bits:
+                    os.chmod(p, st.st_mode | bits)
+            except OSError:  # removed meanwhile (a store being written), or not ours to change
+                pass
 
 
 def environment(base: dict | None = None) -> dict:
-    """The environment of sandboxed student code: ``base`` without the grader's secrets, with writable
-    caches pointed into the private /tmp (matplotlib, IPython) and the coursekit cache spelled out."""
+    """The whole environment of sandboxed student code: the few variables of ``base`` (default: this process's)
+    that the libraries need (:data:`PASSED_ENV`, :data:`PASSED_PREFIXES`: thread counts, the model cache, the
+    locale), and fixed values for the rest (``PATH``, ``HOME`` in the private /tmp, caches there). Never the
+    grader's keys, seed, tokens or paths."""
     from . import model
 
-    env = dict(os.environ if base is None else base)
-    for k in list(env):
-        if k.startswith("COURSEKIT_KEYS") or k == "COURSEKIT_SEED":
-            env.pop(k)
-    env["COURSEKIT_CACHE"] = str(model.cache_root())
-    env.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")
-    env["IPYTHONDIR"] = "/tmp/ipython"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    base = dict(os.environ if base is None else base)
+    env = {k: v for k, v in base.items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)}
+    env.update({
+        "COURSEKIT_CACHE": str(model.cache_root()),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
+        "HOME": "/tmp", "USER": "student", "LOGNAME": "student",
+        "MPLCONFIGDIR": "/tmp/matplotlib", "IPYTHONDIR": "/tmp/ipython", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    })
+    env.setdefault("LANG", "C.UTF-8")
+    if base.get("NBGRADER_EXECUTION"):  # nbgrader tells the kernel it is an autograde run
+        env["NBGRADER_EXECUTION"] = base["NBGRADER_EXECUTION"]
     return env

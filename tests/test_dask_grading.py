@@ -58,10 +58,33 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """(scheduler address, {worker name: its `dask worker` process}); every process is stopped afterwards."""
+def certs(tmp_path_factory):
+    """The TLS certificates `coursekit cluster-certs` makes, which the scheduler, the workers and the grader use."""
+    d = tmp_path_factory.mktemp("certs") / "tls"
+    from coursekit import cluster as clus
+
+    clus.make_certs(d)
+    return d
+
+
+def _tls(certs: Path) -> list[str]:
+    from coursekit import cluster as clus
+
+    return ["--tls-ca-file", str(certs / clus.CA), "--tls-cert", str(certs / clus.CERT), "--tls-key", str(certs / clus.KEY)]
+
+
+def _security(certs: Path):
+    from coursekit import cluster as clus
+
+    return clus.client_security("tls://127.0.0.1:1", certs)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, certs):
+    """(scheduler address, {worker name: its `dask worker` process}), all speaking TLS with the course's certificates
+    as the README sets them up; every process is stopped afterwards."""
     logs = tmp_path_factory.mktemp("dask-logs")
-    addr = f"tcp://127.0.0.1:{_free_port()}"
+    addr = f"tls://127.0.0.1:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(keymod.ENV)}
     env.update(OMP_NUM_THREADS="1", DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1")
     procs: list[subprocess.Popen] = []
@@ -74,13 +97,14 @@ def cluster(tmp_path_factory):
         return p
 
     try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1], "--no-dashboard")
+        start("scheduler", "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1],
+              "--no-dashboard", *_tls(certs))
         workers = {name: start(name, "worker", addr, "--nthreads", "1", "--nworkers", "1", "--name", name,
-                               "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(logs / name))
+                               "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(logs / name), *_tls(certs))
                    for name in ("w0", "w1")}
         from distributed import Client
 
-        with Client(addr, timeout="60s") as c:
+        with Client(addr, timeout="60s", security=_security(certs)) as c:
             c.wait_for_workers(2, timeout=120)
         yield addr, workers
     finally:
@@ -105,16 +129,16 @@ def _class(work: Path, release: Path, students=STUDENTS) -> Path:
 class _Killer(threading.Thread):
     """Kills worker ``name`` (its whole process group) as soon as an execution has been running on it for a second."""
 
-    def __init__(self, addr: str, name: str, proc: subprocess.Popen):
+    def __init__(self, addr: str, name: str, proc: subprocess.Popen, security):
         super().__init__(daemon=True)
-        self.addr, self.name, self.proc = addr, name, proc
+        self.addr, self.name, self.proc, self.security = addr, name, proc, security
         self.killed: str | None = None  # the task it was running
         self.stop = threading.Event()
 
     def run(self):
         from distributed import Client
 
-        with Client(self.addr, timeout="60s") as c:
+        with Client(self.addr, timeout="60s", security=self.security) as c:
             where = {a: w["name"] for a, w in c.scheduler_info()["workers"].items()}
             victim = next(a for a, n in where.items() if n == self.name)
             seen = None
@@ -130,7 +154,7 @@ class _Killer(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def graded(cluster, release, tmp_path_factory):
+def graded(cluster, release, tmp_path_factory, certs):
     addr, workers = cluster
     made = []
 
@@ -144,11 +168,11 @@ def graded(cluster, release, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "Autograder", Recording)
         course.grade_class(lessons=[AID], root=ROOT, course_dir=serial, release_dir=release, progress=False, workers=1)
-        killer = _Killer(addr, "w0", workers["w0"])
+        killer = _Killer(addr, "w0", workers["w0"], _security(certs))
         killer.start()
         try:
             table = course.grade_class(lessons=[AID], root=ROOT, course_dir=dask, release_dir=release, progress=False,
-                                       scheduler=addr)
+                                       scheduler=addr, certs=certs)
         finally:
             killer.stop.set()
             killer.join(timeout=30)
@@ -175,11 +199,11 @@ def test_every_notebook_ran_on_a_worker_and_none_failed(graded):
     assert "could not be graded" not in graded["table"] and "Graded 0" not in graded["table"]
 
 
-def test_a_task_past_its_deadline_is_tried_twice_then_scored_zero_with_the_reason(cluster, release, tmp_path_factory):
+def test_a_task_past_its_deadline_is_tried_twice_then_scored_zero_with_the_reason(cluster, release, tmp_path_factory, certs):
     addr, _ = cluster
     work = _class(tmp_path_factory.mktemp("deadline"), release, ["ex-perfect"])
     table = course.grade_class(lessons=[AID], root=ROOT, course_dir=work, release_dir=release, progress=False,
-                               scheduler=addr, task_timeout=0.5)
+                               scheduler=addr, task_timeout=0.5, certs=certs)
     why = "still running after 0.5 s on two grading workers"
     assert f"ex-perfect/{AID}:" in table and why in table, table
     assert float(course.read_grades_csv(work / "grades.csv")[0]["raw_score"]) == 0.0
@@ -218,3 +242,70 @@ def test_cli_refuses_workers_with_a_scheduler(capsys):
 
     assert cli.main(["grade", "02", "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"]) == 2
     assert "--workers is for a local cluster" in capsys.readouterr().err
+
+
+def test_the_cluster_admits_only_holders_of_the_courses_certificates(cluster, tmp_path):
+    """The scheduler speaks TLS and asks each peer for a certificate signed by the course's authority: a client with
+    none, or with a certificate of another authority, is turned away (so it cannot run code on the workers or in the
+    grading process); one with the course's certificates gets in."""
+    from distributed import Client
+
+    from coursekit import cluster as clus
+
+    addr, _ = cluster
+    other = tmp_path / "other"
+    clus.make_certs(other)
+    with pytest.raises((OSError, TimeoutError, TypeError)):  # no certificate: distributed will not even try
+        Client(addr, timeout="5s").close()
+    with pytest.raises((OSError, TimeoutError)):  # another authority's: the handshake fails
+        Client(addr, timeout="5s", security=clus.client_security(addr, other)).close()
+    with pytest.raises((OSError, TimeoutError)):  # plain TCP to the TLS port
+        Client(addr.replace("tls://", "tcp://"), timeout="5s").close()
+
+
+@pytest.mark.parametrize("addr, ok", [("tcp://10.0.0.5:8786", False), ("tcp://grader.example:8786", False),
+                                      ("tcp://127.0.0.1:8786", True), ("tcp://localhost:8786", True),
+                                      ("tls://10.0.0.5:8786", True), ("ws://10.0.0.5:8786", False), ("10.0.0.5:8786", False)])
+def test_a_plain_tcp_scheduler_is_refused_beyond_loopback(addr, ok):
+    from coursekit import cluster as clus
+
+    if ok:
+        assert clus.check_address(addr) in ("tcp", "tls")
+    else:
+        with pytest.raises(course.CourseError, match="tls://"):
+            clus.check_address(addr)
+
+
+def test_a_tls_scheduler_without_certificates_is_refused_before_grading_starts(tmp_path):
+    with pytest.raises(course.CourseError, match="no certificate"):
+        course.grade_class(lessons=[AID], root=ROOT, course_dir=tmp_path / "c", release_dir=tmp_path / "r",
+                           progress=False, scheduler="tls://127.0.0.1:1")
+    with pytest.raises(course.CourseError, match="missing ca.pem"):
+        course.grade_class(lessons=[AID], root=ROOT, course_dir=tmp_path / "c", release_dir=tmp_path / "r",
+                           progress=False, scheduler="tls://127.0.0.1:1", certs=tmp_path)
+
+
+def test_the_local_cluster_listens_on_loopback_with_tls():
+    from distributed import Client
+
+    with parallel.local_cluster(1) as lc:
+        assert lc.scheduler_address.startswith("tls://127.0.0.1:"), lc.scheduler_address
+        with pytest.raises((OSError, TimeoutError)):  # another process of this machine, without the run's certificate
+            Client(lc.scheduler_address.replace("tls://", "tcp://"), timeout="5s").close()
+
+
+def test_a_worker_without_the_sandbox_refuses_the_task_and_says_why(monkeypatch, release, tmp_path):
+    from coursekit import sandbox
+
+    work = _class(tmp_path / "course", release, ["ex-blank"])
+    a = course.api(ROOT, work, release)
+    assert a.generate_assignment(AID, force=True, create=True)["success"]
+    task = parallel.TaskMaker(a, tmp_path)(AID, "ex-blank")
+    monkeypatch.setattr(sandbox, "problem", lambda: "bubblewrap is not installed (test)")
+    with pytest.raises(parallel.SandboxRefused, match="refuses to run submissions: bubblewrap is not installed"):
+        parallel.execute(task)
+    monkeypatch.setattr(sandbox, "problem", lambda: None)
+    monkeypatch.setattr(sandbox, "tree_caps_problem", lambda: "no cgroup file system here")
+    with pytest.raises(parallel.SandboxRefused, match="no cgroup file system here"):
+        parallel.execute(task)
+    assert parallel.worker_problem({"unsandboxed": False, "require_caps": False}) is None

@@ -328,7 +328,7 @@ def test_without_control_groups_the_sandbox_runs_without_tree_caps(monkeypatch):
 
     monkeypatch.setattr(cgroups, "problem", lambda: "no cgroup file system here")
     argv = sandbox.command(["true"], sandbox.Spec())
-    assert argv[0] == "env" and "coursekit-sandbox" not in argv
+    assert argv[0] == "prlimit" and "coursekit-sandbox" not in argv
     assert sandbox.tree_caps_problem() == "no cgroup file system here"
 
 
@@ -341,7 +341,7 @@ def test_a_group_that_cannot_be_made_leaves_the_sandbox_without_tree_caps_and_sa
     monkeypatch.setattr(cgroups, "problem", lambda: None)
     monkeypatch.setattr(cgroups, "enter", enter)
     argv = sandbox.command(["true"], sandbox.Spec())
-    assert argv[0] == "env" and "bwrap" in argv
+    assert argv[0] == "prlimit" and "bwrap" in argv
     assert "without caps" in capsys.readouterr().err
 
 
@@ -436,3 +436,261 @@ def test_without_a_sandbox_grading_refuses_unless_told(monkeypatch, tmp_path):
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip("the sandbox is Linux only")
+
+
+# --------------------------------------------------------------------------- no privilege, no network, no machine
+# What a hostile class tried against a root grader (the CI runs as root, so these run with the attacker's skills):
+# each attempt below worked before the sandbox became an allow-list without privilege or network.
+
+_ATTACKS = r'''
+import ctypes, ctypes.util, json, os, socket
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+seen = {}
+def attempt(name, fn):
+    try:
+        r = fn()
+        seen[name] = "done" if r is None or r is True or (type(r) is int and r == 0) else f"failed {r}"
+    except Exception as e:
+        seen[name] = f"failed {type(e).__name__}"
+def _errno(rc):
+    return 0 if rc == 0 else f"errno {ctypes.get_errno()}"
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+seen["uid"], seen["CapEff"], seen["CapBnd"] = os.getuid(), status["CapEff"].strip(), status["CapBnd"].strip()
+attempt("umount a cover", lambda: _errno(libc.umount2(COVER.encode(), 2)))
+attempt("remount / writable", lambda: _errno(libc.mount(b"none", b"/", None, 32 | 4096, None)))  # MS_REMOUNT|MS_BIND
+attempt("mount a cgroup", lambda: _errno(libc.mount(b"cgroup", b"/tmp", b"cgroup2", 0, None)))
+def leave_cgroup():
+    for line in open("/proc/self/cgroup"):
+        path = line.strip().split(":", 2)[2]
+        for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/memory"):
+            open(root + "/cgroup.procs", "w").write(str(os.getpid()))
+            return True
+attempt("leave its cgroup", leave_cgroup)
+attempt("read /etc/shadow", lambda: len(open("/etc/shadow").read()) > 0)
+attempt("read the other course", lambda: len(open(OTHER).read()) > 0)
+attempt("read the grader's home", lambda: len(open(HOME_FILE).read()) > 0)
+attempt("connect to the listener", lambda: socket.create_connection(("127.0.0.1", PORT), timeout=3).close())
+attempt("connect to the scheduler", lambda: socket.create_connection(("127.0.0.1", SCHEDULER_PORT), timeout=3).close())
+attempt("see a grader variable", lambda: "GRADER_SECRET" in os.environ)
+print("SEEN" + json.dumps(seen))
+'''
+
+
+@pytest.fixture()
+def machine(tmp_path):
+    """What a sandboxed process must not reach: a second copy of the course outside this clone (its key file), a file
+    in the grader's home folder, a TCP listener on loopback, a Dask scheduler's port on loopback, and a variable of
+    the grader's environment."""
+    import socket
+    from pathlib import Path
+
+    other = tmp_path / "another-copy-of-the-course" / "autograder" / "keys"
+    other.mkdir(parents=True)
+    (other / "02.json").write_text((keys.key_dir() / "02.json").read_text())
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    sched = socket.socket()  # where a local Dask scheduler listens (its port is all the attack needs)
+    sched.bind(("127.0.0.1", 0))
+    sched.listen(5)
+    os.environ["GRADER_SECRET"] = "1"
+    home_file = Path.home() / f".coursekit-test-secret-{os.getpid()}"
+    home_file.write_text("the grader's own file")
+    try:
+        yield {"OTHER": str(other / "02.json"), "HOME_FILE": str(home_file), "PORT": listener.getsockname()[1], "SCHEDULER_PORT": sched.getsockname()[1],
+               "COVER": str(sandbox.PKG / "grading" / "lessons")}
+    finally:
+        os.environ.pop("GRADER_SECRET", None)
+        home_file.unlink()
+        listener.close()
+        sched.close()
+
+
+def _attacks(machine: dict) -> str:
+    return "".join(f"{k} = {v!r}\n" for k, v in machine.items()) + _ATTACKS
+
+
+def _seen(text: str) -> dict:
+    line = next((l for l in text.splitlines() if l.startswith("SEEN")), None)
+    assert line is not None, text[-3000:]
+    return json.loads(line[4:])
+
+
+def _nothing_worked(seen: dict) -> None:
+    done = [k for k, v in seen.items() if v == "done"]
+    assert not done, f"the sandboxed code managed to: {done} ({seen})"
+    assert seen["uid"] != 0 and int(seen["CapEff"], 16) == 0 and int(seen["CapBnd"], 16) == 0, seen
+
+
+@needs_sandbox
+def test_a_grading_kernel_has_no_privilege_no_network_and_none_of_the_machine(tmp_path, machine):
+    from coursekit.guard import GuardedExecute
+
+    (tmp_path / "work").mkdir()
+    nb = new_notebook(cells=[_kernel_cell(_attacks(machine))])
+    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    _nothing_worked(_seen("".join(o.get("text", "") for o in nb.cells[0].outputs)))
+
+
+@needs_sandbox
+def test_a_graded_function_has_no_privilege_no_network_and_none_of_the_machine(machine):
+    src = ("def adapted_forward(X, W, A, B, lora_alpha, r):\n"
+           + "".join("    " + l + "\n" for l in _attacks(machine).replace("print(", "raise RuntimeError(").splitlines()))
+    fb = score_record("02.p1", _fn_record("02.p1", src, "adapted_forward"))
+    text = fb.text()
+    start = text.index("SEEN")
+    seen = json.loads(text[start + 4:text.index("}", start) + 1])
+    _nothing_worked(seen)
+
+
+@needs_sandbox
+def test_a_grader_that_is_not_root_sandboxes_without_privilege_or_network_too(monkeypatch, machine):
+    """The same sandbox as an ordinary user builds it (a user namespace, every capability dropped)."""
+    import subprocess
+
+    monkeypatch.setattr(sandbox, "privileged", lambda: False)
+    argv = sandbox.command([sys.executable, "-c", _attacks(machine)], sandbox.Spec())
+    assert "--unshare-user" in argv and "--unshare-net" in argv and argv[argv.index("--cap-drop") + 1] == "ALL"
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    seen = _seen(r.stdout + r.stderr)
+    done = [k for k, v in seen.items() if v == "done"]
+    assert not done and int(seen["CapEff"], 16) == 0, seen
+
+
+def test_the_sandbox_passes_an_explicit_environment_only():
+    env = sandbox.environment({"PATH": "/x", "COURSEKIT_KEYS": "/k", "COURSEKIT_SEED": "7", "AWS_SECRET_ACCESS_KEY": "s",
+                               "OMP_NUM_THREADS": "1", "HOME": "/root", "NBGRADER_EXECUTION": "autograde"})
+    assert env["OMP_NUM_THREADS"] == "1" and env["NBGRADER_EXECUTION"] == "autograde" and env["HOME"] == "/tmp"
+    assert not {"COURSEKIT_KEYS", "COURSEKIT_SEED", "AWS_SECRET_ACCESS_KEY"} & set(env)
+    argv = sandbox.command(["python3"], sandbox.Spec(env={"AWS_SECRET_ACCESS_KEY": "s"}))
+    assert "--clearenv" in argv and "AWS_SECRET_ACCESS_KEY" not in argv
+
+
+# --------------------------------------------------------------------------- one budget per submission, output in bytes
+
+
+def _fn_cell(item: str, src: str, name: str):
+    return _test_cell(item, [_record(_fn_record(item, src, name))])
+
+
+@needs_sandbox
+def test_a_slow_but_correct_function_earns_nothing_once_the_budget_is_spent(monkeypatch):
+    """Every call stays under its own limit (1.5 s of 3), but together they outlast the submission's budget: the item
+    scores 0 and says why; a value answered after it is still scored."""
+    monkeypatch.setenv("COURSEKIT_CASE_TIMEOUT", "3")
+    monkeypatch.setenv("COURSEKIT_SUBMISSION_BUDGET", "6")
+    slow = "import time\n" + RIGHT_P1.replace("    return", "    time.sleep(1.5)\n    return")
+    nb = new_notebook(cells=[_fn_cell("02.p1", slow, "adapted_forward"),
+                             _test_cell("02.p6", [_record(answer_record("02.p6", RIGHT))])])
+    ScoreAnswers().preprocess(nb, {})
+    texts = ["".join(o.get("text", "") for o in c.outputs if o.output_type == "stream") for c in nb.cells]
+    points = [float(next(o for o in c.outputs if o.output_type == "execute_result").data["text/plain"]) for c in nb.cells]
+    assert points == [0.0, 1.0], (points, texts)
+    assert "grading time budget (6 s" in texts[0], texts[0]
+
+
+@needs_sandbox
+def test_the_same_function_at_full_speed_keeps_its_points_within_the_budget(monkeypatch):
+    monkeypatch.setenv("COURSEKIT_SUBMISSION_BUDGET", "60")
+    nb = new_notebook(cells=[_fn_cell("02.p1", RIGHT_P1, "adapted_forward")])
+    ScoreAnswers().preprocess(nb, {})
+    assert float(nb.cells[0].outputs[-1].data["text/plain"]) == 1.0 * lesson02_points("p1")
+
+
+def lesson02_points(item: str) -> float:
+    from coursekit.grading import lesson_items
+
+    return float(lesson_items("02")[item].points)
+
+
+def _plain_cell(src: str):
+    return new_code_cell(src)
+
+
+@needs_sandbox
+def test_a_notebook_past_its_budget_stops_and_an_added_cell_gets_the_answer_limit(tmp_path, monkeypatch):
+    from coursekit.guard import GuardedExecute, source_hash
+
+    monkeypatch.setenv("COURSEKIT_SUBMISSION_BUDGET", "20")
+    (tmp_path / "work").mkdir()
+    release_cell = _plain_cell("import time\ntime.sleep(1)\nprint('release cell done')")
+    added = _plain_cell("import time\ntime.sleep(30)\nprint('added cell done')")  # not in the release: answer limit (2 s)
+    nb = new_notebook(cells=[release_cell, added, _plain_cell("time.sleep(1)\nprint('third')"),
+                             _plain_cell("time.sleep(60)\nprint('fourth')"), _plain_cell("print('fifth')")])
+    known = [source_hash(release_cell.source), source_hash(nb.cells[2].source), source_hash(nb.cells[3].source),
+             source_hash(nb.cells[4].source)]
+    ex = GuardedExecute(timeout=120, kernel_name="python3", answer_timeout=2, release_sources={"02-x": known})
+    import time
+
+    t0 = time.monotonic()
+    nb, _ = ex.preprocess(nb, {"unique_key": "02-x", "metadata": {"path": str(tmp_path / "work")}})
+    out = ["".join(o.get("text", "") + str(o.get("evalue", "")) for o in c.outputs) for c in nb.cells]
+    assert "release cell done" in out[0]
+    assert "added cell done" not in out[1] and "still running after 2 s" in out[1], out[1]
+    assert "third" in out[2]
+    assert "fourth" not in out[3] and "grading time budget (20 s)" in out[3], out  # a release cell: 120 s, but the budget
+    assert "fifth" not in out[4] and "grading time budget (20 s)" in out[4], out
+    assert time.monotonic() - t0 < 45
+
+
+@needs_sandbox
+def test_one_huge_line_of_output_is_cut_to_the_cells_byte_cap(tmp_path):
+    from coursekit.guard import GuardedExecute
+
+    (tmp_path / "work").mkdir()
+    nb = new_notebook(cells=[_kernel_cell("print('x' * (50 << 20))"), _kernel_cell("print('after')")])
+    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    kept = sum(len(o.get("text", "")) for o in nb.cells[0].outputs)
+    assert kept <= (1 << 20) + 200, kept  # GuardedExecute.cell_output_bytes
+    assert "output cut" in nb.cells[0].outputs[-1]["text"]
+    assert "after" in nb.cells[1].outputs[0]["text"]
+    assert len(nbformat.writes(nb)) < 2 << 20
+
+
+# --------------------------------------------------------------------------- submissions are data
+
+
+def _student(course_dir, sid: str, aid: str):
+    d = course_dir / "submitted" / sid / aid
+    d.mkdir(parents=True)
+    return d
+
+
+def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbgrader_reads_it(tmp_path):
+    """A notebook that is a link to the solution, an extra file that is a link to the answer keys, a device, a file
+    too large or one the lesson does not ask for: 0 points and the reason, and nothing of what they point to is
+    copied into the course."""
+    from coursekit import course
+
+    root = sandbox.REPO
+    aid = "02-lora-inside-one-matmul"
+    solution = root / "solutions" / aid / f"{aid}.ipynb"
+    blank = (root / "lessons" / aid / f"{aid}.ipynb").read_bytes()
+    c = tmp_path / "course"
+    (_student(c, "link-notebook", aid) / f"{aid}.ipynb").symlink_to(solution)
+    d = _student(c, "link-extra", aid)
+    (d / f"{aid}.ipynb").write_bytes(blank)
+    (d / "notes.json").symlink_to(keys.key_dir() / "02.json")
+    d = _student(c, "stray-file", aid)
+    (d / f"{aid}.ipynb").write_bytes(blank)
+    (d / "model.bin").write_bytes(b"0" * 100)
+    d = _student(c, "big-file", aid)
+    (d / f"{aid}.ipynb").write_bytes(blank)
+    with open(d / "timestamp.txt", "wb") as f:  # nbgrader's own file: allowed, but not at this size
+        f.truncate((32 << 20) + 1)  # course.MAX_FILE_BYTES + 1
+    d = _student(c, "pipe", aid)
+    (d / f"{aid}.ipynb").write_bytes(blank)
+    os.mkfifo(d / "fifo")
+    (c / "submitted" / "link-folder").mkdir()
+    (c / "submitted" / "link-folder" / aid).symlink_to(root / "solutions" / aid)
+    table = course.grade_class(lessons=[aid], course_dir=c, release_dir=tmp_path / "release", workers=1, progress=False)
+    rows = {r["student_id"]: float(r["raw_score"]) for r in course.read_grades_csv(c / "grades.csv")}
+    assert rows == dict.fromkeys(["big-file", "link-extra", "link-folder", "link-notebook", "pipe", "stray-file"], 0.0), rows
+    for sid, why in [("link-notebook", "symbolic link"), ("link-extra", "symbolic link (notes.json)"),
+                     ("link-folder", "folder is a symbolic link"), ("stray-file", "does not ask for (model.bin)"),
+                     ("big-file", "more than the 32 MB"), ("pipe", "not a regular file")]:
+        assert f"{sid}/{aid}: " in table and why in table.split(f"{sid}/{aid}: ")[1].split("\n")[0], (sid, table)
+        assert why in (c / "feedback" / sid / aid / f"{aid}.html").read_text()
+    assert not (c / "autograded").exists() or not any(p.is_file() for p in (c / "autograded").rglob("*"))

@@ -389,9 +389,10 @@ def answer_record(item_id: str, answer: Any) -> dict:
             "params": params, "lines": lines}
 
 
-def score_record(item_id: str, record: Mapping[str, Any]) -> Feedback:
+def score_record(item_id: str, record: Mapping[str, Any], deadline: Any = None) -> Feedback:
     """The grading process scores one recorded answer (see :func:`answer_record`) with the instructor's keys
-    and the item's public and hidden cases. A function runs in a sandboxed runner (:mod:`.remote`)."""
+    and the item's public and hidden cases. A function runs in a sandboxed runner (:mod:`.remote`), within
+    ``deadline`` (a :class:`.budget.Deadline`: :class:`.budget.BudgetSpent` is raised once it has passed)."""
     from .. import protocol
     from . import remote
 
@@ -416,7 +417,7 @@ def score_record(item_id: str, record: Mapping[str, Any]) -> Feedback:
     import base64
 
     payload = {"fn": base64.b64decode(record["function"]), "lines": dict(record.get("lines") or {})}
-    return remote.check_remotely(it, ctx, payload, str(record.get("name", "function")), record.get("params"))
+    return remote.check_remotely(it, ctx, payload, str(record.get("name", "function")), record.get("params"), deadline)
 
 
 NOT_ANSWERED = "Not answered yet: write your answer in the answer cell above, run it, then run this check again."

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from .. import protocol, sandbox
 from ..runner import write_frame
+from .budget import BudgetSpent, Deadline
 from .checkers import CaseTimeout, _case_timeout
 
 GRADING = Path(__file__).resolve().parent
@@ -66,8 +67,8 @@ class ProcessEnded(Exception):
 class Runner:
     """One sandboxed :mod:`coursekit.runner` process with the student's function loaded (restarted after a kill)."""
 
-    def __init__(self, payload: dict, withheld: Sequence[str] = ()):
-        self.payload, self.withheld = payload, list(withheld)
+    def __init__(self, payload: dict, withheld: Sequence[str] = (), deadline: Deadline | None = None):
+        self.payload, self.withheld, self.deadline = payload, list(withheld), deadline
         self._stubs: tempfile.TemporaryDirectory | None = None  # the stubbed module copies, removed on close
         self._replace: dict | None = None
         self.share: str | None = None  # a folder of the grader's the runner may read (inputs written to files)
@@ -89,13 +90,14 @@ class Runner:
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "coursekit.runner"]
+        env = sandbox.environment()
+        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
         spec = self._spec() if not sandbox.off() else None
         if spec is not None:
             if self.share is not None:
                 spec.readable = [self.share]
+            spec.env = env
             argv = sandbox.command(argv, spec)
-        env = sandbox.environment()
-        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, cwd="/tmp" if not sandbox.off() else tempfile.gettempdir())
         self._buf = b""
@@ -108,10 +110,20 @@ class Runner:
             self.start()  # the first call, or the first after a kill: a fresh runner
         self._n += 1
         msg = {**msg, "id": self._n}
+        if self.share is not None and not sandbox.off():  # inputs a check wrote there, for the runner's user to read
+            sandbox.readable_by_sandbox(Path(self.share))
         try:
             write_frame(self.proc.stdin, _dumps(msg))
         except (BrokenPipeError, OSError):
             raise ProcessEnded("the runner had already stopped")
+        by_budget = False
+        if self.deadline is not None:  # the submission's whole budget caps every wait
+            left = self.deadline.left()
+            if left <= 0:
+                self.kill()
+                raise self.deadline.spent()
+            if not timeout or left < timeout:
+                timeout, by_budget = left, True
         deadline = None if not timeout else time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while True:
@@ -128,6 +140,8 @@ class Runner:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 self.kill()
+                if by_budget:
+                    raise self.deadline.spent()
                 raise CaseTimeout(timeout)
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
@@ -355,8 +369,9 @@ def _carried(blob: bytes, withheld: Sequence[str]) -> list[str]:
     return found
 
 
-def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
-    """Run ``item``'s own check on the student's function, each call of which runs in a sandboxed runner."""
+def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any, deadline: Deadline | None = None):
+    """Run ``item``'s own check on the student's function, each call of which runs in a sandboxed runner. Raises
+    :class:`~coursekit.grading.budget.BudgetSpent` once ``deadline`` (the submission's budget) has passed."""
     from .checkers import Feedback
 
     withheld = withheld_of(item)
@@ -364,7 +379,7 @@ def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
     if carried:
         return Feedback(0, item.points, [f"Your {name} carries the compiled code of coursekit's {', '.join(carried)}, which "
                                          "this item asks you to write yourself; nothing it computes counts."])
-    runner = Runner({**payload, "preload": list(getattr(item, "preload", ()))}, withheld)
+    runner = Runner({**payload, "preload": list(getattr(item, "preload", ()))}, withheld, deadline)
     with tempfile.TemporaryDirectory(prefix="coursekit-share-") as share:
         # Files a check writes as inputs (an adapter folder to reload) go to a folder the runner may read.
         runner.share, old_tmp = share, tempfile.tempdir
@@ -372,6 +387,8 @@ def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any):
         try:
             try:
                 runner.start()
+            except BudgetSpent:
+                raise
             except BaseException as e:  # noqa: BLE001  (unpickling is the student's code: any failure is theirs)
                 runner.kill()
                 return Feedback(0, item.points, [f"Your {name} could not be loaded in the grader's sandbox: "

@@ -110,6 +110,10 @@ def _packed_mistakes() -> list[Mistake]:
     ]
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 7
+
 ITEMS = {
     # Warm-up
     "w1": Choice(

@@ -116,6 +116,10 @@ def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
     return worded(out)
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 7
+
 ITEMS = {
     # ------------------------------------------------------------------ warm-up
     "w1": Choice(

@@ -124,6 +124,10 @@ def _fmt(x: float) -> str:
 P3_SHAPE = dict(d=2048, m=8192, r=8)  # an MLP up projection, rank 8
 P7_SIDE = 24
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 10
+
 ITEMS = {
     "w1": Choice(
         "the shape of A",

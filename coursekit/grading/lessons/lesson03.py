@@ -294,6 +294,10 @@ def p5_mistakes() -> list[Mistake]:
 W1_SHAPES = dict(d=4096, r=16, m=4096)
 W3 = dict(lora_alpha=16, r_from=4, r_to=16)
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 10
+
 ITEMS = {
     "w1": Numeric(
         f"the largest possible rank of A B, A {W1_SHAPES['d']} × {W1_SHAPES['r']}, B {W1_SHAPES['r']} × {W1_SHAPES['m']}",

@@ -320,6 +320,10 @@ def _p6_losses() -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 6
+
 ITEMS = {
     "w1": Choice(
         "what -100 in labels means",

@@ -122,6 +122,10 @@ def _dW_mistakes() -> list[Mistake]:
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 10
+
 ITEMS = {
     "w1": Choice(
         "the shape of ∇A",

@@ -256,6 +256,10 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 7
+
 ITEMS = {
     "w1": Choice(
         "D for softmax cross-entropy, one row",

@@ -222,6 +222,10 @@ def _p7_mistakes() -> list[Mistake]:
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 5
+
 ITEMS = {
     "w1": Choice(
         "the central-difference formula",

@@ -267,6 +267,10 @@ def _p7_mistakes() -> list[Mistake]:
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 8
+
 ITEMS = {
     "w1": Choice(
         "the shape of H and of dH",

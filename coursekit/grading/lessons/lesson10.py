@@ -195,6 +195,10 @@ def _du2(dy, cache):
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 11
+
 ITEMS = {
     "w1": Choice(
         "the input of the o_proj adapter",

@@ -296,6 +296,10 @@ def _rg_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 P3 = dict(p=2.5, lr=0.05, wd=0.2, steps=3)
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 10
+
 ITEMS = {
     "w1": Choice(
         "what torch.optim.AdamW stores per parameter",

@@ -195,6 +195,10 @@ class ReloadItem:
 # --------------------------------------------------------------------------- items
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 14
+
 ITEMS = {
     "w1": Choice(
         "what an inference adapter export holds",

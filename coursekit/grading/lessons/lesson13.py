@@ -138,6 +138,10 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 P4_CASE = dict(W=1.0, delta=0.005, dtype="bfloat16")
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 12
+
 ITEMS = {
     "w1": Choice(
         "the merged weight in PEFT's layout",

@@ -297,6 +297,10 @@ class RowArray(Array):
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 8
+
 ITEMS = {
     "w1": Numeric(
         "int8 absmax code of 0.6 in the block [0.12, −0.9, 0.35, 0.6]",

@@ -285,6 +285,10 @@ class _BlockFunction(Function):
         return super().check(answer, ctx)
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 9
+
 ITEMS = {
     "w1": Choice(
         "how many NF4 levels, and where",

@@ -135,6 +135,10 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 # --------------------------------------------------------------------------- items
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 21
+
 ITEMS = {
     "w1": Choice(
         "what NF4 places at normal quantiles",

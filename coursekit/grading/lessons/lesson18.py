@@ -256,6 +256,10 @@ def _p6_mistakes():
     ]
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 23
+
 ITEMS = {
     "w1": Choice(
         "what a GGUF file is",

@@ -1069,6 +1069,10 @@ def _gain_mistakes() -> list[Mistake]:
 # --------------------------------------------------------------------------- the items
 
 
+# Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
+# (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
+COST_S = 45
+
 ITEMS = {
     "w1": Choice("what the optimizer updates in QLoRA", 0,
         key="b",
