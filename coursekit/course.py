@@ -451,6 +451,9 @@ def _unsafe(folder: Path, aid: str, allowed: set[str] | None) -> str | None:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 return f"it holds {rel}, which is not a regular file (a device, pipe or socket): hand in files only."
+            if st.st_nlink != 1:
+                return (f"{rel} is a hard link to another file: hand in the files themselves (the notebook saved by "
+                        "Jupyter), not links to them.")
             if st.st_size > MAX_FILE_BYTES:
                 return (f"{rel} is {st.st_size >> 20} MB, more than the {MAX_FILE_BYTES >> 20} MB a submitted file may "
                         "have (clear the notebook's outputs, or leave large files out).")
@@ -472,7 +475,7 @@ def check_submission(folder: Path, aid: str, release: Path | None = None) -> str
     """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
 
     A submission is data, looked at before nbgrader touches it (nbgrader copies what it finds, following links, as
-    the user who grades): the folder must hold no symbolic link, device or pipe, no file over
+    the user who grades): the folder must hold no symbolic or hard link, device or pipe, no file over
     :data:`MAX_FILE_BYTES`, and nothing but ``<aid>.ipynb`` and the files of :func:`lesson_files` (checked when
     ``release`` is given). The notebook must be ``<aid>.ipynb``, non-empty, JSON, and a notebook nbformat can read."""
     nb_path = folder / f"{aid}.ipynb"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -71,13 +72,13 @@ def release_sources(release_dir: Path) -> dict[str, list[str]]:
 
 
 def _output_size(content: dict) -> int:
-    """Bytes of one output message's payload (its text, data and traceback)."""
-    n = len(str(content.get("text", "")).encode("utf-8", "replace"))
-    for v in (content.get("data") or {}).values():
-        n += len(v if isinstance(v, str) else str(v))
-    for line in content.get("traceback") or ():
-        n += len(str(line))
-    return n
+    """Bytes of one kernel message's whole content as JSON (text, data, metadata, error value, traceback, state)."""
+    import json
+
+    try:
+        return len(json.dumps(content, default=str, ensure_ascii=False).encode("utf-8", "replace"))
+    except (TypeError, ValueError, RecursionError):
+        return len(str(content))
 
 
 #: Longest single wait on a kernel channel, in seconds (see :func:`poll_in_slices`).
@@ -190,7 +191,7 @@ class GuardedExecute(Execute):
             # No network in the sandbox: the kernel's channels are Unix sockets in a folder only it and the grader
             # may enter, and an interrupt travels as a message on the control channel (the kernel runs in a session
             # of its own, out of reach of a signal to the launcher's process group).
-            self._private = sandbox.make_private_folder("ck-")
+            self._private = sandbox.make_private_folder("ck-", spec)
             km.transport = "ipc"
             km.connection_file = str(self._private / "kernel.json")
             km.ip = str(self._private / "k")
@@ -201,10 +202,14 @@ class GuardedExecute(Execute):
             # In its own PID namespace the kernel's parent is the namespace's init (pid 1), which ipykernel's parent
             # poller would take for a dead parent; --die-with-parent does that job.
             def wrapped(extra_arguments=None):
-                sandbox.give(Path(km.connection_file))
+                sandbox.give(Path(km.connection_file), spec)
                 return sandbox.command(plain([*(extra_arguments or []), "--IPKernelApp.parent_handle=1"]), spec)
 
             km.format_kernel_cmd = wrapped
+            # What the kernel writes to its own stdout and stderr (os.write(1, ...), terminal escapes) never reaches
+            # the grader's terminal or log.
+            kwargs.setdefault("stdout", subprocess.DEVNULL)
+            kwargs.setdefault("stderr", subprocess.DEVNULL)
         return await super().async_start_new_kernel(env=env, **kwargs)
 
     def _sandbox_spec(self, cwd: Path):
@@ -224,8 +229,13 @@ class GuardedExecute(Execute):
     start_new_kernel = run_sync(async_start_new_kernel)  # nbclient binds the sync face to its own coroutine
 
     async def async_start_new_kernel_client(self):
-        """nbclient's kernel client, its shell and iopub waits cut into short slices (:func:`poll_in_slices`)."""
+        """nbclient's kernel client, its shell and iopub waits cut into short slices (:func:`poll_in_slices`). Once the
+        kernel answers (its sockets exist), its private folder is taken back from it (coursekit.sandbox.close_folder)."""
         kc = await super().async_start_new_kernel_client()
+        if self._private is not None:
+            from coursekit import sandbox
+
+            sandbox.close_folder(self._private)
         for channel in (kc.shell_channel, kc.iopub_channel):
             channel.get_msg = poll_in_slices(channel.get_msg)
         return kc
@@ -254,18 +264,34 @@ class GuardedExecute(Execute):
     def _over_budget(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline - 0.5
 
-    def output(self, outs, msg, display_id, cell_index):
-        """nbclient's output handler, keeping at most ``cell_output_bytes`` per cell and ``notebook_output_bytes`` in
-        all (one 50 MB line must not reach autograded/ and feedback/, nor fill the grader's memory). A check cell's
-        answer record passes whole: ScoreAnswers replaces it with the feedback."""
+    #: Kernel messages whose content the grader keeps (in outputs, display updates or widget state): they count
+    #: toward the output caps.
+    KEPT_MESSAGES = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "comm_open",
+                               "comm_msg"})
+
+    def process_message(self, msg, cell, cell_index):
+        """nbclient's message handler, keeping at most ``cell_output_bytes`` of a cell's messages and
+        ``notebook_output_bytes`` of the notebook's, whatever their kind (text, display data and its metadata,
+        display updates, errors, widget state): one 50 MB line must not reach autograded/ and feedback/, nor fill
+        the grader's memory. A check cell's answer record passes whole: ScoreAnswers replaces it with the feedback."""
+        if msg.get("msg_type") in self.KEPT_MESSAGES and not self._answer_record(msg, cell):
+            if not self._admit(msg, cell, cell_index):
+                return None
+        return super().process_message(msg, cell, cell_index)
+
+    @staticmethod
+    def _answer_record(msg, cell) -> bool:
         from coursekit.protocol import MIME
 
-        content = msg.get("content", {})
-        cell = self.nb.cells[cell_index] if 0 <= cell_index < len(self.nb.cells) else {}
-        if MIME in (content.get("data") or {}) and _nbg(cell).get("grade") and not _nbg(cell).get("solution"):
-            return super().output(outs, msg, display_id, cell_index)
+        md = _nbg(cell)
+        return MIME in ((msg.get("content") or {}).get("data") or {}) and bool(md.get("grade")) and not md.get("solution")
+
+    def _admit(self, msg, cell, cell_index) -> bool:
+        """Whether ``msg`` fits the caps (counting it); a stream message that crosses the line keeps its start, and the
+        cell gets one note saying what was cut."""
         if cell_index in self._cut:
-            return None
+            return False
+        content = msg.get("content") or {}
         size = _output_size(content)
         used = self._cell_bytes.get(cell_index, 0)
         cell_room, notebook_room = self.cell_output_bytes - used, self.notebook_output_bytes - self._notebook_bytes
@@ -273,17 +299,19 @@ class GuardedExecute(Execute):
         if size <= room:
             self._cell_bytes[cell_index] = used + size
             self._notebook_bytes += size
-            return super().output(outs, msg, display_id, cell_index)
-        if room > 0 and msg.get("msg_type") == "stream":  # keep the start of the text that crosses the line
-            content["text"] = str(content.get("text", "")).encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-            super().output(outs, msg, display_id, cell_index)
-            self._notebook_bytes += room
-        self._cut.add(cell_index)  # say once what happened, then keep nothing more of this cell
+            return True
+        self._cut.add(cell_index)
         limit, whose = (self.cell_output_bytes, "this cell") if cell_room <= notebook_room else \
             (self.notebook_output_bytes, "this notebook")
-        outs.append(NotebookNode(output_type="stream", name="stdout",
-                                 text=f"\n[output cut: the grader keeps at most {limit:,} bytes of {whose}'s output]\n"))
-        return None
+        note = NotebookNode(output_type="stream", name="stdout",
+                            text=f"\n[output cut: the grader keeps at most {limit:,} bytes of {whose}'s output]\n")
+        if room > 1000 and msg.get("msg_type") == "stream":  # keep the start of the text that crosses the line
+            text = str(content.get("text", "")).encode("utf-8", "replace")[:room - 1000].decode("utf-8", "ignore")
+            msg = {**msg, "content": {**content, "text": text}}
+            self._notebook_bytes += room
+            super().process_message(msg, cell, cell_index)
+        cell.setdefault("outputs", []).append(note)
+        return False
 
     async def _async_handle_timeout(self, timeout, cell=None):
         self._timed_out = True

@@ -11,9 +11,9 @@ allow-list:
   No home folder, no other user's files, no ``/etc/shadow``, no other copy of the course, no ``/sys``;
 - a fresh ``/proc`` and a minimal ``/dev`` (``null``, ``zero``, ``urandom`` …); ``/tmp``, ``/dev/shm`` and the
   working folder are private ``tmpfs`` mounts of a fixed size each, gone with the process tree;
-- **no privilege**: run by root, the sandboxed process changes to an unprivileged user (``SANDBOX_UID``) with
-  every capability and the bounding set dropped and ``no_new_privs`` set (``setpriv``), after bubblewrap has
-  made its mounts; run by anyone else, it runs in a user namespace with every capability dropped. Either way
+- **no privilege**: run by root, the sandboxed process changes to an unprivileged user of its own (a fresh id from
+  ``SANDBOX_IDS``, shared with no other sandbox) with every capability and the bounding set dropped and
+  ``no_new_privs`` set (``setpriv``), after bubblewrap has made its mounts; run by anyone else, it runs in a user namespace with every capability dropped. Either way
   it cannot unmount a cover, remount a folder writable, write a control group or load anything setuid;
 - **no network**: its own network namespace holds only a loopback of its own, so nothing it reads can be
   sent anywhere and no server on the grading machine (a Dask scheduler) can be reached. The kernel's
@@ -50,9 +50,10 @@ ENV_OFF = "COURSEKIT_UNSANDBOXED"  # "1": run student code without the sandbox (
 PKG = Path(__file__).resolve().parent
 REPO = PKG.parent
 
-#: The unprivileged user and group a root grader's sandboxed processes run as ("nobody" on Debian).
-SANDBOX_UID = 65534
-SANDBOX_GID = 65534
+#: A root grader runs each sandboxed process tree as a user and group of its own, drawn from this range (no account
+#: on the machine uses it): two sandboxes never share a user, so nothing kept per user by the kernel (keyrings,
+#: signal and ptrace rights, process counts) joins one student's code to another's.
+SANDBOX_IDS = (1 << 20, 1 << 30)
 
 #: Variables of the grader's environment a sandboxed process gets (by exact name or by prefix); nothing else.
 PASSED_ENV = ("COURSEKIT_CACHE", "COURSEKIT_MATMUL_DTYPE", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED")
@@ -103,6 +104,15 @@ class Spec:
     writable: Sequence[Path] = ()
     limits: Limits = field(default_factory=Limits)
     env: dict | None = None  # the environment :func:`environment` picks from (default: this process's)
+    uid: int = field(default_factory=lambda: fresh_id())  # the user (and group) a root grader's sandbox runs as
+
+
+def fresh_id() -> int:
+    """A user and group id for one sandboxed process tree, drawn at random from :data:`SANDBOX_IDS`."""
+    import secrets
+
+    lo, hi = SANDBOX_IDS
+    return lo + secrets.randbelow(hi - lo)
 
 
 def off() -> bool:
@@ -111,7 +121,7 @@ def off() -> bool:
 
 
 def privileged() -> bool:
-    """Whether this process is root, so that the sandbox must change to :data:`SANDBOX_UID` itself."""
+    """Whether this process is root, so that the sandbox must change to an unprivileged user itself (:data:`SANDBOX_IDS`)."""
     return os.geteuid() == 0
 
 
@@ -245,7 +255,7 @@ def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
     args += _env_args(environment(spec.env))
     args += ["--"]
     if privileged():  # after bubblewrap's mounts: an unprivileged user, no capability left, none to gain
-        args += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
+        args += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}",
                  "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return args + list(argv)
 
@@ -264,21 +274,30 @@ def command(argv: Sequence[str], spec: Spec) -> list[str]:
     return [*caps, "prlimit", f"--as={lim.memory}", f"--fsize={lim.file_size}", "--core=0", "--", *_bwrap(argv, spec)]
 
 
-def make_private_folder(prefix: str) -> Path:
-    """A fresh folder under /tmp that only the grader and the sandboxed user may enter (for the kernel's sockets
-    and connection file); the caller removes it. Its path is short: a Unix socket's path has at most 107 bytes."""
+def make_private_folder(prefix: str, spec: Spec) -> Path:
+    """A fresh folder under /tmp that only the grader and ``spec``'s sandboxed user may enter (for the kernel's
+    sockets and connection file); the caller removes it. Its path is short: a Unix socket's path has at most 107
+    bytes. Once the kernel has made its sockets, :func:`close_folder` takes the folder back."""
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     if privileged():
-        os.chown(d, SANDBOX_UID, SANDBOX_GID)
+        os.chown(d, spec.uid, spec.uid)
     return d
 
 
-def give(path: Path) -> None:
-    """Make ``path`` (a file the grader wrote for the sandboxed process) readable by it."""
+def close_folder(folder: Path) -> None:
+    """Give ``folder`` back to the grader, read-only for the sandbox: the kernel's sockets stay usable, but it can no
+    longer add files (the folder is on the host's disk, outside every tmpfs cap) nor replace a socket with a link."""
     if privileged():
-        os.chown(path, SANDBOX_UID, SANDBOX_GID)
+        os.chown(folder, 0, 0)
+        os.chmod(folder, 0o755)
+
+
+def give(path: Path, spec: Spec) -> None:
+    """Make ``path`` (a file the grader wrote for ``spec``'s sandboxed process) readable by it."""
+    if privileged():
+        os.chown(path, spec.uid, spec.uid)
 
 
 def readable_by_sandbox(folder: Path) -> None:

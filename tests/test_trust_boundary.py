@@ -634,19 +634,71 @@ def test_a_notebook_past_its_budget_stops_and_an_added_cell_gets_the_answer_limi
     assert time.monotonic() - t0 < 45
 
 
+_BIG_OUTPUTS = [  # 5 MB each way a kernel can hand the grader something to keep
+    "print('x' * (50 << 20))",
+    "from IPython.display import publish_display_data\npublish_display_data({'text/plain': 'm'}, metadata={'k': 'A' * (5 << 20)})",
+    "from IPython.display import display\nh = display({'text/plain': 'small'}, raw=True, display_id=True)\n"
+    "h.update({'text/plain': 'C' * (5 << 20)}, raw=True)",
+    "k = get_ipython().kernel\nk.session.send(k.iopub_socket, 'error', {'ename': 'E', 'evalue': 'B' * (5 << 20), "
+    "'traceback': []}, parent=k.get_parent(), ident=k._topic('error'))",
+]
+
+
 @needs_sandbox
-def test_one_huge_line_of_output_is_cut_to_the_cells_byte_cap(tmp_path):
+@pytest.mark.parametrize("src", _BIG_OUTPUTS, ids=["one-line", "display-metadata", "display-update", "error-value"])
+def test_a_huge_output_is_cut_to_the_cells_byte_cap(tmp_path, src):
     from coursekit.guard import GuardedExecute
 
     (tmp_path / "work").mkdir()
-    nb = new_notebook(cells=[_kernel_cell("print('x' * (50 << 20))"), _kernel_cell("print('after')")])
+    nb = new_notebook(cells=[_kernel_cell(src), _kernel_cell("print('after')")])
     ex = GuardedExecute(timeout=120, kernel_name="python3")
     nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
-    kept = sum(len(o.get("text", "")) for o in nb.cells[0].outputs)
-    assert kept <= (1 << 20) + 200, kept  # GuardedExecute.cell_output_bytes
+    kept = len(json.dumps(nb.cells[0].outputs))
+    assert kept <= (1 << 20) + 2000, kept  # GuardedExecute.cell_output_bytes
     assert "output cut" in nb.cells[0].outputs[-1]["text"]
     assert "after" in nb.cells[1].outputs[0]["text"]
     assert len(nbformat.writes(nb)) < 2 << 20
+
+
+@needs_sandbox
+def test_the_kernel_cannot_write_to_the_graders_terminal_nor_into_its_socket_folder(tmp_path, capfd):
+    """What the kernel writes to its own stdout and stderr goes nowhere; its socket folder (on the host's disk, outside
+    every tmpfs cap) is the grader's again once the kernel runs, so it can neither fill the disk nor swap a socket."""
+    from coursekit.guard import GuardedExecute
+
+    (tmp_path / "work").mkdir()
+    src = ("import os\n"
+           "os.write(1, b'KERNEL-TO-GRADER-STDOUT\\n'); os.write(2, b'KERNEL-TO-GRADER-STDERR\\n')\n"
+           "d = [l.split()[4] for l in open('/proc/self/mountinfo') if '/ck-' in l.split()[4]][0]\n"
+           "try:\n"
+           "    open(d + '/fill', 'wb').write(b'0' * (1 << 20)); print('wrote in the socket folder')\n"
+           "except OSError as e:\n"
+           "    print('socket folder refused', type(e).__name__)\n"
+           "print('uid', os.getuid())\n")
+    nb = new_notebook(cells=[_kernel_cell(src)])
+    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "socket folder refused" in out, out
+    seen = capfd.readouterr()
+    assert "KERNEL-TO-GRADER" not in seen.out + seen.err
+
+
+@needs_sandbox
+def test_no_two_sandboxes_share_a_user():
+    """A root grader gives each sandboxed tree a user of its own, so that nothing the kernel keeps per user (a key in
+    the user's keyring, a process count) can carry anything from one student's code to another's."""
+    import subprocess
+
+    if not sandbox.privileged():
+        pytest.skip("a grader that is not root runs every sandbox as itself, in a user namespace")
+    src = "import os\nprint(os.getuid())\n"
+    uids = set()
+    for _ in range(3):
+        r = subprocess.run(sandbox.command([sys.executable, "-c", src], sandbox.Spec()), capture_output=True, text=True,
+                           timeout=60)
+        uids.add(int(r.stdout.split()[-1]))
+    assert len(uids) == 3 and all(u >= sandbox.SANDBOX_IDS[0] for u in uids), uids
 
 
 # --------------------------------------------------------------------------- submissions are data
@@ -680,6 +732,9 @@ def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbg
     (d / f"{aid}.ipynb").write_bytes(blank)
     with open(d / "timestamp.txt", "wb") as f:  # nbgrader's own file: allowed, but not at this size
         f.truncate((32 << 20) + 1)  # course.MAX_FILE_BYTES + 1
+    d = _student(c, "hard-link", aid)
+    (d / f"{aid}.ipynb").write_bytes(blank)
+    os.link(d / f"{aid}.ipynb", d / "timestamp.txt")
     d = _student(c, "pipe", aid)
     (d / f"{aid}.ipynb").write_bytes(blank)
     os.mkfifo(d / "fifo")
@@ -687,10 +742,11 @@ def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbg
     (c / "submitted" / "link-folder" / aid).symlink_to(root / "solutions" / aid)
     table = course.grade_class(lessons=[aid], course_dir=c, release_dir=tmp_path / "release", workers=1, progress=False)
     rows = {r["student_id"]: float(r["raw_score"]) for r in course.read_grades_csv(c / "grades.csv")}
-    assert rows == dict.fromkeys(["big-file", "link-extra", "link-folder", "link-notebook", "pipe", "stray-file"], 0.0), rows
+    assert rows == dict.fromkeys(["big-file", "hard-link", "link-extra", "link-folder", "link-notebook", "pipe",
+                                  "stray-file"], 0.0), rows
     for sid, why in [("link-notebook", "symbolic link"), ("link-extra", "symbolic link (notes.json)"),
                      ("link-folder", "folder is a symbolic link"), ("stray-file", "does not ask for (model.bin)"),
-                     ("big-file", "more than the 32 MB"), ("pipe", "not a regular file")]:
+                     ("big-file", "more than the 32 MB"), ("pipe", "not a regular file"), ("hard-link", "hard link")]:
         assert f"{sid}/{aid}: " in table and why in table.split(f"{sid}/{aid}: ")[1].split("\n")[0], (sid, table)
         assert why in (c / "feedback" / sid / aid / f"{aid}.html").read_text()
     assert not (c / "autograded").exists() or not any(p.is_file() for p in (c / "autograded").rglob("*"))
