@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test grade grade-class release doctor bench capstone clean
+.PHONY: setup lab test test-lesson grade grade-class release doctor bench capstone clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,14 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest
+
+# One lesson's tests, for a change to that lesson (`make test-lesson N=05`): its item tests, both of its
+# notebooks (nbval), its grading round trip and every test parametrized by it. CI still runs everything.
+N ?=
+test-lesson: $(STAMP)
+	@test -n "$(N)" -a -d "$$(ls -d solutions/$(N)-* 2>/dev/null | head -1)" \
+	  || { echo "Name a lesson by its number: make test-lesson N=05"; exit 2; }
+	$(BIN)/pytest -k "$(N)- or RoundTrip$(N) or lesson$(N)"
 
 # Notebooks executed at once while grading (default: one per CPU core); `make grade WORKERS=1` grades
 # one submission after the other. Either way only one process writes nbgrader's gradebook.

@@ -55,41 +55,50 @@ def pytest_runtest_call(item):
 
 
 # Lesson 19's run (the baselines, three trained adapters, their evaluations, the memory measurements and the merges:
-# about ten minutes of one core) is read by both lesson-19 notebooks, tests/test_capstone.py and every test that
-# grades lesson 19. Each waits on the store's per-result lock for whichever of them computes a result first, and
-# the other core idled meanwhile: the suite used a third of its two cores. One background `coursekit capstone`,
-# started as soon as the tests are collected, fills the store beside the unit tests, so the readers find it done.
-# The store computes each result once (per-result filelock, written whole), so a reader that gets there first
-# computes that result itself and the background run then reads it: what the tests check does not change.
-# COURSEKIT_PRECOMPUTE=0 turns it off.
-_precompute: dict = {}
+# about ten minutes of one core) is read by both lesson-19 notebooks, tests/test_capstone_run.py and every test that
+# grades lesson 19. A reader that gets to a result first computes it under the store's per-result lock and the
+# others wait on that lock, their core idle. So one background `coursekit capstone` fills the store from the start,
+# and the scheduler below hands the readers out only once it has finished, with other work meanwhile. The store
+# computes each result once (per-result filelock, written whole), so what the tests check does not change.
+# COURSEKIT_PRECOMPUTE=0 turns the background run off.
+PRECOMPUTE = pytest.StashKey[dict]()
+PRECOMPUTE_CODE = "from coursekit.cli import main; raise SystemExit(main(['capstone', '--quiet']))"
 
 
-def _reads_the_capstone(items) -> bool:
-    """Whether the selected tests read the whole run: a lesson-19 notebook, lesson 19's grading round trip, or a
-    test of the run's report (not the store's own unit tests, which take seconds)."""
-    return any("19-capstone-a-real-qlora-run.ipynb" in it.nodeid or "RoundTrip19" in it.nodeid
-               or ("test_capstone.py" in it.nodeid and "report" in getattr(it, "fixturenames", ())) for it in items)
+def _reads_the_capstone(nodeid: str) -> bool:
+    """Whether a test reads the whole run: a lesson-19 notebook's cell, a test of lesson 19's grading round trip,
+    or a test of the run's claims (tests/test_capstone_run.py)."""
+    return ("19-capstone-a-real-qlora-run.ipynb" in nodeid or "RoundTrip19" in nodeid
+            or nodeid.startswith("tests/test_capstone_run.py"))
+
+
+def _start_precompute(config, nodeids) -> None:
+    """Start the background `coursekit capstone` once per session, when a selected test reads the run."""
+    if os.environ.get("COURSEKIT_PRECOMPUTE") == "0" or config.option.collectonly or PRECOMPUTE in config.stash:
+        return
+    if not any(map(_reads_the_capstone, nodeids)):
+        return
+    fd, log = tempfile.mkstemp(prefix="coursekit-capstone-", suffix=".log")
+    proc = subprocess.Popen([sys.executable, "-c", PRECOMPUTE_CODE], stdout=fd, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    os.close(fd)
+    config.stash[PRECOMPUTE] = {"proc": proc, "log": log}
 
 
 def pytest_collection_finish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or os.environ.get("COURSEKIT_PRECOMPUTE") == "0":
-        return  # one background run per session: xdist's first worker, or the only process
-    if session.config.option.collectonly or not _reads_the_capstone(session.items):
-        return
-    fd, log = tempfile.mkstemp(prefix="coursekit-capstone-", suffix=".log")
-    code = "from coursekit.cli import main; raise SystemExit(main(['capstone', '--quiet']))"
-    _precompute["log"] = log
-    _precompute["proc"] = subprocess.Popen([sys.executable, "-c", code], stdout=fd, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
-    os.close(fd)
+    """Without pytest-xdist (``-n 0``) the one test process starts the background run; under xdist the controller's
+    scheduler does (:class:`LongestFirst`)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not session.config.pluginmanager.hasplugin("dsession"):
+        _start_precompute(session.config, [it.nodeid for it in session.items])
 
 
 def pytest_sessionfinish(session, exitstatus):
-    proc = _precompute.pop("proc", None)
-    if proc is None:
+    run = session.config.stash.get(PRECOMPUTE, None)
+    if run is None or run.get("done"):
         return
-    if proc.poll() is None:  # every reader here is done; a reader on another worker computes what is left itself
+    run["done"] = True
+    proc = run["proc"]
+    if proc.poll() is None:  # every reader is done; whatever the background run has left, nobody reads
         # Its whole process group: a memory measurement runs in a child process of its own. Each result is written
         # whole, and its lock goes with the process.
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
@@ -104,4 +113,105 @@ def pytest_sessionfinish(session, exitstatus):
                 continue
     elif proc.returncode != 0:
         return  # its log stays for a look: the readers computed what it did not
-    os.unlink(_precompute["log"])
+    os.unlink(run["log"])
+
+
+# pytest-xdist's --dist loadscope hands each worker a whole module or test class at a time (their module- and
+# class-scoped fixtures, such as a graded example class, are built once), in collection order, largest test count
+# first. On two cores that left a four-minute grading round trip for the end, with the other core idle. The
+# scheduler below hands out the longest scope first (seconds from the durations table in docs/maintainers.md; a
+# scope not in it counts a twentieth of a second per test) and keeps lesson 19's readers back while the
+# background capstone run is filling the store. Scopes that share one graded example class run as one scope, on
+# one worker, so that no worker waits on another's grading lock.
+SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
+    "tests/test_key_leaks.py": "lesson 02's graded example class",
+    "tests/test_browser.py": "lesson 02's graded example class",
+    "tests/test_grading_roundtrip.py::TestRoundTrip02": "lesson 02's graded example class",
+}
+SCOPE_SECONDS = {  # one core's seconds, rounded, from the clean-clone run of docs/maintainers.md
+    "lesson 02's graded example class": 420,
+    "tests/test_grading_roundtrip.py::TestRoundTrip19": 245,
+    "tests/test_grading_roundtrip.py::TestRoundTrip03": 180,
+    "tests/test_parallel_grading.py": 180,
+    "tests/test_grading_roundtrip.py::TestRoundTrip16": 95,
+    "tests/test_dask_grading.py": 85,
+    "tests/test_grading_roundtrip.py::TestRoundTrip17": 80,
+    "tests/test_grading_roundtrip.py::TestRoundTrip18": 80,
+    "tests/test_grading_roundtrip.py::TestRoundTrip04": 75,
+    "tests/test_lesson19_items.py": 70,
+    "tests/test_grading_roundtrip.py::TestRoundTrip05": 70,
+    "solutions/19-capstone-a-real-qlora-run/19-capstone-a-real-qlora-run.ipynb": 60,
+    "tests/test_trust_boundary.py": 60,
+    "tests/test_grading_roundtrip.py::TestRoundTrip11": 58,
+    "tests/test_grading_roundtrip.py::TestRoundTrip12": 58,
+    "tests/test_grading_roundtrip.py::TestRoundTrip13": 54,
+    "tests/test_grading_roundtrip.py::TestRoundTrip10": 52,
+    "lessons/19-capstone-a-real-qlora-run/19-capstone-a-real-qlora-run.ipynb": 45,
+    "tests/test_grading_roundtrip.py::TestRoundTrip15": 43,
+    "tests/test_grading_roundtrip.py::TestRoundTrip06": 42,
+    "tests/test_train.py": 41,
+    "tests/test_grading_roundtrip.py::TestRoundTrip14": 40,
+    "tests/test_grading_roundtrip.py::TestRoundTrip09": 39,
+    "tests/test_grading_roundtrip.py::TestRoundTrip08": 38,
+    "solutions/18-gguf/18-gguf.ipynb": 29,
+    "tests/test_grading_roundtrip.py::TestRoundTrip00": 28,
+    "tests/test_grading_roundtrip.py::TestRoundTrip07": 27,
+    "tests/test_course.py": 21,
+    "solutions/17-what-qlora-actually-costs/17-what-qlora-actually-costs.ipynb": 20,
+    "tests/test_capstone_run.py": 20,
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The work unit a test belongs to: a test class, else its module or notebook, unless :data:`SHARED_SCOPES`
+    puts it in a shared one."""
+    for prefix, scope in SHARED_SCOPES.items():
+        if nodeid == prefix or nodeid.startswith(prefix + "::"):
+            return scope
+    return nodeid.rsplit("::", 1)[0]
+
+
+def _filling(config) -> bool:
+    run = config.stash.get(PRECOMPUTE, None)
+    return run is not None and run["proc"].poll() is None
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # without pytest-xdist, tests run in collection order in one process
+    LoadScopeScheduling = None
+else:
+    class LongestFirst(LoadScopeScheduling):
+        """--dist loadscope, with :func:`scope_of`'s scopes handed out longest first, lesson 19's readers last while
+        the background capstone run is filling the store."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed:  # the first call: every worker has collected
+                _start_precompute(self.config, next(iter(self.registered_collections.values()), []))
+            super().schedule()
+
+        def next_scope(self) -> str:
+            """The pending scope to hand out next."""
+            filling = _filling(self.config)
+
+            def cost(scope: str) -> float:
+                return SCOPE_SECONDS.get(scope, 0.05 * len(self.workqueue[scope]))
+
+            ready = [s for s in self.workqueue if not (filling and any(map(_reads_the_capstone, self.workqueue[s])))]
+            return max(ready or self.workqueue, key=cost)  # only readers left: they compute what is missing
+
+        def _assign_work_unit(self, node) -> None:  # LoadScopeScheduling's, with the scope chosen by next_scope
+            scope = self.next_scope()
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+    @pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown under -p no:xdist
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadscope":
+            return None  # another --dist asked for on the command line: xdist's own
+        return LongestFirst(config, log)

@@ -1,10 +1,12 @@
-"""One graded example class of a lesson per test session, shared by the test modules that read its
-feedback (tests/test_key_leaks.py, tests/test_browser.py), also across pytest-xdist workers.
+"""One graded example class of a lesson per test session, shared by every test module that reads it
+(tests/test_grading_roundtrip.py, tests/test_key_leaks.py, tests/test_browser.py), also across pytest-xdist
+workers.
 
-Grading executes every example notebook in a kernel (about a minute of CPU for lesson 02), so the
-first caller grades into the session's shared temporary folder under a file lock and the others
-wait for it and reuse the result. tests/test_grading_roundtrip.py keeps its own course: it re-grades
-in place, which would rewrite these feedback files under the readers' feet.
+Grading executes every example notebook in a kernel (about three minutes of one core for lesson 02's
+fourteen students), so the first caller grades into the session's shared temporary folder under a file
+lock and the others wait for it and reuse the result. Readers never write to it: a test that re-grades
+works on a copy (:func:`regradable_copy`). A lesson with hostile examples (expected.json with "score") is
+graded with short time limits (:data:`FAST_LIMITS`): its notebooks loop on purpose.
 
 Also what every example folder expects (``WRONG``, ``EXACT``, from its expected.json) and readers of a
 graded course (``cell_scores``, ``submission_scores``, ``feedback_text``), for the serial round trip and
@@ -15,6 +17,8 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock
@@ -74,19 +78,50 @@ def feedback_text(work: Path, aid: str, sid: str) -> str:
     return html.unescape((work / "feedback" / sid / aid / f"{aid}.html").read_text())
 
 
+# Hostile examples loop on purpose: short limits keep the grading fast (the course's defaults are 60 s / 30 s).
+FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "20", "COURSEKIT_CASE_TIMEOUT": "10"}
+
+
+@contextmanager
+def limits_for(lesson: str):
+    """:data:`FAST_LIMITS` in the environment while ``lesson``'s example class is graded, when it has hostile
+    examples (read when nbgrader's config is loaded and by the kernels it starts)."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        if any(aid == lesson for aid, *_ in EXACT):
+            for k, v in FAST_LIMITS.items():
+                mp.setenv(k, v)
+        yield
+
+
 def graded_example_class(tmp_path_factory, lesson: str) -> Path:
     """The course folder of ``lesson``'s example class graded with ``examples=True`` (hidden cases
-    included): ``feedback/<student>/<aid>/<aid>.html``, ``autograded/``, ``grades.csv``, the gradebook."""
+    included): ``feedback/<student>/<aid>/<aid>.html``, ``autograded/``, ``grades.csv``, the gradebook, and
+    ``.graded`` (the score table :func:`coursekit.course.grade_class` returned; :func:`score_table`).
+    Read it; never write to it (copy it first: :func:`regradable_copy`)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: one folder per session
     work = shared / f"graded-example-class-{lesson}"
     done = work / ".graded"
     with FileLock(str(work) + ".lock", timeout=1800):
         if not done.exists():
-            course.grade_class(lessons=[lesson], root=ROOT, examples=True, course_dir=work, workers=1,
-                               release_dir=work / "release", progress=False)
-            done.touch()
+            with limits_for(lesson):
+                table = course.grade_class(lessons=[lesson], root=ROOT, examples=True, course_dir=work, workers=1,
+                                           release_dir=work / "release", progress=False)
+            done.write_text(table)
     return work
+
+
+def score_table(work: Path) -> str:
+    """The score table the grading run of :func:`graded_example_class` printed."""
+    return (work / ".graded").read_text()
+
+
+def regradable_copy(work: Path, dest: Path) -> Path:
+    """A copy of a graded course folder (file times kept) that a test may grade again in place."""
+    shutil.copytree(work, dest, symlinks=True)
+    return dest
 
 
 def feedback_files(work: Path, lesson: str) -> dict[str, Path]:

@@ -1,9 +1,10 @@
 """The grading round trip through real nbgrader: release, example class, autograde (with hidden
 cases), feedback, grades.csv — and a second run that changes nothing and loses nothing.
 
-Each lesson is graded once, in its own temporary course folder, and shared by the tests of its own
-class (``TestRoundTrip02`` …): autograding executes every example notebook in a kernel, and one class
-per lesson lets pytest-xdist (``--dist loadscope``) spread the lessons over the workers."""
+Each lesson's example class is graded once per session (tests/graded_examples.py: lesson 02's is also read
+by the key-leak scan and the browser test) and shared by the tests of its own class (``TestRoundTrip02`` …):
+autograding executes every example notebook in a kernel, and one class per lesson lets pytest-xdist spread
+the lessons over the workers. The second run grades a copy of that folder again in place."""
 
 from __future__ import annotations
 
@@ -12,15 +13,12 @@ from pathlib import Path
 import pytest
 
 from coursekit import course
-from graded_examples import EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text, submission_scores
+from graded_examples import (EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text, graded_example_class,
+                             limits_for, regradable_copy, score_table, submission_scores)
 
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
 LESSONS = course.lesson_ids(ROOT)
-
-
-# Hostile examples loop on purpose: short limits keep the test fast (the course's defaults are 60 s / 30 s).
-FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "20", "COURSEKIT_CASE_TIMEOUT": "10"}
 
 
 def test_every_example_folder_says_what_it_expects():
@@ -40,15 +38,9 @@ class _RoundTrip:
 
     @pytest.fixture(scope="class")
     def graded(self, tmp_path_factory):
-        work = tmp_path_factory.mktemp(f"course{self.AID[:2]}")
-        # Release into the temporary course too: tests never rewrite the repository's lessons/.
-        with pytest.MonkeyPatch.context() as mp:
-            if any(aid == self.AID for aid, *_ in EXACT):
-                for k, v in FAST_LIMITS.items():
-                    mp.setenv(k, v)
-            table = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, workers=1,
-                                       release_dir=work / "release", progress=False)
-        return work, table
+        # Released into the temporary course too: tests never rewrite the repository's lessons/.
+        work = graded_example_class(tmp_path_factory, self.AID)
+        return work, score_table(work)
 
     def test_blank_scores_zero_on_every_test_cell(self, graded):
         work, _ = graded
@@ -110,15 +102,19 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
         assert f"{sid}/{self.AID}:" in table, "the score table names a submission that could not be graded"
 
 
-def _regrading_gives_the_same_grades_and_loses_nothing(self, graded):
-    work, table = graded
+def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path):
+    """The class's course folder graded again, in place (a copy: the first run's folder is shared, read-only)."""
+    shared, table = graded
+    work = regradable_copy(shared, tmp_path / "course")
     before = course.read_grades_csv(work / "grades.csv")
-    again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release", workers=1,
-                               progress=False)
+    with limits_for(self.AID):
+        again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release",
+                                   workers=1, progress=False)
     after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
-    assert [l for l in again.splitlines() if self.AID in l] == [l for l in table.splitlines() if self.AID in l]
+    lines = lambda t, course_dir: [l for l in t.replace(str(course_dir), "<course>").splitlines() if self.AID in l]  # noqa: E731
+    assert lines(again, work) == lines(table, shared)
     for (aid, sid), score in EXACT_SCORE.items():  # the hostile examples too, on the second run
         if aid == self.AID:
             assert submission_scores(work, aid, sid)[0] == score, f"{sid}: second run scored differently"
@@ -148,11 +144,8 @@ for _aid in LESSONS:
         _ns["test_hostile_submissions_get_their_exact_score_and_say_what_happened"] = pytest.mark.parametrize(
             "sid,score,texts", _exact, ids=[sid for sid, _, _ in _exact])(_test_exact)
     if _aid == L02 or _exact:  # re-graded: the gradebook keeps every record, hostile examples score the same twice
-        def _test_regrade(self, graded):
-            with pytest.MonkeyPatch.context() as mp:
-                for k, v in FAST_LIMITS.items():
-                    mp.setenv(k, v)
-                _regrading_gives_the_same_grades_and_loses_nothing(self, graded)
+        def _test_regrade(self, graded, tmp_path):
+            _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path)
 
         _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _test_regrade
     _name = f"TestRoundTrip{_aid[:2]}"

@@ -1,6 +1,6 @@
 """Lesson 19's graded items: the eight functions a student writes are checked on tiny models; right answers score
 full with hidden cases, the typical wrong versions lose points with the mistake named, and a function that calls
-coursekit's own answer earns nothing. The evidence items read the capstone store (tests/test_capstone.py)."""
+coursekit's own answer earns nothing. The evidence items read the capstone store (tests/test_capstone_run.py)."""
 
 from __future__ import annotations
 
