@@ -127,14 +127,14 @@ SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_key_leaks.py": "lesson 02's graded example class",
     "tests/test_browser.py": "lesson 02's graded example class",
     "tests/test_grading_roundtrip.py::TestRoundTrip02": "lesson 02's graded example class",
+    "tests/test_parallel_grading.py": "lesson 02's graded example class",
+    "tests/test_dask_grading.py": "lesson 02's graded example class",
 }
 SCOPE_SECONDS = {  # one core's seconds, rounded, from the clean-clone run of docs/maintainers.md
-    "lesson 02's graded example class": 420,
+    "lesson 02's graded example class": 800,
     "tests/test_grading_roundtrip.py::TestRoundTrip19": 245,
     "tests/test_grading_roundtrip.py::TestRoundTrip03": 180,
-    "tests/test_parallel_grading.py": 180,
     "tests/test_grading_roundtrip.py::TestRoundTrip16": 95,
-    "tests/test_dask_grading.py": 85,
     "tests/test_grading_roundtrip.py::TestRoundTrip17": 80,
     "tests/test_grading_roundtrip.py::TestRoundTrip18": 80,
     "tests/test_grading_roundtrip.py::TestRoundTrip04": 75,
