@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -52,25 +56,72 @@ def pytest_runtest_call(item):
 
 # Lesson 19's run (the baselines, three trained adapters, their evaluations, the memory measurements and the merges:
 # about ten minutes of one core) is read by both lesson-19 notebooks, tests/test_capstone_run.py and every test that
-# grades lesson 19. The store computes each result once, under a per-result lock, whoever asks first; the others
-# wait on that lock, their core idle. So tests/test_capstone_run.py, whose module fixture computes the whole run,
-# goes first (the longest scope), and the scheduler below hands the other readers out only once it has finished,
-# with other work meanwhile. What the tests check does not change: every reader reads the same stored results.
-PRODUCER = "tests/test_capstone_run.py"
+# grades lesson 19. A reader that gets to a result first computes it under the store's per-result lock and the
+# others wait on that lock, their core idle. So one background `coursekit capstone` fills the store from the start,
+# and the scheduler below hands the readers out only once it has finished, with other work meanwhile. The store
+# computes each result once (per-result filelock, written whole), so what the tests check does not change.
+# COURSEKIT_PRECOMPUTE=0 turns the background run off.
+PRECOMPUTE = pytest.StashKey[dict]()
+PRECOMPUTE_CODE = "from coursekit.cli import main; raise SystemExit(main(['capstone', '--quiet']))"
 
 
 def _reads_the_capstone(nodeid: str) -> bool:
-    """Whether a test reads the run that :data:`PRODUCER` computes: a lesson-19 notebook's cell or a test of lesson
-    19's grading round trip."""
-    return "19-capstone-a-real-qlora-run.ipynb" in nodeid or "RoundTrip19" in nodeid
+    """Whether a test reads the whole run: a lesson-19 notebook's cell, a test of lesson 19's grading round trip,
+    or a test of the run's claims (tests/test_capstone_run.py)."""
+    return ("19-capstone-a-real-qlora-run.ipynb" in nodeid or "RoundTrip19" in nodeid
+            or nodeid.startswith("tests/test_capstone_run.py"))
+
+
+def _start_precompute(config, nodeids) -> None:
+    """Start the background `coursekit capstone` once per session, when a selected test reads the run."""
+    if os.environ.get("COURSEKIT_PRECOMPUTE") == "0" or config.option.collectonly or PRECOMPUTE in config.stash:
+        return
+    if not any(map(_reads_the_capstone, nodeids)):
+        return
+    fd, log = tempfile.mkstemp(prefix="coursekit-capstone-", suffix=".log")
+    proc = subprocess.Popen([sys.executable, "-c", PRECOMPUTE_CODE], stdout=fd, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    os.close(fd)
+    config.stash[PRECOMPUTE] = {"proc": proc, "log": log}
+
+
+def pytest_collection_finish(session):
+    """Without pytest-xdist (``-n 0``) the one test process starts the background run; under xdist the controller's
+    scheduler does (:class:`LongestFirst`)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not session.config.pluginmanager.hasplugin("dsession"):
+        _start_precompute(session.config, [it.nodeid for it in session.items])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    run = session.config.stash.get(PRECOMPUTE, None)
+    if run is None or run.get("done"):
+        return
+    run["done"] = True
+    proc = run["proc"]
+    if proc.poll() is None:  # every reader is done; whatever the background run has left, nobody reads
+        # Its whole process group: a memory measurement runs in a child process of its own. Each result is written
+        # whole, and its lock goes with the process.
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # it ended by itself meanwhile
+                pass
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    elif proc.returncode != 0:
+        return  # its log stays for a look: the readers computed what it did not
+    os.unlink(run["log"])
 
 
 # pytest-xdist's --dist loadscope hands each worker a whole module or test class at a time (their module- and
 # class-scoped fixtures, such as a graded example class, are built once), in collection order, largest test count
 # first. On two cores that left a four-minute grading round trip for the end, with the other core idle. The
 # scheduler below hands out the longest scope first (seconds from the durations table in docs/maintainers.md; a
-# scope not in it counts a twentieth of a second per test) and keeps lesson 19's readers back while the run's
-# producer is filling the store. Scopes that share one graded example class run as one scope, on
+# scope not in it counts a twentieth of a second per test) and keeps lesson 19's readers back while the
+# background capstone run is filling the store. Scopes that share one graded example class run as one scope, on
 # one worker, so that no worker waits on another's grading lock.
 SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_key_leaks.py": "lesson 02's graded example class",
@@ -80,7 +131,6 @@ SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_dask_grading.py": "lesson 02's graded example class",
 }
 SCOPE_SECONDS = {  # one core's seconds, rounded, from the clean-clone run of docs/maintainers.md
-    PRODUCER: 900,  # lesson 19's whole run, computed by its module fixture
     "lesson 02's graded example class": 800,
     "tests/test_grading_roundtrip.py::TestRoundTrip19": 245,
     "tests/test_grading_roundtrip.py::TestRoundTrip03": 180,
@@ -108,6 +158,7 @@ SCOPE_SECONDS = {  # one core's seconds, rounded, from the clean-clone run of do
     "tests/test_grading_roundtrip.py::TestRoundTrip07": 27,
     "tests/test_course.py": 21,
     "solutions/17-what-qlora-actually-costs/17-what-qlora-actually-costs.ipynb": 20,
+    "tests/test_capstone_run.py": 20,
 }
 
 
@@ -120,6 +171,11 @@ def scope_of(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[0]
 
 
+def _filling(config) -> bool:
+    run = config.stash.get(PRECOMPUTE, None)
+    return run is not None and run["proc"].poll() is None
+
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # without pytest-xdist, tests run in collection order in one process
@@ -127,26 +183,24 @@ except ImportError:  # without pytest-xdist, tests run in collection order in on
 else:
     class LongestFirst(LoadScopeScheduling):
         """--dist loadscope, with :func:`scope_of`'s scopes handed out longest first, lesson 19's readers last while
-        :data:`PRODUCER` is filling the store."""
+        the background capstone run is filling the store."""
 
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
-        def producing(self) -> bool:
-            """Whether :data:`PRODUCER` is selected and has not finished yet."""
-            if PRODUCER in self.workqueue:
-                return True
-            return any(not all(unit.values()) for work in self.assigned_work.values()
-                       for scope, unit in work.items() if scope == PRODUCER)
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed:  # the first call: every worker has collected
+                _start_precompute(self.config, next(iter(self.registered_collections.values()), []))
+            super().schedule()
 
         def next_scope(self) -> str:
             """The pending scope to hand out next."""
-            producing = self.producing()
+            filling = _filling(self.config)
 
             def cost(scope: str) -> float:
                 return SCOPE_SECONDS.get(scope, 0.05 * len(self.workqueue[scope]))
 
-            ready = [s for s in self.workqueue if not (producing and any(map(_reads_the_capstone, self.workqueue[s])))]
+            ready = [s for s in self.workqueue if not (filling and any(map(_reads_the_capstone, self.workqueue[s])))]
             return max(ready or self.workqueue, key=cost)  # only readers left: they compute what is missing
 
         def _assign_work_unit(self, node) -> None:  # LoadScopeScheduling's, with the scope chosen by next_scope

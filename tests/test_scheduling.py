@@ -1,5 +1,5 @@
 """The repository conftest's scheduler for pytest-xdist (conftest.py, ``LongestFirst``): the longest scope first,
-lesson 19's readers held back while tests/test_capstone_run.py fills the store, shared scopes on one worker."""
+lesson 19's readers held back while the background capstone run fills the store, shared scopes on one worker."""
 
 from __future__ import annotations
 
@@ -31,22 +31,21 @@ def test_tests_that_share_lesson_02s_graded_class_share_one_scope():
     assert c.scope_of("tests/test_lora.py::test_seed_forward") == "tests/test_lora.py"
     assert c.scope_of("tests/test_key_leaks_extra.py::test_x") == "tests/test_key_leaks_extra.py"  # a prefix, not a match
     for nodeid in ("solutions/19-capstone-a-real-qlora-run/19-capstone-a-real-qlora-run.ipynb::Cell 3",
-                   "tests/test_grading_roundtrip.py::TestRoundTrip19::test_blank_scores_zero_on_every_test_cell"):
+                   "tests/test_grading_roundtrip.py::TestRoundTrip19::test_blank_scores_zero_on_every_test_cell",
+                   "tests/test_capstone_run.py::test_memory_as_lesson_19_reads_it"):
         assert c._reads_the_capstone(nodeid), nodeid
-    assert c.scope_of("tests/test_capstone_run.py::test_memory_as_lesson_19_reads_it") == c.PRODUCER
-    assert not c._reads_the_capstone("tests/test_capstone_run.py::test_memory_as_lesson_19_reads_it")  # it computes
     assert not c._reads_the_capstone("tests/test_capstone.py::test_store_computes_once_and_then_reads")
 
 
 @pytest.mark.notebooks
-def test_longest_scope_first_and_readers_after_the_producer(pytester):
-    """Two workers. The producer (tests/test_capstone_run.py) is a stand-in whose module fixture sleeps, then leaves a
-    file; a reader (lesson 19's round trip) asserts the file is there, so it passes only if it was held back,
-    although it is declared the longest scope; the longest other scope starts first, although xdist's own order
-    (most tests first) would start it last."""
-    log, done = pytester.path / "order.log", pytester.path / "produced"
-    overrides = '''
-SCOPE_SECONDS = {"test_slow.py": 1000, "tests/test_grading_roundtrip.py::TestRoundTrip19": 2000, PRODUCER: 500}
+def test_longest_scope_first_and_readers_after_the_background_run(pytester):
+    """Two workers; the background run is a stand-in that sleeps, then leaves a file. A reader (tests/test_capstone_run.py)
+    asserts the file is there, so it passes only if it was held back; the declared longest scope starts first,
+    although xdist's own order (most tests first) would start it last."""
+    log, done = pytester.path / "order.log", pytester.path / "precomputed"
+    overrides = f'''
+PRECOMPUTE_CODE = "import pathlib, time; time.sleep(3); pathlib.Path(r'{done}').touch()"
+SCOPE_SECONDS = {{"test_slow.py": 1000, "tests/test_capstone_run.py": 2000}}
 '''
     pytester.makeconftest((ROOT / "conftest.py").read_text() + overrides)
     body = '''
@@ -72,25 +71,13 @@ def _log(what):
         ''')})
     (pytester.path / "tests").mkdir()
     (pytester.path / "tests" / "test_capstone_run.py").write_text(body + textwrap.dedent(f'''
-        @pytest.fixture(scope="module")
-        def report():
-            _log("producer")
-            time.sleep(3)
-            pathlib.Path(r"{done}").touch()
-
         @pytest.mark.parametrize("i", range(2))
-        def test_claim(report, i):
-            pass
-    '''))
-    (pytester.path / "tests" / "test_grading_roundtrip.py").write_text(body + textwrap.dedent(f'''
-        class TestRoundTrip19:
-            @pytest.mark.parametrize("i", range(2))
-            def test_reads_the_run(self, i):
-                _log("reader")
-                assert pathlib.Path(r"{done}").exists(), "a reader ran while the producer was filling the store"
+        def test_reads_the_run(i):
+            _log("reader")
+            assert pathlib.Path(r"{done}").exists(), "a reader ran while the background run was filling the store"
     '''))
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadscope", "-p", "no:cacheprovider", "-p", "no:randomly")
-    result.assert_outcomes(passed=2 + 30 + 2 + 2)
+    result.assert_outcomes(passed=2 + 30 + 2)
     order = log.read_text().split()
-    assert "slow" in order[:2] and "producer" in order[:2], order[:4]
+    assert "slow" in order[:2], order[:4]
     assert order.index("reader") > order.index("many"), order
