@@ -8,6 +8,11 @@ lock and the others wait for it and reuse the result. Readers never write to it:
 works on a copy (:func:`regradable_copy`). A lesson with hostile examples (expected.json with "score") is
 graded with short time limits (:data:`FAST_LIMITS`): its notebooks loop on purpose.
 
+Lesson 02's class is graded a second time, also once per session: a copy, with lesson 00's broken files
+handed in too, graded in place with two workers (:func:`regraded_in_parallel`). That one run is the round
+trip's second run of the class (same grades, nothing lost) and the parallel-grading tests' first run (every
+notebook executed by a worker, the serial run's grades): one grading of fourteen notebooks instead of two.
+
 Also what every example folder expects (``WRONG``, ``EXACT``, from its expected.json) and readers of a
 graded course (``cell_scores``, ``submission_scores``, ``feedback_text``), for the serial round trip and
 the parallel-grading tests alike."""
@@ -18,12 +23,13 @@ import html
 import json
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock
 
-from coursekit import course
+from coursekit import course, parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "autograder" / "examples"
@@ -122,6 +128,77 @@ def regradable_copy(work: Path, dest: Path) -> Path:
     """A copy of a graded course folder (file times kept) that a test may grade again in place."""
     shutil.copytree(work, dest, symlinks=True)
     return dest
+
+
+# Two kernels share the cores when grading in parallel. The answer limit stays well above the ~3 s (on an idle
+# machine; twice that when two kernels share the cores) that ex-endless-loops' P4 cell needs to print its
+# 200,000 lines, which must keep its point; the case limit is not the serial run's, so that the feedback shows
+# which run's limits a worker used.
+PARALLEL_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "15", "COURSEKIT_CASE_TIMEOUT": "5"}
+# Lesson 00's broken-file students (empty, not JSON, renamed), handed in for another lesson by the parallel re-run.
+BROKEN_FROM = "00-setup-and-probes"
+BROKEN_FILES = ("ex-empty-file", "ex-not-json", "ex-renamed")
+
+
+def hand_in_broken_files(submitted: Path, lesson: str) -> None:
+    """Lesson 00's broken-file students, for ``lesson``: what their submission.py makes of the perfect notebook."""
+    import runpy
+
+    import nbformat
+
+    perfect = nbformat.read(submitted / "ex-perfect" / lesson / f"{lesson}.ipynb", as_version=4)
+    for sid in BROKEN_FILES:
+        files = runpy.run_path(str(EXAMPLES / BROKEN_FROM / sid.removeprefix("ex-") / "submission.py"))["files"]
+        dest = submitted / sid / lesson
+        dest.mkdir(parents=True)
+        course.write_files(dest, files(nbformat.from_dict(perfect), lesson))
+
+
+def regraded_in_parallel(tmp_path_factory, lesson: str) -> Path:
+    """A copy of :func:`graded_example_class`'s folder of ``lesson``, with lesson 00's broken files handed in too
+    (:func:`hand_in_broken_files`), graded again in place with two workers and :data:`PARALLEL_LIMITS`, once per
+    session: the round trip's second run of that class (same grades, nothing lost) and the parallel-grading
+    tests' first run (every notebook executed by a worker, the serial run's grades) in one grading.
+
+    ``.regraded.json`` in it holds that run's score table, its grades.csv text, when it started (``time.time()``:
+    the copy keeps the first run's file times, so a file older than that was not written again), and what the grading process's
+    :class:`coursekit.parallel.Autograder` reports (``workers``, ``replayed``, ``executed_here``). Read it;
+    never write to it (:func:`regradable_copy`)."""
+    import pytest
+
+    serial = graded_example_class(tmp_path_factory, lesson)
+    work = serial.parent / f"regraded-in-parallel-{lesson}"
+    done = work / ".regraded.json"
+    with FileLock(str(work) + ".lock", timeout=1800):
+        if not done.exists():
+            shutil.rmtree(work, ignore_errors=True)  # what a crashed attempt left
+            regradable_copy(serial, work)
+            hand_in_broken_files(work / "submitted", lesson)
+            made: list[parallel.Autograder] = []
+
+            class Recording(parallel.Autograder):
+                def __init__(self, *a, **k):
+                    super().__init__(*a, **k)
+                    made.append(self)
+
+            started = time.time()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(parallel, "Autograder", Recording)
+                for k, v in PARALLEL_LIMITS.items():  # read when the config is loaded (answer cells) and in the kernels
+                    mp.setenv(k, v)
+                table = course.grade_class(lessons=[lesson], root=ROOT, course_dir=work, release_dir=work / "release",
+                                           progress=False, workers=2)
+            (run,) = made
+            done.write_text(json.dumps({"table": table, "csv": (work / "grades.csv").read_text(), "started": started,
+                                        "workers": run.workers,
+                                        "replayed": sorted(map(list, run.replayed)),
+                                        "executed_here": sorted(map(list, run.executed_here))}))
+    return work
+
+
+def parallel_run(work: Path) -> dict:
+    """What :func:`regraded_in_parallel`'s grading run reported (see there)."""
+    return json.loads((work / ".regraded.json").read_text())
 
 
 def feedback_files(work: Path, lesson: str) -> dict[str, Path]:

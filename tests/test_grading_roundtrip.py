@@ -4,7 +4,9 @@ cases), feedback, grades.csv — and a second run that changes nothing and loses
 Each lesson's example class is graded once per session (tests/graded_examples.py: lesson 02's is also read
 by the key-leak scan and the browser test) and shared by the tests of its own class (``TestRoundTrip02`` …):
 autograding executes every example notebook in a kernel, and one class per lesson lets pytest-xdist spread
-the lessons over the workers. The second run grades a copy of that folder again in place."""
+the lessons over the workers. The second run grades a copy of that folder again in place: serially, except
+lesson 02's, whose second run is the one tests/test_parallel_grading.py reads too (two workers, and three
+broken files handed in besides: ``graded_examples.regraded_in_parallel``)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from coursekit import course
-from graded_examples import (EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text, graded_example_class,
-                             limits_for, regradable_copy, score_table, submission_scores)
+from graded_examples import (BROKEN_FILES, EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text,
+                             graded_example_class, limits_for, parallel_run, regradable_copy, regraded_in_parallel,
+                             score_table, submission_scores)
 
 ROOT = Path(__file__).resolve().parents[1]
 L02 = "02-lora-inside-one-matmul"
 LESSONS = course.lesson_ids(ROOT)
+REGRADED_IN_PARALLEL = {L02}  # the second run is graded_examples.regraded_in_parallel's (with broken files added)
 
 
 def test_every_example_folder_says_what_it_expects():
@@ -102,18 +106,31 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
         assert f"{sid}/{self.AID}:" in table, "the score table names a submission that could not be graded"
 
 
-def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path):
-    """The class's course folder graded again, in place (a copy: the first run's folder is shared, read-only)."""
+def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, tmp_path_factory):
+    """The class's course folder graded again, in place (a copy: the first run's folder is shared, read-only). For a
+    lesson of :data:`REGRADED_IN_PARALLEL`, the copy is graded with two workers and has lesson 00's broken files
+    handed in besides: the students of the first run keep their grades, and the broken ones are added."""
     shared, table = graded
-    work = regradable_copy(shared, tmp_path / "course")
-    before = course.read_grades_csv(work / "grades.csv")
-    with limits_for(self.AID):
-        again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work, release_dir=work / "release",
-                                   workers=1, progress=False)
-    after = course.read_grades_csv(work / "grades.csv")
+    before = course.read_grades_csv(shared / "grades.csv")
+    if self.AID in REGRADED_IN_PARALLEL:
+        work = regraded_in_parallel(tmp_path_factory, self.AID)
+        run = parallel_run(work)
+        again, after = run["table"], course.read_grades_csv(work / "grades.csv")
+        assert run["csv"] == (work / "grades.csv").read_text(), "the shared re-graded folder was written to"
+        added = {r["student_id"] for r in after} - {r["student_id"] for r in before}
+        assert added == set(BROKEN_FILES), f"the re-run added or lost students: {sorted(added)}"
+        after = [r for r in after if r["student_id"] not in added]
+    else:
+        work = regradable_copy(shared, tmp_path / "course")
+        with limits_for(self.AID):
+            again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
+                                       release_dir=work / "release", workers=1, progress=False)
+        after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
-    lines = lambda t, course_dir: [l for l in t.replace(str(course_dir), "<course>").splitlines() if self.AID in l]  # noqa: E731
+    students = {r["student_id"] for r in before}
+    lines = lambda t, course_dir: [l.split() for l in t.replace(str(course_dir), "<course>").splitlines()  # noqa: E731
+                                   if self.AID in l and l.split()[1] in students]
     assert lines(again, work) == lines(table, shared)
     for (aid, sid), score in EXACT_SCORE.items():  # the hostile examples too, on the second run
         if aid == self.AID:
@@ -144,8 +161,8 @@ for _aid in LESSONS:
         _ns["test_hostile_submissions_get_their_exact_score_and_say_what_happened"] = pytest.mark.parametrize(
             "sid,score,texts", _exact, ids=[sid for sid, _, _ in _exact])(_test_exact)
     if _aid == L02 or _exact:  # re-graded: the gradebook keeps every record, hostile examples score the same twice
-        def _test_regrade(self, graded, tmp_path):
-            _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path)
+        def _test_regrade(self, graded, tmp_path, tmp_path_factory):
+            _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, tmp_path_factory)
 
         _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _test_regrade
     _name = f"TestRoundTrip{_aid[:2]}"
@@ -159,7 +176,10 @@ def _test_the_escape_left_no_trace(self, graded):
     import time
 
     work, _ = graded
-    time.sleep(7)  # longer than the child would have waited, had it survived its kernel
+    # The child was started while that notebook ran, before its autograded copy was written: wait until well past
+    # the 5 s it sleeps (no wait at all when the class was graded long enough ago).
+    ran = (work / "autograded" / "ex-escapes-the-sandbox" / L02 / f"{L02}.ipynb").stat().st_mtime
+    time.sleep(max(0.0, ran + 15 - time.time()))
     assert not [d for d in site.getsitepackages() if (Path(d) / "zz-coursekit-evil.pth").exists()]
     assert not Path("/tmp/coursekit-evil-child-ran").exists()
     assert "99" not in (work / "grades.csv").read_text()

@@ -1,56 +1,51 @@
 """Parallel grading (``coursekit grade --workers N``) keeps nbgrader's gradebook consistent.
 
-Three of lesson 02's example students (blank, perfect, transposed-B: three different scores) are
-compared with the serial grading (``workers=1``, nbgrader one submission at a time) of lesson 02's example
-class, shared with the round trip (tests/graded_examples.py). A temporary course folder holds the same three plus lesson 02's hostile students (an answer cell that calls
-os._exit, one that forges coursekit's ``grade``, one that calls the grader's reference, endless loops)
-and three broken files (empty, not JSON, renamed: lesson 00's broken examples handed in for lesson
-02); it is graded with two workers, then again with two workers after an instructor's manual grade,
-this time without the hostile students (tests/test_grading_roundtrip.py re-grades those serially).
+Lesson 02's example class, graded serially (``workers=1``, nbgrader one submission at a time) and shared with
+the round trip (tests/graded_examples.py), is copied and graded again in place with two workers, with three
+broken files handed in too (empty, not JSON, renamed: lesson 00's broken examples handed in for lesson 02):
+``graded_examples.regraded_in_parallel``, which is also the round trip's second run of that class. Among the
+students are lesson 02's hostile ones (an answer cell that calls os._exit, one that forges coursekit's
+``grade``, one that calls the grader's reference, endless loops). Then a copy of that folder is graded again
+with two workers after an instructor's manual grade, this time with three ordinary students only.
 
-The three ordinary students must get exactly the serial run's gradebook rows and grades.csv lines
-(a hostile classmate changes nothing for them); each hostile or broken student gets the exact score of
-its expected.json (the score serial grading gives it in tests/test_grading_roundtrip.py) and a feedback
-file that says what happened; every notebook that can be graded must really have been executed by a
-worker; the gradebook holds one row per student and graded cell, none lost or duplicated; and the second
-run must change nothing and lose nothing (same row ids, the manual grade kept, the rows of the students
-it did not re-grade untouched)."""
+The ordinary students must get exactly the serial run's gradebook rows and grades.csv lines (a hostile
+classmate changes nothing for them); each hostile or broken student gets the exact score of its expected.json
+(the score serial grading gives it in tests/test_grading_roundtrip.py) and a feedback file that says what
+happened; every notebook that can be graded must really have been executed by a worker; the gradebook holds
+one row per student and graded cell, none lost or duplicated; and the second run must change nothing and lose
+nothing (same row ids, the manual grade kept, the rows of the students it did not re-grade untouched)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import runpy
-import shutil
 import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from coursekit import course, parallel
-from graded_examples import (EXACT, EXAMPLES, WRONG, cell_scores, feedback_text, graded_example_class, score_table,
-                             submission_scores)
+from graded_examples import (BROKEN_FILES, BROKEN_FROM, EXACT, EXAMPLES, PARALLEL_LIMITS, WRONG, cell_scores,
+                             feedback_text, graded_example_class, parallel_run, regradable_copy, regraded_in_parallel,
+                             score_table, submission_scores)
 
 ROOT = Path(__file__).resolve().parents[1]
 AID = "02-lora-inside-one-matmul"
-STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]  # graded serially and in parallel
-N = len(STUDENTS)
+STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]  # graded serially and in both parallel runs
 # Lesson 02's hostile students (expected.json with "score"): sid → (code score, texts the feedback must contain).
 HOSTILE = {sid: (score, texts + [t for a, s, _, t in WRONG if (a, s) == (AID, sid)])
            for aid, sid, score, texts in EXACT if aid == AID}
+# Every other example student of lesson 02 (an ordinary mistake): graded serially and in the first parallel run.
+ORDINARY = sorted({"ex-blank", "ex-perfect"} | {f"ex-{p.name}" for p in (EXAMPLES / AID).iterdir() if p.is_dir()} - HOSTILE.keys())
+N = len(ORDINARY)
 # Lesson 00's broken-file students, handed in for lesson 02 (their submission.py takes the lesson id):
 # score 0, and the feedback file and the score table say why.
-BROKEN_FROM = "00-setup-and-probes"
 BROKEN = {sid: (score, [t.replace(BROKEN_FROM, AID) for t in texts])
-          for aid, sid, score, texts in EXACT if aid == BROKEN_FROM and sid in ("ex-empty-file", "ex-not-json", "ex-renamed")}
+          for aid, sid, score, texts in EXACT if aid == BROKEN_FROM and sid in BROKEN_FILES}
 EXPECTED = {**HOSTILE, **BROKEN}
-EVERYONE = sorted(STUDENTS + list(EXPECTED))
-# The hostile notebooks loop on purpose, so the limits are short; the answer limit stays well above the
-# ~3 s (on an idle machine; twice that when two kernels share the cores) that ex-endless-loops' P4 cell
-# needs to print its 200,000 lines, which must keep its point.
-LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "15", "COURSEKIT_CASE_TIMEOUT": "5"}
+EVERYONE = sorted(ORDINARY + list(EXPECTED))
+LIMITS = PARALLEL_LIMITS
 
 GRADES = """
 SELECT a.name, sa.student_id, n.name, c.name, g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade, g.id
@@ -83,16 +78,6 @@ def _rows(work: Path, ids: bool = False) -> dict[str, list[tuple]]:
     return {k: sorted(v, key=repr) for k, v in out.items()}
 
 
-def _hand_in_broken_files(submitted: Path) -> None:
-    """The broken-file students of lesson 00, for lesson 02: what their submission.py makes of the perfect notebook."""
-    perfect = nbformat.read(submitted / "ex-perfect" / AID / f"{AID}.ipynb", as_version=4)
-    for sid in BROKEN:
-        files = runpy.run_path(str(EXAMPLES / BROKEN_FROM / sid.removeprefix("ex-") / "submission.py"))["files"]
-        dest = submitted / sid / AID
-        dest.mkdir(parents=True)
-        course.write_files(dest, files(nbformat.from_dict(perfect), AID))
-
-
 def test_the_class_has_the_hostile_and_broken_students():
     assert {"ex-kills-kernel", "ex-forged-grade", "ex-borrows-reference", "ex-endless-loops"} <= HOSTILE.keys()
     assert BROKEN.keys() == {"ex-empty-file", "ex-not-json", "ex-renamed"}
@@ -109,49 +94,47 @@ def graded(tmp_path_factory):
             made.append(self)
 
     serial = graded_example_class(tmp_path_factory, AID)  # every example student, graded serially
-    release = tmp_path_factory.mktemp("release")
-    course.release([AID], root=ROOT, course_dir=tmp_path_factory.mktemp("release-course"), release_dir=release)
-    par = tmp_path_factory.mktemp("parallel")
-    built = course.build_examples(ROOT, AID, par / "submitted", release)
-    keep = STUDENTS + list(HOSTILE)
-    assert set(keep) <= set(built)
-    for sid in set(built) - set(keep):
-        shutil.rmtree(par / "submitted" / sid)
-    _hand_in_broken_files(par / "submitted")
-
-    def grade(work: Path, workers: int) -> str:
-        return course.grade_class(lessons=[AID], root=ROOT, course_dir=work, release_dir=release,
-                                  progress=False, workers=workers)
-
+    shared = regraded_in_parallel(tmp_path_factory, AID)  # that class with the broken files, graded again with 2 workers
+    run = parallel_run(shared)
+    par = regradable_copy(shared, tmp_path_factory.mktemp("parallel") / "course")  # the second run writes to it
+    first = {"csv": run["csv"], "rows": _rows(par, ids=True)}
+    # An instructor's manual grade on a hand-graded cell, between the two parallel runs.
+    with closing(sqlite3.connect(par / "gradebook.db")) as db:
+        (gid,) = next(r[-1:] for r in db.execute(GRADES + " WHERE sa.student_id = 'ex-perfect' AND g.auto_score IS NULL"))
+        db.execute("UPDATE grade SET manual_score = 1.5, needs_manual_grade = 0 WHERE id = ?", (gid,))
+        db.commit()
+    manual = _rows(par, ids=True)
+    # The second run re-grades three ordinary students and the broken ones only (a hostile notebook costs up to a
+    # minute of CPU; the first run was the round trip's second run of them): the rows of students it does not
+    # grade must stay as they are.
+    for sid in set(EVERYONE) - set(STUDENTS) - BROKEN.keys():
+        (par / "submitted" / sid).rename(par / f"not-regraded-{sid}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "Autograder", Recording)
         for k, v in LIMITS.items():  # read when the config is loaded (answer cells) and in the kernels (cases)
             mp.setenv(k, v)
-        tables = {"serial": score_table(serial), "parallel": grade(par, 2)}
-        first = {"csv": (par / "grades.csv").read_text(), "rows": _rows(par, ids=True)}
-        # An instructor's manual grade on a hand-graded cell, between the two parallel runs.
-        with closing(sqlite3.connect(par / "gradebook.db")) as db:
-            (gid,) = next(r[-1:] for r in db.execute(GRADES + " WHERE sa.student_id = 'ex-perfect' AND g.auto_score IS NULL"))
-            db.execute("UPDATE grade SET manual_score = 1.5, needs_manual_grade = 0 WHERE id = ?", (gid,))
-            db.commit()
-        manual = _rows(par, ids=True)
-        # The second run re-grades the ordinary and the broken students only (a hostile notebook costs up to
-        # a minute of CPU; tests/test_grading_roundtrip.py re-grades them serially): the rows of students it
-        # does not grade must stay as they are.
-        for sid in HOSTILE:
-            (par / "submitted" / sid).rename(par / f"not-regraded-{sid}")
-        tables["again"] = grade(par, 2)
-    return {"serial": serial, "parallel": par, "tables": tables, "first": first, "manual": manual,
-            "manual_grade": gid, "autograders": made}
+        again = course.grade_class(lessons=[AID], root=ROOT, course_dir=par, release_dir=par / "release",
+                                   progress=False, workers=2)
+    return {"serial": serial, "shared": shared, "parallel": par, "tables": {"serial": score_table(serial), "parallel": run["table"],
+                                                          "again": again},
+            "first": first, "manual": manual, "manual_grade": gid, "first_run": run, "again": made}
 
 
 def test_parallel_mode_executes_every_notebook_in_a_worker(graded):
-    par, again = graded["autograders"]
-    # A broken file never reaches nbgrader's autograde; the second run does not re-grade the hostile students.
-    for run, gradable in ((par, STUDENTS + list(HOSTILE)), (again, STUDENTS)):
-        assert run.workers == 2
-        assert sorted(run.replayed) == [(AID, sid) for sid in sorted(gradable)]
-        assert run.executed_here == [], "a worker's notebook was not used: see ReplayExecute's log"
+    (again,) = graded["again"]
+    first = graded["first_run"]
+    runs = ((first["workers"], [tuple(j) for j in first["replayed"]], first["executed_here"], ORDINARY + list(HOSTILE)),
+            (again.workers, sorted(again.replayed), again.executed_here, STUDENTS))
+    # A broken file never reaches nbgrader's autograde; the second run re-grades three ordinary students only.
+    for workers, replayed, executed_here, gradable in runs:
+        assert workers == 2
+        assert replayed == [(AID, sid) for sid in sorted(gradable)]
+        assert executed_here == [], "a worker's notebook was not used: see ReplayExecute's log"
+    # The first run re-graded the serial run's copy: each autograded notebook was written again (the copy keeps
+    # the serial run's file times), so the grades compared below are the parallel run's, not left over.
+    for sid in ORDINARY + list(HOSTILE):
+        nb = graded["shared"] / "autograded" / sid / AID / f"{AID}.ipynb"
+        assert nb.stat().st_mtime >= first["started"], f"{sid}: the parallel run did not write its autograded notebook"
 
 
 def _ours(rows: dict[str, list[tuple]], students) -> dict[str, list[tuple]]:
@@ -161,22 +144,22 @@ def _ours(rows: dict[str, list[tuple]], students) -> dict[str, list[tuple]]:
 
 
 def test_ordinary_students_get_the_serial_grades_csv_and_table(graded):
-    serial = [r for r in course.read_grades_csv(graded["serial"] / "grades.csv") if r["student_id"] in STUDENTS]
+    serial = [r for r in course.read_grades_csv(graded["serial"] / "grades.csv") if r["student_id"] in ORDINARY]
     assert len(serial) == N
     par = list(csv.DictReader(io.StringIO(graded["first"]["csv"])))
-    assert [r for r in par if r["student_id"] in STUDENTS] == serial, "a hostile classmate changed an ordinary student's grades"
+    assert [r for r in par if r["student_id"] in ORDINARY] == serial, "a hostile classmate changed an ordinary student's grades"
     assert sorted(r["student_id"] for r in par) == EVERYONE
     # (lesson, student, score, max) of each line (the column widths follow the longest student id)
     table = lambda t, who: [l.split() for l in t.splitlines() if AID in l and l.split()[1] in who]  # noqa: E731
-    assert table(graded["tables"]["serial"], STUDENTS) == table(graded["tables"]["parallel"], STUDENTS)
+    assert table(graded["tables"]["serial"], ORDINARY) == table(graded["tables"]["parallel"], ORDINARY)
     assert len(table(graded["tables"]["parallel"], EVERYONE)) == len(EVERYONE) and "Not graded" not in graded["tables"]["parallel"]
 
 
 def test_same_gradebook_rows_as_serial_none_lost_or_duplicated(graded):
-    serial = _ours(_rows(graded["serial"]), STUDENTS)
+    serial = _ours(_rows(graded["serial"]), ORDINARY)
     first = {k: [r[:-1] if k != "student" else r for r in v] for k, v in graded["first"]["rows"].items()}
     first = {k: sorted(v, key=repr) for k, v in first.items()}
-    assert _ours(first, STUDENTS) == serial, "the ordinary students' gradebook rows differ from serial grading"
+    assert _ours(first, ORDINARY) == serial, "the ordinary students' gradebook rows differ from serial grading"
     n_cells = len({r[3] for r in serial["grade"]})
     assert len(serial["grade"]) == N * n_cells > 0, "one grade row per student and graded cell"
     assert len({r[:2] for r in serial["grade"]}) == N
@@ -224,7 +207,7 @@ def test_workers_use_the_time_limits_of_the_grading_process(graded):
 
 
 def test_feedback_for_every_student(graded):
-    for work, students in ((graded["serial"], STUDENTS), (graded["parallel"], EVERYONE)):
+    for work, students in ((graded["serial"], ORDINARY), (graded["parallel"], EVERYONE)):
         graded_students = {r[1] for r in _rows(work)["submitted_assignment"]}
         assert set(students) <= graded_students and (work is graded["serial"] or graded_students == set(students))
         assert {p.parent.parent.name for p in (work / "feedback").glob(f"*/{AID}/{AID}.html")} == graded_students
