@@ -39,7 +39,8 @@ def preflight(model, batch, optimizer):
         loss.backward()
         for n in trainable:
             g = params[n].grad
-            assert g is not None and torch.isfinite(g).all(), f"{n} has no finite gradient"
+            assert g is not None, f"{n} gets no gradient at all (its .grad is None)"
+            assert torch.isfinite(g).all(), f"{n} has a gradient that is not finite"
             if "lora_B" in n:
                 assert g.abs().sum() > 0, f"{n} gets no gradient: the path to it is cut"
         optimizer.step()

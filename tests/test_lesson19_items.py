@@ -179,3 +179,29 @@ def test_not_a_function_is_refused():
 def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     fb = check(f"19.{item}", wrong)
     assert not fb.full and text in fb.text()
+
+
+def _solution(name: str):
+    """The notebook's own model answer ``name`` (its solution cell, run here), not the copy in lesson19_answers."""
+    import nbformat
+
+    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    (src,) = [s for s in cells if f"\ndef {name}(" in "\n" + s]
+    ns: dict = {"torch": torch}
+    exec(compile(src, f"{NOTEBOOK.name}:{name}", "exec"), ns)
+    return ns[name]
+
+
+@pytest.mark.parametrize("fault, says", [("cut", "gets no gradient at all"), ("", None)])
+def test_the_model_preflight_names_a_missing_gradient_as_missing(fault, says):
+    """A cut path leaves the adapters below it with no gradient (``.grad`` None): the notebook's preflight says so,
+    instead of calling it a gradient that is not finite; the healthy model passes."""
+    from coursekit.grading.lessons.lesson19 import PreflightCase, preflight_setup
+
+    model, batch, opt = preflight_setup(PreflightCase("", 0, fault))
+    if says is None:
+        _solution("preflight")(model, batch, opt)
+        return
+    with pytest.raises(RuntimeError, match=says) as e:
+        _solution("preflight")(model, batch, opt)
+    assert "finite" not in str(e.value)
