@@ -1050,20 +1050,28 @@ def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.T
 # --------------------------------------------------------------------------- P10: a number from the student's run
 
 
-def gain_over_best_baseline() -> float:
-    """Percentage points by which QLoRA (label scoring) beats the best baseline on the unseen-symptom split, read
-    from the capstone store that this lesson's run filled (or the reference run's, on the grading machine)."""
+def gain_over_best_baseline(split: str = "unseen_symptom") -> float:
+    """Percentage points by which QLoRA (label scoring) beats the best baseline on ``split`` (the question asks for
+    the unseen-symptom split), read from the capstone store that this lesson's run filled (or the reference run's,
+    on the grading machine)."""
     store = capstone.Store(compute=False)
     ladder = capstone.baseline_ladder(None, store)
     run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
-    qlora = capstone.heldout_results(run, None, store)["labels"]["unseen_symptom"]["accuracy"]
-    best = max(r["unseen_symptom"]["accuracy"] for r in ladder.values())
+    qlora = capstone.heldout_results(run, None, store)["labels"][split]["accuracy"]
+    best = max(r[split]["accuracy"] for r in ladder.values())
     return 100 * (qlora - best)
 
 
 def _gain_mistakes() -> list[Mistake]:
     g = gain_over_best_baseline()
-    return [Mistake("fraction", g / 100, "that is the gain as a fraction; the question asks for percentage points (× 100).")]
+    out = [Mistake("fraction", g / 100, "that is the gain as a fraction; the question asks for percentage points (× 100).")]
+    other = gain_over_best_baseline("unseen_phrasing")
+    if abs(other - g) > 0.1:  # named only when the two splits give different answers
+        where = ("that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
+                 "whose cue words never occur in training (read both numbers from the unseen_symptom column)")
+        out += [Mistake("other split", other, where + "."),
+                Mistake("other split, fraction", other / 100, where + ", and in percentage points (× 100).")]
+    return out
 
 
 # --------------------------------------------------------------------------- the items
