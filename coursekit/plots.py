@@ -66,7 +66,7 @@ def run_costs(names: Sequence[str], accuracy: Sequence[Mapping], seconds_per_ste
     """Three panels for the runs ``names``: accuracy with its 95 % interval (``accuracy``: one result per run, with
     ``accuracy`` and ``interval`` as fractions), seconds per training step, and peak resident memory in MB as
     stacked parts (``memory``: part name → one value per run, bottom part first), with the legend beside the
-    panel so that it covers no bar.
+    panel, listed top part first like the stack, so that it covers no bar.
     Raises ValueError when a sequence does not have one value per run."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -88,7 +88,7 @@ def run_costs(names: Sequence[str], accuracy: Sequence[Mapping], seconds_per_ste
         axes[2].bar(names, list(values), bottom=bottom, label=label)
         bottom += np.array(values, dtype=float)
     axes[2].set_ylabel("peak resident memory, MB")
-    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, reverse=True)  # as stacked
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()

@@ -1,6 +1,6 @@
 """One graded example class of a lesson per test session, shared by every test module that reads it
-(tests/test_grading_roundtrip.py, tests/test_key_leaks.py, tests/test_browser.py), also across pytest-xdist
-workers.
+(tests/test_grading_roundtrip.py, tests/test_key_leaks.py, tests/test_browser.py, tests/test_parallel_grading.py,
+tests/test_dask_grading.py), also across pytest-xdist workers.
 
 Grading executes every example notebook in a kernel (about three minutes of one core for lesson 02's
 fourteen students), so the first caller grades into the session's shared temporary folder under a file
@@ -23,8 +23,9 @@ import html
 import json
 import os
 import shutil
+import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from filelock import FileLock
@@ -156,8 +157,8 @@ def hand_in_broken_files(submitted: Path, lesson: str) -> None:
 
 def regraded_in_parallel(tmp_path_factory, lesson: str) -> Path:
     """A copy of :func:`graded_example_class`'s folder of ``lesson``, with lesson 00's broken files handed in too
-    (:func:`hand_in_broken_files`), graded again in place with two workers and :data:`PARALLEL_LIMITS`, once per
-    session: the round trip's second run of that class (same grades, nothing lost) and the parallel-grading
+    (:func:`hand_in_broken_files`) and every score and comment the autograder wrote cleared (row ids, manual grades
+    and flags kept), graded again in place with two workers and :data:`PARALLEL_LIMITS`, once per session: the round trip's second run of that class (same grades, nothing lost) and the parallel-grading
     tests' first run (every notebook executed by a worker, the serial run's grades) in one grading.
 
     ``.regraded.json`` in it holds that run's score table, its grades.csv text, when it started (``time.time()``:
@@ -173,6 +174,13 @@ def regraded_in_parallel(tmp_path_factory, lesson: str) -> Path:
         if not done.exists():
             shutil.rmtree(work, ignore_errors=True)  # what a crashed attempt left
             regradable_copy(serial, work)
+            (work / ".graded").unlink()  # the serial run's table: this folder's is in .regraded.json
+            # Every score and comment the autograder wrote is cleared (row ids, manual grades and flags stay), so
+            # that a grade equal to the serial run's afterwards was written by this run, not left over.
+            with closing(sqlite3.connect(work / "gradebook.db")) as db:
+                db.execute("UPDATE grade SET auto_score = NULL")
+                db.execute("UPDATE comment SET auto_comment = NULL")
+                db.commit()
             hand_in_broken_files(work / "submitted", lesson)
             made: list[parallel.Autograder] = []
 
@@ -189,10 +197,12 @@ def regraded_in_parallel(tmp_path_factory, lesson: str) -> Path:
                 table = course.grade_class(lessons=[lesson], root=ROOT, course_dir=work, release_dir=work / "release",
                                            progress=False, workers=2)
             (run,) = made
-            done.write_text(json.dumps({"table": table, "csv": (work / "grades.csv").read_text(), "started": started,
+            part = done.with_suffix(".part")  # written whole, then renamed: a reader never sees half of it
+            part.write_text(json.dumps({"table": table, "csv": (work / "grades.csv").read_text(), "started": started,
                                         "workers": run.workers,
                                         "replayed": sorted(map(list, run.replayed)),
                                         "executed_here": sorted(map(list, run.executed_here))}))
+            os.replace(part, done)
     return work
 
 

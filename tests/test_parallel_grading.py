@@ -5,8 +5,10 @@ the round trip (tests/graded_examples.py), is copied and graded again in place w
 broken files handed in too (empty, not JSON, renamed: lesson 00's broken examples handed in for lesson 02):
 ``graded_examples.regraded_in_parallel``, which is also the round trip's second run of that class. Among the
 students are lesson 02's hostile ones (an answer cell that calls os._exit, one that forges coursekit's
-``grade``, one that calls the grader's reference, endless loops). Then a copy of that folder is graded again
-with two workers after an instructor's manual grade, this time with three ordinary students only.
+``grade``, one that calls the grader's reference, endless loops). The copy's automatic scores and comments are
+cleared first, so every grade compared below was written by the parallel run. Then a copy of that folder is
+graded again with two workers after an instructor's manual grade, this time with three ordinary students and the
+broken files only.
 
 The ordinary students must get exactly the serial run's gradebook rows and grades.csv lines (a hostile
 classmate changes nothing for them); each hostile or broken student gets the exact score of its expected.json

@@ -63,7 +63,7 @@ def test_the_memory_legend_covers_no_bar():
     page = fig.bbox
     assert page.x0 <= legend.x0 and legend.x1 <= page.x1 and page.y0 <= legend.y0 and legend.y1 <= page.y1, \
         "the legend is cut off by the figure's edge"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(memory)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(memory)[::-1], "the legend is not in the stack's order"
     heights = [sum(v[i] for v in memory.values()) for i in range(2)]
     tops = sorted({round(p.get_y() + p.get_height()) for p in ax.patches})
     assert set(heights) <= set(tops)

@@ -1066,11 +1066,13 @@ def _gain_mistakes() -> list[Mistake]:
     g = gain_over_best_baseline()
     out = [Mistake("fraction", g / 100, "that is the gain as a fraction; the question asks for percentage points (× 100).")]
     other = gain_over_best_baseline("unseen_phrasing")
-    if abs(other - g) > 0.1:  # named only when the two splits give different answers
-        where = ("that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
-                 "whose cue words never occur in training (read both numbers from the unseen_symptom column)")
-        out += [Mistake("other split", other, where + "."),
-                Mistake("other split, fraction", other / 100, where + ", and in percentage points (× 100).")]
+    where = ("that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
+             "whose cue words never occur in training (read both numbers from the unseen_symptom column)")
+    # Each named only where it cannot be mistaken for another answer within the item's tolerance (0.05).
+    if abs(other - g) > 0.1:
+        out.append(Mistake("other split", other, where + "."))
+    if abs(other - g) / 100 > 0.1 and abs(other / 100 - g) > 0.1 and abs(other / 100 - other) > 0.1:
+        out.append(Mistake("other split, fraction", other / 100, where + ", and in percentage points (× 100)."))
     return out
 
 
