@@ -11,7 +11,9 @@ with a better prompt, QLoRA, LoRA on bf16, merged models):
   label with the highest score. It asks only which label the model ranks first, so it is the fairer
   baseline for an untrained model (Brown et al. 2020, "Language Models are Few-Shot Learners",
   arXiv:2005.14165, score multiple-choice tasks this way). The sum is not length-normalised: every
-  candidate ends with the same end-of-turn token, and the labels are one or two tokens long.
+  candidate ends with the same end-of-turn token, and the labels are one or two tokens long. For an
+  untrained model that end-of-turn term can decide the ranking alone, so :func:`label_rule_scores` also
+  reads the same pass without it, per token, and calibrated against a content-free input.
 
 Speed. Prompts of one style share a long prefix (system turn, instruction, definitions, few-shot
 turns). :func:`prefill` runs that prefix once and keeps its keys and values (the KV cache); each batch
@@ -53,6 +55,9 @@ __all__ = [
     "prefill",
     "generate_answers",
     "label_logprobs",
+    "LABEL_RULES",
+    "label_rule_scores",
+    "evaluate_label_rules",
     "next_token_logits",
     "evaluate",
     "encode_prompts",
@@ -291,6 +296,11 @@ def label_logprobs(model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence
     scores, with labels aligned as in training (first column -100).
     Raises ValueError for no prompts, an empty prompt or no labels.
     """
+    return _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, progress)[0]
+
+
+def _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, progress) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sums of :func:`label_rule_scores` from one pass: (label tokens and end of turn, label tokens only), [N, L] each."""
     _check_prompts(prompts)
     if len(labels) == 0:
         raise ValueError("no candidate labels")
@@ -299,7 +309,8 @@ def label_logprobs(model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence
     L, C = len(answers), max(map(len, answers))
     cont = torch.tensor([a + [end] * (C - len(a)) for a in answers])                    # [L, C]
     cont_labels = torch.tensor([[cdata.IGNORE_INDEX] + a + [cdata.IGNORE_INDEX] * (C - len(a)) for a in answers])
-    scores = []
+    label_only = torch.tensor([[cdata.IGNORE_INDEX] + a[:-1] + [cdata.IGNORE_INDEX] * (C + 1 - len(a)) for a in answers])
+    with_end, only = [], []
     with evaluating(model):
         for start, mask, out in _suffix_batches(model, prompts, batch_size, end):
             B = len(start)
@@ -310,11 +321,70 @@ def label_logprobs(model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence
             pos2 = start.repeat_interleave(L).unsqueeze(1) + torch.arange(C)
             out2 = model(input_ids=cont.repeat(B, 1), attention_mask=mask2, position_ids=pos2, cache=run)
             logits = torch.cat([first.repeat_interleave(L, dim=0).unsqueeze(1), out2.logits.float()], dim=1)
-            rows = logprob_fn(logits, cont_labels.repeat(B, 1))
-            scores.append(torch.as_tensor(rows, dtype=torch.float32).reshape(B, L))
+            for dest, lab in ((with_end, cont_labels), (only, label_only)):
+                rows = logprob_fn(logits, lab.repeat(B, 1))
+                dest.append(torch.as_tensor(rows, dtype=torch.float32).reshape(B, L))
             if progress:
                 progress(B)
-    return torch.cat(scores)
+    return torch.cat(with_end), torch.cat(only)
+
+
+#: The readings of one label-scoring pass, each predicting the label with the highest score (see
+#: :func:`label_rule_scores`), and their names in tables.
+LABEL_RULES: dict[str, str] = {
+    "with_end": "label + end",
+    "label_only": "label only",
+    "label_mean": "label, mean",
+    "calibrated": "calibrated",
+}
+
+
+def label_rule_scores(model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence[int]], content_free: Sequence[int],
+                      labels: Sequence[str] = cdata.LABELS, batch_size: int = 16,
+                      logprob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = answer_logprobs,
+                      progress: Callable | None = None) -> dict[str, torch.Tensor]:
+    """Every reading of :data:`LABEL_RULES` from one label-scoring pass: ``{rule: float32 [N, L]}``.
+
+    * ``with_end``: Σ log p over the label's tokens and the end-of-turn token (:func:`label_logprobs`, what
+      training supervises). An untrained chat model rarely ends its turn after one word, so the end-of-turn
+      term costs every label several nats, by different amounts, and can decide the ranking by itself.
+    * ``label_only``: Σ log p over the label's tokens alone: which label the model would start to write.
+    * ``label_mean``: ``label_only`` divided by the label's number of tokens (length normalisation).
+    * ``calibrated``: ``label_only`` minus the same score after ``content_free`` (the same layout with a ticket
+      that says nothing, :data:`coursekit.data.prompts.CONTENT_FREE`): the prompt's own preference for each label
+      is taken out, as in Zhao et al. 2021, "Calibrate Before Use", arXiv:2102.09690 (their diagonal
+      calibration, in log space).
+
+    prompts: token-id lists (N ≥ 1); content_free: one token-id list. Raises ValueError as :func:`label_logprobs`.
+    """
+    with_end, only = _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, progress)
+    _, bias = _label_passes(model, tokenizer, [content_free], labels, 1, logprob_fn, None)
+    n_tokens = torch.tensor([len(tokenizer.encode(label, add_special_tokens=False)) for label in labels], dtype=torch.float32)
+    return {"with_end": with_end, "label_only": only, "label_mean": only / n_tokens, "calibrated": only - bias}
+
+
+def evaluate_label_rules(model: torch.nn.Module, tokenizer, examples: Sequence[dict[str, Any]], style: str,
+                         shots: Sequence[dict[str, Any]] = (), batch_size: int = 16, progress: bool = False,
+                         desc: str = "label scoring",
+                         logprob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = answer_logprobs) -> dict[str, dict]:
+    """:func:`evaluate` for every reading of :data:`LABEL_RULES` at the cost of one pass: ``{rule: result}``, each
+    result as :func:`evaluate` returns it (``predictions`` carry that rule's six scores). Raises ValueError for an
+    unknown style or no examples."""
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    prompts = encode_prompts(tokenizer, [cprompts.style_messages(style, ex["ticket"], shots) for ex in examples])
+    content_free = encode_prompts(tokenizer, [cprompts.style_messages(style, cprompts.CONTENT_FREE, shots)])[0]
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(examples), desc=desc, unit="ticket", disable=not progress, leave=False) as bar:
+        scores = label_rule_scores(model, tokenizer, prompts, content_free, cdata.LABELS, batch_size, logprob_fn,
+                                   progress=bar.update)
+    out = {}
+    for rule, table in scores.items():
+        preds = [cdata.LABELS[j] for j in table.argmax(dim=1).tolist()]
+        extra = [{"scores": [round(v, 4) for v in row]} for row in table.tolist()]
+        out[rule] = summarize([ex["label"] for ex in examples], preds, [ex["id"] for ex in examples], extra)
+    return out
 
 
 def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict[str, Any]], scoring: str = "labels",
@@ -325,7 +395,7 @@ def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict[str, Any
     """Accuracy of ``model`` on ``examples`` (dicts with "id", "ticket", "label") under one scoring rule.
 
     scoring: ``"generate"`` (greedy, first-word rule) or ``"labels"`` (label scoring).
-    style: the prompt style (``coursekit.data.prompts.PROMPT_STYLES``); ``shots`` for ``"few_shot"``.
+    style: the prompt style (``coursekit.data.prompts.PROMPT_STYLES``); ``shots`` for the few-shot styles.
     batch_size: prompts per batch (default 32 for generation, 16 for label scoring, whose six copies of each
     row's cache make larger batches slower on a 2-core CPU).
     first_word, logprob_fn: the two rules, replaceable (lesson 19 passes the student's own).

@@ -175,3 +175,47 @@ def test_cluster_bootstrap_is_wider_when_groups_move_together():
     assert abs((hi1 - lo1) - (wh - wl)) < 0.06
     with pytest.raises(ValueError):
         E.cluster_bootstrap_interval([True], [1, 2])
+
+
+@pytest.mark.parametrize("style", ["system_definitions", "system_few_shot"])
+def test_every_label_reading_equals_the_slow_computation(tiny, tok, style):
+    """One pass, four readings: label + end (as label_logprobs), label tokens only, their mean per token, and the
+    label-only score minus the same after the content-free ticket; each against full forward passes in float32."""
+    prompts = _prompts(tok, style, n=5)
+    shots = P.few_shot_examples(6)
+    free = E.encode_prompts(tok, [P.style_messages(style, P.CONTENT_FREE, shots)])[0]
+    got = E.label_rule_scores(tiny, tok, prompts, free, batch_size=2)
+    assert list(got) == list(E.LABEL_RULES)
+    end = data.end_of_turn_id(tok)
+
+    def slow(p, with_end):
+        out = torch.zeros(len(data.LABELS))
+        for j, label in enumerate(data.LABELS):
+            answer = tok.encode(label, add_special_tokens=False) + ([end] if with_end else [])
+            ids = torch.tensor([p + answer])
+            with torch.no_grad():
+                out[j] = E.answer_logprobs(tiny(input_ids=ids).logits, torch.tensor([[data.IGNORE_INDEX] * len(p) + answer]))[0]
+        return out
+
+    n_tokens = torch.tensor([len(tok.encode(label, add_special_tokens=False)) for label in data.LABELS], dtype=torch.float32)
+    bias = slow(free, False)
+    for i, p in enumerate(prompts):
+        torch.testing.assert_close(got["with_end"][i], slow(p, True), atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(got["label_only"][i], slow(p, False), atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(got["label_mean"][i], slow(p, False) / n_tokens, atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(got["calibrated"][i], slow(p, False) - bias, atol=4e-4, rtol=1e-5)
+    assert (got["label_only"] > got["with_end"]).all()  # the end-of-turn term only ever costs
+
+
+def test_evaluate_label_rules_reads_each_rule_off_one_pass(tiny, tok):
+    examples = data.load_split("unseen_phrasing")[:5]
+    res = E.evaluate_label_rules(tiny, tok, examples, "definitions")
+    assert set(res) == set(E.LABEL_RULES)
+    one = E.evaluate(tiny, tok, examples, "labels", "definitions")
+    assert [p["pred"] for p in res["with_end"]["predictions"]] == [p["pred"] for p in one["predictions"]]
+    for rule, r in res.items():
+        assert r["n"] == 5 and all(p["pred"] == data.LABELS[int(np.argmax(p["scores"]))] for p in r["predictions"]), rule
+    with pytest.raises(ValueError, match="no examples"):
+        E.evaluate_label_rules(tiny, tok, [], "definitions")
+    with pytest.raises(ValueError, match="unknown prompt style"):
+        E.evaluate_label_rules(tiny, tok, examples, "chatty")
