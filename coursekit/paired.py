@@ -1,0 +1,125 @@
+"""Comparing two models scored on the same tickets: paired tests, not overlapping intervals.
+
+Two accuracies measured on the same n tickets are not independent: most tickets are right (or wrong) for both
+models, and only the tickets where the two disagree carry information about which is better. Whether two
+separate 95 % intervals overlap answers a different question, and gets this one wrong both ways: intervals can
+overlap while one model is right on every ticket where they disagree, and two intervals that just miss each
+other can come from a difference that a paired test finds weak.
+
+* :func:`mcnemar_exact`: McNemar's test in its exact form. Of the d discordant tickets, b are right only for
+  model A and c only for model B; if the models were equally good, each discordant ticket would fall either way
+  with probability 1/2, so b ~ Binomial(d, 1/2). The two-sided p-value is min(1, 2 · P(X ≤ min(b, c))) (McNemar
+  1947, "Note on the sampling error of the difference between correlated proportions or percentages",
+  Psychometrika 12:153; the exact binomial form, Fagerland, Lydersen and Laake 2013, "The McNemar test for binary
+  matched-pairs data", BMC Medical Research Methodology 13:91).
+* :func:`paired_bootstrap_interval`: a percentile interval of the difference acc(A) − acc(B) that resamples whole
+  groups (the tickets of one symptom) with both models' answers on them, so that it is paired and clustered at
+  once (Efron and Tibshirani, "An Introduction to the Bootstrap", 1993). McNemar's test assumes independent
+  tickets; three phrasings of one symptom are not, so the clustered interval is the more cautious of the two.
+* :func:`compare`: both, and a verdict. A direction is stated only when both agree: McNemar's p below ``alpha``
+  and a clustered interval that excludes 0. Otherwise the comparison cannot tell the two apart at this n.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["mcnemar_exact", "paired_bootstrap_interval", "correct_by_id", "compare", "describe"]
+
+
+def _as_bools(name: str, values: Sequence[Any]) -> list[bool]:
+    if values is None:
+        raise TypeError(f"{name} must be a sequence of booleans, got None")
+    out = list(values)
+    if not all(isinstance(v, (bool, np.bool_)) or v in (0, 1) for v in out):
+        raise ValueError(f"{name} must hold booleans (right or wrong per ticket)")
+    return [bool(v) for v in out]
+
+
+def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
+    """McNemar's exact test on paired right/wrong outcomes of two models on the same items.
+
+    a_correct, b_correct: one bool per item, in the same item order (length n ≥ 1).
+    Returns ``{"n", "a_only", "b_only", "p_value"}``: a_only counts items right for A and wrong for B, b_only the
+    reverse; p_value is the two-sided exact binomial p of a_only among the a_only + b_only discordant items under
+    p = 1/2 (1.0 when there are none). Raises ValueError for unequal lengths, no items or non-boolean values."""
+    a, b = _as_bools("a_correct", a_correct), _as_bools("b_correct", b_correct)
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same items for both models and at least one; got {len(a)} and {len(b)}")
+    a_only = sum(x and not y for x, y in zip(a, b))
+    b_only = sum(y and not x for x, y in zip(a, b))
+    d = a_only + b_only
+    tail = sum(math.comb(d, i) for i in range(min(a_only, b_only) + 1)) / 2 ** d  # 1 when d = 0: p = 1
+    return {"n": len(a), "a_only": a_only, "b_only": b_only, "p_value": min(1.0, 2 * tail)}
+
+
+def paired_bootstrap_interval(a_correct: Sequence[bool], b_correct: Sequence[bool], groups: Sequence[Any],
+                              n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of acc(A) − acc(B) (a fraction in [−1, 1]) resampling whole groups.
+
+    Each of ``n_boot`` replicates draws as many groups as there are, with replacement, keeps both models' answers
+    on every item of a drawn group, and takes the difference of the two accuracies over those items.
+    Deterministic for a ``seed``. Raises ValueError for unequal lengths, no items or a level outside (0, 1)."""
+    a, b = _as_bools("a_correct", a_correct), _as_bools("b_correct", b_correct)
+    if not (len(a) == len(b) == len(groups)) or not a:
+        raise ValueError(f"need one group per item, the same items for both models and at least one; got "
+                         f"{len(a)}, {len(b)} and {len(groups)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    diff = np.zeros(len(index))
+    size = np.zeros(len(index))
+    for x, y, g in zip(a, b, groups):
+        diff[index[g]] += int(x) - int(y)
+        size[index[g]] += 1
+    draws = np.random.default_rng(seed).integers(0, len(index), size=(n_boot, len(index)))
+    boot = diff[draws].sum(axis=1) / size[draws].sum(axis=1)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def correct_by_id(result: dict[str, Any]) -> dict[str, bool]:
+    """``{ticket id: right?}`` from a result of :func:`coursekit.evaluate.evaluate`."""
+    return {p["id"]: p["pred"] == p["label"] for p in result["predictions"]}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], groups: dict[str, Any] | None = None, alpha: float = 0.05,
+            n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Paired comparison of two results (:func:`coursekit.evaluate.evaluate`) on the same tickets.
+
+    groups: ``{ticket id: group}`` (e.g. the symptom) for the clustered interval; None treats every ticket as its
+    own group. Returns ``{"n", "difference" (acc A − acc B, a fraction), "a_only", "b_only", "p_value",
+    "interval" (clustered 95 % bootstrap of the difference), "winner"}`` where winner is ``"a"`` or ``"b"`` only
+    when McNemar's p < alpha and the interval excludes 0, else ``None`` (cannot tell apart).
+    Raises ValueError when the two results are not on the same tickets."""
+    ca, cb = correct_by_id(a), correct_by_id(b)
+    if set(ca) != set(cb):
+        raise ValueError(f"the two results are not on the same tickets ({len(ca)} and {len(cb)} ids, "
+                         f"{len(set(ca) ^ set(cb))} in only one)")
+    ids = list(ca)
+    x, y = [ca[i] for i in ids], [cb[i] for i in ids]
+    test = mcnemar_exact(x, y)
+    grouping = [groups[i] for i in ids] if groups is not None else ids
+    lo, hi = paired_bootstrap_interval(x, y, grouping, n_boot=n_boot, seed=seed)
+    winner = None
+    if test["p_value"] < alpha and (lo > 0 or hi < 0):
+        winner = "a" if lo > 0 else "b"
+    return {**test, "difference": (sum(x) - sum(y)) / len(ids), "interval": [lo, hi], "winner": winner}
+
+
+def describe(comparison: dict[str, Any], name_a: str, name_b: str) -> str:
+    """One sentence that reads a :func:`compare` result: the discordant counts, the p-value, the clustered interval
+    in percentage points, and the verdict (a direction only where :func:`compare` found one)."""
+    c = comparison
+    lo, hi = (100 * v for v in c["interval"])
+    head = (f"{name_a} vs {name_b}, {c['n']} tickets: {100 * c['difference']:+.1f} points; right only for {name_a} on "
+            f"{c['a_only']}, only for {name_b} on {c['b_only']} (McNemar exact p = {c['p_value']:.2g}); "
+            f"95 % interval resampling whole symptoms [{lo:+.1f}, {hi:+.1f}]: ")
+    if c["winner"] == "a":
+        return head + f"{name_a} is better."
+    if c["winner"] == "b":
+        return head + f"{name_b} is better."
+    return head + "this test cannot tell them apart."

@@ -1,0 +1,110 @@
+"""coursekit.paired: McNemar's exact test, the paired cluster bootstrap, and the verdict, against values worked by
+hand and against the cases where overlapping intervals give the wrong answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from coursekit import evaluate, paired
+
+
+def test_mcnemar_exact_counts_only_the_discordant_items():
+    a = [True] * 50 + [True] * 7 + [False] * 1 + [False] * 10
+    b = [True] * 50 + [False] * 7 + [True] * 1 + [False] * 10
+    r = paired.mcnemar_exact(a, b)
+    assert (r["n"], r["a_only"], r["b_only"]) == (68, 7, 1)
+    # by hand: 2 * P(X <= 1), X ~ Binomial(8, 1/2) = 2 * (1 + 8) / 256
+    assert math.isclose(r["p_value"], 18 / 256)
+    assert paired.mcnemar_exact(b, a)["p_value"] == r["p_value"]  # two-sided
+
+
+@pytest.mark.parametrize("a_only,b_only,p", [(0, 0, 1.0), (3, 3, 1.0), (5, 0, 2 / 32), (0, 6, 2 / 64), (10, 2, 2 * 79 / 4096)])
+def test_mcnemar_exact_known_values(a_only, b_only, p):
+    a = [True] * a_only + [False] * b_only + [True, False]
+    b = [False] * a_only + [True] * b_only + [True, False]
+    assert math.isclose(paired.mcnemar_exact(a, b)["p_value"], min(1.0, p))
+
+
+def test_mcnemar_refuses_bad_input():
+    with pytest.raises(ValueError):
+        paired.mcnemar_exact([True], [True, False])
+    with pytest.raises(ValueError):
+        paired.mcnemar_exact([], [])
+    with pytest.raises(ValueError, match="booleans"):
+        paired.mcnemar_exact(["yes"], ["no"])
+    with pytest.raises(TypeError):
+        paired.mcnemar_exact(None, [True])
+
+
+def test_overlapping_intervals_can_hide_a_difference_the_paired_test_finds():
+    """The 'wrong both ways' of lesson 19, first way: 60 of 100 against 48 of 100, Wilson intervals overlapping, but
+    every one of the 12 discordant items goes to A: p = 2 / 2^12."""
+    a = [True] * 60 + [False] * 40
+    b = [True] * 48 + [False] * 52
+    la, ha = evaluate.wilson_interval(sum(a), 100)
+    lb, hb = evaluate.wilson_interval(sum(b), 100)
+    assert la < hb  # the intervals overlap
+    c = paired.compare(_result(a), _result(b))
+    assert c["a_only"] == 12 and c["b_only"] == 0 and c["p_value"] < 0.001 and c["winner"] == "a"
+    assert "A is better" in paired.describe(c, "A", "B")
+
+
+def test_intervals_that_miss_each_other_can_come_from_a_weak_paired_difference():
+    """Second way: 70 of 100 against 55 of 100 (intervals barely apart) from 45 items right only for A and 30 only
+    for B: McNemar's p is about 0.1, no winner."""
+    a = [True] * 25 + [True] * 45 + [False] * 30
+    b = [True] * 25 + [False] * 45 + [True] * 30
+    assert sum(a) == 70 and sum(b) == 55
+    c = paired.compare(_result(a), _result(b))
+    assert 0.05 < c["p_value"] < 0.2 and c["winner"] is None
+    assert paired.describe(c, "A", "B").endswith("this test cannot tell them apart.")
+
+
+def _result(correct, ids=None):
+    ids = ids or [f"t{i}" for i in range(len(correct))]
+    return {"predictions": [{"id": i, "label": "x", "pred": "x" if c else "y"} for i, c in zip(ids, correct)]}
+
+
+def test_the_clustered_interval_is_wider_and_can_overrule_mcnemar():
+    """Twelve groups of five items that move together: McNemar sees 15 discordant items, all for A (p < 0.05), but
+    they come from three groups, and the interval that resamples groups reaches zero: no winner."""
+    a, b, groups = [], [], []
+    for g in range(12):
+        both = g < 8
+        a += [True] * 5 if both or g < 11 else [False] * 5
+        b += [True] * 5 if both else [False] * 5
+        groups += [g] * 5
+    c_items = paired.compare(_result(a), _result(b))
+    c_groups = paired.compare(_result(a), _result(b), {f"t{i}": g for i, g in enumerate(groups)})
+    assert c_items["p_value"] == c_groups["p_value"] < 0.05
+    assert c_items["winner"] == "a"
+    lo_i, hi_i = c_items["interval"]
+    lo_g, hi_g = c_groups["interval"]
+    assert lo_g < lo_i and hi_g >= hi_i
+    # 3 discordant groups of 12: some replicates draw none of them, so the clustered interval starts at 0
+    assert lo_g <= 0 and c_groups["winner"] is None
+
+
+def test_paired_bootstrap_is_deterministic_and_refuses_bad_input():
+    a, b, g = [True, False, True, True], [False, False, True, False], [0, 0, 1, 1]
+    assert paired.paired_bootstrap_interval(a, b, g, seed=3) == paired.paired_bootstrap_interval(a, b, g, seed=3)
+    lo, hi = paired.paired_bootstrap_interval(a, b, g)
+    assert -1 <= lo <= hi <= 1
+    with pytest.raises(ValueError):
+        paired.paired_bootstrap_interval(a, b, [0, 1])
+    with pytest.raises(ValueError, match="level"):
+        paired.paired_bootstrap_interval(a, b, g, level=1.5)
+
+
+def test_compare_refuses_results_on_different_tickets():
+    with pytest.raises(ValueError, match="not on the same tickets"):
+        paired.compare(_result([True, False]), _result([True, False], ids=["t0", "z"]))
+
+
+def test_describe_names_the_counts_and_says_which_is_better():
+    c = paired.compare(_result([False] * 10), _result([True] * 10))
+    text = paired.describe(c, "QLoRA", "the prompt")
+    assert "right only for QLoRA on 0, only for the prompt on 10" in text and text.endswith("the prompt is better.")
+    assert "-100.0 points" in text
