@@ -4,9 +4,11 @@ One pipeline, two users. Lesson 19 runs it with the student's own functions (a :
 recipe loader, preflight, optimizer, training loop, the two scoring rules and the merge); ``coursekit
 capstone`` runs it with coursekit's reference functions (:data:`REFERENCE`). The steps:
 
-1. :func:`baseline_ladder`: the untrained NF4 base with the best prompts a reasonable person would try
-   (labels with one-line definitions, zero-shot; the same with six solved training tickets; label scoring
-   with the definitions prompt), on both held-out splits.
+1. :func:`prompt_search` and :func:`baseline_ladder`: the untrained NF4 base with the best prompt a careful
+   engineer would find. Every prompt layout (:data:`coursekit.data.prompts.LAYOUTS`: definitions in the user or
+   the system turn, zero-shot or with six solved tickets) with every reading (:data:`RULES`: generation, and
+   four readings of label scoring) is scored on tickets of the **training** split; the best pair, and the best
+   with generation, are then evaluated on both held-out splits. Held-out tickets never choose a prompt.
 2. :func:`train_run`: one adapter per entry of :data:`RUNS`: QLoRA (NF4 base), LoRA on the bf16 base with
    the same configuration and data, and one ablation (adapters on q_proj and v_proj only). Each records
    its loss curve, seconds per step and the resident memory its load-and-train added.
@@ -48,8 +50,13 @@ from .data import prompts as cprompts
 __all__ = [
     "CONFIG",
     "RUNS",
-    "BASELINES",
     "SHOTS",
+    "RULES",
+    "LAYOUT_NAMES",
+    "search_examples",
+    "prompt_search",
+    "best_prompt",
+    "tuned_baseline",
     "Recipe",
     "REFERENCE",
     "Store",
@@ -79,23 +86,20 @@ RUNS: dict[str, tuple[bool, ctrain.TrainConfig, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """One rung of the baseline ladder: the untrained base with a prompt style and a scoring rule."""
-
-    name: str
-    style: str
-    scoring: str
-
-
-#: The ladder: no training, the best prompts, both scoring rules.
-BASELINES: tuple[Baseline, ...] = (
-    Baseline("zero-shot, labels and definitions", "definitions", "generate"),
-    Baseline("few-shot, 6 solved tickets", "few_shot", "generate"),
-    Baseline("label scoring, no training", "definitions", "labels"),
-)
-#: Solved training tickets in the few-shot prompt (one per label).
+#: Solved training tickets in the few-shot layouts (one per label).
 SHOTS = 6
+#: The readings the baseline search tries: greedy generation read by its first word, and every reading of one
+#: label-scoring pass (``coursekit.evaluate.LABEL_RULES``). name → how tables print it.
+RULES: dict[str, str] = {"generate": "generation", **ceval.LABEL_RULES}
+#: How tables print each layout: where the instruction and the definitions go, and whether solved tickets follow.
+LAYOUT_NAMES: dict[str, str] = {
+    "definitions": "user turn, zero-shot",
+    "system_definitions": "system turn, zero-shot",
+    "few_shot": f"user turn, {SHOTS} shots",
+    "system_few_shot": f"system turn, {SHOTS} shots",
+}
+#: Training tickets per training symptom that the baseline search scores (the first ones in training order).
+SEARCH_PER_SYMPTOM = 2
 
 
 @dataclass(frozen=True)
@@ -243,30 +247,115 @@ class Store:
 # --------------------------------------------------------------------------- 1. baselines
 
 
+def search_examples(per_symptom: int = SEARCH_PER_SYMPTOM) -> list[dict]:
+    """The training tickets the baseline search scores: the first ``per_symptom`` of every training symptom, in
+    training order (2 × 60 = 120 by default). Every symptom and so every label is represented equally; no
+    held-out ticket is among them. Raises ValueError for per_symptom < 1."""
+    if not isinstance(per_symptom, int) or per_symptom < 1:
+        raise ValueError(f"per_symptom must be a positive integer, got {per_symptom!r}")
+    seen: dict[str, int] = {}
+    out = []
+    for ex in cdata.load_split("train"):
+        if seen.get(ex["symptom"], 0) < per_symptom:
+            seen[ex["symptom"]] = seen.get(ex["symptom"], 0) + 1
+            out.append(ex)
+    return out
+
+
+def _base_key(layout: str) -> dict:
+    return {"model": "nf4 base", "base": ctrain.base_identity()["checkpoint_files"], "layout": layout,
+            "shots": SHOTS if "few_shot" in layout else 0, "matmul": _matmul()}
+
+
+def _all_rules(base_model: Callable[[], torch.nn.Module], tokenizer, examples: list[dict], layout: str, recipe: Recipe,
+               progress: bool, desc: str, rules: tuple[str, ...]) -> dict[str, dict]:
+    shots = cprompts.few_shot_examples(SHOTS)
+    out: dict[str, dict] = {}
+    if "generate" in rules:
+        out["generate"] = ceval.evaluate(base_model(), tokenizer, examples, "generate", layout, shots, progress=progress,
+                                         desc=f"{desc}, generation", first_word=recipe.first_word)
+    if any(r in ceval.LABEL_RULES for r in rules):
+        out.update(ceval.evaluate_label_rules(base_model(), tokenizer, examples, layout, shots, progress=progress,
+                                              desc=f"{desc}, label scoring", logprob_fn=recipe.answer_logprobs))
+    return out
+
+
+def _lazy_base(base: torch.nn.Module | None) -> Callable[[], torch.nn.Module]:
+    held = [base]
+
+    def get() -> torch.nn.Module:
+        if held[0] is None:
+            held[0] = for_this_cpu(cmodel.load_model("nf4"))
+        return held[0]
+    return get
+
+
+def prompt_search(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: torch.nn.Module | None = None,
+                  progress: bool = True) -> dict[str, dict[str, dict]]:
+    """Every prompt layout with every reading of :data:`RULES` on :func:`search_examples` (training tickets only):
+    ``{layout: {rule: result}}`` (results as :func:`coursekit.evaluate.evaluate` returns them). One generation pass
+    and one label-scoring pass per layout. ``base``: the untrained NF4 model, loaded here only if a result is
+    missing."""
+    return _prompt_search(tokenizer, store, recipe, _lazy_base(base), progress)
+
+
+def _prompt_search(tokenizer, store: Store, recipe: Recipe, get: Callable[[], torch.nn.Module],
+                   progress: bool) -> dict[str, dict[str, dict]]:
+    examples = search_examples()
+    key_examples = _digest([ex["id"] for ex in examples])
+    return {layout: store.result("search", {**_base_key(layout), "examples": key_examples, "rules": list(RULES)},
+                                 lambda layout=layout: _all_rules(get, tokenizer, examples, layout, recipe, progress,
+                                                                  f"search: {layout}", tuple(RULES)),
+                                 recipe.name)
+            for layout in cprompts.LAYOUTS}
+
+
+def best_prompt(search: dict[str, dict[str, dict]], rules: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """The (layout, rule) with the highest accuracy in a :func:`prompt_search` result, among ``rules`` (default:
+    all). Ties go to the first in the search's order (layouts as listed, rules as in :data:`RULES`), so the choice
+    is deterministic. Raises ValueError when no result matches."""
+    pairs = [(layout, rule) for layout, by_rule in search.items() for rule in RULES
+             if rule in by_rule and (rules is None or rule in rules)]
+    if not pairs:
+        raise ValueError(f"no search result for the rules {rules}")
+    return max(pairs, key=lambda lr: (search[lr[0]][lr[1]]["accuracy"], -pairs.index(lr)))
+
+
+def rung_name(layout: str, rule: str) -> str:
+    """A baseline's name in tables: its layout and its reading."""
+    return f"prompt tuned on train: {LAYOUT_NAMES[layout]}, {RULES[rule]}"
+
+
 def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: torch.nn.Module | None = None,
                     progress: bool = True) -> dict[str, dict[str, dict]]:
-    """Every rung of :data:`BASELINES` on both held-out splits: ``{rung name: {split: result}}`` (results as
-    :func:`coursekit.evaluate.evaluate` returns them). ``base``: the untrained NF4 model, loaded here only if
-    a result is missing."""
-    shots = cprompts.few_shot_examples(SHOTS)
-    ident = ctrain.base_identity()["checkpoint_files"]
+    """The baselines on both held-out splits: ``{rung name: {split: result}}``, results as
+    :func:`coursekit.evaluate.evaluate` returns them plus ``"layout"`` and ``"rule"``.
+
+    The first rung is the search's overall best (:func:`best_prompt` on :func:`prompt_search`, chosen on training
+    tickets): the baseline a fine-tune must beat (:func:`tuned_baseline`). The second, when the best is not already
+    a generation rule, is the best prompt read by generation: what a user of the untrained model would see."""
+    get = _lazy_base(base)
+    search = _prompt_search(tokenizer, store, recipe, get, progress)
+    chosen = [best_prompt(search)]
+    if chosen[0][1] != "generate":
+        chosen.append(best_prompt(search, ("generate",)))
     out: dict[str, dict[str, dict]] = {}
-    for rung in BASELINES:
-        out[rung.name] = {}
+    for layout, rule in chosen:
+        wanted = ("generate",) if rule == "generate" else tuple(ceval.LABEL_RULES)
+        out[rung_name(layout, rule)] = {}
         for split in cdata.HELDOUT_SPLITS:
-            key = {"model": "nf4 base", "base": ident, "style": rung.style, "scoring": rung.scoring, "split": split,
-                   "shots": SHOTS if rung.style == "few_shot" else 0, "matmul": _matmul()}
-
-            def compute(rung=rung, split=split):
-                nonlocal base
-                if base is None:
-                    base = for_this_cpu(cmodel.load_model("nf4"))
-                return ceval.evaluate(base, tokenizer, cdata.load_split(split), rung.scoring, rung.style, shots,
-                                      progress=progress, desc=f"{rung.name}, {split}", first_word=recipe.first_word,
-                                      logprob_fn=recipe.answer_logprobs)
-
-            out[rung.name][split] = store.result("baselines", key, compute, recipe.name)
+            key = {**_base_key(layout), "split": split, "rules": list(wanted)}
+            res = store.result("baselines", key, lambda layout=layout, split=split, wanted=wanted: _all_rules(
+                get, tokenizer, cdata.load_split(split), layout, recipe, progress, f"{layout}, {split}", wanted),
+                recipe.name)
+            out[rung_name(layout, rule)][split] = {**res[rule], "layout": layout, "rule": rule,
+                                                    "seconds": res.get("seconds", 0), "by": res.get("by")}
     return out
+
+
+def tuned_baseline(ladder: dict[str, dict[str, dict]]) -> str:
+    """The name of the rung the search chose on training tickets: the first of :func:`baseline_ladder`."""
+    return next(iter(ladder))
 
 
 # --------------------------------------------------------------------------- 2. training
@@ -280,7 +369,9 @@ def _matmul() -> str:
 def for_this_cpu(model: torch.nn.Module) -> torch.nn.Module:
     """``model``, computing in :func:`coursekit.model.matmul_dtype`: unchanged where the CPU multiplies bf16 in
     hardware; elsewhere :func:`coursekit.model.compute_in_float32` (the weights keep their values, NF4 codes
-    included; only the arithmetic widens), because emulated bf16 would make the run take hours there."""
+    included; only the arithmetic widens), because emulated bf16 would make the run take hours there. Also sets
+    torch's threads to the CPUs this process may use (:func:`coursekit.model.use_usable_cpus`)."""
+    cmodel.use_usable_cpus()
     return cmodel.compute_in_float32(model) if cmodel.matmul_dtype() == torch.float32 else model
 
 
@@ -594,7 +685,8 @@ def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool =
     t0 = time.perf_counter()
     store = store or Store()
     tok = cmodel.load_tokenizer()
-    log("baselines: the untrained NF4 base with better prompts …")
+    log(f"matmuls in {_matmul()}, {cmodel.use_usable_cpus()} torch threads ({cmodel.usable_cpus()} usable CPUs)")
+    log("baselines: a prompt search on training tickets, then the chosen prompts on the held-out splits …")
     ladder = baseline_ladder(tok, store, recipe, progress=progress)
     runs, heldout, merge = {}, {}, None
     for name, (_, _, what) in RUNS.items():

@@ -32,27 +32,50 @@ def test_a_moved_store_still_finds_its_adapters(report, tmp_path):
     assert again["adapter_sha"] == rec["adapter_sha"]
 
 
-def test_qlora_beats_every_baseline_by_more_than_the_intervals(report):
-    """Lesson 19's and the README's headline: on unseen symptoms QLoRA's 95 % interval lies above every baseline's."""
+def _symptoms():
+    return {ex["id"]: ex["symptom"] for s in data.HELDOUT_SPLITS for ex in data.load_split(s)}
+
+
+def test_qlora_beats_the_tuned_prompt_in_the_paired_test(report):
+    """Lesson 19's and the README's headline, read as the lesson reads it: on unseen symptoms, QLoRA against the
+    prompt chosen on training tickets, McNemar's exact test and the interval resampling whole symptoms agree."""
+    from coursekit import paired
+
+    tuned = report["ladder"][capstone.tuned_baseline(report["ladder"])]
     for scoring in ("labels", "generate"):
-        q = report["heldout"]["qlora"][scoring]["unseen_symptom"]
-        for rung, by_split in report["ladder"].items():
-            assert q["interval"][0] > by_split["unseen_symptom"]["interval"][1], (scoring, rung)
+        c = paired.compare(report["heldout"]["qlora"][scoring]["unseen_symptom"], tuned["unseen_symptom"], _symptoms())
+        assert c["winner"] == "a" and c["interval"][0] > 0 and c["p_value"] < 0.05, (scoring, c)
     assert report["heldout"]["qlora"]["labels"]["unseen_phrasing"]["accuracy"] >= 0.95
 
 
-def test_the_baselines_are_what_the_lesson_says(report):
+def test_the_baseline_is_chosen_on_training_tickets_and_only_then_judged_on_held_out_ones(report):
+    """The search scores training tickets only; the ladder's first rung is the search's best, the second the best
+    generation prompt; the lesson's table and sentences read these results."""
+    from coursekit import findings
+
+    store = capstone.Store(compute=False)
+    search = capstone.prompt_search(None, store)
+    train_ids = {ex["id"] for ex in data.load_split("train")}
+    heldout_ids = {ex["id"] for s in data.HELDOUT_SPLITS for ex in data.load_split(s)}
+    for by_rule in search.values():
+        for rule in capstone.RULES:
+            ids = {p["id"] for p in by_rule[rule]["predictions"]}
+            assert ids <= train_ids and not ids & heldout_ids and len(ids) == 2 * 60
     ladder = report["ladder"]
-    zero = ladder["zero-shot, labels and definitions"]
-    assert all(zero[s]["accuracy"] < 0.05 for s in data.HELDOUT_SPLITS)  # "scores 0 %": sentences, not labels
-    for rung in ("few-shot, 6 solved tickets", "label scoring, no training"):
-        for s in data.HELDOUT_SPLITS:
-            assert 0.1 < ladder[rung][s]["accuracy"] < 0.4, (rung, s)  # "between a fifth and a quarter"
-    few = [p["answer"] for p in ladder["few-shot, 6 solved tickets"]["unseen_symptom"]["predictions"]]
-    assert max(few.count(a) for a in set(few)) > len(few) / 2  # one answer dominates: the last shot's label
+    chosen = capstone.best_prompt(search)
+    first, *rest = ladder.values()
+    assert (first["unseen_symptom"]["layout"], first["unseen_symptom"]["rule"]) == chosen
+    assert capstone.tuned_baseline(ladder) == capstone.rung_name(*chosen)
+    if chosen[1] != "generate":
+        assert [(r["unseen_symptom"]["layout"], r["unseen_symptom"]["rule"]) for r in rest] == [
+            capstone.best_prompt(search, ("generate",))]
+    lines = findings.search_findings(search, capstone.LAYOUT_NAMES, capstone.RULES, chosen)
+    assert lines[-1].startswith(f"best on the 120 training tickets: {capstone.LAYOUT_NAMES[chosen[0]]}")
+    # the tuned prompt is a real competitor: well above a random guess on both held-out splits
+    assert all(first[s]["interval"][0] > 1 / len(data.LABELS) for s in data.HELDOUT_SPLITS)
 
 
-def test_qlora_stays_above_the_baselines_when_whole_symptoms_are_resampled(report):
+def test_the_clustered_interval_is_the_wider_one(report):
     from coursekit import evaluate
 
     examples = data.load_split("unseen_symptom")
@@ -61,7 +84,6 @@ def test_qlora_stays_above_the_baselines_when_whole_symptoms_are_resampled(repor
                                                  [ex["symptom"] for ex in examples])
     wilson = report["heldout"]["qlora"]["labels"]["unseen_symptom"]["interval"]
     assert lo < wilson[0] and hi > wilson[1]  # wider: tickets of one symptom move together
-    assert lo > max(r["unseen_symptom"]["interval"][1] for r in report["ladder"].values())
 
 
 def test_unseen_symptoms_are_the_harder_split_and_errors_come_in_whole_symptoms(report):
@@ -78,10 +100,18 @@ def test_unseen_symptoms_are_the_harder_split_and_errors_come_in_whole_symptoms(
     assert per_label["electrical"] < 24 and per_label["software"] >= 22  # the lesson's two counter-examples
 
 
-def test_lora_on_bf16_and_qlora_are_within_each_others_intervals(report):
-    q = report["heldout"]["qlora"]["labels"]["unseen_symptom"]
-    b = report["heldout"]["lora_bf16"]["labels"]["unseen_symptom"]
-    assert q["interval"][0] < b["accuracy"] < q["interval"][1] or b["interval"][0] < q["accuracy"] < b["interval"][1]
+def test_every_paired_line_of_the_lesson_states_what_its_test_found(report):
+    """LoRA on bf16 and the q,v ablation against QLoRA: the lesson prints the paired verdict, whichever it is, and
+    states no direction the test did not find (no direction is pinned here: it is one training run each)."""
+    from coursekit import paired
+
+    for other in ("lora_bf16", "qlora_qv"):
+        for split in data.HELDOUT_SPLITS:
+            c = paired.compare(report["heldout"]["qlora"]["labels"][split], report["heldout"][other]["labels"][split],
+                               _symptoms())
+            text = paired.describe(c, "QLoRA", other)
+            found = c["p_value"] < 0.05 and (c["interval"][0] > 0 or c["interval"][1] < 0)
+            assert text.endswith("cannot tell them apart.") != found, text
 
 
 def test_memory_as_lesson_19_reads_it(report):
@@ -94,7 +124,6 @@ def test_memory_as_lesson_19_reads_it(report):
     assert q["footprint_mb"] < b["footprint_mb"] < b["saved_activations_mb"] < q["saved_activations_mb"]
     embedding_fp32_mb = 49_152 * 576 * 4 / 1e6  # the tied embedding, cast to float32 by prepare_model_for_kbit_training
     assert round(embedding_fp32_mb) == 113 and round(q["footprint_mb"]) == 186
-    assert abs(q["peak_rss_mb"] - b["peak_rss_mb"]) < 0.1 * b["peak_rss_mb"]
 
 
 def test_returning_freed_blocks_never_raises_the_peak_and_the_default_is_measurable(report):
@@ -112,16 +141,6 @@ def test_returning_freed_blocks_never_raises_the_peak_and_the_default_is_measura
     assert q["footprint_mb"] == pytest.approx(qf["footprint_mb"])
     assert q["saved_activations_mb"] == pytest.approx(qf["saved_activations_mb"])
     assert q["peak_rss_mb"] > qf["peak_rss_mb"] - 0.02 * qf["peak_rss_mb"]
-
-
-def test_the_ablation_scores_lower_within_the_intervals(report):
-    """Lesson 19's reading of the ablation. Its seconds per step are printed, never compared here: a timing is one
-    measurement on a machine that may be busy (CI once measured the q,v run slower than all-linear), and speed
-    belongs to ``make bench``."""
-    for split in data.HELDOUT_SPLITS:
-        q, v = report["heldout"]["qlora"]["labels"][split], report["heldout"]["qlora_qv"]["labels"][split]
-        assert v["accuracy"] < q["accuracy"]
-        assert q["interval"][0] <= v["interval"][1] and v["interval"][0] <= q["interval"][1]
 
 
 def test_reload_is_exact_and_the_merges_rank_as_the_lesson_says(report):

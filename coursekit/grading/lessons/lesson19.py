@@ -1051,15 +1051,14 @@ def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.T
 
 
 def gain_over_best_baseline(split: str = "unseen_symptom") -> float:
-    """Percentage points by which QLoRA (label scoring) beats the best baseline on ``split`` (the question asks for
-    the unseen-symptom split), read from the capstone store that this lesson's run filled (or the reference run's,
-    on the grading machine)."""
+    """Percentage points by which QLoRA (label scoring) beats the tuned baseline (the prompt the search chose on
+    training tickets, ``capstone.tuned_baseline``) on ``split`` (the question asks for the unseen-symptom split),
+    read from the capstone store that this lesson's run filled (or the reference run's, on the grading machine)."""
     store = capstone.Store(compute=False)
     ladder = capstone.baseline_ladder(None, store)
     run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
     qlora = capstone.heldout_results(run, None, store)["labels"][split]["accuracy"]
-    best = max(r[split]["accuracy"] for r in ladder.values())
-    return 100 * (qlora - best)
+    return 100 * (qlora - ladder[capstone.tuned_baseline(ladder)][split]["accuracy"])
 
 
 def _gain_mistakes() -> list[Mistake]:
@@ -1123,7 +1122,7 @@ ITEMS = {
                    public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
     "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
     "p9": Choice("which splits show what the adapter learned", 1, multi=True),
-    "p10": Numeric("gain over the best baseline on unseen symptoms, in percentage points", 1, name="gain_points",
+    "p10": Numeric("gain over the tuned baseline on unseen symptoms, in percentage points", 1, name="gain_points",
                    expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
     "p13": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
