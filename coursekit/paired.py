@@ -3,8 +3,9 @@
 Two accuracies measured on the same n tickets are not independent: most tickets are right (or wrong) for both
 models, and only the tickets where the two disagree carry information about which is better. Whether two
 separate 95 % intervals overlap answers a different question, and gets this one wrong both ways: intervals can
-overlap while one model is right on every ticket where they disagree, and two intervals that just miss each
-other can come from a difference that a paired test finds weak.
+overlap while one model is right on every ticket where they disagree, and two intervals that miss each other
+can come from a difference that rests on a few clusters of tickets (a few symptoms), which an interval that
+resamples whole clusters finds weak.
 
 * :func:`mcnemar_exact`: McNemar's test in its exact form. Of the d discordant tickets, b are right only for
   model A and c only for model B; if the models were equally good, each discordant ticket would fall either way
@@ -69,6 +70,8 @@ def paired_bootstrap_interval(a_correct: Sequence[bool], b_correct: Sequence[boo
                          f"{len(a)}, {len(b)} and {len(groups)}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    if not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
     index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
     diff = np.zeros(len(index))
     size = np.zeros(len(index))
@@ -82,8 +85,12 @@ def paired_bootstrap_interval(a_correct: Sequence[bool], b_correct: Sequence[boo
 
 
 def correct_by_id(result: dict[str, Any]) -> dict[str, bool]:
-    """``{ticket id: right?}`` from a result of :func:`coursekit.evaluate.evaluate`."""
-    return {p["id"]: p["pred"] == p["label"] for p in result["predictions"]}
+    """``{ticket id: right?}`` from a result of :func:`coursekit.evaluate.evaluate`. Raises ValueError when a ticket
+    id occurs twice (two answers for one ticket cannot be paired)."""
+    out = {p["id"]: p["pred"] == p["label"] for p in result["predictions"]}
+    if len(out) != len(result["predictions"]):
+        raise ValueError(f"{len(result['predictions']) - len(out)} ticket ids occur more than once in the predictions")
+    return out
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], groups: dict[str, Any] | None = None, alpha: float = 0.05,
@@ -92,9 +99,11 @@ def compare(a: dict[str, Any], b: dict[str, Any], groups: dict[str, Any] | None 
 
     groups: ``{ticket id: group}`` (e.g. the symptom) for the clustered interval; None treats every ticket as its
     own group. Returns ``{"n", "difference" (acc A − acc B, a fraction), "a_only", "b_only", "p_value",
-    "interval" (clustered 95 % bootstrap of the difference), "winner"}`` where winner is ``"a"`` or ``"b"`` only
-    when McNemar's p < alpha and the interval excludes 0, else ``None`` (cannot tell apart).
-    Raises ValueError when the two results are not on the same tickets."""
+    "interval" (clustered bootstrap interval of the difference at level 1 − alpha), "winner"}`` where winner is
+    ``"a"`` or ``"b"`` only when McNemar's p < alpha and the interval excludes 0, else ``None`` (cannot tell apart).
+    Raises ValueError when the two results are not on the same tickets, or alpha is outside (0, 1)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     ca, cb = correct_by_id(a), correct_by_id(b)
     if set(ca) != set(cb):
         raise ValueError(f"the two results are not on the same tickets ({len(ca)} and {len(cb)} ids, "
@@ -103,7 +112,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], groups: dict[str, Any] | None 
     x, y = [ca[i] for i in ids], [cb[i] for i in ids]
     test = mcnemar_exact(x, y)
     grouping = [groups[i] for i in ids] if groups is not None else ids
-    lo, hi = paired_bootstrap_interval(x, y, grouping, n_boot=n_boot, seed=seed)
+    lo, hi = paired_bootstrap_interval(x, y, grouping, n_boot=n_boot, level=1 - alpha, seed=seed)
     winner = None
     if test["p_value"] < alpha and (lo > 0 or hi < 0):
         winner = "a" if lo > 0 else "b"
@@ -117,7 +126,7 @@ def describe(comparison: dict[str, Any], name_a: str, name_b: str) -> str:
     lo, hi = (100 * v for v in c["interval"])
     head = (f"{name_a} vs {name_b}, {c['n']} tickets: {100 * c['difference']:+.1f} points; right only for {name_a} on "
             f"{c['a_only']}, only for {name_b} on {c['b_only']} (McNemar exact p = {c['p_value']:.2g}); "
-            f"95 % interval resampling whole symptoms [{lo:+.1f}, {hi:+.1f}]: ")
+            f"interval resampling whole symptoms [{lo:+.1f}, {hi:+.1f}]: ")
     if c["winner"] == "a":
         return head + f"{name_a} is better."
     if c["winner"] == "b":

@@ -51,15 +51,34 @@ def test_overlapping_intervals_can_hide_a_difference_the_paired_test_finds():
     assert "A is better" in paired.describe(c, "A", "B")
 
 
-def test_intervals_that_miss_each_other_can_come_from_a_weak_paired_difference():
-    """Second way: 70 of 100 against 55 of 100 (intervals barely apart) from 45 items right only for A and 30 only
-    for B: McNemar's p is about 0.1, no winner."""
-    a = [True] * 25 + [True] * 45 + [False] * 30
-    b = [True] * 25 + [False] * 45 + [True] * 30
-    assert sum(a) == 70 and sum(b) == 55
-    c = paired.compare(_result(a), _result(b))
-    assert 0.05 < c["p_value"] < 0.2 and c["winner"] is None
+def test_intervals_that_miss_each_other_can_come_from_a_difference_resting_on_a_few_symptoms():
+    """Second way: 65 of 95 against 45 of 95, Wilson intervals apart, but the 30 items right only for A come from
+    three symptoms of ten: the interval resampling symptoms reaches zero, and no winner is named."""
+    a, b, groups = [], [], []
+    for g in range(10):
+        a_right, b_right = g < 3 or 4 <= g < 8, 3 <= g < 8
+        n = 5 if g == 7 else 10
+        a += [a_right] * n
+        b += [b_right] * n
+        groups += [g] * n
+    k_a, k_b = sum(a), sum(b)
+    la, ha = evaluate.wilson_interval(k_a, len(a))
+    lb, hb = evaluate.wilson_interval(k_b, len(b))
+    assert hb < la  # the intervals miss each other
+    ids = {f"t{i}": g for i, g in enumerate(groups)}
+    c = paired.compare(_result(a), _result(b), ids)
+    assert c["p_value"] < 0.05 and c["interval"][0] <= 0 and c["winner"] is None, (k_a, k_b, c)
     assert paired.describe(c, "A", "B").endswith("this test cannot tell them apart.")
+
+
+def test_compare_refuses_duplicate_ids_bad_alpha_and_bad_n_boot():
+    dup = {"predictions": [{"id": "t0", "label": "x", "pred": "x"}, {"id": "t0", "label": "x", "pred": "y"}]}
+    with pytest.raises(ValueError, match="more than once"):
+        paired.compare(dup, dup)
+    with pytest.raises(ValueError, match="alpha"):
+        paired.compare(_result([True]), _result([True]), alpha=0)
+    with pytest.raises(ValueError, match="n_boot"):
+        paired.paired_bootstrap_interval([True], [False], [0], n_boot=0)
 
 
 def _result(correct, ids=None):
