@@ -199,6 +199,8 @@ class Store:
             root = cmodel.cache_root() / "capstone" / f"v{STORE_VERSION}-{sha}-{data_key()}"
         self.root, self.compute, self.fresh = Path(root), compute, fresh
         self._refreshed: set[Path] = set()
+        #: How many results this store object computed and how many it read (a run is cold when it read none).
+        self.counts = {"computed": 0, "read": 0}
 
     def folder(self, kind: str, key: dict) -> Path:
         """The folder of one result; ``key`` (JSON-able) is written beside it as key.json."""
@@ -207,6 +209,12 @@ class Store:
     @contextlib.contextmanager
     def locked(self, folder: Path) -> Iterator[bool]:
         """Hold the result's lock; yields whether the result must be (re)computed here."""
+        with self._locked(folder) as todo:
+            self.counts["computed" if todo else "read"] += 1
+            yield todo
+
+    @contextlib.contextmanager
+    def _locked(self, folder: Path) -> Iterator[bool]:
         from filelock import FileLock
 
         if not self.compute and not self.fresh and (folder / "result.json").is_file():
@@ -249,14 +257,16 @@ class Store:
 
 def search_examples(per_symptom: int = SEARCH_PER_SYMPTOM) -> list[dict]:
     """The training tickets the baseline search scores: the first ``per_symptom`` of every training symptom, in
-    training order (2 × 60 = 120 by default). Every symptom and so every label is represented equally; no
-    held-out ticket is among them. Raises ValueError for per_symptom < 1."""
+    training order (2 × 60 = 120 by default), leaving out the few-shot layouts' solved tickets (a ticket scored
+    with its own answer in the prompt would flatter those layouts). Every symptom and so every label is
+    represented equally; no held-out ticket is among them. Raises ValueError for per_symptom < 1."""
     if not isinstance(per_symptom, int) or per_symptom < 1:
         raise ValueError(f"per_symptom must be a positive integer, got {per_symptom!r}")
+    shots = {ex["id"] for ex in cprompts.few_shot_examples(SHOTS)}
     seen: dict[str, int] = {}
     out = []
     for ex in cdata.load_split("train"):
-        if seen.get(ex["symptom"], 0) < per_symptom:
+        if ex["id"] not in shots and seen.get(ex["symptom"], 0) < per_symptom:
             seen[ex["symptom"]] = seen.get(ex["symptom"], 0) + 1
             out.append(ex)
     return out
@@ -681,7 +691,8 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
 
 def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool = True, log: Callable = print) -> dict:
     """Every step above, in order; returns ``{"ladder", "runs": {name: record}, "heldout": {name: results},
-    "merge", "wall_seconds"}``. What ``coursekit capstone`` and ``coursekit grade`` (before grading lesson 19) run."""
+    "merge", "store": {"computed", "read"} (results this run computed and read), "matmul", "threads",
+    "usable_cpus", "wall_seconds"}``. What ``coursekit capstone`` and ``coursekit grade`` (before grading lesson 19) run."""
     t0 = time.perf_counter()
     store = store or Store()
     tok = cmodel.load_tokenizer()
@@ -701,7 +712,8 @@ def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool =
             log("reload and merges …")
             merge = merge_comparison(trained, tok, store)
         trained.release()
-    return {"ladder": ladder, "runs": runs, "heldout": heldout, "merge": merge,
+    return {"ladder": ladder, "runs": runs, "heldout": heldout, "merge": merge, "store": dict(store.counts),
+            "matmul": _matmul(), "threads": cmodel.use_usable_cpus(), "usable_cpus": cmodel.usable_cpus(),
             "wall_seconds": time.perf_counter() - t0}
 
 
