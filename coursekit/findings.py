@@ -12,7 +12,7 @@ from typing import Any
 
 from . import data as cdata
 
-__all__ = ["search_findings", "few_shot_bias", "peak_difference"]
+__all__ = ["search_findings", "few_shot_bias", "peak_difference", "cue_words", "merge_findings"]
 
 
 def _pct(x: float) -> str:
@@ -38,6 +38,8 @@ def _effect(search: dict[str, dict[str, dict]], rule: str, against: str) -> tupl
 
 
 def _direction(mean: float, up: int, down: int, n: int) -> str:
+    if up == down == 0:
+        return "left accuracy unchanged in every layout"
     if up == n:
         return f"raised accuracy in every layout (by {100 * mean:.1f} points on average)"
     if down == n:
@@ -79,13 +81,14 @@ def search_findings(search: dict[str, dict[str, dict]], layout_names: dict[str, 
 
 
 def few_shot_bias(result: dict[str, Any], last_shot_label: str) -> str:
-    """One sentence on a few-shot generation result: how many answers are the most common one, and whether that is
-    the label of the last solved ticket in the prompt (a recency bias, Zhao et al. 2021)."""
-    answers = [p.get("answer", p["pred"]) for p in result["predictions"]]
+    """One sentence on a few-shot generation result: how many answers (read by their first word) are the most common
+    one, and whether that is also the label of the last solved ticket in the prompt. It states the coincidence, not
+    its cause: the same answer could be the model's own preference (Zhao et al. 2021 separate the two by
+    reordering the examples)."""
+    answers = [p["pred"] for p in result["predictions"]]
     common = max(dict.fromkeys(answers), key=answers.count)
-    same = common.strip().lower().strip(".") == last_shot_label
     return (f"{answers.count(common)} of {len(answers)} few-shot answers are {common!r}; the last solved ticket in the "
-            f"prompt is a {last_shot_label!r} ticket" + (": the model repeats the last answer it saw." if same else "."))
+            f"prompt is a {last_shot_label!r} ticket" + (", the same label." if common == last_shot_label else "."))
 
 
 def peak_difference(qlora_mb: float, lora_mb: float) -> str:
@@ -94,4 +97,50 @@ def peak_difference(qlora_mb: float, lora_mb: float) -> str:
     if diff == 0:
         return "QLoRA's peak equals LoRA's on bf16."
     return (f"QLoRA's peak is {abs(diff):.0f} MB {'lower' if diff > 0 else 'higher'} than LoRA's on bf16 "
-            f"({100 * abs(diff) / lora_mb:.1f} % of it)")
+            f"({100 * abs(diff) / lora_mb:.1f} % of it).")
+
+
+def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int]]) -> list[str]:
+    """Which categories fail on unseen symptoms, beside how often their training symptoms name them.
+
+    named: ``{label: (training symptoms containing the label's word, training symptoms)}``; right: ``{label: (right
+    unseen-symptom tickets, tickets)}``. Returns the weakest and the strongest category, each with its word count,
+    and the categories whose every training symptom names them. Raises ValueError for different label sets."""
+    if set(named) != set(right) or not named:
+        raise ValueError(f"need the same labels in both, got {sorted(named)} and {sorted(right)}")
+    share = {k: r / n for k, (r, n) in right.items()}
+    worst, best = min(share, key=share.get), max(share, key=share.get)
+
+    def one(label: str) -> str:
+        (r, n), (k, m) = right[label], named[label]
+        return f"{label} ({r} of {n} right; its word in {k} of {m} training symptoms)"
+
+    out = [f"weakest on unseen symptoms: {one(worst)}; strongest: {one(best)}."]
+    always = [k for k, (c, m) in named.items() if c == m]
+    if always:
+        out.append("named by every training symptom: " + ", ".join(
+            f"{k} ({right[k][0]} of {right[k][1]} right)" for k in always) + ".")
+    return out
+
+
+def merge_findings(merge: dict[str, Any]) -> list[str]:
+    """What ``coursekit.capstone.merge_comparison`` measured, read in three sentences: the NF4 merge (codes changed,
+    no-label answers, the untrained base's first token), and which 16-bit merge stays closer to the trained
+    function by label agreement and by mean logit difference (saying so when the two measures disagree)."""
+    names = list(merge["merges"])
+    w16, dq, nf4 = (merge["merges"][n] for n in names[:3])
+    out = [f"into NF4: {100 * merge['nf4_codes_changed']:.4f} % of the 4-bit codes changed; the merged model gives no "
+           f"label on {_pct(nf4['no_label'])} of the tickets and the untrained base's first token on "
+           f"{_pct(nf4['same_token_as_base'])}, and agrees with the trained function on {_pct(nf4['agreement'])}."]
+    for name, r in ((names[0], w16), (names[1], dq)):
+        out.append(f"{name}: the same label as the trained function on {_pct(r['agreement'])} of the tickets, mean "
+                   f"|Δlogit| {r['mean_abs_diff']:.3f}.")
+    by_agree = names[1] if dq["agreement"] > w16["agreement"] else names[0] if w16["agreement"] > dq["agreement"] else None
+    by_logit = names[1] if dq["mean_abs_diff"] < w16["mean_abs_diff"] else names[0]
+    if by_agree in (None, by_logit):
+        ratio = max(w16["mean_abs_diff"], dq["mean_abs_diff"]) / max(min(w16["mean_abs_diff"], dq["mean_abs_diff"]), 1e-12)
+        out.append(f"closer to the trained function: {by_logit} (its logits move {ratio:.1f} times less"
+                   + (", and as many labels agree)." if by_agree is None else ", and more labels agree)."))
+    else:
+        out.append(f"the two measures disagree: {by_agree} keeps more labels, {by_logit} moves the logits less.")
+    return out

@@ -29,6 +29,9 @@ def test_the_sentences_follow_the_numbers_in_both_directions():
     assert "raised accuracy in 0 of 2 layouts and lowered it in 1 (-5.0 points on average)" in lines[3]
     assert "raised accuracy in 1 of 2 layouts and lowered it in 1 (+0.0 points" in lines[4]
     assert lines[-1] == "best on the 10 training tickets: A, calibrated, 60.0 % [31.3, 83.2]."
+    same = _search({"a": {"generate": 0, "with_end": 5, "label_only": 5, "label_mean": 5, "calibrated": 5}})
+    assert "left accuracy unchanged in every layout" in findings.search_findings(
+        same, {"a": "A"}, capstone.RULES, ("a", "with_end"))[2]
     down = _search({"a": {"generate": 0, "with_end": 5, "label_only": 2, "label_mean": 2, "calibrated": 2}})
     assert "lowered accuracy in every layout (by 30.0 points on average)" in findings.search_findings(
         down, {"a": "A"}, capstone.RULES, ("a", "with_end"))[2]
@@ -41,21 +44,23 @@ def test_generation_reports_how_many_first_words_are_labels():
         "generation: A 10.0 % right, 10.0 % of first words a label."
 
 
-def test_few_shot_bias_says_repeat_only_when_the_common_answer_is_the_last_shot():
+def test_few_shot_bias_names_the_coincidence_only_when_there_is_one():
     r = _result(["network"] * 8 + ["thermal"] * 2, answers=["network"] * 8 + ["thermal"] * 2)
-    assert findings.few_shot_bias(r, "network").endswith("the model repeats the last answer it saw.")
+    assert findings.few_shot_bias(r, "network") == ("8 of 10 few-shot answers are 'network'; the last solved ticket in "
+                                                    "the prompt is a 'network' ticket, the same label.")
     assert findings.few_shot_bias(r, "thermal").endswith("a 'thermal' ticket.")
 
 
 def test_peak_difference_takes_its_direction_from_the_numbers():
-    assert findings.peak_difference(900, 1000) == "QLoRA's peak is 100 MB lower than LoRA's on bf16 (10.0 % of it)"
+    assert findings.peak_difference(900, 1000) == "QLoRA's peak is 100 MB lower than LoRA's on bf16 (10.0 % of it)."
     assert findings.peak_difference(1100, 1000).startswith("QLoRA's peak is 100 MB higher")
     assert findings.peak_difference(5, 5) == "QLoRA's peak equals LoRA's on bf16."
 
 
-def test_search_examples_are_training_tickets_two_per_symptom():
+def test_search_examples_are_training_tickets_two_per_symptom_and_never_a_solved_example():
     ex = capstone.search_examples()
     assert len(ex) == 120 and all(e["split"] == "train" for e in ex)
+    assert not {e["id"] for e in ex} & {e["id"] for e in prompts.few_shot_examples(capstone.SHOTS)}
     by = {}
     for e in ex:
         by[e["symptom"]] = by.get(e["symptom"], 0) + 1
@@ -88,3 +93,32 @@ def test_every_layout_names_every_label_and_ends_with_the_ticket(style):
 def test_a_few_shot_layout_needs_shots():
     with pytest.raises(ValueError, match="at least one shot"):
         prompts.system_few_shot_messages("x", [])
+
+
+def test_cue_words_names_the_weakest_and_strongest_with_their_word_counts():
+    named = {"a": (10, 10), "b": (0, 10), "c": (5, 10)}
+    right = {"a": (11, 24), "b": (16, 24), "c": (24, 24)}
+    lines = findings.cue_words(named, right)
+    assert lines == ["weakest on unseen symptoms: a (11 of 24 right; its word in 10 of 10 training symptoms); strongest: "
+                     "c (24 of 24 right; its word in 5 of 10 training symptoms).",
+                     "named by every training symptom: a (11 of 24 right)."]
+    with pytest.raises(ValueError):
+        findings.cue_words(named, {"a": (1, 2)})
+
+
+def _merge(w16_agree, dq_agree, w16_diff, dq_diff):
+    m = lambda agree, diff: {"agreement": agree, "mean_abs_diff": diff, "no_label": 0.0, "same_token_as_base": 0.0}  # noqa: E731
+    return {"nf4_codes_changed": 1.2e-5, "merges": {
+        "onto W16 (bf16 base)": m(w16_agree, w16_diff), "onto dequant(W4), in bf16": m(dq_agree, dq_diff),
+        "into NF4 (re-quantized)": {"agreement": 0.0, "mean_abs_diff": 17.0, "no_label": 1.0, "same_token_as_base": 0.76}}}
+
+
+def test_merge_findings_take_the_closer_merge_from_the_numbers():
+    lines = findings.merge_findings(_merge(0.833, 0.993, 2.88, 0.121))
+    assert lines[0] == ("into NF4: 0.0012 % of the 4-bit codes changed; the merged model gives no label on 100.0 % of the "
+                        "tickets and the untrained base's first token on 76.0 %, and agrees with the trained function on 0.0 %.")
+    assert lines[-1] == "closer to the trained function: onto dequant(W4), in bf16 (its logits move 23.8 times less, and more labels agree)."
+    flipped = findings.merge_findings(_merge(0.99, 0.80, 0.1, 3.0))
+    assert flipped[-1].startswith("closer to the trained function: onto W16 (bf16 base)")
+    mixed = findings.merge_findings(_merge(0.99, 0.80, 3.0, 0.1))
+    assert mixed[-1] == "the two measures disagree: onto W16 (bf16 base) keeps more labels, onto dequant(W4), in bf16 moves the logits less."
