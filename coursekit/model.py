@@ -616,6 +616,8 @@ def _cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/p
     except OSError:
         return None
     for line in lines:
+        if line.count(":") < 2:
+            continue
         _, controllers, rel = line.split(":", 2)
         rel = rel.lstrip("/")
         if controllers == "":  # v2
