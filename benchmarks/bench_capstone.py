@@ -1,10 +1,12 @@
 """`make bench` (third part): the capstone's training step against the bound its matrix products set, in one run.
 
-For QLoRA (NF4 base) and LoRA on the bf16 base, with the capstone's configuration and batches: seconds per
-optimizer step (median of the steps after a warm-up), and the bound that bf16 GEMMs alone would allow: the step's
-multiply-adds (the frozen base's forward and input gradients, the adapters' forward and both gradients, the output
-layer at the supervised positions; attention scores and element-wise work not counted) divided by the bf16 GEMM
-rate this CPU reaches at the model's own shapes, measured here, in the same process, just before. The ratio says
+For QLoRA (NF4 base) and LoRA on the bf16 base, with the capstone's configuration and batches, computing in the
+dtype the capstone uses on this CPU (``coursekit.model.matmul_dtype``: bf16 where the CPU multiplies bf16 in
+hardware, else float32, exactly as ``capstone.for_this_cpu`` sets it up): seconds per optimizer step (median of
+the steps after a warm-up), and the bound that GEMMs in that dtype alone would allow: the step's multiply-adds
+(the frozen base's forward and input gradients, the adapters' forward and both gradients, the output layer at
+the supervised positions; attention scores and element-wise work not counted) divided by the GEMM rate this CPU
+reaches in that dtype at the model's own shapes, measured here, in the same process, just before. The ratio says
 how far eager PyTorch on this machine is from the arithmetic; a profiled step says how much of its CPU time is
 matrix products and how many operations it dispatches.
 
@@ -26,13 +28,13 @@ import torch
 from coursekit import capstone, data, model, train
 
 
-def gemm_rate(tokens: int, shapes: list[tuple[int, int, int]], repeats: int = 20) -> float:
-    """bf16 multiply-add rate in FLOP/s over the model's linear shapes (d_in, d_out, count per layer), weighted by
-    their FLOPs, for ``tokens`` rows: the best a step made of these products could do on this CPU."""
+def gemm_rate(tokens: int, shapes: list[tuple[int, int, int]], dtype: torch.dtype, repeats: int = 20) -> float:
+    """Multiply-add rate in FLOP/s of ``dtype`` GEMMs over the model's linear shapes (d_in, d_out, count per layer),
+    weighted by their FLOPs, for ``tokens`` rows: the best a step made of these products could do on this CPU."""
     total_flop, total_s = 0.0, 0.0
     for d_in, d_out, count in shapes:
-        x = torch.randn(tokens, d_in, dtype=torch.bfloat16)
-        w = torch.randn(d_in, d_out, dtype=torch.bfloat16)
+        x = torch.randn(tokens, d_in, dtype=dtype)
+        w = torch.randn(d_in, d_out, dtype=dtype)
         for _ in range(3):
             x @ w
         t0 = time.perf_counter()
@@ -66,7 +68,8 @@ def timed_steps(quantize: bool, steps: int) -> dict:
     _, cfg, _ = capstone.RUNS["qlora"]
     tok = model.load_tokenizer()
     torch.manual_seed(cfg.seed)
-    m = train.load_for_lora(model.prepare_model(progress=False), cfg.r, cfg.lora_alpha, cfg.target_modules, quantize)
+    m = capstone.for_this_cpu(train.load_for_lora(model.prepare_model(progress=False), cfg.r, cfg.lora_alpha,
+                                                  cfg.target_modules, quantize))
     footprint = model.footprint(m)
     windows = train.make_windows(data.load_split("train"), tok, capstone.dataclasses.replace(cfg, steps=steps + 1))
     opt = train.adapter_optimizer(m, cfg.lr)
@@ -83,9 +86,11 @@ def timed_steps(quantize: bool, steps: int) -> dict:
     gemm_us = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
     tokens, supervised = batch["input_ids"].numel(), data.count_supervised(batch["labels"])
     flop, shapes = step_flop(m.get_base_model(), tokens, supervised, cfg.r, None)
-    rate = gemm_rate(tokens, shapes)
+    dtype = model.matmul_dtype()
+    rate = gemm_rate(tokens, shapes, dtype)
     sec = statistics.median(hist["seconds"][1:])
-    return {"seconds_per_step": sec, "step_gflop": flop / 1e9, "bf16_gemm_gflops": rate / 1e9,
+    return {"seconds_per_step": sec, "step_gflop": flop / 1e9, "dtype": str(dtype).removeprefix("torch."),
+            "gemm_gflops": rate / 1e9,
             "bound_seconds": flop / rate, "ratio_to_bound": sec / (flop / rate), "tokens_per_step": tokens,
             "footprint_mb": footprint / 1e6, "profiled_share_in_matmuls": gemm_us / total_us,
             "profiled_ops": sum(e.count for e in events)}
@@ -98,6 +103,7 @@ def main() -> None:
     a = p.parse_args()
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    model.use_usable_cpus()
     t0 = time.perf_counter()
     jobs = {"QLoRA (NF4)": timed_steps(True, a.steps), "LoRA (bf16)": timed_steps(False, a.steps)}
     result = {"jobs": jobs, "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -105,13 +111,14 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'':14s}{'s/step':>8s}{'GFLOP/step':>12s}{'bf16 GEMM GFLOP/s':>19s}{'bound s':>9s}{'ratio':>7s}"
+    print(f"{'':14s}{'s/step':>8s}{'GFLOP/step':>12s}{'dtype':>10s}{'GEMM GFLOP/s':>14s}{'bound s':>9s}{'ratio':>7s}"
           f"{'in matmuls':>12s}{'ops/step':>10s}{'params MB':>11s}")
     for name, j in jobs.items():
-        print(f"{name:14s}{j['seconds_per_step']:8.2f}{j['step_gflop']:12.1f}{j['bf16_gemm_gflops']:19.0f}"
+        print(f"{name:14s}{j['seconds_per_step']:8.2f}{j['step_gflop']:12.1f}{j['dtype']:>10s}{j['gemm_gflops']:14.0f}"
               f"{j['bound_seconds']:9.2f}{j['ratio_to_bound']:7.2f}{100 * j['profiled_share_in_matmuls']:11.0f}%"
               f"{j['profiled_ops']:10d}{j['footprint_mb']:11.0f}")
-    print(f"({a.steps} timed steps each, {torch.get_num_threads()} threads; written to {out})")
+    print(f"({a.steps} timed steps each, {torch.get_num_threads()} threads of {model.usable_cpus()} usable CPUs; "
+          f"written to {out})")
 
 
 if __name__ == "__main__":
