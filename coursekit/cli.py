@@ -95,6 +95,20 @@ def _capstone(args: argparse.Namespace) -> int:
     print()
     print(capstone.format_report(report))
     print(f"\nevery result, the adapters included, is stored in {store.root}")
+    if args.markdown or args.readme:
+        from pathlib import Path
+
+        from . import capstone_markdown
+
+        block = capstone_markdown.markdown(report)
+        if args.markdown:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(block)
+            print(f"the tables as markdown: {args.markdown}")
+        if args.readme:
+            readme = Path(args.readme)
+            readme.write_text(capstone_markdown.splice(readme.read_text(), block, report["matmul"]))
+            print(f"and in {readme}'s capstone results block for {report['matmul']}")
     return 0
 
 
@@ -167,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "LoRA on bf16, an ablation, reload and merges; prints the tables")
     c.add_argument("--retrain", action="store_true", help="train and evaluate again even where results are stored")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.add_argument("--markdown", metavar="FILE", default=None,
+                   help="also write the tables, the paired comparisons and this run's time as markdown to FILE")
+    c.add_argument("--readme", metavar="FILE", default=None,
+                   help="also put that markdown into FILE's capstone results block (maintainers: README.md)")
     c.set_defaults(func=_capstone)
     cc = sub.add_parser("cluster-certs", help="instructors: make the TLS certificates a Dask grading cluster on several "
                                                "machines needs (a certificate authority and one node certificate)")

@@ -174,7 +174,7 @@ def test_not_a_function_is_refused():
     ("w2", "d", "proves only what it keeps out"),
     ("w3", "a", "never names the labels"),
     ("p9", ["a", "b", "c"], "memorised"),
-    ("p11", "a", "within what chance gives"),
+    ("p11", "a", "only the discordant ones decide"),
 ])
 def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     fb = check(f"19.{item}", wrong)

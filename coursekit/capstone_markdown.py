@@ -1,0 +1,116 @@
+"""The capstone's results as the README's markdown, written by the command that measured them.
+
+``coursekit capstone --markdown FILE`` writes :func:`markdown` of its report to FILE, and ``--readme README.md``
+puts the same text between the README's two markers for the dtype the run computed in (:func:`begin`,
+:func:`end`: one block for the bf16 path, one for the float32 path), so that every number in the README's
+capstone section, times included, comes from one run of the command and none is typed or copied from another
+line. A test checks that each README block equals its committed results file (``docs/capstone-results-<dtype>.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import data as cdata
+from . import paired
+
+__all__ = ["begin", "end", "markdown", "splice", "block"]
+
+
+def begin(dtype: str) -> str:
+    """The line that opens the README's results block of a run computing in ``dtype`` ("bfloat16", "float32")."""
+    return f"<!-- capstone results, {dtype}: begin (written by `coursekit capstone --readme`; do not edit by hand) -->"
+
+
+def end(dtype: str) -> str:
+    """The line that closes that block."""
+    return f"<!-- capstone results, {dtype}: end -->"
+
+
+def _pct(res: dict[str, Any]) -> str:
+    lo, hi = res["interval"]
+    return f"{100 * res['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report of ``coursekit.capstone.run`` as markdown: how it was run (dtype, threads, cold or warm, wall
+    time), held-out accuracies with 95 % Wilson intervals, the paired comparisons, the cost table and the merges.
+    Raises KeyError for a report without those parts."""
+    splits = cdata.HELDOUT_SPLITS
+    n = {s: len(cdata.load_split(s)) for s in splits}
+    symptom = {ex["id"]: ex["symptom"] for s in splits for ex in cdata.load_split(s)}
+    st = report["store"]
+    state = ("cold: every result computed" if st["read"] == 0 else
+             "warm: every result read from the store" if st["computed"] == 0 else
+             f"{st['computed']} results computed, {st['read']} read from the store")
+    lines = [f"`coursekit capstone`, matmuls in {report['matmul']}, {report['threads']} torch threads "
+             f"({report['usable_cpus']} usable CPUs), {state}: **{_duration(report['wall_seconds'])}**.", "",
+             "| model | " + " | ".join(f"{s.replace('_', ' ')} (n = {n[s]})" for s in splits) + " |",
+             "|---|" + "---|" * len(splits)]
+    for name, by_split in report["ladder"].items():
+        lines.append(f"| untrained, {name} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
+    names = {"qlora": "**QLoRA**", "lora_bf16": "LoRA on the bf16 base", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
+    for run, by_scoring in report["heldout"].items():
+        for scoring, by_split in by_scoring.items():
+            rule = "label scoring" if scoring == "labels" else "generation (first-word rule)"
+            lines.append(f"| {names.get(run, run)}, {rule} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
+    from .capstone import tuned_baseline
+
+    tuned = report["ladder"][tuned_baseline(report["ladder"])]
+    q = report["heldout"]["qlora"]["labels"]
+    pairs = [("QLoRA", "the tuned prompt", q, tuned)]
+    pairs += [("QLoRA", label, q, report["heldout"][run]["labels"])
+              for run, label in (("lora_bf16", "LoRA on bf16"), ("qlora_qv", "the q,v ablation")) if run in report["heldout"]]
+    lines += ["", "Paired comparisons on the same tickets (McNemar's exact test on the tickets where the two disagree, "
+                  "and a 95 % interval of the difference resampling whole symptoms; a winner only where both agree):", ""]
+    for a, b, ra, rb in pairs:
+        for s in splits:
+            lines.append(f"- {s.replace('_', ' ')}: " + paired.describe(paired.compare(ra[s], rb[s], symptom), a, b))
+    runs = report["runs"]
+    if "qlora" in runs and "lora_bf16" in runs:
+        qm, lm = runs["qlora"].get("memory") or {}, runs["lora_bf16"].get("memory") or {}
+
+        def mb(mem: dict, key: str) -> str:
+            return "-" if mem.get(key) is None else f"{mem[key]:.0f} MB"
+
+        lines += ["", "| cost, measured in the same run | QLoRA (NF4 base) | LoRA (bf16 base) |", "|---|---:|---:|",
+                  f"| seconds per step (8 tickets, {len(runs['qlora']['losses'])} steps) | "
+                  f"{runs['qlora']['seconds_per_step']:.2f} | {runs['lora_bf16']['seconds_per_step']:.2f} |",
+                  f"| peak resident memory, fresh process, freed blocks returned | {mb(qm, 'peak_rss_mb')} | {mb(lm, 'peak_rss_mb')} |",
+                  f"| parameters and buffers | {runs['qlora']['footprint_mb']:.0f} MB | {runs['lora_bf16']['footprint_mb']:.0f} MB |",
+                  f"| activations saved for one step's backward | {mb(qm, 'saved_activations_mb')} | {mb(lm, 'saved_activations_mb')} |"]
+    m = report.get("merge")
+    if m:
+        lines += ["", f"| merged model against the trained function (NF4 + adapter, {100 * m['reference_accuracy']:.1f} %) "
+                      f"| same greedy label | accuracy |", "|---|---:|---:|",
+                  f"| reload on a fresh NF4 base: largest logit difference {m['reload_max_abs_diff']:g} | | |"]
+        for name, r in m["merges"].items():
+            extra = (f" ({100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes change)"
+                     if name.startswith("into NF4") else "")
+            lines.append(f"| merged {name}{extra} | {100 * r['agreement']:.1f} % | {100 * r['accuracy']:.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def splice(text: str, block: str, dtype: str) -> str:
+    """``text`` with everything between :func:`begin` and :func:`end` of ``dtype`` replaced by ``block``. Raises
+    ValueError when the markers are missing, repeated or out of order."""
+    b, e = begin(dtype), end(dtype)
+    if text.count(b) != 1 or text.count(e) != 1 or text.index(b) > text.index(e):
+        raise ValueError(f"the file needs exactly one capstone results block for {dtype}: a line {b} and, after it, {e}")
+    head, rest = text.split(b, 1)
+    _, tail = rest.split(e, 1)
+    return f"{head}{b}\n{block}{e}{tail}"
+
+
+def block(text: str, dtype: str) -> str:
+    """The text between :func:`begin` and :func:`end` of ``dtype`` (without the marker lines' newline). Raises
+    ValueError as :func:`splice`."""
+    b, e = begin(dtype), end(dtype)
+    if text.count(b) != 1 or text.count(e) != 1 or text.index(b) > text.index(e):
+        raise ValueError(f"no single capstone results block for {dtype}")
+    return text.split(b, 1)[1].split(e, 1)[0].removeprefix("\n")

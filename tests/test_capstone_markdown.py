@@ -1,0 +1,56 @@
+"""coursekit.capstone_markdown: the README's capstone numbers are the command's own output. Each README block equals
+the results file the command wrote, and the writer renders a report's numbers (a stand-in report here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coursekit import capstone_markdown as cm
+from coursekit import data, evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_each_readme_block_is_the_file_the_command_wrote(dtype):
+    written = (ROOT / "docs" / f"capstone-results-{dtype}.md").read_text()
+    assert cm.block((ROOT / "README.md").read_text(), dtype) == written
+    assert written.startswith("`coursekit capstone`, matmuls in " + dtype)
+
+
+def _res(split, right_every):
+    examples = data.load_split(split)
+    preds = [ex["label"] if i % right_every == 0 else "other" for i, ex in enumerate(examples)]
+    return evaluate.summarize([ex["label"] for ex in examples], preds, [ex["id"] for ex in examples])
+
+
+def _report():
+    both = lambda k: {s: _res(s, k) for s in data.HELDOUT_SPLITS}  # noqa: E731
+    return {"ladder": {"prompt tuned on train: system turn, 6 shots, calibrated": both(2)},
+            "heldout": {"qlora": {"labels": both(1)}}, "runs": {}, "merge": None,
+            "store": {"computed": 0, "read": 9}, "matmul": "float32", "threads": 2, "usable_cpus": 2,
+            "wall_seconds": 754.4}
+
+
+def test_markdown_renders_the_reports_numbers_and_its_own_time():
+    text = cm.markdown(_report())
+    assert text.startswith("`coursekit capstone`, matmuls in float32, 2 torch threads (2 usable CPUs), warm: every "
+                           "result read from the store: **12 min 34 s**.")
+    assert "| untrained, prompt tuned on train: system turn, 6 shots, calibrated | 50.0 % [41.2, 58.8] | 50.0 % [41.9, 58.1] |" in text
+    assert "| **QLoRA**, label scoring | 100.0 % [96.9, 100.0] | 100.0 % [97.4, 100.0] |" in text
+    assert "- unseen symptom: QLoRA vs the tuned prompt, 144 tickets: +50.0 points; right only for QLoRA on 72" in text
+    cold = cm.markdown({**_report(), "store": {"computed": 9, "read": 0}})
+    assert "cold: every result computed" in cold
+
+
+def test_splice_replaces_only_its_own_block_and_refuses_a_missing_one():
+    text = f"a\n{cm.begin('float32')}\nold\n{cm.end('float32')}\nb\n{cm.begin('bfloat16')}\nkeep\n{cm.end('bfloat16')}\n"
+    out = cm.splice(text, "new\n", "float32")
+    assert cm.block(out, "float32") == "new\n" and cm.block(out, "bfloat16") == "keep\n"
+    assert out.startswith("a\n") and out.endswith(f"{cm.end('bfloat16')}\n")
+    with pytest.raises(ValueError, match="exactly one"):
+        cm.splice("no markers", "x", "float32")
+    with pytest.raises(ValueError):
+        cm.block(text + cm.begin("float32"), "float32")
