@@ -69,6 +69,9 @@ __all__ = [
     "heldout_results",
     "merge_comparison",
     "run",
+    "RUN_LABELS",
+    "SCORING_LABELS",
+    "paired_comparisons",
     "format_report",
 ]
 
@@ -717,6 +720,27 @@ def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool =
             "wall_seconds": time.perf_counter() - t0}
 
 
+#: How tables name each run of :data:`RUNS` and each scoring rule (the console report and the README alike).
+RUN_LABELS = {"qlora": "QLoRA", "lora_bf16": "LoRA on the bf16 base", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
+SCORING_LABELS = {"labels": "label scoring", "generate": "generation (first-word rule)"}
+
+
+def paired_comparisons(report: dict) -> list[tuple[str, str, str, dict]]:
+    """The paired comparisons a :func:`run` report supports, on each held-out split: QLoRA (label scoring) against
+    the tuned prompt (:func:`tuned_baseline`), against LoRA on bf16 and against the q,v ablation (when those ran).
+    Returns ``[(split, name A, name B, coursekit.paired.compare result)]``, symptoms as the groups."""
+    from . import paired
+
+    symptom = {ex["id"]: ex["symptom"] for s in cdata.HELDOUT_SPLITS for ex in cdata.load_split(s)}
+    q = report["heldout"]["qlora"]["labels"]
+    pairs = [("QLoRA", "the tuned prompt", report["ladder"][tuned_baseline(report["ladder"])])]
+    pairs += [("QLoRA", label, report["heldout"][name]["labels"])
+              for name, label in (("lora_bf16", "LoRA on bf16"), ("qlora_qv", "the q,v ablation"))
+              if name in report["heldout"]]
+    return [(split, a, b, paired.compare(q[split], rb[split], symptom))
+            for a, b, rb in pairs for split in cdata.HELDOUT_SPLITS]
+
+
 def _pct(res: dict) -> str:
     lo, hi = res["interval"]
     return f"{100 * res['accuracy']:5.1f} % [{100 * lo:4.1f}, {100 * hi:5.1f}]"
@@ -724,18 +748,23 @@ def _pct(res: dict) -> str:
 
 def format_report(report: dict) -> str:
     """The run as plain-text tables: accuracy with 95 % Wilson intervals and n on both held-out splits for every
-    baseline and adapter, LoRA vs QLoRA cost, and the merge comparison."""
+    baseline and adapter, the paired comparisons (:func:`paired_comparisons`), LoRA vs QLoRA cost, and the merge
+    comparison. Rows are named as in the README's tables (``coursekit.capstone_markdown``)."""
+    from . import paired
+
     splits = cdata.HELDOUT_SPLITS
     n = {s: len(cdata.load_split(s)) for s in splits}
-    rows = [(f"{name}", *(_pct(res[s]) for s in splits)) for name, res in report["ladder"].items()]
+    rows = [(f"untrained, {name}", *(_pct(res[s]) for s in splits)) for name, res in report["ladder"].items()]
     for name, res in report["heldout"].items():
         for scoring, by_split in res.items():
-            rule = "label scoring" if scoring == "labels" else "generation, first word"
-            rows.append((f"{name}, {rule}", *(_pct(by_split[s]) for s in splits)))
+            rows.append((f"{RUN_LABELS.get(name, name)}, {SCORING_LABELS[scoring]}", *(_pct(by_split[s]) for s in splits)))
     head = ("model", *(f"{s} (n={n[s]})" for s in splits))
     w = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     lines = ["accuracy on the held-out splits, 95 % Wilson interval", "  ".join(h.ljust(w[i]) for i, h in enumerate(head))]
     lines += ["  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    lines += ["", "paired comparisons on the same tickets (McNemar's exact test; 95 % interval resampling whole symptoms; "
+                  "a winner only where both agree)"]
+    lines += [f"  {split}: " + paired.describe(c, a, b) for split, a, b, c in paired_comparisons(report)]
     lines += ["", "cost of each run (seconds per step from the training run; peak memory of QLoRA and LoRA on bf16 from a "
                   "fresh process)",
               f"{'run':12s} {'s/step':>7s} {'peak RSS MB':>12s} {'params+buffers MB':>18s} {'saved activations MB':>21s}"

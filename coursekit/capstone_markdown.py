@@ -13,6 +13,7 @@ from typing import Any
 
 from . import data as cdata
 from . import paired
+from .capstone import RUN_LABELS, SCORING_LABELS, paired_comparisons
 
 __all__ = ["begin", "end", "markdown", "splice", "block"]
 
@@ -43,7 +44,6 @@ def markdown(report: dict[str, Any]) -> str:
     Raises KeyError for a report without those parts."""
     splits = cdata.HELDOUT_SPLITS
     n = {s: len(cdata.load_split(s)) for s in splits}
-    symptom = {ex["id"]: ex["symptom"] for s in splits for ex in cdata.load_split(s)}
     st = report["store"]
     state = ("cold: every result computed" if st["read"] == 0 else
              "warm: every result read from the store" if st["computed"] == 0 else
@@ -54,23 +54,14 @@ def markdown(report: dict[str, Any]) -> str:
              "|---|" + "---|" * len(splits)]
     for name, by_split in report["ladder"].items():
         lines.append(f"| untrained, {name} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
-    names = {"qlora": "**QLoRA**", "lora_bf16": "LoRA on the bf16 base", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
     for run, by_scoring in report["heldout"].items():
         for scoring, by_split in by_scoring.items():
-            rule = "label scoring" if scoring == "labels" else "generation (first-word rule)"
-            lines.append(f"| {names.get(run, run)}, {rule} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
-    from .capstone import tuned_baseline
-
-    tuned = report["ladder"][tuned_baseline(report["ladder"])]
-    q = report["heldout"]["qlora"]["labels"]
-    pairs = [("QLoRA", "the tuned prompt", q, tuned)]
-    pairs += [("QLoRA", label, q, report["heldout"][run]["labels"])
-              for run, label in (("lora_bf16", "LoRA on bf16"), ("qlora_qv", "the q,v ablation")) if run in report["heldout"]]
+            name = "**QLoRA**" if run == "qlora" else RUN_LABELS.get(run, run)
+            lines.append(f"| {name}, {SCORING_LABELS[scoring]} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
     lines += ["", "Paired comparisons on the same tickets (McNemar's exact test on the tickets where the two disagree, "
                   "and a 95 % interval of the difference resampling whole symptoms; a winner only where both agree):", ""]
-    for a, b, ra, rb in pairs:
-        for s in splits:
-            lines.append(f"- {s.replace('_', ' ')}: " + paired.describe(paired.compare(ra[s], rb[s], symptom), a, b))
+    for split, a, b, c in paired_comparisons(report):
+        lines.append(f"- {split.replace('_', ' ')}: " + paired.describe(c, a, b))
     runs = report["runs"]
     if "qlora" in runs and "lora_bf16" in runs:
         qm, lm = runs["qlora"].get("memory") or {}, runs["lora_bf16"].get("memory") or {}
@@ -78,7 +69,8 @@ def markdown(report: dict[str, Any]) -> str:
         def mb(mem: dict, key: str) -> str:
             return "-" if mem.get(key) is None else f"{mem[key]:.0f} MB"
 
-        lines += ["", "| cost, measured in the same run | QLoRA (NF4 base) | LoRA (bf16 base) |", "|---|---:|---:|",
+        when = "measured in the same run" if st["read"] == 0 else "as measured when each result was computed"
+        lines += ["", f"| cost, {when} | QLoRA (NF4 base) | LoRA (bf16 base) |", "|---|---:|---:|",
                   f"| seconds per step (8 tickets, {len(runs['qlora']['losses'])} steps) | "
                   f"{runs['qlora']['seconds_per_step']:.2f} | {runs['lora_bf16']['seconds_per_step']:.2f} |",
                   f"| peak resident memory, fresh process, freed blocks returned | {mb(qm, 'peak_rss_mb')} | {mb(lm, 'peak_rss_mb')} |",
@@ -97,8 +89,16 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def splice(text: str, block: str, dtype: str) -> str:
-    """``text`` with everything between :func:`begin` and :func:`end` of ``dtype`` replaced by ``block``. Raises
-    ValueError when the markers are missing, repeated or out of order."""
+    """``text`` with everything between :func:`begin` and :func:`end` of ``dtype`` replaced by ``block`` (a newline is
+    added if it lacks its last one, so the end marker keeps its own line). Raises TypeError for a text or block
+    that is not a str, and ValueError when the markers are missing, repeated or out of order, or when ``block``
+    holds a results marker itself (splicing it in would leave a file no later run can splice)."""
+    if not isinstance(text, str) or not isinstance(block, str):
+        raise TypeError(f"text and block must be str, got {type(text).__name__} and {type(block).__name__}")
+    if "<!-- capstone results, " in block:
+        raise ValueError("the block holds a capstone results marker; pass the markdown of one run, without markers")
+    if block and not block.endswith("\n"):
+        block += "\n"
     b, e = begin(dtype), end(dtype)
     if text.count(b) != 1 or text.count(e) != 1 or text.index(b) > text.index(e):
         raise ValueError(f"the file needs exactly one capstone results block for {dtype}: a line {b} and, after it, {e}")

@@ -88,6 +88,10 @@ def _capstone(args: argparse.Namespace) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    if args.readme and not args.retrain:
+        print("coursekit capstone: --readme writes this run's times into the README, so the run must compute every "
+              "result: add --retrain", file=sys.stderr)
+        return 2
     from . import capstone
 
     store = capstone.Store(compute=True, fresh=args.retrain)
@@ -105,6 +109,10 @@ def _capstone(args: argparse.Namespace) -> int:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(args.markdown).write_text(block)
             print(f"the tables as markdown: {args.markdown}")
+        if args.readme and report["store"]["read"]:
+            print(f"coursekit capstone: not writing {args.readme}: {report['store']['read']} results were read from "
+                  f"the store, so the times are not this run's", file=sys.stderr)
+            return 1
         if args.readme:
             readme = Path(args.readme)
             readme.write_text(capstone_markdown.splice(readme.read_text(), block, report["matmul"]))

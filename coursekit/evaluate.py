@@ -299,11 +299,29 @@ def label_logprobs(model: torch.nn.Module, tokenizer, prompts: Sequence[Sequence
     return _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, progress)[0]
 
 
+def _checked_rows(logprob_fn: Callable, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``logprob_fn(logits, labels)`` as float32 [R], refusing what would silently rank labels wrongly: another
+    shape, or a score that is NaN or +inf (a log-probability is finite or −inf, and never above 0)."""
+    name = getattr(logprob_fn, "__name__", "logprob_fn")
+    rows = torch.as_tensor(logprob_fn(logits, labels), dtype=torch.float32)
+    if rows.shape != (logits.shape[0],):
+        raise ValueError(f"{name}(logits, labels) must return one score per row, shape [{logits.shape[0]}]; "
+                         f"got shape {list(rows.shape)}")
+    bad = torch.isnan(rows) | (rows == float("inf"))
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name}(logits, labels) returned {rows[i].item()} for row {i} (of {rows.numel()}): a "
+                         f"log-probability sum is a finite number ≤ 0 (or -inf), so labels cannot be ranked by it")
+    return rows
+
+
 def _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, progress) -> tuple[torch.Tensor, torch.Tensor]:
     """Both sums of :func:`label_rule_scores` from one pass: (label tokens and end of turn, label tokens only), [N, L] each."""
     _check_prompts(prompts)
     if len(labels) == 0:
         raise ValueError("no candidate labels")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     end = cdata.end_of_turn_id(tokenizer)
     answers = [tokenizer.encode(label, add_special_tokens=False) + [end] for label in labels]
     L, C = len(answers), max(map(len, answers))
@@ -322,8 +340,7 @@ def _label_passes(model, tokenizer, prompts, labels, batch_size, logprob_fn, pro
             out2 = model(input_ids=cont.repeat(B, 1), attention_mask=mask2, position_ids=pos2, cache=run)
             logits = torch.cat([first.repeat_interleave(L, dim=0).unsqueeze(1), out2.logits.float()], dim=1)
             for dest, lab in ((with_end, cont_labels), (only, label_only)):
-                rows = logprob_fn(logits, lab.repeat(B, 1))
-                dest.append(torch.as_tensor(rows, dtype=torch.float32).reshape(B, L))
+                dest.append(_checked_rows(logprob_fn, logits, lab.repeat(B, 1)).reshape(B, L))
             if progress:
                 progress(B)
     return torch.cat(with_end), torch.cat(only)
@@ -428,8 +445,14 @@ def evaluate(model: torch.nn.Module, tokenizer, examples: Sequence[dict[str, Any
 
 def summarize(true: Sequence[str], preds: Sequence[str], ids: Sequence[str] | None = None,
               extra: Sequence[dict] | None = None) -> dict[str, Any]:
-    """The result dict of :func:`evaluate` from true labels and predictions (see there)."""
+    """The result dict of :func:`evaluate` from true labels and predictions (see there). Raises ValueError for no
+    labels, unequal lengths, or a true label outside ``coursekit.data.LABELS``."""
     n = len(true)
+    if n == 0 or len(preds) != n:
+        raise ValueError(f"need one prediction per true label and at least one; got {n} and {len(preds)}")
+    unknown = [t for t in true if t not in cdata.LABELS]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not one of the labels {list(cdata.LABELS)} ({len(unknown)} such examples)")
     correct = sum(t == p for t, p in zip(true, preds))
     per = {label: [0, 0] for label in cdata.LABELS}
     for t, p in zip(true, preds):

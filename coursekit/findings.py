@@ -44,15 +44,23 @@ def _direction(mean: float, up: int, down: int, n: int) -> str:
         return f"raised accuracy in every layout (by {100 * mean:.1f} points on average)"
     if down == n:
         return f"lowered accuracy in every layout (by {100 * -mean:.1f} points on average)"
-    return f"raised accuracy in {up} of {n} layouts and lowered it in {down} ({100 * mean:+.1f} points on average)"
+    same = n - up - down
+    return (f"raised accuracy in {up} of {n} layouts and lowered it in {down}"
+            + (f", leaving {same} unchanged" if same else "") + f" ({100 * mean:+.1f} points on average)")
 
 
 def search_findings(search: dict[str, dict[str, dict]], layout_names: dict[str, str], rule_names: dict[str, str],
                     chosen: tuple[str, str]) -> list[str]:
     """What the baseline search (``coursekit.capstone.prompt_search``: ``{layout: {rule: result}}``) found: the
     generation readings, the effect of each reading of label scoring against the plain sum over the label and the
-    end-of-turn token, and the chosen pair with its n and 95 % Wilson interval. Raises KeyError when a layout lacks
-    one of the rules ``generate``, ``with_end``, ``label_only``, ``label_mean``, ``calibrated``."""
+    end-of-turn token, and the chosen pair with its n and 95 % Wilson interval. Raises ValueError for an empty search
+    or a result without predictions, and KeyError when a layout lacks one of the rules ``generate``, ``with_end``,
+    ``label_only``, ``label_mean``, ``calibrated``."""
+    if not search:
+        raise ValueError("the search holds no layouts: nothing to report")
+    empty = [(layout, rule) for layout, by in search.items() for rule, r in by.items() if not r.get("predictions")]
+    if empty:
+        raise ValueError(f"{empty[0][0]}, {empty[0][1]}: a result with no predictions (n = 0) has no accuracy to report")
     n_layouts = len(search)
     out = []
     gen = {layout: by["generate"] for layout, by in search.items()}

@@ -24,11 +24,17 @@ resamples whole clusters finds weak.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["mcnemar_exact", "paired_bootstrap_interval", "correct_by_id", "compare", "describe"]
+__all__ = ["MIN_GROUPS", "mcnemar_exact", "paired_bootstrap_interval", "correct_by_id", "compare", "describe"]
+
+#: Fewest groups (symptoms, or tickets when ungrouped) for which :func:`compare` states a direction. A bootstrap
+#: that resamples a handful of clusters has only a handful of distinct replicates, and its interval is too narrow
+#: (with one cluster it has zero width); below this count the comparison reports its numbers and no verdict.
+MIN_GROUPS = 10
 
 
 def _as_bools(name: str, values: Sequence[Any]) -> list[bool]:
@@ -63,15 +69,20 @@ def paired_bootstrap_interval(a_correct: Sequence[bool], b_correct: Sequence[boo
 
     Each of ``n_boot`` replicates draws as many groups as there are, with replacement, keeps both models' answers
     on every item of a drawn group, and takes the difference of the two accuracies over those items.
-    Deterministic for a ``seed``. Raises ValueError for unequal lengths, no items or a level outside (0, 1)."""
+    Deterministic for a ``seed``. Raises TypeError for groups None (pass the item ids to resample single items), and
+    ValueError for unequal lengths, no items, a level outside (0, 1) or an n_boot that is not a positive integer."""
     a, b = _as_bools("a_correct", a_correct), _as_bools("b_correct", b_correct)
+    if groups is None:
+        raise TypeError("groups must give one group per item (pass the item ids to resample single items), got None")
+    groups = list(groups)
     if not (len(a) == len(b) == len(groups)) or not a:
         raise ValueError(f"need one group per item, the same items for both models and at least one; got "
                          f"{len(a)}, {len(b)} and {len(groups)}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    if not isinstance(n_boot, int) or n_boot < 1:
+    if isinstance(n_boot, (bool, np.bool_)) or not isinstance(n_boot, numbers.Integral) or n_boot < 1:
         raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    n_boot = int(n_boot)
     index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
     diff = np.zeros(len(index))
     size = np.zeros(len(index))
@@ -99,36 +110,55 @@ def compare(a: dict[str, Any], b: dict[str, Any], groups: dict[str, Any] | None 
 
     groups: ``{ticket id: group}`` (e.g. the symptom) for the clustered interval; None treats every ticket as its
     own group. Returns ``{"n", "difference" (acc A − acc B, a fraction), "a_only", "b_only", "p_value",
-    "interval" (clustered bootstrap interval of the difference at level 1 − alpha), "winner"}`` where winner is
-    ``"a"`` or ``"b"`` only when McNemar's p < alpha and the interval excludes 0, else ``None`` (cannot tell apart).
-    Raises ValueError when the two results are not on the same tickets, or alpha is outside (0, 1)."""
+    "interval" (clustered bootstrap interval of the difference at level 1 − alpha), "grouped" (whether ``groups``
+    was given), "n_groups" (how many groups the interval resampled), "winner"}`` where winner is ``"a"`` or ``"b"`` only
+    when McNemar's p < alpha, the interval excludes 0 and there are at least :data:`MIN_GROUPS` groups, else
+    ``None`` (cannot tell apart). Raises ValueError when the two results are not on the same tickets (other ids, or
+    one ticket with two different true labels), a ticket has no group, or alpha is outside (0, 1)."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     ca, cb = correct_by_id(a), correct_by_id(b)
     if set(ca) != set(cb):
         raise ValueError(f"the two results are not on the same tickets ({len(ca)} and {len(cb)} ids, "
                          f"{len(set(ca) ^ set(cb))} in only one)")
+    la = {p["id"]: p["label"] for p in a["predictions"]}
+    lb = {p["id"]: p["label"] for p in b["predictions"]}
+    clash = [i for i in la if la[i] != lb[i]]
+    if clash:
+        raise ValueError(f"the two results give {len(clash)} tickets different true labels, e.g. {clash[0]!r}: "
+                         f"{la[clash[0]]!r} and {lb[clash[0]]!r}; they are not the same tickets")
     ids = list(ca)
+    if groups is not None:
+        lost = [i for i in ids if i not in groups]
+        if lost:
+            raise ValueError(f"{len(lost)} tickets have no group, e.g. {lost[0]!r}")
     x, y = [ca[i] for i in ids], [cb[i] for i in ids]
     test = mcnemar_exact(x, y)
     grouping = [groups[i] for i in ids] if groups is not None else ids
     lo, hi = paired_bootstrap_interval(x, y, grouping, n_boot=n_boot, level=1 - alpha, seed=seed)
+    n_groups = len(set(grouping))
     winner = None
-    if test["p_value"] < alpha and (lo > 0 or hi < 0):
+    if test["p_value"] < alpha and (lo > 0 or hi < 0) and n_groups >= MIN_GROUPS:
         winner = "a" if lo > 0 else "b"
-    return {**test, "difference": (sum(x) - sum(y)) / len(ids), "interval": [lo, hi], "winner": winner}
+    return {**test, "difference": (sum(x) - sum(y)) / len(ids), "interval": [lo, hi], "grouped": groups is not None,
+            "n_groups": n_groups, "winner": winner}
 
 
 def describe(comparison: dict[str, Any], name_a: str, name_b: str) -> str:
     """One sentence that reads a :func:`compare` result: the discordant counts, the p-value, the clustered interval
-    in percentage points, and the verdict (a direction only where :func:`compare` found one)."""
+    in percentage points (what it resampled: whole symptoms, or single tickets when ungrouped), and the verdict (a
+    direction only where :func:`compare` found one; with fewer than :data:`MIN_GROUPS` groups it says why not)."""
     c = comparison
     lo, hi = (100 * v for v in c["interval"])
+    unit = "whole symptoms" if c.get("grouped", True) else "tickets"
     head = (f"{name_a} vs {name_b}, {c['n']} tickets: {100 * c['difference']:+.1f} points; right only for {name_a} on "
             f"{c['a_only']}, only for {name_b} on {c['b_only']} (McNemar exact p = {c['p_value']:.2g}); "
-            f"interval resampling whole symptoms [{lo:+.1f}, {hi:+.1f}]: ")
+            f"interval resampling {unit} [{lo:+.1f}, {hi:+.1f}]: ")
     if c["winner"] == "a":
         return head + f"{name_a} is better."
     if c["winner"] == "b":
         return head + f"{name_b} is better."
+    if c.get("n_groups", MIN_GROUPS) < MIN_GROUPS:
+        return head + (f"only {c['n_groups']} {'symptoms' if c.get('grouped', True) else 'tickets'}, too few to resample "
+                       f"(at least {MIN_GROUPS}): no verdict.")
     return head + "this test cannot tell them apart."

@@ -54,3 +54,32 @@ def test_splice_replaces_only_its_own_block_and_refuses_a_missing_one():
         cm.splice("no markers", "x", "float32")
     with pytest.raises(ValueError):
         cm.block(text + cm.begin("float32"), "float32")
+
+
+def test_splice_refuses_what_would_break_the_file_and_keeps_the_end_marker_on_its_own_line():
+    text = f"a\n{cm.begin('float32')}\nold\n{cm.end('float32')}\n"
+    assert cm.block(cm.splice(text, "no newline", "float32"), "float32") == "no newline\n"
+    with pytest.raises(TypeError, match="block must be str"):
+        cm.splice(text, None, "float32")
+    with pytest.raises(ValueError, match="marker"):
+        cm.splice(text, f"x\n{cm.end('float32')}\n", "float32")
+
+
+def _memory(peak):
+    return {"peak_rss_mb": peak, "saved_activations_mb": 100.0}
+
+
+def test_the_cost_table_says_when_its_times_were_measured():
+    runs = {name: {"seconds_per_step": 1.0, "losses": [1.0] * 40, "footprint_mb": 200.0, "memory": _memory(900.0)}
+            for name in ("qlora", "lora_bf16")}
+    warm = cm.markdown({**_report(), "runs": runs})
+    assert "| cost, as measured when each result was computed |" in warm and "same run" not in warm
+    cold = cm.markdown({**_report(), "runs": runs, "store": {"computed": 9, "read": 0}})
+    assert "| cost, measured in the same run |" in cold
+
+
+def test_readme_is_written_only_by_a_cold_run(capsys):
+    from coursekit.cli import main
+
+    assert main(["capstone", "--readme", "README.md"]) == 2  # refused before anything runs
+    assert "add --retrain" in capsys.readouterr().err

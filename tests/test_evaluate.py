@@ -219,3 +219,28 @@ def test_evaluate_label_rules_reads_each_rule_off_one_pass(tiny, tok):
         E.evaluate_label_rules(tiny, tok, [], "definitions")
     with pytest.raises(ValueError, match="unknown prompt style"):
         E.evaluate_label_rules(tiny, tok, examples, "chatty")
+
+
+def test_label_rules_refuse_a_scoring_function_that_gives_nan_or_the_wrong_shape(tiny, tok):
+    """A student's answer_logprobs that returns NaN would rank the labels by whatever argmax makes of NaN; the pass
+    names the function, the row and the value instead."""
+    examples = data.load_split("unseen_phrasing")[:2]
+
+    def nan_logprobs(logits, labels):
+        out = E.answer_logprobs(logits, labels)
+        out[1] = float("nan")
+        return out
+
+    with pytest.raises(ValueError, match=r"nan_logprobs\(logits, labels\) returned nan for row 1"):
+        E.evaluate_label_rules(tiny, tok, examples, "definitions", logprob_fn=nan_logprobs)
+    with pytest.raises(ValueError, match="one score per row"):
+        E.evaluate_label_rules(tiny, tok, examples, "definitions", logprob_fn=lambda lg, lb: lg.sum(dim=-1))
+    with pytest.raises(ValueError, match="batch_size"):
+        E.evaluate_label_rules(tiny, tok, examples, "definitions", batch_size=0)
+
+
+def test_an_unknown_true_label_is_named():
+    with pytest.raises(ValueError, match="'plumbing' is not one of the labels"):
+        E.summarize(["plumbing"], ["thermal"])
+    with pytest.raises(ValueError, match="one prediction per true label"):
+        E.summarize([], [])

@@ -26,7 +26,7 @@ def test_the_sentences_follow_the_numbers_in_both_directions():
                   "b": {"generate": 3, "with_end": 1, "label_only": 3, "label_mean": 3, "calibrated": 2}})
     lines = findings.search_findings(up, {"a": "A", "b": "B"}, capstone.RULES, ("a", "calibrated"))
     assert "dropping the end-of-turn token (label only against label + end) raised accuracy in every layout (by 25.0" in lines[2]
-    assert "raised accuracy in 0 of 2 layouts and lowered it in 1 (-5.0 points on average)" in lines[3]
+    assert "raised accuracy in 0 of 2 layouts and lowered it in 1, leaving 1 unchanged (-5.0 points on average)" in lines[3]
     assert "raised accuracy in 1 of 2 layouts and lowered it in 1 (+0.0 points" in lines[4]
     assert lines[-1] == "best on the 10 training tickets: A, calibrated, 60.0 % [31.3, 83.2]."
     same = _search({"a": {"generate": 0, "with_end": 5, "label_only": 5, "label_mean": 5, "calibrated": 5}})
@@ -35,6 +35,15 @@ def test_the_sentences_follow_the_numbers_in_both_directions():
     down = _search({"a": {"generate": 0, "with_end": 5, "label_only": 2, "label_mean": 2, "calibrated": 2}})
     assert "lowered accuracy in every layout (by 30.0 points on average)" in findings.search_findings(
         down, {"a": "A"}, capstone.RULES, ("a", "with_end"))[2]
+
+
+def test_search_findings_refuse_an_empty_search():
+    with pytest.raises(ValueError, match="no layouts"):
+        findings.search_findings({}, {}, capstone.RULES, ("a", "with_end"))
+    broken = _search({"a": {"generate": 0, "with_end": 5, "label_only": 5, "label_mean": 5, "calibrated": 5}})
+    broken["a"]["label_only"]["predictions"] = []
+    with pytest.raises(ValueError, match="a, label_only: a result with no predictions"):
+        findings.search_findings(broken, {"a": "A"}, capstone.RULES, ("a", "with_end"))
 
 
 def test_generation_reports_how_many_first_words_are_labels():

@@ -127,3 +127,45 @@ def test_describe_names_the_counts_and_says_which_is_better():
     text = paired.describe(c, "QLoRA", "the prompt")
     assert "right only for QLoRA on 0, only for the prompt on 10" in text and text.endswith("the prompt is better.")
     assert "-100.0 points" in text
+
+
+def test_a_handful_of_groups_gives_numbers_and_no_verdict():
+    """One symptom holding every ticket: the bootstrap redraws that one symptom every time and its interval has zero
+    width, so it would 'exclude 0' for any difference. Below MIN_GROUPS groups no direction is stated."""
+    a, b = [True] * 20, [False] * 20
+    one = {f"t{i}": "s" for i in range(20)}
+    c = paired.compare(_result(a), _result(b), one)
+    assert c["interval"][0] == c["interval"][1] == 1.0 and c["p_value"] < 1e-5
+    assert c["n_groups"] == 1 and c["winner"] is None
+    text = paired.describe(c, "A", "B")
+    assert "only 1 symptoms, too few to resample" in text and "better" not in text
+    many = {f"t{i}": i % paired.MIN_GROUPS for i in range(20)}
+    assert paired.compare(_result(a), _result(b), many)["winner"] == "a"
+
+
+def test_describe_says_what_the_interval_resampled():
+    c = paired.compare(_result([True] * 12), _result([False] * 12))
+    assert "interval resampling tickets" in paired.describe(c, "A", "B") and not c["grouped"]
+    g = paired.compare(_result([True] * 12), _result([False] * 12), {f"t{i}": i for i in range(12)})
+    assert "interval resampling whole symptoms" in paired.describe(g, "A", "B") and g["grouped"]
+
+
+def test_compare_refuses_other_labels_and_tickets_without_a_group():
+    other = _result([True, False])
+    other["predictions"][1]["label"] = "z"
+    with pytest.raises(ValueError, match="different true labels, e.g. 't1'"):
+        paired.compare(_result([True, False]), other)
+    with pytest.raises(ValueError, match="1 tickets have no group, e.g. 't1'"):
+        paired.compare(_result([True, False]), _result([True, True]), {"t0": "s"})
+
+
+def test_paired_bootstrap_names_its_argument_errors():
+    with pytest.raises(TypeError, match="groups"):
+        paired.paired_bootstrap_interval([True], [False], None)
+    import numpy as np
+
+    assert paired.paired_bootstrap_interval([True, False], [False, False], [0, 1], n_boot=np.int64(50))
+    with pytest.raises(ValueError, match="n_boot"):
+        paired.paired_bootstrap_interval([True], [False], [0], n_boot=True)
+    with pytest.raises(ValueError, match="n_boot"):
+        paired.paired_bootstrap_interval([True], [False], [0], n_boot=2.5)
