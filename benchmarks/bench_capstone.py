@@ -6,7 +6,8 @@ hardware, else float32, exactly as ``capstone.for_this_cpu`` sets it up): second
 the steps after a warm-up), and the bound that GEMMs in that dtype alone would allow: the step's multiply-adds
 (the frozen base's forward and input gradients, the adapters' forward and both gradients, the output layer at
 the supervised positions; attention scores and element-wise work not counted) divided by the GEMM rate this CPU
-reaches in that dtype at the model's own shapes, measured here, in the same process, just before. The ratio says
+reaches in that dtype at the model's own shapes, measured once in the same process after both timings. The two
+steps multiply the same shapes, so they share one bound. The ratio says
 how far eager PyTorch on this machine is from the arithmetic; a profiled step says how much of its CPU time is
 matrix products and how many operations it dispatches.
 
@@ -86,12 +87,8 @@ def timed_steps(quantize: bool, steps: int) -> dict:
     gemm_us = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
     tokens, supervised = batch["input_ids"].numel(), data.count_supervised(batch["labels"])
     flop, shapes = step_flop(m.get_base_model(), tokens, supervised, cfg.r, None)
-    dtype = model.matmul_dtype()
-    rate = gemm_rate(tokens, shapes, dtype)
-    sec = statistics.median(hist["seconds"][1:])
-    return {"seconds_per_step": sec, "step_gflop": flop / 1e9, "dtype": str(dtype).removeprefix("torch."),
-            "gemm_gflops": rate / 1e9,
-            "bound_seconds": flop / rate, "ratio_to_bound": sec / (flop / rate), "tokens_per_step": tokens,
+    return {"seconds_per_step": statistics.median(hist["seconds"][1:]), "step_gflop": flop / 1e9,
+            "dtype": str(model.matmul_dtype()).removeprefix("torch."), "tokens_per_step": tokens, "shapes": shapes,
             "footprint_mb": footprint / 1e6, "profiled_share_in_matmuls": gemm_us / total_us,
             "profiled_ops": sum(e.count for e in events)}
 
@@ -106,6 +103,12 @@ def main() -> None:
     model.use_usable_cpus()
     t0 = time.perf_counter()
     jobs = {"QLoRA (NF4)": timed_steps(True, a.steps), "LoRA (bf16)": timed_steps(False, a.steps)}
+    first = jobs["QLoRA (NF4)"]
+    assert all(j["shapes"] == first["shapes"] and j["tokens_per_step"] == first["tokens_per_step"] for j in jobs.values())
+    rate = gemm_rate(first["tokens_per_step"], first["shapes"], model.matmul_dtype())
+    for j in jobs.values():
+        bound = j["step_gflop"] * 1e9 / rate
+        j.update(gemm_gflops=rate / 1e9, bound_seconds=bound, ratio_to_bound=j["seconds_per_step"] / bound)
     result = {"jobs": jobs, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "bench_seconds": time.perf_counter() - t0}
     out = Path(a.out)
