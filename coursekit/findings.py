@@ -58,7 +58,8 @@ def search_findings(search: dict[str, dict[str, dict]], layout_names: dict[str, 
     ``label_only``, ``label_mean``, ``calibrated``."""
     if not search:
         raise ValueError("the search holds no layouts: nothing to report")
-    empty = [(layout, rule) for layout, by in search.items() for rule, r in by.items() if not r.get("predictions")]
+    empty = [(layout, rule) for layout, by in search.items() for rule in rule_names
+             if rule in by and not by[rule].get("predictions")]
     if empty:
         raise ValueError(f"{empty[0][0]}, {empty[0][1]}: a result with no predictions (n = 0) has no accuracy to report")
     n_layouts = len(search)
