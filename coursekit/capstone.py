@@ -19,10 +19,13 @@ capstone`` runs it with coursekit's reference functions (:data:`REFERENCE`). The
    differences and greedy agreement against the function that was trained.
 
 Every result is stored on disk (:class:`Store`) under a key made of what determines it (base checkpoint,
-data, configuration, adapter bytes), so a second run of the lesson, the grader and the tests reuse it.
-The store never holds code: results computed by a student's functions and by the reference recipe share
-keys, and each records which recipe made it. Inside ``nbgrader autograde`` the store only reads: grading
-never trains (``coursekit grade`` runs :func:`run` with the reference recipe first if anything is missing).
+data, configuration, adapter bytes, and the fingerprints of the recipe functions that computed it,
+:func:`coursekit.fingerprint.code_fingerprint`), so a second run of the lesson, the grader and the tests reuse it,
+and a function changed since gets its results computed again. :data:`REFERENCE` is lesson 19's model answer
+(``coursekit.recipe``): a student's code that equals it shares its results, any other code gets its own run,
+and the reference's results reach a notebook only where it asks for them by name (``mine = capstone.REFERENCE``).
+Inside ``nbgrader autograde`` the store only reads, and reads the reference's results: grading never trains
+(``coursekit grade`` runs :func:`run` with the reference recipe first if anything is missing).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import gc
 import hashlib
 import json
@@ -46,6 +50,7 @@ from . import memory as cmemory
 from . import model as cmodel
 from . import train as ctrain
 from .data import prompts as cprompts
+from .fingerprint import code_fingerprint
 
 __all__ = [
     "CONFIG",
@@ -59,6 +64,8 @@ __all__ = [
     "tuned_baseline",
     "Recipe",
     "REFERENCE",
+    "DEPENDS_ON",
+    "recipe_key",
     "Store",
     "CacheMiss",
     "baseline_ladder",
@@ -140,16 +147,48 @@ class Recipe:
         if not gaps:
             return self
         return dataclasses.replace(self, name=f"{self.name}, with coursekit's {', '.join(gaps)}",
-                                   **{g: getattr(REFERENCE, g) for g in gaps})
+                                   **{g: getattr(reference_recipe(), g) for g in gaps})
 
 
 def _reference_preflight(model, batch, optimizer):
     return ctrain.preflight(model, batch, optimizer=optimizer, trainable=lambda n: "lora_" in n)
 
 
-#: coursekit's own functions: what ``coursekit capstone`` and the grader's cache use.
-REFERENCE = Recipe("coursekit's reference recipe", ctrain.load_for_lora, _reference_preflight, ctrain.adapter_optimizer,
-                   ctrain.train_steps, ceval.answer_logprobs, ceval.first_word, ctrain.merge_into_bf16)
+@functools.cache
+def reference_recipe() -> Recipe:
+    """coursekit's own functions, also ``capstone.REFERENCE``: lesson 19's model answers (``coursekit.recipe``) and
+    coursekit's preflight (which decides no result). What ``coursekit capstone`` and the grader's cache use.
+    Built on first use, because ``coursekit.recipe`` imports transformers and PEFT (seconds), which a grader that
+    only reads the store does not need."""
+    from . import recipe as crecipe
+
+    return Recipe("coursekit's reference recipe", crecipe.load_for_lora, _reference_preflight,
+                  crecipe.adapter_optimizer, crecipe.train_steps, crecipe.answer_logprobs, crecipe.first_word,
+                  crecipe.merge_for_deployment)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REFERENCE":  # capstone.REFERENCE: the reference recipe, built on first use
+        return reference_recipe()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+#: The recipe functions each kind of stored result depends on: their fingerprints are part of its key.
+DEPENDS_ON: dict[str, tuple[str, ...]] = {
+    "runs": ("load_for_lora", "adapter_optimizer", "train_steps"),
+    "labels": ("answer_logprobs",),
+    "generate": ("first_word",),
+    "merges": ("merge_for_deployment",),
+}
+
+
+def recipe_key(recipe: Recipe, store: "Store", kind: str) -> dict[str, str]:
+    """``{function name: code_fingerprint}`` of the functions of ``recipe`` that results of ``kind`` depend on
+    (:data:`DEPENDS_ON`; a search or baseline result depends on both scoring rules). A store that may not compute
+    (inside ``nbgrader autograde``) reads the :data:`REFERENCE`'s results whatever the recipe: the grader asks for
+    them by name, and never trains. Raises KeyError for an unknown kind."""
+    names = DEPENDS_ON["labels"] + DEPENDS_ON["generate"] if kind == "prompts" else DEPENDS_ON[kind]
+    source = recipe if store.compute else reference_recipe()
+    return {n: code_fingerprint(getattr(source, n)) for n in names}
 
 
 # --------------------------------------------------------------------------- the store
@@ -303,12 +342,13 @@ def _lazy_base(base: torch.nn.Module | None) -> Callable[[], torch.nn.Module]:
     return get
 
 
-def prompt_search(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: torch.nn.Module | None = None,
+def prompt_search(tokenizer, store: Store, recipe: Recipe | None = None, base: torch.nn.Module | None = None,
                   progress: bool = True) -> dict[str, dict[str, dict]]:
     """Every prompt layout with every reading of :data:`RULES` on :func:`search_examples` (training tickets only):
     ``{layout: {rule: result}}`` (results as :func:`coursekit.evaluate.evaluate` returns them). One generation pass
     and one label-scoring pass per layout. ``base``: the untrained NF4 model, loaded here only if a result is
     missing."""
+    recipe = recipe or reference_recipe()
     return _prompt_search(tokenizer, store, recipe, _lazy_base(base), progress)
 
 
@@ -316,7 +356,9 @@ def _prompt_search(tokenizer, store: Store, recipe: Recipe, get: Callable[[], to
                    progress: bool) -> dict[str, dict[str, dict]]:
     examples = search_examples()
     key_examples = _digest([ex["id"] for ex in examples])
-    return {layout: store.result("search", {**_base_key(layout), "examples": key_examples, "rules": list(RULES)},
+    code = recipe_key(recipe, store, "prompts")
+    return {layout: store.result("search", {**_base_key(layout), "examples": key_examples, "rules": list(RULES),
+                                            "code": code},
                                  lambda layout=layout: _all_rules(get, tokenizer, examples, layout, recipe, progress,
                                                                   f"search: {layout}", tuple(RULES)),
                                  recipe.name)
@@ -339,7 +381,7 @@ def rung_name(layout: str, rule: str) -> str:
     return f"prompt tuned on train: {LAYOUT_NAMES[layout]}, {RULES[rule]}"
 
 
-def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: torch.nn.Module | None = None,
+def baseline_ladder(tokenizer, store: Store, recipe: Recipe | None = None, base: torch.nn.Module | None = None,
                     progress: bool = True) -> dict[str, dict[str, dict]]:
     """The baselines on both held-out splits: ``{rung name: {split: result}}``, results as
     :func:`coursekit.evaluate.evaluate` returns them plus ``"layout"`` and ``"rule"``.
@@ -347,8 +389,10 @@ def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: t
     The first rung is the search's overall best (:func:`best_prompt` on :func:`prompt_search`, chosen on training
     tickets): the baseline a fine-tune must beat (:func:`tuned_baseline`). The second, when the best is not already
     a generation rule, is the best prompt read by generation: what a user of the untrained model would see."""
+    recipe = recipe or reference_recipe()
     get = _lazy_base(base)
     search = _prompt_search(tokenizer, store, recipe, get, progress)
+    code = recipe_key(recipe, store, "prompts")
     chosen = [best_prompt(search)]
     if chosen[0][1] != "generate":
         chosen.append(best_prompt(search, ("generate",)))
@@ -357,7 +401,7 @@ def baseline_ladder(tokenizer, store: Store, recipe: Recipe = REFERENCE, base: t
         wanted = ("generate",) if rule == "generate" else tuple(ceval.LABEL_RULES)
         out[rung_name(layout, rule)] = {}
         for split in cdata.HELDOUT_SPLITS:
-            key = {**_base_key(layout), "split": split, "rules": list(wanted)}
+            key = {**_base_key(layout), "split": split, "rules": list(wanted), "code": code}
             res = store.result("baselines", key, lambda layout=layout, split=split, wanted=wanted: _all_rules(
                 get, tokenizer, cdata.load_split(split), layout, recipe, progress, f"{layout}, {split}", wanted),
                 recipe.name)
@@ -397,10 +441,10 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _run_key(name: str) -> dict:
+def _run_key(name: str, recipe: Recipe, store: "Store") -> dict:
     quantize, cfg, _ = RUNS[name]
     return {"quantize": quantize, "config": asdict(cfg), "base": ctrain.base_identity()["checkpoint_files"],
-            "data": data_key(), "matmul": _matmul()}
+            "data": data_key(), "matmul": _matmul(), "code": recipe_key(recipe, store, "runs")}
 
 
 def _losses(out: Any) -> list[float]:
@@ -442,7 +486,7 @@ class TrainedRun:
         _release_memory()
 
 
-def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, progress: bool = True) -> TrainedRun:
+def train_run(name: str, tokenizer, store: Store, recipe: Recipe | None = None, progress: bool = True) -> TrainedRun:
     """Train the adapter of :data:`RUNS` ``[name]`` with ``recipe``, or find it in the store.
 
     Training: seed, ``recipe.load_for_lora`` (the embedded base), the training split cut into
@@ -453,10 +497,11 @@ def train_run(name: str, tokenizer, store: Store, recipe: Recipe = REFERENCE, pr
     (parameters and buffers after loading), ``adapter_dir`` (where the store is now), ``adapter_sha``, ``by``
     (which recipe trained it), ``when`` and ``cached``.
     """
+    recipe = recipe or reference_recipe()
     from transformers import get_linear_schedule_with_warmup
 
     quantize, cfg, _ = RUNS[name]
-    key = _run_key(name)
+    key = _run_key(name, recipe, store)
     folder = store.folder("runs", key)
     adapter_dir = folder / "adapter"
     with store.locked(folder) as todo:
@@ -568,13 +613,14 @@ def peak_memory(name: str, store: Store, return_freed: bool = True) -> dict:
     quantize, cfg, _ = RUNS[name]
     key = {"quantize": quantize, "config": asdict(cfg), "base": ctrain.base_identity()["checkpoint_files"],
            "steps": MEMORY_STEPS, "return_freed": return_freed}
-    return store.result("memory", key, compute, REFERENCE.name)
+    return store.result("memory", key, compute, "coursekit's reference recipe")
 
 
-def stored_run(name: str, store: Store) -> dict:
-    """The record of :data:`RUNS` ``[name]`` as :func:`train_run` stored it, without loading any model.
-    Raises :class:`CacheMiss` when it was never trained on this machine."""
-    folder = store.folder("runs", _run_key(name))
+def stored_run(name: str, store: Store, recipe: Recipe | None = None) -> dict:
+    """The record of :data:`RUNS` ``[name]`` as :func:`train_run` stored it for ``recipe``'s code, without loading
+    any model. Raises :class:`CacheMiss` when it was never trained on this machine."""
+    recipe = recipe or reference_recipe()
+    folder = store.folder("runs", _run_key(name, recipe, store))
     if not (folder / "result.json").is_file():
         raise CacheMiss(f"the {name} run is not in the capstone store ({store.root}): run lesson 19 or `coursekit capstone`.")
     return _stored_record(folder)
@@ -593,7 +639,7 @@ def heldout_results(run: TrainedRun, tokenizer, store: Store, scorings: tuple[st
         out[scoring] = {}
         for split in cdata.HELDOUT_SPLITS:
             key = {"adapter": rec["adapter_sha"], "run": rec["name"], "style": "plain", "scoring": scoring, "split": split,
-                   "matmul": _matmul()}
+                   "matmul": _matmul(), "code": recipe_key(run.recipe, store, scoring)}
             out[scoring][split] = store.result("heldout", key, lambda scoring=scoring, split=split: ceval.evaluate(
                 run.model, tokenizer, cdata.load_split(split), scoring, "plain", progress=progress,
                 desc=f"{rec['name']}, {split}", first_word=run.recipe.first_word,
@@ -643,7 +689,8 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
     "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement", "accuracy", "no_label",
     "same_token_as_base"}}}``."""
     record, recipe = run.record, run.recipe
-    key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split, "matmul": _matmul()}
+    key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split, "matmul": _matmul(),
+           "code": recipe_key(recipe, store, "merges")}
 
     def compute() -> dict:
         examples = cdata.load_split(split)
@@ -692,10 +739,11 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
 # --------------------------------------------------------------------------- the whole run
 
 
-def run(recipe: Recipe = REFERENCE, store: Store | None = None, progress: bool = True, log: Callable = print) -> dict:
+def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool = True, log: Callable = print) -> dict:
     """Every step above, in order; returns ``{"ladder", "runs": {name: record}, "heldout": {name: results},
     "merge", "store": {"computed", "read"} (results this run computed and read), "matmul", "threads",
     "usable_cpus", "wall_seconds"}``. What ``coursekit capstone`` and ``coursekit grade`` (before grading lesson 19) run."""
+    recipe = recipe or reference_recipe()
     t0 = time.perf_counter()
     store = store or Store()
     tok = cmodel.load_tokenizer()

@@ -123,6 +123,18 @@ def load_by_borrowing(path, r, lora_alpha, target_modules, quantize=True):
     return train.load_for_lora(path, r, lora_alpha, target_modules, quantize)
 
 
+def load_by_borrowing_the_model_answer(path, r, lora_alpha, target_modules, quantize=True):
+    from coursekit import recipe
+
+    return recipe.load_for_lora(path, r, lora_alpha, target_modules, quantize)
+
+
+def train_by_borrowing_the_model_answer(model, windows, optimizer, scheduler, progress=True):
+    from coursekit import recipe
+
+    return recipe.train_steps(model, windows, optimizer, scheduler, progress)
+
+
 def load_forging_replies(path, r, lora_alpha, target_modules, quantize=True):
     """Writes a full score for requests 1 to 99 into every other text stream open for writing (the runner's
     replies among them), then returns nothing."""

@@ -57,6 +57,8 @@ def test_right_choices_score_full(item):
     ("p1", A.load_without_double_quant_or_prepare, "double quantization"),
     ("p1", A.load_with_r_and_alpha_swapped, "lora_alpha and r swapped"),
     ("p1", A.load_by_borrowing, "coursekit.train.load_for_lora instead of doing the work itself"),
+    ("p1", A.load_by_borrowing_the_model_answer, "coursekit.recipe (the reference recipe)"),
+    ("p4", A.train_by_borrowing_the_model_answer, "coursekit.recipe (the reference recipe)"),
     ("p2", A.preflight_demanding_lora_A_gradients, "every lora_A gradient is exactly zero"),
     ("p2", A.preflight_without_restore_or_base_check, "changed a base weight"),
     ("p2", A.preflight_without_restore_or_base_check, "copy them back"),

@@ -228,6 +228,9 @@ class Function:
     rtol: float = 1e-6
     atol: float = 1e-9
     timeout: float | None = None  # seconds per call of the student's function; None: COURSEKIT_CASE_TIMEOUT or 30
+    #: "module:qualname" of the coursekit functions stubbed in the grader's runner while this item is graded;
+    #: None: the reference, or the teaching kernels it calls (coursekit.grading.remote.default_withheld).
+    withheld: Sequence[str] | None = None
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         cases = list(self.public())

@@ -81,13 +81,14 @@ class _Stub(Exception):
 
 
 _PKG = Path(__file__).resolve().parents[2]          # coursekit/
-_ANSWER_CODE = (_PKG / "grading", _PKG / "capstone.py")  # where answers and the pipeline live
+_ANSWER_CODE = (_PKG / "grading", _PKG / "capstone.py", _PKG / "recipe.py")  # answers, the pipeline, the model answers
 
 
 def _borrowed(watch: _CallWatch, forbidden: tuple[Callable, ...], allowed: tuple[Callable, ...] = ()) -> list[str]:
     """coursekit functions the student's code ran, directly or through any wrapper, that it must not use: the item's
-    references (``forbidden``) and anything in coursekit.grading or coursekit.capstone, except ``allowed`` (code the
-    grader itself put into the case, such as a hook on a broken model)."""
+    references (``forbidden``) and anything in coursekit.grading, coursekit.capstone or coursekit.recipe (lesson
+    19's model answers), except ``allowed`` (code the grader itself put into the case, such as a hook on a broken
+    model)."""
     codes = {getattr(getattr(f, "__func__", f), "__code__", None): f"{f.__module__}.{f.__qualname__}" for f in forbidden}
     ok = {getattr(getattr(f, "__func__", f), "__code__", None) for f in allowed}
     found = set()
@@ -100,6 +101,8 @@ def _borrowed(watch: _CallWatch, forbidden: tuple[Callable, ...], allowed: tuple
             found.add("the grader's own code")
         elif Path(code.co_filename).resolve() == _ANSWER_CODE[1]:
             found.add("coursekit.capstone's run")
+        elif Path(code.co_filename).resolve() == _ANSWER_CODE[2]:
+            found.add("coursekit.recipe (the reference recipe)")
     return sorted(found)
 
 
@@ -350,7 +353,8 @@ def _measure_load(fn: Callable, seed: int, r: int, lora_alpha: int, target_modul
 class LoadItem(_ModelItem):
     """Implement ``load_for_lora(path, r, lora_alpha, target_modules, quantize)``: checked on tiny checkpoints."""
 
-    withheld = ("coursekit.train:load_for_lora", "coursekit.train:attach_adapter", "coursekit.model:load_model")
+    withheld = ("coursekit.train:load_for_lora", "coursekit.train:attach_adapter", "coursekit.model:load_model",
+                "coursekit.recipe:load_for_lora")
 
     def public(self):
         return [LoadCase("NF4, r = 4, lora_alpha = 8, all-linear", 0, 4, 8, "all-linear", True),
@@ -546,7 +550,7 @@ class OptCase:
 class OptimizerItem(_ModelItem):
     """Implement ``adapter_optimizer(model, lr, weight_decay)``: AdamW over the trainable tensors only."""
 
-    withheld = ("coursekit.train:adapter_optimizer",)
+    withheld = ("coursekit.train:adapter_optimizer", "coursekit.recipe:adapter_optimizer")
 
     def public(self):
         return [OptCase("lr 1e-3, no weight decay", 0, 1e-3, 0.0), OptCase("lr 5e-4, weight decay 0.01", 1, 5e-4, 0.01)]
@@ -852,7 +856,7 @@ FIRST_WORD_CASES = [("Thermal.", "thermal"), ("  **software** issue", "software"
 class FirstWordItem:
     """Implement ``first_word(text)``: every case's answer must equal coursekit's rule (strings, so a custom check)."""
 
-    withheld = ("coursekit.evaluate:first_word",)  # stubbed in the grader's runner
+    withheld = ("coursekit.evaluate:first_word", "coursekit.recipe:first_word")  # stubbed in the grader's runner
 
     def __init__(self, title: str, points: float):
         self.title, self.points, self.name = title, points, "first_word"
@@ -968,7 +972,8 @@ def _logits(model, ids) -> torch.Tensor:
 class MergeItem(_ModelItem):
     """Implement ``merge_for_deployment(adapter_dir, path)``: the bf16 base at ``path`` with the adapter merged in."""
 
-    withheld = ("coursekit.train:merge_into_bf16", "coursekit.train:merge_into_dequantized", "coursekit.train:load_adapter")
+    withheld = ("coursekit.train:merge_into_bf16", "coursekit.train:merge_into_dequantized", "coursekit.train:load_adapter",
+                "coursekit.recipe:merge_for_deployment")
 
     def public(self):
         return [MergeCase("a tiny NF4-trained adapter, r = 4", 0, 4)]
@@ -1116,7 +1121,8 @@ ITEMS = {
     "p4": TrainItem("implement train_steps", 3, "train_steps"),
     "p5": Function("implement answer_logprobs", 2, name="answer_logprobs", reference=ceval.answer_logprobs,
                    public=_p5_public, hidden=_p5_hidden, outputs=("result",), mistakes=_p5_mistakes,
-                   rtol=1e-4, atol=1e-5),
+                   rtol=1e-4, atol=1e-5,
+                   withheld=("coursekit.evaluate:answer_logprobs", "coursekit.recipe:answer_logprobs")),
     "p6": FirstWordItem("implement first_word", 1),
     "p7": Function("implement confusion_matrix", 1, name="confusion_matrix", reference=ceval.confusion_matrix,
                    public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
