@@ -349,14 +349,23 @@ def withheld_of(item: Any) -> list[str]:
     return default_withheld(reference, cases[0].kwargs) if cases else []
 
 
+#: Modules of model answers (``coursekit.recipe``: lesson 19's, written as a student would write them). Their
+#: functions are withheld in the runner like any other (a call fails there), but never searched for in a pickled
+#: answer: an honest answer written the natural way compiles to the same bytecode.
+MODEL_ANSWERS = ("coursekit.recipe",)
+
+
 def _carried(blob: bytes, withheld: Sequence[str]) -> list[str]:
     """The withheld functions whose bytecode travels inside the pickled answer (a function rebuilt in the notebook
-    from the reference's ``__code__``, or the reference pickled by value): found in the bytes, never unpickled."""
+    from the reference's ``__code__``, or the reference pickled by value): found in the bytes, never unpickled.
+    Functions of :data:`MODEL_ANSWERS` are not searched for."""
     import importlib
 
     found = []
     for w in withheld:
         mod, _, qual = w.partition(":")
+        if mod in MODEL_ANSWERS:
+            continue
         try:
             obj: Any = importlib.import_module(mod)
             for part in qual.split("."):
