@@ -58,6 +58,9 @@ c.Autograde.autograde_preprocessors = [
 # What the grader measured of this run (seconds spent executing and scoring: coursekit.grading.budget) stays in the
 # autograded notebook; everything else of the notebook's metadata is cleared as nbgrader does.
 c.ClearMetadataPreprocessor.preserve_nb_metadata_mask = {("language_info", "name"), "coursekit_budget"}
+# Each check cell's outcome (status and named mistakes, coursekit.guard.OUTCOME_KEY) stays too: the class report
+# (coursekit report) reads it from the autograded notebooks.
+c.ClearMetadataPreprocessor.preserve_cell_metadata_mask = {"nbgrader", "coursekit_outcome"}
 c.ExecutePreprocessor.kernel_name = "python3"
 # The grading kernel's own log (e.g. ipykernel's note about TCP transport) is noise in the grader's output.
 c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]

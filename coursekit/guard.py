@@ -49,6 +49,15 @@ def _error(ename: str, text: str) -> NotebookNode:
 
 #: Notebook metadata key under which GuardedExecute records how long the execution took (for ScoreAnswers' budget).
 BUDGET_KEY = "coursekit_budget"
+#: Cell metadata key of a scored check's outcome (:func:`outcome`), read by the instructor's class report
+#: (coursekit.report) from the autograded notebook: data written where the score is decided, never read back
+#: out of the feedback text.
+OUTCOME_KEY = "coursekit_outcome"
+
+#: How a check ended: all its points; some of them; a known mistake (the item named it); wrong in another way;
+#: not answered (the release's blank); not scored at all (``reason`` says why: no answer reached the grader, the
+#: submission's time was spent, the check did not run, the grader failed).
+OUTCOMES = ("right", "partial", "mistake", "wrong", "blank", "not_scored")
 
 
 def source_hash(source: str) -> str:
@@ -418,6 +427,27 @@ class DropEmptyMetadata(NbGraderPreprocessor):
 _GRADE_CALL = re.compile(r"""\bgrade\(\s*["'](\d\d\.\w+)["']""")
 
 
+def outcome(item_id: str, points: float, max_points: float, status: str, mistakes: list[str] | None = None,
+            reason: str = "") -> dict:
+    """The record of one scored check, stored in its cell's metadata under :data:`OUTCOME_KEY`: ``{"item",
+    "points", "max_points", "status" (one of :data:`OUTCOMES`), "mistakes" (labels of the known mistakes the
+    answer made), "reason" (why a check was not scored)}``. Raises ValueError for an unknown status."""
+    if status not in OUTCOMES:
+        raise ValueError(f"unknown outcome {status!r}; one of {OUTCOMES}")
+    return {"item": item_id, "points": float(points), "max_points": float(max_points), "status": status,
+            "mistakes": list(mistakes or []), "reason": reason}
+
+
+def _status(fb, blank: bool) -> str:
+    if blank:
+        return "blank"
+    if fb.full:
+        return "right"
+    if fb.mistakes:
+        return "mistake"
+    return "partial" if fb.points > 0 else "wrong"
+
+
 def _result(text: str, points: float, count) -> list:
     return [NotebookNode(output_type="stream", name="stdout", text=text if text.endswith("\n") else text + "\n"),
             NotebookNode(output_type="execute_result", execution_count=count, metadata={}, data={"text/plain": repr(float(points))})]
@@ -462,6 +492,8 @@ class ScoreAnswers(NbGraderPreprocessor):
             if len(calls) != 1:
                 cell.outputs = _result("0 points: a check cell must be one grade(...) call; this one is not, so it "
                                        "cannot be scored.", 0.0, count)
+                cell.metadata[OUTCOME_KEY] = outcome(md.get("grade_id", "?"), 0.0, float(md.get("points", 0) or 0),
+                                                     "not_scored", reason="the check cell was changed")
                 continue
             item_id = calls[0]
             outs = list(cell.get("outputs", []))
@@ -477,6 +509,7 @@ class ScoreAnswers(NbGraderPreprocessor):
                 if runs_code and (spent is not None or deadline.left() <= 0):  # (a value costs no time to score)
                     spent = spent or deadline.spent()
                     cell.outputs = _result(f"{title}: 0 points\n  {spent.reason()[0].upper() + spent.reason()[1:]}", 0.0, count)
+                    cell.metadata[OUTCOME_KEY] = outcome(item_id, 0.0, it.points, "not_scored", reason="time spent")
                     continue
                 if len(recs) == 1:
                     try:
@@ -484,24 +517,32 @@ class ScoreAnswers(NbGraderPreprocessor):
                     except budget.BudgetSpent as e:
                         spent = e
                         cell.outputs = _result(f"{title}: 0 points\n  {e.reason()[0].upper() + e.reason()[1:]}", 0.0, count)
+                        cell.metadata[OUTCOME_KEY] = outcome(item_id, 0.0, it.points, "not_scored", reason="time spent")
                         continue
-                    cell.outputs = _result(fb.text(title), min(max(fb.points, 0.0), float(it.points)), count)
+                    points = min(max(fb.points, 0.0), float(it.points))
+                    cell.outputs = _result(fb.text(title), points, count)
+                    blank = bool(next(iter(recs.values())).get("unanswered"))
+                    cell.metadata[OUTCOME_KEY] = outcome(item_id, points, it.points, _status(fb, blank), fb.mistakes)
                     continue
                 errors = [o for o in outs if o.get("output_type") == "error"]
                 if len(recs) > 1:
-                    why = "more than one answer reached the grader for this item, so none counts. Give one answer."
+                    why, reason = "more than one answer reached the grader for this item, so none counts. Give one answer.", "several answers"
                 elif errors:
                     e = errors[0]
                     why = (f"the check did not run: {e.get('ename', 'Error')}: {str(e.get('evalue', ''))[:500]}")
+                    reason = f"the check did not run ({e.get('ename', 'Error')})"
                 else:
-                    why = "no answer reached the grader (did the notebook change how the check cell runs?)"
+                    why, reason = "no answer reached the grader (did the notebook change how the check cell runs?)", "no answer reached the grader"
                 cell.outputs = _result(f"{title}: 0 points\n  {why[0].upper() + why[1:]}", 0.0, count)
+                cell.metadata[OUTCOME_KEY] = outcome(item_id, 0.0, it.points, "not_scored", reason=reason)
             except Exception as e:  # a broken check must not stop the grading of this notebook or of anyone else
                 self.log.warning("could not score %s: %s", item_id, e, exc_info=True)
                 cell.outputs = _result(f"[{item_id}] 0 points\n  The grader could not score this check ({type(e).__name__}); "
                                        "the instructor has the log.", 0.0, count)
+                cell.metadata[OUTCOME_KEY] = outcome(item_id, 0.0, float(md.get("points", 0) or 0), "not_scored",
+                                                     reason=f"the grader failed ({type(e).__name__})")
         nb.metadata[BUDGET_KEY] = {**(nb.metadata.get(BUDGET_KEY) or {}), "scored_seconds": round(time.monotonic() - t0, 3)}
         return nb, resources
 
 
-__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreAnswers"]
+__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreAnswers", "OUTCOME_KEY", "OUTCOMES", "outcome"]

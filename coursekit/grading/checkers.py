@@ -51,6 +51,9 @@ class Feedback:
     lines: list[str] = field(default_factory=list)
     right: bool | None = None  # a formative (0-point) item's verdict; None: read it from the points
     credit: str = ""  # why the points are partial ("1/4 of the points: a known mistake"), shown after the lines
+    #: The known mistakes this answer made, as data for the instructor's class report (coursekit.report): each
+    #: matched :class:`Mistake`'s label, or "(x)" for a wrong option chosen. Empty: right, or wrong another way.
+    mistakes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # nbgrader rejects a cell result above its points; never let rounding exceed it.
@@ -71,7 +74,7 @@ class Feedback:
 def formative(fb: Feedback) -> Feedback:
     """A formative (0-point) item's result: checked as if worth one point, it keeps the verdict and the
     explanation and scores 0 of 0 (no partial-credit note: there are no points to share)."""
-    return Feedback(0.0, 0.0, fb.lines, right=fb.full)
+    return Feedback(0.0, 0.0, fb.lines, right=fb.full, mistakes=list(fb.mistakes))
 
 
 @dataclass
@@ -205,7 +208,7 @@ def check_choice(answer: Any, key: str, points: float, options: Sequence[str], h
     if letter == key:
         return Feedback(points, points, [f"({letter}) is right." + (f" {hints[letter]}" if letter in hints else "")] + lines)
     why = hints.get(letter, "Reread the question's key sentence and try again.")
-    return Feedback(0, points, [f"({letter}) is not right. {why}"] + lines)
+    return Feedback(0, points, [f"({letter}) is not right. {why}"] + lines, mistakes=[f"({letter})"])
 
 
 def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
@@ -242,7 +245,7 @@ def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequenc
     if not wrong and not missed:
         lines.append("All right.")
     score = points * max(0.0, (len(right) - len(wrong)) / len(key))
-    return Feedback(score, points, [l.strip() for l in lines if l.strip()])
+    return Feedback(score, points, [l.strip() for l in lines if l.strip()], mistakes=[f"({o})" for o in sorted(wrong)])
 
 
 def _ordering_labels(answer: Any) -> list[str] | str:
@@ -336,7 +339,8 @@ def check_numeric(answer: Any, expected: float, points: float, name: str = "answ
     for m in mistakes:
         mv = _number(m.value)
         if mv is not None and abs(x - mv) <= atol + rtol * abs(mv):
-            return Feedback(0, points, [f"{name} = {_num(x, expected)}{unit_s} is not right. Likely mistake: {m.message}"])
+            return Feedback(0, points, [f"{name} = {_num(x, expected)}{unit_s} is not right. Likely mistake: {m.message}"],
+                            mistakes=[m.label])
     return Feedback(0, points, [f"{name} = {_num(x, expected)}{unit_s} is not right (tolerance: relative {rtol:g}, absolute {atol:g})."])
 
 
@@ -391,13 +395,16 @@ def _type_name(x: Any) -> str:
 
 
 def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol: float,
-                   mistakes: Sequence[Mistake] = (), reveal: bool = True, hidden: bool = False) -> tuple[str, list[str]]:
+                   mistakes: Sequence[Mistake] = (), reveal: bool = True, hidden: bool = False,
+                   found: list[str] | None = None) -> tuple[str, list[str]]:
     """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values.
 
     ``reveal=False`` (answer items, whose expected value is the key) names the wrong entry and the value
     that came back, never the expected one. ``hidden=True`` (a hidden case) names the output and what is
     wrong with it, but no shape, index or value: each is computed from the hidden inputs. Mistake messages
     are printed as given; for a hidden case pass messages without numbers (see :func:`check_function`).
+    ``found``: a list that gets the label of every known mistake the answer equals (the message names the first;
+    two mistakes can give the same value on one case), as data for the class report.
     """
     a = as_array(got)
     expected = np.asarray(expected, dtype=np.float64)
@@ -414,8 +421,11 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         for m in mistakes:
             mv = np.asarray(m.value, dtype=np.float64) if m.value is not None else None
             if mv is not None and mv.shape == a.shape and np.allclose(a, mv, rtol=rtol, atol=atol):
-                lines.append(f"Likely mistake: {m.message}")
-                break
+                if not any(l.startswith("Likely mistake:") for l in lines):
+                    lines.append(f"Likely mistake: {m.message}")
+                if found is None:
+                    break
+                found.append(m.label)
         return "shape", lines
     if not np.all(np.isfinite(a)):
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
@@ -442,8 +452,10 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
             continue
         mv = np.asarray(m.value, dtype=np.float64)
         if mv.shape == a.shape and np.allclose(a, mv, rtol=max(rtol, 1e-6), atol=max(atol, 1e-9)):
-            named = f"Likely mistake: {m.message}"
-            break
+            named = named or f"Likely mistake: {m.message}"
+            if found is None:
+                break
+            found.append(m.label)
     low = _low_precision(got)
     # Blame the dtype only when its rounding could explain the miss and no known mistake does
     # (a wrong formula computed in float32 is a wrong formula).
@@ -463,13 +475,15 @@ def check_array(answer: Any, expected: Any, points: float, name: str = "answer",
     any array of zeros has it); right values with the wrong dtype earn 3/4. Feedback names the worst index and the value that came back, but
     not the expected value (it is the key), and recognises ``mistakes``.
     """
-    kind, lines = compare_arrays(answer, expected, name, rtol, atol, mistakes, reveal=False)
+    found: list[str] = []
+    kind, lines = compare_arrays(answer, expected, name, rtol, atol, mistakes, reveal=False, found=found)
     if kind in ("type", "shape"):
-        return Feedback(0, points, lines)
+        return Feedback(0, points, lines, mistakes=found[:1])
     if kind == "values":
-        if any(l.startswith("Likely mistake:") for l in lines) and as_array(answer) is not None and np.isfinite(as_array(answer)).all():
-            return Feedback(points / 4, points, lines, credit="1/4 of the points: a known mistake, on the right track")
-        return Feedback(0, points, lines)
+        if found and as_array(answer) is not None and np.isfinite(as_array(answer)).all():
+            return Feedback(points / 4, points, lines, credit="1/4 of the points: a known mistake, on the right track",
+                            mistakes=found[:1])
+        return Feedback(0, points, lines, mistakes=found[:1])
     if dtype is not None:
         got = str(getattr(answer, "dtype", type(answer).__name__)).replace("torch.", "")
         want = np.dtype(dtype).name
@@ -675,6 +689,7 @@ def check_function(
     if not callable(fn):
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
     passed, lines, noise, hidden_noise = 0, [], [], []
+    per_case: list[list[str]] = []  # per failed case, the labels of every known mistake its answer equals
     public_mistakes: dict[tuple[str, str], tuple[int, str]] = {}  # (output, label) → (case number, message)
     positional = _needs_positional(fn, cases)
     if positional:
@@ -731,11 +746,14 @@ def check_function(
             for out, ms in known.items():
                 for m in ms:
                     public_mistakes.setdefault((out, m.label), (i, m.message))
-        bad = []
+        bad, found = [], []
         for out_name, g, w in zip(outputs, got, want):
-            kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()), hidden=case.hidden)
+            kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()), hidden=case.hidden,
+                                       found=found)
             if kind != "ok":
                 bad += msg
+        if found:
+            per_case.append(found)
         if not bad and extra is not None:
             try:
                 with quiet(sink):  # extra checks call the student's code again
@@ -782,7 +800,17 @@ def check_function(
                          f"{'they quote' if n != 1 else 'it quotes'} numbers, which may be hidden inputs.)")
     if noise:
         lines += _noise_text(noise).splitlines()
-    return Feedback(score, points, lines)
+    return Feedback(score, points, lines, mistakes=_consistent(per_case))
+
+
+def _consistent(per_case: list[list[str]]) -> list[str]:
+    """The mistakes an answer made, from the labels each failed case's answer equals: those every such case shares
+    (on one case two mistakes can give the same value, e.g. s // r = 0 and no adapter at all), else each case's
+    first."""
+    if not per_case:
+        return []
+    shared = [label for label in dict.fromkeys(per_case[0]) if all(label in c for c in per_case)]
+    return shared or list(dict.fromkeys(c[0] for c in per_case))
 
 
 def _swapped_outputs(outputs: Sequence[str], got: Sequence[Any], want: Sequence[Any], rtol: float, atol: float) -> str:
