@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test test-lesson grade grade-class release doctor bench capstone clean
+.PHONY: setup lab test test-lesson grade grade-class release doctor bench capstone report report-class clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,16 @@ release: $(STAMP)
 
 doctor: $(STAMP)
 	$(BIN)/coursekit doctor
+
+# What the graded class got wrong, item by item, and who is missing: report.html, items.csv, students.csv and
+# report.json in the course folder's report/. `make report` reads the example class `make grade` graded,
+# `make report-class` yours; LESSONS=02 limits it to lessons.
+LESSONS ?=
+report: $(STAMP)
+	$(BIN)/coursekit report --examples $(LESSONS)
+
+report-class: $(STAMP)
+	$(BIN)/coursekit report $(LESSONS)
 
 capstone: $(STAMP)
 	$(BIN)/coursekit capstone

@@ -129,6 +129,7 @@ SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_grading_roundtrip.py::TestRoundTrip02": "lesson 02's graded example class",
     "tests/test_parallel_grading.py": "lesson 02's graded example class",
     "tests/test_dask_grading.py": "lesson 02's graded example class",
+    "tests/test_report.py": "lesson 02's graded example class",
 }
 SCOPE_SECONDS = {  # one core's seconds, rounded, from the clean-clone run of docs/maintainers.md
     "lesson 02's graded example class": 620,

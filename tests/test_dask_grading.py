@@ -198,6 +198,20 @@ def test_grades_csv_is_byte_for_byte_the_serial_runs(graded):
     assert (graded["dask"] / "grades.csv").read_bytes() == serial
 
 
+def test_the_class_report_of_the_scheduler_run_is_the_serial_runs(graded):
+    """coursekit report reads outcomes the grading process stored while scoring: for each student, the notebook that
+    executed on a Dask cluster's worker holds exactly the outcomes (status, points, named mistakes) of the serial
+    run, and the report of the cluster's class counts them."""
+    from coursekit import report
+
+    for sid in STUDENTS:
+        nb = Path("autograded") / sid / AID / f"{AID}.ipynb"
+        assert report._outcomes(graded["dask"] / nb) == report._outcomes(graded["serial"] / nb), sid
+    les = report.collect(graded["dask"], [AID])["lessons"][0]
+    assert les["graded"] == len(STUDENTS) and all(sum(r[c] for c in report.COLUMNS) == len(STUDENTS) for r in les["items"])
+    assert {label for r in les["items"] for label in r["mistakes"]} == {"B not transposed"}  # ex-transposed-B's
+
+
 def test_every_notebook_ran_on_a_worker_and_none_failed(graded):
     a = graded["autograder"]
     assert sorted(a.replayed) == [(AID, sid) for sid in sorted(STUDENTS)]
