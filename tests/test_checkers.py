@@ -821,3 +821,18 @@ def test_partial_credit_is_explained_where_there_are_points_and_dropped_where_th
     fb = check_array(want.astype(np.float32), want, 4, name="Y", dtype=np.float64)
     assert fb.points == 3 and "Y has dtype float32; expected float64." in fb.text() and "(3/4 of the points.)" in fb.text()
     assert formative(fb).full is False and "of the points" not in formative(fb).text()
+
+
+def test_feedback_carries_the_named_mistakes_as_data():
+    """What the class report counts: the label of each known mistake an answer made, never parsed from the text."""
+    from coursekit.grading.checkers import _consistent, check_choice, check_multi, check_numeric
+
+    m = [Mistake("alpha", 32, "that is lora_alpha itself."), Mistake("r/alpha", 0.25, "upside down.")]
+    assert check_numeric(32, 4.0, 1, mistakes=m).mistakes == ["alpha"]
+    assert check_numeric(5, 4.0, 1, mistakes=m).mistakes == []  # wrong another way
+    assert check_numeric(4.0, 4.0, 1, mistakes=m).mistakes == []
+    assert check_choice("c", "b", 1, ["a", "b", "c"]).mistakes == ["(c)"]
+    assert check_multi(["a", "c"], ["a", "b"], 1, ["a", "b", "c"]).mistakes == ["(c)"]
+    # two mistakes that coincide on one case: the one every failed case shares is the mistake made
+    assert _consistent([["no adapter"], ["floor", "no adapter"], ["no adapter"]]) == ["no adapter"]
+    assert _consistent([["a"], ["b"]]) == ["a", "b"] and _consistent([]) == []
