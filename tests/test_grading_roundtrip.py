@@ -10,12 +10,13 @@ broken files handed in besides: ``graded_examples.regraded_in_parallel``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from coursekit import course
-from graded_examples import (BROKEN_FILES, EXACT, EXACT_SCORE, EXAMPLES, TOLD, WRONG, cell_scores, feedback_text,
+from graded_examples import (BROKEN_FILES, EXACT, EXACT_SCORE, EXAMPLES, HOSTILE, TOLD, WRONG, cell_scores, feedback_text,
                              graded_example_class, limits_for, parallel_run, regradable_copy, regraded_in_parallel,
                              score_table, submission_scores)
 
@@ -59,6 +60,24 @@ class _RoundTrip:
         assert not lost, f"the solution loses points in the autograde run (hidden cases included): {lost}"
         code, max_code, _ = submission_scores(work, self.AID, "ex-perfect")
         assert code == max_code > 0
+
+    def test_a_wrong_answer_never_turns_a_lesson_cell_into_a_traceback(self, graded):
+        """Every example student who is not hostile ran the whole lesson with a typical wrong answer in the cells it
+        replaces (the autograde run executes every cell). No cell but the student's own answer cells may end in an
+        error: a self-check cell says what is wrong in a sentence (coursekit.selfcheck) or leaves it to the graded
+        check, which explains the mistake."""
+        work, _ = graded
+        problems = []
+        students = ["ex-perfect"] + sorted({w[1] for w in WRONG if w[0] == self.AID} - {s for a, s in HOSTILE if a == self.AID})
+        for sid in students:
+            nb = json.loads((work / "autograded" / sid / self.AID / f"{self.AID}.ipynb").read_text())
+            for i, cell in enumerate(nb["cells"]):
+                if cell["cell_type"] != "code" or cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+                    continue
+                for out in cell.get("outputs", []):
+                    if out.get("output_type") == "error":
+                        problems.append(f"{sid}, cell {i}: {out.get('ename')}: {str(out.get('evalue'))[:200]}")
+        assert not problems, "\n".join(problems)
 
     def test_table_and_grades_csv(self, graded):
         work, table = graded
