@@ -391,6 +391,12 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     if problems:
         table += "\n\nGraded 0, with a feedback file saying why:\n" + "\n".join(
             f"{sid}/{aid}: {p}" for (aid, sid), p in sorted(problems.items()))
+    lost = misplaced(submitted, lesson_ids(root))
+    if lost:
+        table += "\n\nNot graded, in the wrong place:\n" + "\n".join(lost)
+    if rows or problems:
+        report.write_submissions_csv(course, ids, course / "submissions.csv")
+        table += "\n\nsubmissions.csv says, per student and lesson, graded, scored 0 for a reason, or missing."
     if not jobs:
         table = f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
     return table + f"\n\ngrades.csv, gradebook.db and feedback/ are in {course}"
@@ -473,6 +479,45 @@ def _unsafe(folder: Path, aid: str, allowed: set[str] | None) -> str | None:
     return None
 
 
+def misplaced(submitted: Path, lessons: Iterable[str]) -> list[str]:
+    """What in ``submitted`` (``<student>/<lesson>/``) no lesson folder holds, each with what to do: a folder named by
+    a lesson's number or another name of it (``00/``, ``lesson-02``), a notebook directly in the student's folder,
+    a lesson folder nested one level too deep. Nothing in it is graded; the instructor moves it and grades again.
+    ``lessons``: every lesson id of the course (the student may have handed in any of them)."""
+    known = list(lessons)
+    out = []
+    if not submitted.is_dir():
+        return out
+
+    def lesson_of(name: str) -> str | None:
+        digits = re.sub(r"\D", "", name.split("-", 1)[0]) or re.sub(r"\D", "", name)[:2]
+        return next((k for k in known if digits and k.startswith(f"{int(digits):02d}-")), None) if digits else None
+
+    for student in sorted(p for p in submitted.iterdir() if p.is_dir()):
+        for entry in sorted(student.iterdir()):
+            if entry.name in known or entry.name.startswith("."):
+                continue
+            where = f"{student.name}/{entry.name}"
+            if entry.is_dir():
+                inner = [q.name for q in entry.iterdir() if q.is_dir() and q.name in known]
+                guess = inner[0] if inner else lesson_of(entry.name)
+                if guess is None:
+                    for nb in entry.glob("*.ipynb"):
+                        guess = lesson_of(nb.stem)
+                        if guess:
+                            break
+                todo = (f"move {where}/{guess} up one level, to {student.name}/{guess}" if inner else
+                        f"rename it to {student.name}/{guess}" if guess else
+                        f"it names no lesson: put each notebook at {student.name}/<lesson>/<lesson>.ipynb")
+                out.append(f"{where}/ is not a lesson folder, so nothing in it was graded: {todo}, then grade again.")
+            elif entry.suffix == ".ipynb":
+                guess = lesson_of(entry.stem)
+                todo = (f"move it to {student.name}/{guess}/{guess}.ipynb" if guess else
+                        f"put it at {student.name}/<lesson>/<lesson>.ipynb")
+                out.append(f"{where} sits outside any lesson folder, so it was not graded: {todo}, then grade again.")
+    return out
+
+
 def release_folder(a) -> Path:
     """The release folder (``lessons/``) of the course that the NbGraderAPI ``a`` grades."""
     return Path(a.coursedir.root) / a.coursedir.release_directory
@@ -501,13 +546,34 @@ def check_submission(folder: Path, aid: str, release: Path | None = None) -> str
     if not raw.strip():
         return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
     try:
-        nbformat.reads(raw.decode("utf-8"), as_version=4)
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
     except UnicodeDecodeError:
         return f"{aid}.ipynb is not a text file (it is not UTF-8), so it is not a notebook. Hand in the .ipynb file Jupyter saves."
     except Exception as e:
         kind = "is not JSON" if "JSON" in type(e).__name__ or "json" in str(e).lower()[:200] else "is not a notebook nbformat can read"
         return (f"{aid}.ipynb {kind} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). It may have been edited in a "
                 f"text editor or cut short. Open it in Jupyter, save it, and hand it in again.")
+    return _not_this_lesson(nb, aid)
+
+
+def _not_this_lesson(nb, aid: str) -> str | None:
+    """Why a readable notebook is not a submission of ``aid``: it has no cells, or none of the lesson's answer cells
+    (nbgrader would restore the missing cells and grade a blank lesson, with a traceback for every check), and then
+    which lesson's notebook it is, when its first heading or cells say so."""
+    if not nb.cells:
+        return (f"{aid}.ipynb is a notebook with no cells in it: nothing to grade. Open the lesson's notebook in Jupyter, "
+                f"answer it, save it, and hand it in again.")
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    ids.discard(None)
+    checks = {m.group(1)[:2] for c in nb.cells if c.cell_type == "code"
+              for m in re.finditer(r"""grade\(\s*["'](\d\d)\.""", c.source)}
+    if ids and checks and aid[:2] not in checks:
+        other = sorted(checks)[0]
+        return (f"{aid}.ipynb holds lesson {other}'s notebook, not lesson {aid[:2]}'s (its checks are lesson {other}'s). "
+                f"Hand in lesson {aid[:2]}'s notebook under this name.")
+    if not ids:
+        return (f"{aid}.ipynb has none of the lesson's answer and check cells (it is not the lesson's notebook, or they "
+                f"were deleted). Start again from the lesson's notebook, answer it, and hand it in.")
     return None
 
 

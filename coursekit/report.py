@@ -26,7 +26,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["STATUS_DIR", "write_status", "clear_status", "graded_lessons", "collect", "write", "format_text"]
+__all__ = ["STATUS_DIR", "write_status", "clear_status", "graded_lessons", "collect", "write", "write_submissions_csv",
+           "format_text"]
 
 #: Folder (in the course folder) of the submissions that scored 0 without being graded: one JSON per submission.
 STATUS_DIR = "grading-status"
@@ -278,6 +279,14 @@ def _html(report: dict, names: bool) -> str:
                      f"Names are in students.csv (or run with --names).</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def write_submissions_csv(course: str | Path, lessons: Iterable[str], dest: str | Path) -> Path:
+    """Beside grades.csv: one line per student and lesson with ``status`` (graded, zero for a reason, missing), the
+    score and the reason, so that a 0 and a notebook never handed in are different things in a spreadsheet."""
+    dest = Path(dest)
+    dest.write_text(_students_csv(collect(course, lessons)))
+    return dest
 
 
 def write(report: dict, out: str | Path, names: bool = False) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -158,15 +159,13 @@ def test_the_model_lessons_are_the_ones_whose_notebooks_load_the_model():
 def test_a_submission_nbgrader_cannot_grade_keeps_nbgraders_reason(tmp_path, capsys):
     """An edited check cell (here: duplicate cell ids, as nbgrader reports them) fails nbgrader itself: the student
     scores 0 with nbgrader's reason in the feedback, and the instructor gets the reason and the whole log."""
-    from nbformat.v4 import new_code_cell, new_notebook
-
     root = Path(__file__).resolve().parents[1]
     aid = "02-lora-inside-one-matmul"
     a = course.api(root, tmp_path / "c", tmp_path / "r")
     course._check(a.generate_assignment(aid, force=True, create=True), "release")
     sub = tmp_path / "c" / "submitted" / "ex-broken" / aid
     sub.mkdir(parents=True)
-    nbformat.write(new_notebook(cells=[new_code_cell("1")]), sub / f"{aid}.ipynb")
+    shutil.copyfile(tmp_path / "r" / aid / f"{aid}.ipynb", sub / f"{aid}.ipynb")  # readable: nbgrader's turn
     log = "[AutogradeApp | ERROR] boom\nTraceback (most recent call last):\n  File ...\nValueError: Notebook cell ids must be unique: 'p1_test'\n"
     a.autograde = lambda *args, **kw: {"success": False, "log": log, "error": ""}
     problem = course.autograde_one(a, aid, "ex-broken")
@@ -190,3 +189,41 @@ def test_release_shows_the_computation_not_its_checks(lid):
     checks = [l for l in code if re.match(r"\s*(assert |np\.testing\.|torch\.testing\.)", l)]
     assert len(checks) <= 0.1 * len(code), (f"lessons/{lid}: {len(checks)} of {len(code)} code lines are checks; move "
                                             f"them to a cell tagged {TAG} after the computation: {checks[:3]}")
+
+
+def test_a_submission_in_the_wrong_place_is_listed_with_what_to_do(tmp_path):
+    lessons = course.lesson_ids(ROOT)
+    sub = tmp_path / "submitted"
+    (sub / "ana" / "00").mkdir(parents=True)
+    (sub / "ana" / "00" / "00-setup-and-probes.ipynb").write_text("{}")
+    (sub / "ben" / "02-lora-inside-one-matmul").mkdir(parents=True)  # a right one: not listed
+    (sub / "ben" / "lesson-05.ipynb").write_text("{}")
+    (sub / "cy" / "homework" / "03-what-low-rank-restricts").mkdir(parents=True)
+    (sub / "di" / "stuff").mkdir(parents=True)
+    lost = course.misplaced(sub, lessons)
+    assert lost == [
+        "ana/00/ is not a lesson folder, so nothing in it was graded: rename it to ana/00-setup-and-probes, then grade again.",
+        "ben/lesson-05.ipynb sits outside any lesson folder, so it was not graded: move it to "
+        "ben/05-backward-through-one-projection/05-backward-through-one-projection.ipynb, then grade again.",
+        "cy/homework/ is not a lesson folder, so nothing in it was graded: move cy/homework/03-what-low-rank-restricts up "
+        "one level, to cy/03-what-low-rank-restricts, then grade again.",
+        "di/stuff/ is not a lesson folder, so nothing in it was graded: it names no lesson: put each notebook at "
+        "di/<lesson>/<lesson>.ipynb, then grade again."]
+
+
+def test_an_empty_notebook_or_another_lessons_gets_one_sentence(tmp_path):
+    import nbformat
+
+    aid, other = "02-lora-inside-one-matmul", "03-what-low-rank-restricts"
+    folder = tmp_path / aid
+    folder.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(), folder / f"{aid}.ipynb")
+    assert "a notebook with no cells in it" in course.check_submission(folder, aid)
+    shutil.copyfile(ROOT / "lessons" / other / f"{other}.ipynb", folder / f"{aid}.ipynb")
+    assert course.check_submission(folder, aid).startswith(
+        f"{aid}.ipynb holds lesson 03's notebook, not lesson 02's (its checks are lesson 03's).")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, folder / f"{aid}.ipynb")
+    assert "none of the lesson's answer and check cells" in course.check_submission(folder, aid)
+    shutil.copyfile(ROOT / "lessons" / aid / f"{aid}.ipynb", folder / f"{aid}.ipynb")
+    assert course.check_submission(folder, aid) is None

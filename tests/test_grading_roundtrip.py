@@ -87,6 +87,17 @@ class _RoundTrip:
             assert (self.AID, sid) in students
             assert sid in table
         assert "Not graded" not in table
+        # beside grades.csv: graded, or 0 for a reason (said), never a bare 0 that could mean "not handed in"
+        import csv
+
+        with open(work / "submissions.csv", newline="") as f:
+            status = {(r["lesson"], r["student"]): r for r in csv.DictReader(f)}
+        assert {k for k in status if k[0] == self.AID} == {k for k in students if k[0] == self.AID}
+        assert status[(self.AID, "ex-perfect")]["status"] == "graded"
+        for key, row in status.items():
+            assert row["status"] in ("graded", "zero") and (row["status"] == "graded" or row["reason"]), row
+            if row["status"] == "zero":
+                assert key[1] in table and "Graded 0, with a feedback file saying why" in table
 
 
 def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text):

@@ -10,7 +10,9 @@ grading process) is tests/test_trust_boundary.py.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -20,6 +22,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 from coursekit import course
 from coursekit.grading import check
 from coursekit.grading.checkers import Case, check_function
+
+ROOT = Path(__file__).resolve().parents[1]
 
 def _right(X, W, A, B, lora_alpha, r):
     return X @ W + (lora_alpha / r) * (X @ A) @ B
@@ -99,6 +103,8 @@ def test_broken_files_are_named_in_plain_words(tmp_path):
     (d / f"{aid}.ipynb").write_bytes(b"\xff\xfe\x00garbage")
     assert "not UTF-8" in course.check_submission(d, aid)
     nbformat.write(new_notebook(cells=[new_code_cell("1")]), d / f"{aid}.ipynb")
+    assert "none of the lesson's answer and check cells" in course.check_submission(d, aid)
+    shutil.copyfile(ROOT / "lessons" / aid / f"{aid}.ipynb", d / f"{aid}.ipynb")
     assert course.check_submission(d, aid) is None
     page = course.write_problem_feedback(tmp_path / "fb", aid, "it is <empty>").read_text()
     assert "0 points" in page and "it is &lt;empty&gt;" in page
