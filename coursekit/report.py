@@ -155,8 +155,7 @@ def collect(course: str | Path, lessons: Iterable[str]) -> dict[str, Any]:
                          "mistakes": dict(sorted(c["mistakes"].items(), key=lambda kv: (-kv[1], kv[0]))),
                          "lost_by": c["lost_by"], "points_lost": round(c["points_lost"], 6)})
         rows.sort(key=lambda r: (-r["lost_by"], -r["points_lost"], order.index(r["item"])))
-        handed = sum(1 for sid in students if subs[aid].get(sid) is not None
-                     or (course / STATUS_DIR / sid / f"{aid}.json").is_file())
+        handed = len(totals) + zero  # every submission handed in was graded or scored 0 for a reason
         report["lessons"].append({
             "lesson": aid, "students": len(students), "handed_in": handed, "graded": len(totals), "zero": zero,
             "missing": len(students) - handed, "late": late,
