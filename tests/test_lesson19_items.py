@@ -79,6 +79,32 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     assert not fb.full and text in fb.text(), fb.text()
 
 
+@pytest.mark.parametrize("item, fn, labels", [
+    ("p1", A.load_without_double_quant_or_prepare, ["no double quantization", "not prepared for k-bit"]),
+    ("p1", A.load_with_r_and_alpha_swapped, ["r and lora_alpha swapped"]),
+    ("p1", A.load_by_borrowing, []),  # not a mistake of the recipe: the feedback says what it ran instead
+    ("p2", A.preflight_demanding_lora_A_gradients, ["refuses a healthy model"]),
+    ("p2", A.preflight_without_restore_or_base_check, ["parameters not restored", "misses base moves"]),
+    ("p3", A.optimizer_over_all_parameters, ["frozen tensors in the optimizer"]),
+    ("p3", A.adam_not_adamw, ["not AdamW"]),
+    ("p4", A.train_mean_per_micro_batch, ["mean of means"]),
+    ("p4", A.train_without_zero_grad, ["no zero grad"]),
+    ("p5", A.logprobs_without_shift, ["no shift"]),
+    ("p5", A.logprobs_averaged, ["mean"]),
+    ("p6", A.first_word_not_lowercased, ["not lower-cased"]),
+    ("p7", A.confusion_without_other_column, ["no other column"]),
+    ("p8", A.merge_into_nf4, ["merged into NF4"]),
+    ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
+    ("p8", A.merge_without_unloading, ["not unloaded"]),
+])
+def test_the_mistake_is_stored_by_name_for_the_class_report(item, fn, labels):
+    """Feedback.mistakes, which the grading process stores and coursekit report counts, names each known mistake
+    (every case's, when the cases fail in different ways), and nothing for a failure that is no mistake of the
+    recipe."""
+    fb = check(f"19.{item}", fn, hidden=False)
+    assert fb.mistakes == labels, fb.text()
+
+
 @pytest.mark.parametrize("item, fn, text", [
     ("p1", A.load_with_random_B_and_dropout, "lora_B is not zero at the start"),
     ("p1", A.load_with_random_B_and_dropout, "the adapters have dropout"),
@@ -144,6 +170,9 @@ def test_a_preflight_that_refuses_everything_refuses_nothing_in_particular():
     assert fb.points == 0 and "also refuses the healthy model" in fb.text()
     fb = check("19.p2", lambda model: None, hidden=False)
     assert fb.points == 0 and "three arguments" in fb.text()
+    # One that passes the healthy model but leaves it stepped is not told that it refuses it.
+    fb = check("19.p2", A.preflight_without_restore_or_base_check, hidden=False)
+    assert "did not pass the healthy model's case" in fb.text() and "refuses the healthy model" not in fb.text(), fb.text()
 
 
 @pytest.mark.parametrize("item, fn", [("p1", A.load_without_double_quant_or_prepare), ("p3", A.optimizer_over_all_parameters),

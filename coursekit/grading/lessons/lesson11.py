@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import lora, optim, walk
-from ..checkers import PUBLIC_ONLY_NOTE, Case, Feedback, Mistake, probe, quiet
+from ..checkers import PUBLIC_ONLY_NOTE, Case, Feedback, Mistake, _consistent, probe, quiet
 from .. import Array, Choice, Function, Numeric
 
 READ_STATE = "Reread 'What AdamW owns' in Know this."
@@ -191,22 +191,26 @@ class ParamSelection:
             return Feedback(0, self.points, [f"{self.name} should be a function; got {type(answer).__name__}. "
                                              f"Define it with def {self.name}(model):"])
         cases = self.cases(ctx)
-        passed, lines = 0, []
+        passed, lines, named = 0, [], []
         for tag, model in cases:
             bad = self._one(answer, model)
             if bad is None:
                 return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub with your code."])
             if bad:
                 lines.append(f"✗ {tag}:")
-                lines += ["    " + b for b in bad]
+                lines += ["    " + b for _, b in bad]
+                if [label for label, _ in bad if label]:
+                    named.append([label for label, _ in bad if label])
             else:
                 passed += 1
                 lines.append(f"✓ {tag}")
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
-        return Feedback(self.points * passed / len(cases), self.points, lines)
+        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=_consistent(named))
 
-    def _one(self, fn, model: torch.nn.Module) -> list[str] | None:
+    def _one(self, fn, model: torch.nn.Module) -> list[tuple[str, str]] | None:
+        """What is wrong with the selection ``fn`` makes on ``model``: ``(label, sentence)`` pairs (label "" for a
+        failure that is no known mistake); empty: right; None: ``fn`` is still the stub."""
         names = [n for n, _ in model.named_parameters()]
         want = [n for n, p in model.named_parameters() if p.requires_grad]  # before the student's code can change a flag
         try:
@@ -215,44 +219,45 @@ class ParamSelection:
         except NotImplementedError:
             return None
         except Exception as e:
-            return [f"{self.name}(model) raised {type(e).__name__}: {e}"]
+            return [("", f"{self.name}(model) raised {type(e).__name__}: {e}")]
         changed = got["changed"]
         if changed:
-            return [f"{self.name} changed requires_grad of {len(changed)} parameters (e.g. {changed[0]}): it must only read "
-                    "the model. Which tensors train is the PEFT setup's decision; select by p.requires_grad. " + READ_OWN]
+            return [("changes requires_grad", f"{self.name} changed requires_grad of {len(changed)} parameters (e.g. "
+                     f"{changed[0]}): it must only read the model. Which tensors train is the PEFT setup's decision; select "
+                     "by p.requires_grad. " + READ_OWN)]
         if got["not_a_list"]:
-            return [f"{self.name} should return a list of parameters; got {got['not_a_list']}."]
+            return [("", f"{self.name} should return a list of parameters; got {got['not_a_list']}.")]
         kinds = [k for k, _ in got["elements"]]
         if "str" in kinds:
-            return ["you returned names (strings); the optimizer needs the Parameter objects themselves: "
-                    "[p for p in model.parameters() if p.requires_grad]. " + READ_OWN]
+            return [("names", "you returned names (strings); the optimizer needs the Parameter objects themselves: "
+                     "[p for p in model.parameters() if p.requires_grad]. " + READ_OWN)]
         if "tuple" in kinds:
-            return ["you returned (name, parameter) pairs; return the parameters only. " + READ_OWN]
+            return [("pairs", "you returned (name, parameter) pairs; return the parameters only. " + READ_OWN)]
         others = sorted({v for k, v in got["elements"] if k == "other"})
         if others:
-            return [f"{self.name} should return Parameter objects; got elements of type {', '.join(others)}. " + READ_OWN]
+            return [("", f"{self.name} should return Parameter objects; got elements of type {', '.join(others)}. " + READ_OWN)]
         if "copy" in kinds:
-            return ["some returned tensors are not parameters of the model (copies? .data or .detach() makes a new tensor "
-                    "object, and the optimizer would update the copy, not the model). " + READ_OWN]
+            return [("copies", "some returned tensors are not parameters of the model (copies? .data or .detach() makes a new "
+                     "tensor object, and the optimizer would update the copy, not the model). " + READ_OWN)]
         got_names = [v for _, v in got["elements"]]  # the returned parameters, by name, in the order returned
-        out = []
+        out: list[tuple[str, str]] = []
         if len(got_names) != len(set(got_names)):
-            out.append("a parameter appears twice: the optimizer would refuse it (or step it twice). " + READ_OWN)
+            out.append(("duplicates", "a parameter appears twice: the optimizer would refuse it (or step it twice). " + READ_OWN))
         extra = [n for n in dict.fromkeys(got_names) if n not in set(want)]
         missing = [n for n in want if n not in set(got_names)]
         if extra:
-            out.append(f"{len(extra)} returned parameters are frozen (requires_grad=False), e.g. {extra[0]}.")
+            out.append(("frozen included", f"{len(extra)} returned parameters are frozen (requires_grad=False), e.g. {extra[0]}."))
             if len(set(got_names)) == len(names):
-                out.append("You returned every parameter. AdamW skips a frozen one only while its .grad is None; any gradient "
-                           "tensor (even zeros) gives it exp_avg / exp_avg_sq state and weight decay. " + READ_OWN)
+                out.append(("every parameter", "You returned every parameter. AdamW skips a frozen one only while its .grad is "
+                            "None; any gradient tensor (even zeros) gives it exp_avg / exp_avg_sq state and weight decay. " + READ_OWN))
             elif any("lora_" in n for n in extra):
-                out.append("You seem to select by name: a LoRA tensor of an inactive adapter is frozen. Select by "
-                           "p.requires_grad, which is what PEFT sets. " + READ_OWN)
+                out.append(("selects by name", "You seem to select by name: a LoRA tensor of an inactive adapter is frozen. "
+                            "Select by p.requires_grad, which is what PEFT sets. " + READ_OWN))
         if missing:
-            out.append(f"{len(missing)} trainable parameters are missing, e.g. {missing[0]}.")
+            out.append(("trainable missing", f"{len(missing)} trainable parameters are missing, e.g. {missing[0]}."))
             if any("lora_" not in n for n in missing):
-                out.append("Not every trainable tensor has 'lora' in its name (a head in modules_to_save, a trainable norm): "
-                           "select by p.requires_grad, not by name. " + READ_OWN)
+                out.append(("selects by name", "Not every trainable tensor has 'lora' in its name (a head in modules_to_save, "
+                            "a trainable norm): select by p.requires_grad, not by name. " + READ_OWN))
         return out
 
 

@@ -12,7 +12,8 @@ import torch
 
 from ... import artifacts, lora
 from .. import Choice, Numeric, Ordering
-from ..checkers import PUBLIC_ONLY_NOTE, Feedback, Mistake, compare_arrays, describe_exception, probe, quiet
+from ..checkers import (PUBLIC_ONLY_NOTE, Feedback, Mistake, _consistent, compare_arrays, describe_exception, probe,
+                        quiet)
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
@@ -101,8 +102,9 @@ def _measure_reload(fn: Callable, base: torch.nn.Module, adapter_dir: str, X: to
     return {"kind": "model", "out1": out1, "dropout": dropout, "trainable": trainable}
 
 
-def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[str]]:
-    """Run the student's reload on one case; (passed, feedback lines)."""
+def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
+    """Run the student's reload on one case; (passed, feedback lines), or (False, lines, labels) when the answer made
+    known mistakes (their labels go to Feedback.mistakes, which the class report counts)."""
     net = dict(d_in=case["d_in"], hidden=case["hidden"], n_classes=case["n_classes"], seed=case["seed"])
     noise: list[str] = []   # what the student's code wrote to stderr or warned: shown, not graded
     with tempfile.TemporaryDirectory(prefix="coursekit-12-") as tmp:
@@ -139,10 +141,12 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[s
     if torch.allclose(out1, base_out, rtol=0, atol=1e-7) and not torch.allclose(ref, base_out, rtol=0, atol=1e-7):
         return False, [f"✗ {tag}: your outputs equal the base model's: you created a fresh adapter (B = 0) instead of "
                        f"loading the saved one. get_peft_model(base, LoraConfig(...)) initialises lora_B to zero; "
-                       f"PeftModel.from_pretrained(base, adapter_dir) reads the trained factors. " + READ_RELOAD] + lines + note
+                       f"PeftModel.from_pretrained(base, adapter_dir) reads the trained factors. " + READ_RELOAD] + lines + note, \
+            ["fresh adapter"] + (["dropout active"] if lines else [])
     if torch.equal(out1, ref):
         if lines:
-            return False, [f"✗ {tag}: in eval mode the logits equal the trained adapter's, but:"] + lines + note
+            return False, [f"✗ {tag}: in eval mode the logits equal the trained adapter's, but:"] + lines + note, \
+                ["dropout active"]
         if trainable:
             note = note + [f"    (note: {len(trainable)} adapter tensors still require grad, e.g. {trainable[0]}: fine for "
                     f"resuming training, unnecessary for inference.)"]
@@ -151,7 +155,8 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple[bool, list[s
         diff = (out1 - ref).abs().max().item()
         return False, [f"✗ {tag}: the logits are close to the trained adapter's but not bitwise equal (largest difference "
                        f"{diff:.1e}). A reload computes exactly what was saved; merging (merge_and_unload) or a dtype cast "
-                       f"rounds differently. Merging is not saving: return the unmerged PeftModel. " + READ_RELOAD] + lines + note
+                       f"rounds differently. Merging is not saving: return the unmerged PeftModel. " + READ_RELOAD] + lines + note, \
+            ["merged or cast"] + (["dropout active"] if lines else [])
     _, msg = compare_arrays(out1.numpy(), ref.numpy().astype(np.float64), "logits", 0.0, 0.0)
     return False, [f"✗ {tag}: the logits are not the trained adapter's:"] + ["    " + m for m in msg] + [
         "    Load the folder you were given with PeftModel.from_pretrained(base, adapter_dir), onto the base you were given."] + lines + note
@@ -171,12 +176,14 @@ class ReloadItem:
         cases = [(c, False) for c in _public()]
         if ctx.hidden:
             cases += [(c, True) for c in _hidden(ctx.rng())]
-        passed, lines, seen = 0, [], {}
+        passed, lines, seen, named = 0, [], {}, []
         for i, (case, hidden) in enumerate(cases, 1):
             tag = f"{'hidden' if hidden else 'public'} case {i}" + (
                 "" if hidden else f" (TinyNet d_in={case['d_in']}, hidden={case['hidden']}, r={case['r']}, lora_alpha={case['lora_alpha']})")
             try:
-                ok, msg = _check_reload_case(answer, case, tag)
+                ok, msg, *labels = _check_reload_case(answer, case, tag)
+                if labels:
+                    named.append(labels[0])
             except NotImplementedError:
                 return Feedback(0, self.points, ["reload still raises NotImplementedError: replace the stub with your code."])
             passed += ok
@@ -189,7 +196,7 @@ class ReloadItem:
                 lines += msg
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
-        return Feedback(self.points * passed / len(cases), self.points, lines)
+        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=_consistent(named))
 
 
 # --------------------------------------------------------------------------- items

@@ -24,7 +24,7 @@ import torch
 from ... import capstone, evaluate as ceval, model as cmodel, train as ctrain
 from ...data import IGNORE_INDEX, LABELS
 from .. import Choice, Function, Numeric, Ordering
-from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout,
+from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
                         describe_exception, probe, quiet, time_limit, worded)
 
 READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Know this."
@@ -165,7 +165,9 @@ class _ModelItem:
     def hidden(self, rng: np.random.Generator) -> list:
         return []
 
-    def run_case(self, fn: Callable, case: Any, tag: str, hidden: bool) -> tuple[bool, list[str]]:
+    def run_case(self, fn: Callable, case: Any, tag: str, hidden: bool) -> tuple:
+        """``(ok, feedback lines)``, or for a failed case that made a known mistake ``(False, lines, labels)``
+        (:func:`_named`): the labels go to :attr:`Feedback.mistakes`, the class report's data."""
         raise NotImplementedError
 
     def check(self, answer: Any, ctx: Any) -> Feedback:
@@ -175,12 +177,14 @@ class _ModelItem:
         cases = [(c, False) for c in self.public()]
         if ctx.hidden:
             cases += [(c, True) for c in self.hidden(ctx.rng())]
-        passed, lines, seen = 0, [], {}
+        passed, lines, seen, named = 0, [], {}, []
         for i, (case, hidden) in enumerate(cases, 1):
             tag = f"hidden case {i}" if hidden else f"public case {i} ({case.label})"
             saved = torch.get_rng_state()
             try:
-                ok, msg = self.run_case(answer, case, tag, hidden)
+                ok, msg, *labels = self.run_case(answer, case, tag, hidden)
+                if not ok and labels and labels[0]:
+                    named.append(list(labels[0]))
             except _Stub:
                 return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub "
                                                  f"with your code."])
@@ -199,7 +203,15 @@ class _ModelItem:
             lines += msg
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
-        return Feedback(self.points * passed / len(cases), self.points, lines)
+        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=_consistent(named))
+
+
+def _named(tag: str, problems: list[tuple[str, str]], shown: int | None = None) -> tuple[bool, list[str], list[str]]:
+    """A failed case from its known mistakes, ``[(label, sentence), ...]``, the first the main one: the feedback
+    lines (the first sentence, then the others, at most ``shown`` in all, as "also") and every label (for
+    :attr:`Feedback.mistakes`)."""
+    return (False, [f"✗ {tag}: {problems[0][1]}"] + [f"    also: {text}" for _, text in problems[1:shown]],
+            [label for label, _ in problems])
 
 
 # --------------------------------------------------------------------------- P1: load_for_lora
@@ -256,16 +268,17 @@ def describe_lora_model(model: Any) -> dict:
             "norm_dtype": str(base.model.norm.weight.dtype)}
 
 
-def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = False) -> list[str]:
+def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = False) -> list[tuple[str, str]]:
     """What is wrong with a model ``load_for_lora`` returned for ``case``, from its description
-    (:func:`describe_lora_model`; empty: nothing). ``hidden``: say it without the case's numbers or module names
+    (:func:`describe_lora_model`), as ``(label, sentence)`` pairs: the mistake's short name (the class report
+    counts it) and the feedback; empty: nothing. ``hidden``: say it without the case's numbers or module names
     (a hidden case's inputs are not shown)."""
     if desc["kind"] == "none":
-        return ["returned None: return the model that get_peft_model gives you."]
+        return [("returned None", "returned None: return the model that get_peft_model gives you.")]
     if desc["kind"] != "peft":
-        return [f"returned {desc['type']}, not a PeftModel: finish with get_peft_model(model, LoraConfig(...)) "
-                f"and return what it gives you. " + READ_RECIPE]
-    out = []
+        return [("not a PeftModel", f"returned {desc['type']}, not a PeftModel: finish with get_peft_model(model, "
+                 f"LoraConfig(...)) and return what it gives you. " + READ_RECIPE)]
+    out: list[tuple[str, str]] = []
     mods = desc["modules"]
     want = _expected_targets(case.target_modules, layers)
     got = set(mods)
@@ -273,73 +286,74 @@ def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = Fa
         missing, extra = sorted(want - got), sorted(got - want)
         where = "" if hidden else (" (" + (f"missing {missing[0]}" if missing else "") + (" and " if missing and extra else "")
                                    + (f"unexpected {extra[0]}" if extra else "") + f"; {len(got)} adapted, {len(want)} asked for)")
-        out.append(f"the adapters sit on the wrong modules{where}. Pass target_modules through to LoraConfig unchanged.")
+        out.append(("wrong modules", f"the adapters sit on the wrong modules{where}. Pass target_modules through to "
+                    f"LoraConfig unchanged."))
     bad_rank = [(n, m) for n, m in sorted(mods.items()) if m["rank"] != case.r]
     bad_scale = [(n, m) for n, m in sorted(mods.items()) if abs(m["scaling"] - case.lora_alpha / case.r) > 1e-9]
     if bad_rank:
         name, m = bad_rank[0]
         r, scaling = m["rank"], m["scaling"]
         swapped = r == case.lora_alpha and abs(scaling - case.r / case.lora_alpha) < 1e-9
-        out.append("the adapters' rank is not the r passed in" + (" (lora_alpha and r swapped?)." if swapped else ".")
+        out.append(("r and lora_alpha swapped" if swapped else "rank", "the adapters' rank is not the r passed in" + (" (lora_alpha and r swapped?)." if swapped else ".")
                    if hidden else f"{name} has an adapter of rank {r}; the task asks for r = {case.r}"
-                   + (" (lora_alpha and r swapped?)." if swapped else "."))
+                   + (" (lora_alpha and r swapped?)." if swapped else ".")))
     elif bad_scale:
         name, m = bad_scale[0]
-        out.append("the adapters' scale s is not lora_alpha / r: pass r and lora_alpha to LoraConfig as given."
+        out.append(("scale", "the adapters' scale s is not lora_alpha / r: pass r and lora_alpha to LoraConfig as given."
                    if hidden else f"the adapter's scale s on {name} is {m['scaling']:g}; LoraConfig(r={case.r}, "
-                   f"lora_alpha={case.lora_alpha}) gives s = lora_alpha / r = {case.lora_alpha / case.r:g}.")
+                   f"lora_alpha={case.lora_alpha}) gives s = lora_alpha / r = {case.lora_alpha / case.r:g}."))
     if any(m["b_nonzero"] for m in mods.values()):
-        out.append("lora_B is not zero at the start: LoRA starts from B = 0, so that the adapted model equals the base "
+        out.append(("B not zero", "lora_B is not zero at the start: LoRA starts from B = 0, so that the adapted model equals the base "
                    "before training and only lora_B gets a gradient at first (the preflight relies on it). Keep "
-                   "LoraConfig's default init_lora_weights.")
+                   "LoraConfig's default init_lora_weights."))
     if {m["dropout"] for m in mods.values()} - {0.0}:
-        out.append("the adapters have dropout: the recipe uses lora_dropout=0.0 (with dropout on, the loss of one batch "
-                   "changes from call to call, and the preflight and the checks below compare exact numbers).")
+        out.append(("dropout", "the adapters have dropout: the recipe uses lora_dropout=0.0 (with dropout on, the loss of one batch "
+                   "changes from call to call, and the preflight and the checks below compare exact numbers)."))
     if desc["checkpointing"]:
-        out.append("gradient checkpointing is on: at these sequence lengths it costs time on a CPU and saves little; "
-                   "use prepare_model_for_kbit_training(model, use_gradient_checkpointing=False).")
+        out.append(("checkpointing", "gradient checkpointing is on: at these sequence lengths it costs time on a CPU and saves little; "
+                   "use prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)."))
     layer = desc["layer"]
     if layer is not None:
         if case.quantize:
             if not layer["four_bit"]:
-                out.append(f"the base layers are {layer['type']}, not 4-bit: pass BitsAndBytesConfig(load_in_4bit=True, "
-                           f"...) as quantization_config to from_pretrained. " + READ_RECIPE)
+                out.append(("not 4-bit", f"the base layers are {layer['type']}, not 4-bit: pass BitsAndBytesConfig(load_in_4bit=True, "
+                           f"...) as quantization_config to from_pretrained. " + READ_RECIPE))
             else:
                 if layer["quant_type"] != "nf4":
-                    out.append(f"the base is quantized as {layer['quant_type']}, not nf4: bnb_4bit_quant_type='nf4'.")
+                    out.append(("not nf4", f"the base is quantized as {layer['quant_type']}, not nf4: bnb_4bit_quant_type='nf4'."))
                 if not layer["nested"]:
-                    out.append("the per-block absmax constants are not quantized again: QLoRA's double quantization is "
-                               "bnb_4bit_use_double_quant=True (lesson 15).")
+                    out.append(("no double quantization", "the per-block absmax constants are not quantized again: QLoRA's double quantization is "
+                               "bnb_4bit_use_double_quant=True (lesson 15)."))
                 if layer["compute_dtype"] != "torch.bfloat16":
-                    out.append(f"the 4-bit layers compute in {layer['compute_dtype'].replace('torch.', '')}; the recipe "
-                               f"computes in bfloat16 (bnb_4bit_compute_dtype=torch.bfloat16; the default is float32).")
+                    out.append(("compute dtype", f"the 4-bit layers compute in {layer['compute_dtype'].replace('torch.', '')}; the recipe "
+                               f"computes in bfloat16 (bnb_4bit_compute_dtype=torch.bfloat16; the default is float32)."))
         else:
             if layer["four_bit"]:
-                out.append("with quantize=False the base must stay 16-bit: load it without a quantization_config.")
+                out.append(("quantized anyway", "with quantize=False the base must stay 16-bit: load it without a quantization_config."))
             elif layer["dtype"] == "torch.float32":
-                out.append("with quantize=False every base weight is float32, twice the memory of the bf16 base: load "
+                out.append(("float32 base", "with quantize=False every base weight is float32, twice the memory of the bf16 base: load "
                            "with dtype=torch.bfloat16, and do not run prepare_model_for_kbit_training on an unquantized "
-                           "model (it casts every bf16 weight to float32). One of the two happened here.")
+                           "model (it casts every bf16 weight to float32). One of the two happened here."))
             elif layer["dtype"] != "torch.bfloat16":
-                out.append(f"with quantize=False the base weights are {layer['dtype'].replace('torch.', '')}; "
-                           f"load the bf16 base (dtype=torch.bfloat16).")
+                out.append(("not bf16", f"with quantize=False the base weights are {layer['dtype'].replace('torch.', '')}; "
+                           f"load the bf16 base (dtype=torch.bfloat16)."))
     trainable = list(desc["trainable"])
     not_adapter = [n for n in trainable if "lora_" not in n]
     if not_adapter:
         eg = "" if hidden else f" ({len(not_adapter)}, e.g. {not_adapter[0]})"
-        out.append(f"tensors outside the adapter are trainable{eg}: only lora_A and lora_B should train. "
-                   f"get_peft_model freezes the base; something unfroze it afterwards.")
+        out.append(("base trainable", f"tensors outside the adapter are trainable{eg}: only lora_A and lora_B should train. "
+                   f"get_peft_model freezes the base; something unfroze it afterwards."))
     if not trainable:
-        out.append("nothing is trainable: the adapter's tensors have requires_grad=False.")
+        out.append(("nothing trainable", "nothing is trainable: the adapter's tensors have requires_grad=False."))
     norm = desc["norm_dtype"]
     if case.quantize and norm != "torch.float32":
-        out.append(f"the layer norms are {norm.replace('torch.', '')}: prepare_model_for_kbit_training (which "
+        out.append(("not prepared for k-bit", f"the layer norms are {norm.replace('torch.', '')}: prepare_model_for_kbit_training (which "
                    f"casts them, and the embedding, to float32 for stable training) was not run before get_peft_model. "
-                   + READ_RECIPE)
+                   + READ_RECIPE))
     weights_bf16 = layer is not None and layer["dtype"] == "torch.bfloat16"
     if not case.quantize and norm == "torch.float32" and weights_bf16:
-        out.append("with quantize=False the norms are float32 though the weights are bf16: something cast them (the "
-                   "recipe runs prepare_model_for_kbit_training only for a quantized base).")
+        out.append(("norms cast", "with quantize=False the norms are float32 though the weights are bf16: something cast them (the "
+                   "recipe runs prepare_model_for_kbit_training only for a quantized base)."))
     return out
 
 
@@ -378,7 +392,7 @@ class LoadItem(_ModelItem):
             return False, got
         problems = load_problems(got, case, hidden=hidden)
         if problems:
-            return False, [f"✗ {tag}: {problems[0]}"] + [f"    also: {p}" for p in problems[1:3]]
+            return _named(tag, problems, shown=3)
         return True, [f"✓ {tag}: {'NF4 with double quantization, norms in float32' if case.quantize else 'bf16 base'}, "
                       f"adapters where asked, only lora_A and lora_B trainable."]
 
@@ -472,7 +486,7 @@ class PreflightItem(_ModelItem):
                 return Feedback(0, self.points, ["preflight must take three arguments: preflight(model, batch, optimizer)."])
             except ValueError:  # no signature to read (a builtin): let the cases find out
                 pass
-        self._healthy: dict[int, bool] = {}
+        self._healthy: dict[int, bool | str] = {}  # seed → True (passed), "refused" or absent (failed another way)
         return super().check(answer, ctx)
 
     def run_case(self, fn, case: PreflightCase, tag, hidden):
@@ -483,30 +497,37 @@ class PreflightItem(_ModelItem):
         said = "" if hidden or raised is None else f" (it said: {str(raised[0])[:60]}: {str(raised[1])[:160]})"
         if case.fault:
             if raised is None:
-                return False, [f"✗ {tag}: {_MISSED[case.fault]} " + READ_PREFLIGHT]
-            if not self._healthy.get(case.seed, False):
+                return _named(tag, [(f"misses {case.fault.replace('_', ' ')}", f"{_MISSED[case.fault]} " + READ_PREFLIGHT)])
+            healthy = self._healthy.get(case.seed)
+            if healthy == "refused":
                 return False, [f"✗ {tag}: refused{said}, but your preflight also refuses the healthy model, so this "
                                f"refusal says nothing about the fault."]
+            if healthy is not True:
+                return False, [f"✗ {tag}: refused{said}, but your preflight did not pass the healthy model's case (see "
+                               f"above), so this refusal counts only once that one passes."]
             return True, [f"✓ {tag}: refused{said}."]
         if raised is not None:
+            self._healthy[case.seed] = "refused"
             msg = f"✗ {tag}: your preflight refused a healthy model{said}."
             if "lora_a" in str(raised[1]).lower():
                 msg += (" At the start B = 0, so every lora_A gradient is exactly zero (∇A = s·Xᵀ·D·Bᵀ): a zero lora_A "
                         "gradient is expected. Check lora_B.")
-            return False, [msg + " " + READ_PREFLIGHT]
+            return False, [msg + " " + READ_PREFLIGHT], ["refuses a healthy model"]
         moved, left = list(got["moved"]), list(got["left"])
         if moved:
             return False, [f"✗ {tag}: after your preflight {len(moved)} tensors differ from before (e.g. {moved[0]}): the "
                            f"run would start from a model the preflight already stepped. Save the parameters (a copy of "
-                           f"each, or copy.deepcopy(model.state_dict())) and copy them back before returning. " + READ_PREFLIGHT]
+                           f"each, or copy.deepcopy(model.state_dict())) and copy them back before returning. " + READ_PREFLIGHT], \
+                ["parameters not restored"]
         if got["optimizer_state"]:
             return False, [f"✗ {tag}: after your preflight the optimizer holds state for {int(got['optimizer_state'])} "
                            f"tensors (AdamW's moments from the preflight step): the first real step would use them. Save "
-                           f"copy.deepcopy(optimizer.state_dict()) first and load it back at the end."]
+                           f"copy.deepcopy(optimizer.state_dict()) first and load it back at the end."], \
+                ["optimizer state not restored"]
         if left:
             return False, [f"✗ {tag}: after your preflight {len(left)} tensors still hold a gradient (e.g. {left[0]}): the "
                            f"first training step would add its own gradient to it. End with "
-                           f"optimizer.zero_grad(set_to_none=True)."]
+                           f"optimizer.zero_grad(set_to_none=True)."], ["gradients left"]
         self._healthy[case.seed] = True
         return True, [f"✓ {tag}: passed, and the model and the optimizer are as they were."]
 
@@ -564,32 +585,33 @@ class OptimizerItem(_ModelItem):
         if not ok:
             return False, got
         if not got["optimizer"]:
-            return False, [f"✗ {tag}: returned {got['type']}; return the torch.optim.AdamW you built."]
+            return _named(tag, [("not an optimizer", f"returned {got['type']}; return the torch.optim.AdamW you built.")])
         changed, frozen = list(got["changed"]), list(got["frozen"])
         if changed:
-            return False, [f"✗ {tag}: your function changed which tensors train ({len(changed)}, e.g. {changed[0]}): it "
-                           f"should only build the optimizer over the tensors that are already trainable."]
+            return _named(tag, [("changes what trains", f"your function changed which tensors train ({len(changed)}, e.g. "
+                                f"{changed[0]}): it should only build the optimizer over the tensors that are already trainable.")])
         lines = []
         if got["type"] != "AdamW":
             extra = (" Adam adds the decay to the gradient (L2), where it is rescaled by the adaptive step; AdamW decays "
                      "the weights directly (decoupled)." if got["type"] == "Adam" else "")
-            lines.append(f"the optimizer is {got['type']}; the recipe uses torch.optim.AdamW.{extra}")
+            lines.append(("not AdamW", f"the optimizer is {got['type']}; the recipe uses torch.optim.AdamW.{extra}"))
         if frozen:
-            lines.append(f"the optimizer holds frozen base tensors ({len(frozen)}, e.g. {frozen[0]}). They stay put today "
+            lines.append(("frozen tensors in the optimizer", f"the optimizer holds frozen base tensors ({len(frozen)}, e.g. {frozen[0]}). They stay put today "
                          f"only because their .grad is None; anything that gives one a gradient (an unfrozen norm, a hook) "
-                         f"lets AdamW move or decay the base. Build it from [p for p in model.parameters() if p.requires_grad].")
+                         f"lets AdamW move or decay the base. Build it from [p for p in model.parameters() if p.requires_grad]."))
         if got["missing"]:
-            lines.append(f"{int(got['missing'])} adapter tensors are not in the optimizer: they would get gradients and never move.")
+            lines.append(("adapter tensors missing", f"{int(got['missing'])} adapter tensors are not in the optimizer: they "
+                          f"would get gradients and never move."))
         lrs, wds = list(got["lrs"]), list(got["weight_decays"])
         if set(lrs) != {case.lr}:
-            lines.append("the learning rate is not the lr passed in." if hidden else
-                         f"the learning rate is {sorted(lrs, key=str)[0]}; the task passes lr = {case.lr:g}.")
+            lines.append(("lr", "the learning rate is not the lr passed in." if hidden else
+                          f"the learning rate is {sorted(lrs, key=str)[0]}; the task passes lr = {case.lr:g}."))
         if set(wds) != {case.weight_decay}:
-            lines.append("the weight decay is not the weight_decay passed in." if hidden else
-                         f"the weight decay is {' and '.join(map(str, sorted(set(wds), key=str)))}; the task passes "
-                         f"weight_decay = {case.weight_decay:g} for every tensor.")
+            lines.append(("weight decay", "the weight decay is not the weight_decay passed in." if hidden else
+                          f"the weight decay is {' and '.join(map(str, sorted(set(wds), key=str)))}; the task passes "
+                          f"weight_decay = {case.weight_decay:g} for every tensor."))
         if lines:
-            return False, [f"✗ {tag}: {lines[0]}"] + [f"    also: {l}" for l in lines[1:]]
+            return _named(tag, lines)
         return True, [f"✓ {tag}: AdamW over the {int(got['trainable'])} adapter tensors, lr and weight decay as asked."]
 
 
@@ -745,17 +767,17 @@ class TrainItem(_ModelItem):
         if set(params) != set(want) or any(tuple(params[n].shape) != tuple(want[n].shape) for n in want):
             raise _Unreadable("adapter")
         if moved:
-            return False, [f"✗ {tag}: a frozen base tensor changed ({moved[0]}): only the adapter may move."]
+            return _named(tag, [("base moved", f"a frozen base tensor changed ({moved[0]}): only the adapter may move.")])
         if all(torch.equal(params[n], start[n]) for n in params):
-            return False, [f"✗ {tag}: the adapter did not move at all: each window needs loss.backward() on its "
-                           f"micro-batches, then optimizer.step(). " + READ_LOOP]
+            return _named(tag, [("no step", f"the adapter did not move at all: each window needs loss.backward() on its "
+                                f"micro-batches, then optimizer.step(). " + READ_LOOP)])
         close = all(torch.allclose(params[n], want[n], rtol=1e-4, atol=1e-7) for n in want)
         if not close:
             for variant, why in _LOOP_MISTAKES.items():
                 alt, _ = _variant_losses(model, windows, case.lr, variant)
                 if all(torch.allclose(params[n], alt[n], rtol=1e-4, atol=1e-7) for n in alt):
-                    return False, [f"✗ {tag}: the adapter after the steps is not the reference's. Likely mistake: {why} "
-                                   + READ_LOOP]
+                    return _named(tag, [(variant.replace("_", " "), f"the adapter after the steps is not the reference's. "
+                                         f"Likely mistake: {why} " + READ_LOOP)])
             n0 = next(n for n in want if not torch.allclose(params[n], want[n], rtol=1e-4, atol=1e-7))
             diff = (params[n0] - want[n0]).abs().max().item()
             where = "" if hidden else f" (e.g. {n0.replace('base_model.model.', '')}, largest difference {diff:.2e})"
@@ -768,14 +790,14 @@ class TrainItem(_ModelItem):
             losses = [float(x) for x in seq]
         except (TypeError, ValueError):
             kind = getattr(result, "type_name", type(result).__name__)
-            return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {kind}: return the list "
-                           f"of window losses, one float per step."]
+            return _named(tag, [("losses not returned", f"the adapter is right, but {self.name} returned {kind}: return "
+                                f"the list of window losses, one float per step.")])
         if len(losses) != len(windows):
             return False, [f"✗ {tag}: the adapter is right, but {self.name} returned {len(losses)} losses for "
                            f"{len(windows)} windows: return one loss per step."]
         if not np.allclose(losses, want_losses, rtol=1e-4, atol=1e-6):
-            return False, [f"✗ {tag}: the adapter is right, but the losses returned are not each window's token-weighted "
-                           f"mean (Σ loss sums / N, before the step): plot them and they mislead."]
+            return _named(tag, [("losses not token-weighted", f"the adapter is right, but the losses returned are not each "
+                                f"window's token-weighted mean (Σ loss sums / N, before the step): plot them and they mislead.")])
         return True, [f"✓ {tag}: the adapter after {len(windows)} steps matches the reference loop, and so do the losses."]
 
 
@@ -873,7 +895,7 @@ class FirstWordItem:
                 w = w.capitalize() if rng.random() < 0.5 else w
                 q = str(rng.choice(quote))
                 cases.append((str(rng.choice(lead)) + q + w + q + str(rng.choice(stop)) + " " + str(rng.choice(tail)), None))
-        lines, passed = [], 0
+        lines, passed, named = [], 0, []
         for i, (text, _) in enumerate(cases, 1):
             hidden = i > len(FIRST_WORD_CASES)
             want = ceval.first_word(text)
@@ -894,15 +916,17 @@ class FirstWordItem:
                 continue
             why = ""
             if isinstance(got, str) and got.lower() == want:
-                why = " Lower-case it: labels are lowercase."
+                why, label = " Lower-case it: labels are lowercase.", "not lower-cased"
             elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:
-                why = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses)."
+                why, label = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses).", "punctuation kept"
             elif isinstance(got, str) and want and want in got.lower() and " " in got.strip():
-                why = " Keep only the first word (split on whitespace)."
+                why, label = " Keep only the first word (split on whitespace).", "more than one word"
+            if why:
+                named.append([label])
             lines.append(f"✗ {tag}: " + (f"returned {got!r}; the rule gives {want!r}." if not hidden else "not the rule's word.") + why)
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
-        return Feedback(self.points * passed / len(cases), self.points, lines)
+        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=_consistent(named))
 
 
 def _measure_first_word(fn: Callable, text: str) -> dict:
@@ -999,33 +1023,35 @@ class MergeItem(_ModelItem):
             onto_w4 = _logits(_quiet_call(lambda: PeftModel.from_pretrained(
                 cmodel.dequantized_copy(cmodel.load_model("nf4", path)), adapter_dir).merge_and_unload()), ids)
         if merged["kind"] != "module":
-            return False, [f"✗ {tag}: returned {merged['type']}; return the merged model (merge_and_unload() gives it)."]
+            return _named(tag, [("not a model", f"returned {merged['type']}; return the merged model (merge_and_unload() "
+                                f"gives it).")])
         if merged["lora"]:
-            return False, [f"✗ {tag}: the returned model still has LoRA layers: merge_and_unload() folds W + sAB into "
-                           f"each weight and returns the plain model. " + READ_MERGE]
+            return _named(tag, [("not unloaded", f"the returned model still has LoRA layers: merge_and_unload() folds "
+                                f"W + sAB into each weight and returns the plain model. " + READ_MERGE)])
         if merged["four_bit"]:
-            return False, [f"✗ {tag}: you merged into the NF4 weights: the merged model is 4-bit, so W + sAB was quantized "
-                           f"again, and an update smaller than half a quantization step rounds away. Load the bf16 base "
-                           f"from path and merge there. " + READ_MERGE]
+            return _named(tag, [("merged into NF4", f"you merged into the NF4 weights: the merged model is 4-bit, so W + sAB "
+                                f"was quantized again, and an update smaller than half a quantization step rounds away. "
+                                f"Load the bf16 base from path and merge there. " + READ_MERGE)])
         got = merged["logits"]
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
             raise _Unreadable("logits")
         got = got.float()
         if torch.allclose(got, base, rtol=0, atol=1e-6) and not torch.allclose(want, base, rtol=0, atol=1e-6):
-            return False, [f"✗ {tag}: the merged model computes the bare base model: the trained adapter is not in it (a "
-                           f"fresh get_peft_model adapter has B = 0; load the saved one with PeftModel.from_pretrained)."]
+            return _named(tag, [("adapter not loaded", f"the merged model computes the bare base model: the trained adapter "
+                                f"is not in it (a fresh get_peft_model adapter has B = 0; load the saved one with "
+                                f"PeftModel.from_pretrained).")])
         if torch.allclose(got, nf4_logits, rtol=1e-3, atol=1e-3) and not torch.allclose(want, nf4_logits, rtol=1e-3, atol=1e-3):
-            return False, [f"✗ {tag}: the merged model computes what an NF4 merge computes: merge into the bf16 base at "
-                           f"path, not into the quantized one. " + READ_MERGE]
+            return _named(tag, [("merged into NF4", f"the merged model computes what an NF4 merge computes: merge into the "
+                                f"bf16 base at path, not into the quantized one. " + READ_MERGE)])
         if torch.allclose(got, onto_w4, rtol=1e-2, atol=1e-2) and not torch.allclose(want, onto_w4, rtol=1e-2, atol=1e-2):
-            return False, [f"✗ {tag}: you merged onto dequant(W4), the NF4 weights decoded to bf16. Section 6 below "
-                           f"measures that choice, and it has its merits; this function's task is the usual recipe, the "
-                           f"bf16 base at path (W16), so that the two can be compared."]
+            return _named(tag, [("merged onto dequant(W4)", f"you merged onto dequant(W4), the NF4 weights decoded to "
+                                f"bf16. Section 6 below measures that choice, and it has its merits; this function's task "
+                                f"is the usual recipe, the bf16 base at path (W16), so that the two can be compared.")])
         dtypes = set(map(str, merged["dtypes"]))
         if dtypes != {"bfloat16"}:
-            return False, [f"✗ {tag}: your merged model holds {' and '.join(sorted(dtypes))} weights; deploy it as the bf16 "
-                           f"base it came from (dtype=torch.bfloat16 when loading): float32 doubles its size, and it "
-                           f"is not the model this lesson compares."]
+            return _named(tag, [("not bf16", f"your merged model holds {' and '.join(sorted(dtypes))} weights; deploy it "
+                                f"as the bf16 base it came from (dtype=torch.bfloat16 when loading): float32 doubles its "
+                                f"size, and it is not the model this lesson compares.")])
         if torch.equal(got, want):
             return True, [f"✓ {tag}: the bf16 base with the adapter merged in: logits equal the reference merge."]
         if torch.allclose(got, want, rtol=2e-2, atol=2e-2):
