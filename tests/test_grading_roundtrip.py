@@ -11,6 +11,7 @@ broken files handed in besides: ``graded_examples.regraded_in_parallel``)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,37 @@ def test_every_example_folder_says_what_it_expects():
         assert f.parent.name in LESSONS, f"{f.relative_to(ROOT)}: no lesson {f.parent.name}"
         assert (f / "expected.json").is_file(), f"{f.relative_to(ROOT)} has no expected.json"
         assert f"ex-{f.name}" in readme, f"autograder/examples/README.md does not list ex-{f.name}"
+
+
+def _function_items(aid: str) -> list[str]:
+    """The items of ``aid`` whose answer is a function the student writes: the solution's answer cell defines
+    (``def``) the name its test cell hands to ``grade``. Lesson cells after it may call that function."""
+    import re
+
+    nb = json.loads((ROOT / "solutions" / aid / f"{aid}.ipynb").read_text())
+    by_id = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): "".join(c["source"]) for c in nb["cells"]}
+    out = []
+    for gid, src in by_id.items():
+        if gid and gid.endswith("_test"):
+            handed = re.search(r"grade\(\s*[\"'][^\"']+[\"']\s*,\s*([A-Za-z_]\w*)", src)
+            answer = by_id.get(gid.replace("_test", "_answer"), "")
+            if handed and re.search(rf"^def {handed.group(1)}\(", answer, re.M):
+                out.append(gid.removesuffix("_test"))
+    return out
+
+
+@pytest.mark.parametrize("aid", LESSONS)
+def test_every_function_item_has_an_ordinary_example_student_who_gets_it_wrong(aid):
+    """The round trip runs every lesson with a typical wrong answer in each function the student writes (no cell
+    may then end in a traceback: ``test_a_wrong_answer_never_turns_a_lesson_cell_into_a_traceback``), so every
+    function item needs an example student, not a hostile one, who loses it."""
+    ordinary = {(a, s) for a, s, *_ in WRONG} - HOSTILE
+    covered = {cell.removesuffix("_test") for a, s, cell, _ in WRONG if a == aid and (a, s) in ordinary}
+    items = _function_items(aid)
+    assert items, f"{aid}: no function item found; does a test cell call grade(...) differently?"
+    missing = [i for i in items if i not in covered]
+    assert not missing, (f"{aid}: no ordinary example student gets {missing} wrong; add one under "
+                         f"autograder/examples/{aid}/ (see its README)")
 
 
 class _RoundTrip:
@@ -77,6 +109,30 @@ class _RoundTrip:
                 for out in cell.get("outputs", []):
                     if out.get("output_type") == "error":
                         problems.append(f"{sid}, cell {i}: {out.get('ename')}: {str(out.get('evalue'))[:200]}")
+        assert not problems, "\n".join(problems)
+
+    def test_each_example_student_makes_the_named_mistakes_it_declares(self, graded):
+        """What the class report counts: the named mistakes the grading process stored for each item (the check
+        cell's outcome in the autograded notebook) are exactly those the student's expected.json declares under
+        ``"mistakes"``, on every item, and a student who declares none on an item it loses fails it another way.
+        Every example student who is not hostile declares them (a hostile one may)."""
+        from coursekit.report import _outcomes
+
+        work, _ = graded
+        problems = []
+        for exp in sorted((EXAMPLES / self.AID).glob("*/expected.json")) if (EXAMPLES / self.AID).is_dir() else []:
+            spec, sid = json.loads(exp.read_text()), f"ex-{exp.parent.name}"
+            if "mistakes" not in spec:
+                if (self.AID, sid) not in HOSTILE:
+                    problems.append(f"{sid}: expected.json declares no \"mistakes\" (use {{}} for none)")
+                continue
+            outcomes = _outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
+            for item, rec in outcomes.items():
+                declared = spec["mistakes"].get(item, [])
+                if list(rec.get("mistakes", [])) != declared:
+                    problems.append(f"{sid} {item}: stored {rec.get('mistakes')} ({rec.get('status')}), declared {declared}")
+            problems += [f"{sid}: declares mistakes on {item}, which has no outcome" for item in spec["mistakes"]
+                         if item not in outcomes]
         assert not problems, "\n".join(problems)
 
     def test_table_and_grades_csv(self, graded):
@@ -139,7 +195,9 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
 def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, tmp_path_factory):
     """The class's course folder graded again, in place (a copy: the first run's folder is shared, read-only). For a
     lesson of :data:`REGRADED_IN_PARALLEL`, the copy is graded with two workers and has lesson 00's broken files
-    handed in besides: the students of the first run keep their grades, and the broken ones are added."""
+    handed in besides: the students of the first run keep their grades, and the broken ones are added. For the other
+    lessons the hostile, broken, blank and perfect submissions are graded again, and the students who did not hand in
+    again keep the grades the gradebook holds."""
     shared, table = graded
     before = course.read_grades_csv(shared / "grades.csv")
     if self.AID in REGRADED_IN_PARALLEL:
@@ -151,10 +209,16 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
         assert added == set(BROKEN_FILES), f"the re-run added or lost students: {sorted(added)}"
         after = [r for r in after if r["student_id"] not in added]
     else:
+        # The hostile and broken submissions are handed in again, with the blank and perfect ones; the ordinary
+        # mistakes are not (each would only execute the lesson again): their grades must stay as they were.
         work = regradable_copy(shared, tmp_path / "course")
+        again_in = {"ex-blank", "ex-perfect"} | {sid for aid, sid in EXACT_SCORE if aid == self.AID}
+        for folder in (work / "submitted").iterdir():
+            if folder.name not in again_in:
+                shutil.rmtree(folder)
         with limits_for(self.AID):
-            again = course.grade_class(lessons=[self.AID], root=ROOT, examples=True, course_dir=work,
-                                       release_dir=work / "release", workers=1, progress=False)
+            again = course.grade_class(lessons=[self.AID], root=ROOT, course_dir=work, release_dir=work / "release",
+                                       workers=1, progress=False)
         after = course.read_grades_csv(work / "grades.csv")
     key = lambda r: (r["assignment"], r["student_id"])  # noqa: E731
     assert sorted(before, key=key) == sorted(after, key=key), "a re-run changed or lost grades"
