@@ -375,28 +375,8 @@ def quantize_4bit(A: torch.Tensor, blocksize: int = 64, quant_type: str = "nf4",
     Raises:
         QuantError: wrong type or dtype, empty tensor, bad blocksize or quant_type, a NaN/inf in A.
     """
-    A = _check_float_tensor("A", A)
-    blocksize = _check_blocksize(blocksize)
-    code = code_for(quant_type)
-    flat = A.detach().reshape(-1).float().cpu()
-    if not torch.isfinite(flat).all():
-        i = int((~torch.isfinite(flat)).nonzero()[0])
-        raise QuantError(f"A has a non-finite value {flat[i].item()} at flat index {i}; absmax scaling needs finite values")
-    n = flat.numel()
-    full = n - n % blocksize
-    absmax = flat[:full].reshape(-1, blocksize).abs().max(dim=-1).values
-    scaled = torch.clamp(flat[:full].reshape(-1, blocksize) * (1.0 / absmax.clamp(min=1e-38).view(-1, 1)), -1, 1).reshape(-1)
-    if full < n:
-        am = flat[full:].abs().max().clamp(min=1e-38)
-        absmax = torch.cat([absmax, am.unsqueeze(0)])
-        scaled = torch.cat([scaled, torch.clamp(flat[full:] / am, -1, 1)])
-    if n % 2:  # bitsandbytes pads the *scaled* values with one 0.0, so the pad nibble is the code of 0
-        scaled = torch.cat([scaled, scaled.new_zeros(1)])
-    order = torch.argsort(code)
-    bounds = (code[order[:-1]] + code[order[1:]]) / 2
-    q = torch.bucketize(scaled, bounds, right=False)
-    if quant_type == "fp4":
-        q = order[q]
+    q, absmax, code = _codes_4bit(A, blocksize, quant_type)
+    blocksize = int(blocksize)
     packed = pack_nibbles(q)
     if not compress_statistics:
         return packed, QuantState(absmax=absmax, shape=A.shape, code=code, dtype=A.dtype, blocksize=blocksize,
@@ -405,6 +385,48 @@ def quantize_4bit(A: torch.Tensor, blocksize: int = 64, quant_type: str = "nf4",
     qabsmax, state2 = quantize_blockwise(absmax - offset, blocksize=256)
     return packed, QuantState(absmax=qabsmax, shape=A.shape, code=code, dtype=A.dtype, blocksize=blocksize,
                               quant_type=quant_type, offset=offset, state2=state2)
+
+
+def _codes_4bit(A: torch.Tensor, blocksize: int, quant_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1 to 4 of :func:`quantize_4bit`: ``(codes, absmax, code table)``, the codes (int32 for nf4, int64 for fp4) of
+    ``n`` values (+ 1 pad when n is odd), before packing. Checks its inputs as quantize_4bit documents."""
+    A = _check_float_tensor("A", A)
+    blocksize = _check_blocksize(blocksize)
+    code = code_for(quant_type)
+    flat = A.detach().reshape(-1).float().cpu()
+    n = flat.numel()
+    full = n - n % blocksize
+    absmax = flat[:full].reshape(-1, blocksize).abs().max(dim=-1).values
+    am = flat[full:].abs().max().clamp(min=1e-38) if full < n else None
+    # A block's max |x| is NaN or inf exactly when the block holds a NaN or an inf (torch's max propagates NaN):
+    # checking the absmax values checks every value, at 1/blocksize of the cost.
+    if not (torch.isfinite(absmax).all() and (am is None or torch.isfinite(am))):
+        i = int((~torch.isfinite(flat)).nonzero()[0])
+        raise QuantError(f"A has a non-finite value {flat[i].item()} at flat index {i}; absmax scaling needs finite values")
+    scaled = torch.clamp(flat[:full].reshape(-1, blocksize) * (1.0 / absmax.clamp(min=1e-38).view(-1, 1)), -1, 1).reshape(-1)
+    if am is not None:
+        absmax = torch.cat([absmax, am.unsqueeze(0)])
+        scaled = torch.cat([scaled, torch.clamp(flat[full:] / am, -1, 1)])
+    if n % 2:  # bitsandbytes pads the *scaled* values with one 0.0, so the pad nibble is the code of 0
+        scaled = torch.cat([scaled, scaled.new_zeros(1)])
+    order = torch.argsort(code)
+    bounds = (code[order[:-1]] + code[order[1:]]) / 2
+    q = torch.bucketize(scaled, bounds, right=False, out_int32=True)  # codes 0..15: int32 halves the memory
+    if quant_type == "fp4":
+        q = order[q]
+    return q, absmax, code
+
+
+def round_trip_4bit(A: torch.Tensor, blocksize: int = 64, quant_type: str = "nf4") -> torch.Tensor:
+    """``dequantize_4bit(*quantize_4bit(A, blocksize, quant_type))`` bit for bit, without packing the codes into
+    bytes and unpacking them again (about twice as fast on a whole model's weights). No double quantization.
+
+    Args and errors: as :func:`quantize_4bit`. Returns a tensor of A's shape and dtype: what loading A in 4 bits
+    and decoding it gives (the weight QLoRA's frozen base computes with)."""
+    q, absmax, code = _codes_4bit(A, blocksize, quant_type)
+    n = A.numel()
+    out = code.float()[q[:n]] * absmax.repeat_interleave(blocksize)[:n]
+    return out.reshape(A.shape).to(A.dtype)
 
 
 def _absmax_fp32(state: QuantState) -> torch.Tensor:

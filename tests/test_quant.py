@@ -154,6 +154,28 @@ def test_random_sizes_match_bitsandbytes(n, blocksize, quant_type, cs, seed, sca
     assert torch.equal(_bnb_torch_dequant(pb, sb).reshape(-1), Q.dequantize_4bit(pc, sc))
 
 
+@settings(max_examples=40, deadline=None)
+@given(shape=st.sampled_from([(1,), (7,), (64,), (3, 100), (129, 64), (2, 4096)]), blocksize=st.sampled_from(Q.BLOCKSIZES[:4]),
+       quant_type=st.sampled_from(["nf4", "fp4"]), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 2**16))
+def test_the_round_trip_without_packing_is_dequantize_of_quantize_bit_for_bit(shape, blocksize, quant_type, dtype, seed):
+    A = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3).to(dtype)
+    want = Q.dequantize_4bit(*Q.quantize_4bit(A, blocksize=blocksize, quant_type=quant_type))
+    got = Q.round_trip_4bit(A, blocksize=blocksize, quant_type=quant_type)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.float(), want.float())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("n, at", [(130, 0), (130, 70), (130, 129), (64, 63)])
+def test_a_non_finite_value_is_found_through_its_blocks_absmax_and_named(bad, n, at):
+    A = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    A[at] = bad
+    for fn in (Q.quantize_4bit, Q.round_trip_4bit):
+        with pytest.raises(Q.QuantError, match=f"non-finite value {bad} at flat index {at};"):
+            fn(A, blocksize=64)
+
+
 # --------------------------------------------------------------------------- teaching kernels
 
 
