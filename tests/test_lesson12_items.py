@@ -163,6 +163,26 @@ def test_merged_reload_is_named():
     assert fb.points == 0 and "not bitwise equal" in fb.text() and "Merging is not saving" in fb.text()
 
 
+@pytest.mark.parametrize("fn, labels", [("fresh_adapter", ["fresh adapter"]),
+                                        ("fresh_adapter_train_mode", ["fresh adapter", "dropout active"]),
+                                        ("trainable_reload", ["dropout active"]), ("merged_reload", ["merged or cast"])])
+def test_the_mistakes_are_stored_by_name_for_the_class_report(fn, labels):
+    assert check("12.p3", globals()[fn], hidden=False).mistakes == labels
+
+
+def test_logits_of_another_dtype_are_named_not_a_grader_error():
+    """A model whose logits come back in float64 (equal after a cast) fails with a sentence; comparing float64 with
+    float32 logits raised in the check before, which scored the item 0 with no feedback."""
+    def reload_cast(base, adapter_dir):
+        from peft import PeftModel
+
+        m = PeftModel.from_pretrained(base, adapter_dir).eval()
+        return lambda X: m(X).double()
+
+    fb = check("12.p3", reload_cast, hidden=False)
+    assert fb.points == 0 and "the logits are float64; the trained model's are float32" in fb.text(), fb.text()
+
+
 def test_hidden_cases_defeat_an_answer_that_ignores_its_arguments():
     fb = check("12.p3", own_base, hidden=True)
     assert fb.points == pytest.approx(3 / 5) and "✓ public case 1" in fb.text() and "✗ public case 2" in fb.text()

@@ -165,6 +165,20 @@ def test_the_loop_check_sees_any_wrong_scale_of_the_loss():
     assert fb.points == 0 and "differs from the reference loop" in fb.text()
 
 
+def test_a_loop_that_casts_the_adapter_is_told_so_not_a_grader_error():
+    """Adapter tensors replaced by float64 copies after a right loop: comparing them with the float32 reference raised
+    in the check before (scored 0 with no feedback)."""
+    def train_steps(model, windows, optimizer, scheduler, progress=True):
+        out = A.train_steps(model, windows, optimizer, scheduler, progress)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.double()
+        return out
+
+    fb = check("19.p4", train_steps, hidden=False)
+    assert fb.points == 0 and "changed the adapter's dtype" in fb.text(), fb.text()
+
+
 def test_a_preflight_that_refuses_everything_refuses_nothing_in_particular():
     fb = check("19.p2", A.preflight_that_always_raises, hidden=True)
     assert fb.points == 0 and "also refuses the healthy model" in fb.text()

@@ -136,13 +136,18 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
         return False, [f"✗ {tag}: calling the returned model on a batch gave {type(out1).__name__}, not a tensor of logits; "
                        f"return the model itself (the PeftModel)."] + note
     lines = ["    " + l for l in lines]
+    dropout = ["dropout active"] if lines else []
     if tuple(out1.shape) != tuple(ref.shape):
-        return False, [f"✗ {tag}: the logits have shape {tuple(out1.shape)}; expected {tuple(ref.shape)}."] + lines + note
+        return False, [f"✗ {tag}: the logits have shape {tuple(out1.shape)}; expected {tuple(ref.shape)}."] + lines + note, dropout
+    if out1.dtype != ref.dtype:
+        return False, [f"✗ {tag}: the logits are {str(out1.dtype).replace('torch.', '')}; the trained model's are "
+                       f"{str(ref.dtype).replace('torch.', '')}. A reload computes exactly what was saved: return the "
+                       f"model as PeftModel.from_pretrained gives it, without a cast. " + READ_RELOAD] + lines + note, dropout
     if torch.allclose(out1, base_out, rtol=0, atol=1e-7) and not torch.allclose(ref, base_out, rtol=0, atol=1e-7):
         return False, [f"✗ {tag}: your outputs equal the base model's: you created a fresh adapter (B = 0) instead of "
                        f"loading the saved one. get_peft_model(base, LoraConfig(...)) initialises lora_B to zero; "
                        f"PeftModel.from_pretrained(base, adapter_dir) reads the trained factors. " + READ_RELOAD] + lines + note, \
-            ["fresh adapter"] + (["dropout active"] if lines else [])
+            ["fresh adapter"] + dropout
     if torch.equal(out1, ref):
         if lines:
             return False, [f"✗ {tag}: in eval mode the logits equal the trained adapter's, but:"] + lines + note, \
@@ -156,10 +161,11 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
         return False, [f"✗ {tag}: the logits are close to the trained adapter's but not bitwise equal (largest difference "
                        f"{diff:.1e}). A reload computes exactly what was saved; merging (merge_and_unload) or a dtype cast "
                        f"rounds differently. Merging is not saving: return the unmerged PeftModel. " + READ_RELOAD] + lines + note, \
-            ["merged or cast"] + (["dropout active"] if lines else [])
+            ["merged or cast"] + dropout
     _, msg = compare_arrays(out1.numpy(), ref.numpy().astype(np.float64), "logits", 0.0, 0.0)
     return False, [f"✗ {tag}: the logits are not the trained adapter's:"] + ["    " + m for m in msg] + [
-        "    Load the folder you were given with PeftModel.from_pretrained(base, adapter_dir), onto the base you were given."] + lines + note
+        "    Load the folder you were given with PeftModel.from_pretrained(base, adapter_dir), onto the base you were given."] + lines + note, \
+        dropout
 
 
 @dataclass
@@ -182,8 +188,8 @@ class ReloadItem:
                 "" if hidden else f" (TinyNet d_in={case['d_in']}, hidden={case['hidden']}, r={case['r']}, lora_alpha={case['lora_alpha']})")
             try:
                 ok, msg, *labels = _check_reload_case(answer, case, tag)
-                if labels:
-                    named.append(labels[0])
+                if labels and labels[0]:
+                    named.append(list(labels[0]))
             except NotImplementedError:
                 return Feedback(0, self.points, ["reload still raises NotImplementedError: replace the stub with your code."])
             passed += ok

@@ -766,6 +766,11 @@ class TrainItem(_ModelItem):
         params, moved = got["params"], list(got["moved"])
         if set(params) != set(want) or any(tuple(params[n].shape) != tuple(want[n].shape) for n in want):
             raise _Unreadable("adapter")
+        cast = [n for n in want if params[n].dtype != want[n].dtype]
+        if cast:
+            return False, [f"✗ {tag}: your {self.name} changed the adapter's dtype ({cast[0]} is now "
+                           f"{str(params[cast[0]].dtype).replace('torch.', '')}, was {str(want[cast[0]].dtype).replace('torch.', '')}): "
+                           f"the optimizer steps the tensors in place; do not replace or cast them."]
         if moved:
             return _named(tag, [("base moved", f"a frozen base tensor changed ({moved[0]}): only the adapter may move.")])
         if all(torch.equal(params[n], start[n]) for n in params):
