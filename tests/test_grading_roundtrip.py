@@ -133,6 +133,9 @@ class _RoundTrip:
                     problems.append(f"{sid} {item}: stored {rec.get('mistakes')} ({rec.get('status')}), declared {declared}")
             problems += [f"{sid}: declares mistakes on {item}, which has no outcome" for item in spec["mistakes"]
                          if item not in outcomes]
+        for sid in ("ex-perfect", "ex-blank"):  # the implicit students: right everywhere, or blank everywhere
+            outcomes = _outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
+            problems += [f"{sid} {item}: stored {rec['mistakes']}" for item, rec in outcomes.items() if rec.get("mistakes")]
         assert not problems, "\n".join(problems)
 
     def test_table_and_grades_csv(self, graded):
