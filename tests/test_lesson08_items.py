@@ -364,3 +364,41 @@ def test_p10_cases_cover_smollm2s_grouping_and_several_group_sizes():
 def test_p10_mistakes_are_named(kind, says, hidden):
     fb = check("08.p10", _gqa_wrong(kind), hidden=hidden)
     assert not fb.full and says in fb.text(), fb.text()
+
+
+def _gqa_on(head_backward):
+    """A gqa_backward that sums the right groups but is built on ``head_backward``, one head's (dQ, dK, dV)."""
+    def fn(dC, Q, K, V, P):
+        n_kv = K.shape[0]
+        n_rep = Q.shape[0] // n_kv
+        parts = [head_backward(dC[h], Q[h], K[h // n_rep], V[h // n_rep], P[h]) for h in range(Q.shape[0])]
+        dKr, dVr = np.stack([p[1] for p in parts]), np.stack([p[2] for p in parts])
+        return (np.stack([p[0] for p in parts]), dKr.reshape(n_kv, n_rep, *dKr.shape[1:]).sum(1),
+                dVr.reshape(n_kv, n_rep, *dVr.shape[1:]).sum(1))
+    return fn
+
+
+def _head_with(softmax_step=None, scale=True):
+    def head(dC, Q, K, V, P):
+        dP = dC @ V.T
+        dS = softmax_step(P, dP) if softmax_step else P * (dP - (dP * P).sum(-1, keepdims=True))
+        c = 1 / np.sqrt(Q.shape[-1]) if scale else 1.0
+        return dS @ K * c, dS.T @ Q * c, P.T @ dC
+    return head
+
+
+@pytest.mark.parametrize("head, label, says", [
+    (_head_with(scale=False), "no scale", "as in one head (check attention_backward, P2): the forward divided"),
+    (_head_with(lambda P, dP: P * dP), "no rowsum", "dS is wrong, as in one head (check softmax_backward, P1): you forgot "
+                                                    "to subtract the row sum"),
+    (_head_with(lambda P, dP: P * (dP - (dP * P).sum(-2, keepdims=True))), "column sums",
+     "dS is wrong, as in one head (check softmax_backward, P1): you summed over the wrong axis"),
+])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_p10_names_the_one_head_mistake_it_inherits(head, label, says, hidden):
+    """A gqa_backward whose grouping is right but whose single-head step is wrong (it calls the student's own
+    attention_backward or softmax_backward, or repeats their slip) is told which one, not only that dQ is off."""
+    fb = check("08.p10", _gqa_on(head), hidden=hidden)
+    assert not fb.full and says in fb.text(), fb.text()
+    assert fb.mistakes == [label], fb.mistakes
+    assert check("08.p10", _gqa_on(_head_with()), hidden=hidden).full  # the helper itself is right

@@ -320,7 +320,24 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
                     f"that reads a KV head adds its gradient to {name}. " + READ_GQA),
         ]
 
-    return {"dQ": [], "dK": _not_right(out["dK"], att.repeat_kv_backward(dKr, n_kv)),
+    # One head's mistakes (P1's softmax step, P2's missing 1/√d_h), made in every query head: what a gqa_backward
+    # gives that is built on a wrong attention_backward or softmax_backward, or repeats their slip.
+    Kr = att.repeat_kv(K, n_rep)
+    dQ = (dS @ Kr) * scale
+    out["dQ"] = []
+    for sm in _sm_mistakes(P, dC @ np.swapaxes(Vr, -1, -2)):
+        for name, val in (("dQ", sm.value @ Kr * scale),
+                          ("dK", att.repeat_kv_backward(np.swapaxes(sm.value, -1, -2) @ Q * scale, n_kv))):
+            why = f"{name} is off because dS is wrong, as in one head (check softmax_backward, P1): "
+            out[name].append(Mistake(sm.label, val, why + sm.message, hint=why + sm.hint))
+    if Q.shape[-1] > 1:  # with d_h = 1 the factor is 1
+        for name, val, formula in (("dQ", dS @ Kr, "dQ = dS K / √d_h"),
+                                   ("dK", att.repeat_kv_backward(np.swapaxes(dS, -1, -2) @ Q, n_kv), "dK = dSᵀ Q / √d_h")):
+            hint = (f"{name} is missing the factor 1/√d_h, as in one head (check attention_backward, P2): the forward "
+                    f"divided the scores by √d_h, so {formula}. " + READ_BWD)
+            out[name].append(Mistake("no scale", val, hint.replace("1/√d_h", f"1/√d_h = {scale:g}", 1), hint=hint))
+
+    return {"dQ": _not_right(out["dQ"], dQ), "dK": _not_right(out["dK"], att.repeat_kv_backward(dKr, n_kv)),
             "dV": _not_right(out["dV"], att.repeat_kv_backward(dVr, n_kv))}
 
 
