@@ -229,6 +229,11 @@ def first_word_not_lowercased(text):
     return words[0].strip(".,:;!?\"'`*()[]") if words else ""
 
 
+def first_word_as_written(text):
+    words = text.strip().split()
+    return words[0] if words else ""
+
+
 def confusion_without_other_column(true, pred, labels):
     m = np.zeros((len(labels), len(labels)), dtype=int)
     for t, p in zip(true, pred):

@@ -92,6 +92,7 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p5", A.logprobs_without_shift, ["no shift"]),
     ("p5", A.logprobs_averaged, ["mean"]),
     ("p6", A.first_word_not_lowercased, ["not lower-cased"]),
+    ("p6", A.first_word_as_written, ["punctuation kept", "not lower-cased"]),
     ("p7", A.confusion_without_other_column, ["no other column"]),
     ("p8", A.merge_into_nf4, ["merged into NF4"]),
     ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
@@ -103,6 +104,12 @@ def test_the_mistake_is_stored_by_name_for_the_class_report(item, fn, labels):
     recipe."""
     fb = check(f"19.{item}", fn, hidden=False)
     assert fb.mistakes == labels, fb.text()
+
+
+def test_a_word_both_capitalised_and_punctuated_is_told_both_fixes():
+    fb = check("19.p6", A.first_word_as_written, hidden=False)
+    line = next(l for l in fb.lines if "'Thermal.'" in l and "✗" in l)
+    assert "Strip the punctuation" in line and "lower-case it" in line, fb.text()
 
 
 @pytest.mark.parametrize("item, fn, text", [

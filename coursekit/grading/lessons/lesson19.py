@@ -920,14 +920,17 @@ class FirstWordItem:
                 lines.append(f"✓ {tag}" + ("" if hidden else f": {got!r}"))
                 continue
             why = ""
+            strip = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses)"
             if isinstance(got, str) and got.lower() == want:
-                why, label = " Lower-case it: labels are lowercase.", "not lower-cased"
-            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:
-                why, label = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses).", "punctuation kept"
+                why, labels = " Lower-case it: labels are lowercase.", ["not lower-cased"]
+            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]") == want:
+                why, labels = strip + ".", ["punctuation kept"]
+            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:  # both slips at once
+                why, labels = strip + ", and lower-case it: labels are lowercase.", ["punctuation kept", "not lower-cased"]
             elif isinstance(got, str) and want and want in got.lower() and " " in got.strip():
-                why, label = " Keep only the first word (split on whitespace).", "more than one word"
+                why, labels = " Keep only the first word (split on whitespace).", ["more than one word"]
             if why:
-                named.append([label])
+                named.append(labels)
             lines.append(f"✗ {tag}: " + (f"returned {got!r}; the rule gives {want!r}." if not hidden else "not the rule's word.") + why)
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
