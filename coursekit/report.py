@@ -26,8 +26,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["STATUS_DIR", "write_status", "clear_status", "graded_lessons", "collect", "write", "write_submissions_csv",
-           "format_text"]
+__all__ = ["STATUS_DIR", "outcomes", "write_status", "clear_status", "graded_lessons", "collect", "write",
+           "write_submissions_csv", "format_text"]
 
 #: Folder (in the course folder) of the submissions that scored 0 without being graded: one JSON per submission.
 STATUS_DIR = "grading-status"
@@ -58,8 +58,11 @@ def graded_lessons(course: str | Path, known: Iterable[str]) -> list[str]:
     return [aid for aid in known if aid in have]
 
 
-def _outcomes(notebook: Path) -> dict[str, dict]:
-    """``{item: outcome}`` of every scored check cell of one autograded notebook."""
+def outcomes(notebook: Path) -> dict[str, dict]:
+    """``{item: outcome}`` of every scored check cell of one autograded notebook (``autograded/<student>/<lesson>/
+    <lesson>.ipynb``): the record the grading process stored in the cell's metadata (:func:`coursekit.guard.outcome`:
+    ``item``, ``points``, ``max_points``, ``status``, ``mistakes``, ``reason``), keyed by item ("p2"). A cell with no
+    record is left out; an unreadable file raises (``OSError``, ``ValueError``)."""
     from .guard import OUTCOME_KEY
 
     nb = json.loads(notebook.read_text())
@@ -127,7 +130,7 @@ def collect(course: str | Path, lessons: Iterable[str]) -> dict[str, Any]:
                 row.update(status="graded", score=sub["score"], max_score=sub["max_score"], late=sub["late_seconds"] > 0)
                 totals.append(sub["score"])
                 late += row["late"]
-                got = _outcomes(notebook)
+                got = outcomes(notebook)
                 for k, it in items.items():
                     rec = got.get(k) or {"status": "not_scored", "points": 0.0, "mistakes": [],
                                          "reason": "no outcome recorded (graded before coursekit recorded outcomes?)"}

@@ -206,7 +206,7 @@ def test_the_class_report_of_the_scheduler_run_is_the_serial_runs(graded):
 
     for sid in STUDENTS:
         nb = Path("autograded") / sid / AID / f"{AID}.ipynb"
-        assert report._outcomes(graded["dask"] / nb) == report._outcomes(graded["serial"] / nb), sid
+        assert report.outcomes(graded["dask"] / nb) == report.outcomes(graded["serial"] / nb), sid
     les = report.collect(graded["dask"], [AID])["lessons"][0]
     assert les["graded"] == len(STUDENTS) and all(sum(r[c] for c in report.COLUMNS) == len(STUDENTS) for r in les["items"])
     assert {label for r in les["items"] for label in r["mistakes"]} == {"B not transposed"}  # ex-transposed-B's

@@ -116,7 +116,7 @@ class _RoundTrip:
         cell's outcome in the autograded notebook) are exactly those the student's expected.json declares under
         ``"mistakes"``, on every item, and a student who declares none on an item it loses fails it another way.
         Every example student who is not hostile declares them (a hostile one may)."""
-        from coursekit.report import _outcomes
+        from coursekit import report
 
         work, _ = graded
         problems = []
@@ -126,7 +126,7 @@ class _RoundTrip:
                 if (self.AID, sid) not in HOSTILE:
                     problems.append(f"{sid}: expected.json declares no \"mistakes\" (use {{}} for none)")
                 continue
-            outcomes = _outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
+            outcomes = report.outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
             for item, rec in outcomes.items():
                 declared = spec["mistakes"].get(item, [])
                 if list(rec.get("mistakes", [])) != declared:
@@ -134,7 +134,7 @@ class _RoundTrip:
             problems += [f"{sid}: declares mistakes on {item}, which has no outcome" for item in spec["mistakes"]
                          if item not in outcomes]
         for sid in ("ex-perfect", "ex-blank"):  # the implicit students: right everywhere, or blank everywhere
-            outcomes = _outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
+            outcomes = report.outcomes(work / "autograded" / sid / self.AID / f"{self.AID}.ipynb")
             problems += [f"{sid} {item}: stored {rec['mistakes']}" for item, rec in outcomes.items() if rec.get("mistakes")]
         assert not problems, "\n".join(problems)
 
