@@ -378,21 +378,26 @@ def _gqa_on(head_backward):
     return fn
 
 
-def _head_with(softmax_step=None, scale=True):
+def _head_with(softmax_step=None, scale=True, divide=None, transpose_dQ=False, dQ_sign=1.0):
     def head(dC, Q, K, V, P):
         dP = dC @ V.T
         dS = softmax_step(P, dP) if softmax_step else P * (dP - (dP * P).sum(-1, keepdims=True))
-        c = 1 / np.sqrt(Q.shape[-1]) if scale else 1.0
-        return dS @ K * c, dS.T @ Q * c, P.T @ dC
+        c = 1 / np.sqrt(Q.shape[-1]) if scale else 1.0 / (divide(Q) if divide else 1.0)
+        return dQ_sign * (dS.T if transpose_dQ else dS) @ K * c, dS.T @ Q * c, P.T @ dC
     return head
 
 
+ONE = "same slip as in one head (P2's attention_backward): "
+
+
 @pytest.mark.parametrize("head, label, says", [
-    (_head_with(scale=False), "no scale", "as in one head (check attention_backward, P2): the forward divided"),
-    (_head_with(lambda P, dP: P * dP), "no rowsum", "dS is wrong, as in one head (check softmax_backward, P1): you forgot "
-                                                    "to subtract the row sum"),
+    (_head_with(scale=False), "no scale", ONE + "dQ is missing the factor 1/√d_h"),
+    (_head_with(lambda P, dP: P * dP), "no rowsum", ONE + "dQ is off because dS is wrong (check softmax_backward, P1): "
+                                                    "you forgot to subtract the row sum"),
     (_head_with(lambda P, dP: P * (dP - (dP * P).sum(-2, keepdims=True))), "column sums",
-     "dS is wrong, as in one head (check softmax_backward, P1): you summed over the wrong axis"),
+     ONE + "dQ is off because dS is wrong (check softmax_backward, P1): you summed over the wrong axis"),
+    (_head_with(scale=False, divide=lambda Q: Q.shape[-1]), "1/d_h", ONE + "you divided by d_h"),
+    (_head_with(transpose_dQ=True), "dS transposed", ONE + "dQ uses dS itself, not dSᵀ"),
 ])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_p10_names_the_one_head_mistake_it_inherits(head, label, says, hidden):
@@ -402,3 +407,13 @@ def test_p10_names_the_one_head_mistake_it_inherits(head, label, says, hidden):
     assert not fb.full and says in fb.text(), fb.text()
     assert fb.mistakes == [label], fb.mistakes
     assert check("08.p10", _gqa_on(_head_with()), hidden=hidden).full  # the helper itself is right
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_p10_a_slip_in_dq_alone_is_not_blamed_on_ds(hidden):
+    """dQ and dK both come from dS: a sign slip in dQ alone, with dK right, equals the value of a wrong dS ("sign") on
+    dQ, but dS was right, and the feedback must not send the student to softmax_backward."""
+    fb = check("08.p10", _gqa_on(_head_with(dQ_sign=-1.0)), hidden=hidden)
+    assert not fb.full and "sign" not in fb.mistakes and "dS is wrong" not in fb.text(), fb.text()
+    fb2 = check("08.p2", lambda dC, Q, K, V, P: _head_with(dQ_sign=-1.0)(dC, Q, K, V, P), hidden=hidden)
+    assert not fb2.full and "sign" not in fb2.mistakes and "dS is wrong" not in fb2.text(), fb2.text()

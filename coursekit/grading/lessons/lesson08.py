@@ -16,6 +16,10 @@ READ_SOFTMAX = "Reread 'The softmax step' in Know this."
 READ_MASK = "Reread 'Masked means zero: probability and gradient' in Know this."
 READ_LORA = "Reread 'Where LoRA fits' in Know this."
 READ_GQA = "Reread 'Grouped-query attention: shared keys, summed gradients' in Know this."
+#: How a dQ or dK mistake that comes from a wrong dS begins (P2, and P10 through it).
+DS_WRONG = "{name} is off because dS is wrong (check softmax_backward, P1): "
+#: How P10 names a mistake of one head's backward (P2's list), made in every query head.
+ONE_HEAD = "the same slip as in one head (P2's attention_backward): "
 
 
 def _not_right(mistakes, right) -> list[Mistake]:
@@ -192,14 +196,33 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         for sm in _sm_mistakes(P, dP):
             val = sm.value @ K * scale if name == "dQ" else sm.value.T @ Q * scale
             if np.shape(sm.value) == dS.shape:
-                why = f"{name} is off because dS is wrong (check softmax_backward, P1): "
+                why = DS_WRONG.format(name=name)
                 wrong.append(Mistake(sm.label, val, why + sm.message, hint=why + sm.hint))
     m_q += [Mistake("no softmax step", dP @ K * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
     m_k += [Mistake("no softmax step", dP.T @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
 
-    return {"dQ": _not_right(m_q, dQ), "dK": _not_right(m_k, dK), "dV": _not_right(m_v, P.T @ dC)}
+    right = {"dQ": dQ, "dK": dK, "dV": P.T @ dC}
+    return _dS_only_if_both_off({"dQ": _not_right(m_q, dQ), "dK": _not_right(m_k, dK), "dV": _not_right(m_v, right["dV"])},
+                                got, right)
+
+
+def _dS_only_if_both_off(mistakes: dict[str, list[Mistake]], got: dict | None, right: dict) -> dict[str, list[Mistake]]:
+    """dQ and dK both come from dS: when the answer's other one is right, its dS was right, and a wrong dQ (or dK)
+    that happens to equal a wrong-dS value (a sign slip in dQ alone) is not that mistake."""
+    if not got:
+        return mistakes
+    out = dict(mistakes)
+    for name, other in (("dQ", "dK"), ("dK", "dQ")):
+        try:
+            fine = np.shape(got[other]) == np.shape(right[other]) and np.allclose(
+                np.asarray(got[other], dtype=np.float64), right[other], rtol=1e-7, atol=1e-10)
+        except Exception:  # not an array: nothing to learn from it
+            fine = False
+        if fine:
+            out[name] = [m for m in mistakes.get(name, []) if DS_WRONG.format(name=name) not in m.message]
+    return out
 
 
 # --------------------------------------------------------------------------- p3: masked entries
@@ -320,25 +343,22 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
                     f"that reads a KV head adds its gradient to {name}. " + READ_GQA),
         ]
 
-    # One head's mistakes (P1's softmax step, P2's missing 1/√d_h), made in every query head: what a gqa_backward
-    # gives that is built on a wrong attention_backward or softmax_backward, or repeats their slip.
+    # One head's mistakes (P2's list, P1's softmax step in it), made in every query head: what a gqa_backward gives
+    # that is built on a wrong attention_backward or softmax_backward, or repeats their slip.
     Kr = att.repeat_kv(K, n_rep)
-    dQ = (dS @ Kr) * scale
+    right = {"dQ": (dS @ Kr) * scale, "dK": att.repeat_kv_backward(dKr, n_kv), "dV": att.repeat_kv_backward(dVr, n_kv)}
+    per_head = {"dQ": right["dQ"], "dK": dKr, "dV": dVr}
+    heads = [_p2_mistakes({"dC": dC[h], "Q": Q[h], "K": Kr[h], "V": Vr[h], "P": P[h]}) for h in range(Q.shape[-3])]
     out["dQ"] = []
-    for sm in _sm_mistakes(P, dC @ np.swapaxes(Vr, -1, -2)):
-        for name, val in (("dQ", sm.value @ Kr * scale),
-                          ("dK", att.repeat_kv_backward(np.swapaxes(sm.value, -1, -2) @ Q * scale, n_kv))):
-            why = f"{name} is off because dS is wrong, as in one head (check softmax_backward, P1): "
-            out[name].append(Mistake(sm.label, val, why + sm.message, hint=why + sm.hint))
-    if Q.shape[-1] > 1:  # with d_h = 1 the factor is 1
-        for name, val, formula in (("dQ", dS @ Kr, "dQ = dS K / √d_h"),
-                                   ("dK", att.repeat_kv_backward(np.swapaxes(dS, -1, -2) @ Q, n_kv), "dK = dSᵀ Q / √d_h")):
-            hint = (f"{name} is missing the factor 1/√d_h, as in one head (check attention_backward, P2): the forward "
-                    f"divided the scores by √d_h, so {formula}. " + READ_BWD)
-            out[name].append(Mistake("no scale", val, hint.replace("1/√d_h", f"1/√d_h = {scale:g}", 1), hint=hint))
+    for name in ("dQ", "dK", "dV"):
+        for label in dict.fromkeys(m.label for hm in heads for m in hm[name]):
+            found = [next((m for m in hm[name] if m.label == label), None) for hm in heads]
+            first = next(m for m in found if m is not None)
+            value = np.stack([per_head[name][h] if m is None else m.value for h, m in enumerate(found)])
+            value = value if name == "dQ" else att.repeat_kv_backward(value, n_kv)
+            out[name].append(Mistake(label, value, ONE_HEAD + first.message, hint=ONE_HEAD + first.hint if first.hint else ""))
 
-    return {"dQ": _not_right(out["dQ"], dQ), "dK": _not_right(out["dK"], att.repeat_kv_backward(dKr, n_kv)),
-            "dV": _not_right(out["dV"], att.repeat_kv_backward(dVr, n_kv))}
+    return _dS_only_if_both_off({k: _not_right(out[k], right[k]) for k in ("dQ", "dK", "dV")}, got, right)
 
 
 # --------------------------------------------------------------------------- items
