@@ -229,6 +229,10 @@ def first_word_not_lowercased(text):
     return words[0].strip(".,:;!?\"'`*()[]") if words else ""
 
 
+def first_word_whole_text(text):
+    return text.strip()
+
+
 def first_word_as_written(text):
     words = text.strip().split()
     return words[0] if words else ""

@@ -112,6 +112,14 @@ def test_a_word_both_capitalised_and_punctuated_is_told_both_fixes():
     assert "Strip the punctuation" in line and "lower-case it" in line, fb.text()
 
 
+def test_the_whole_text_is_told_to_keep_one_word_and_lower_case_it_when_it_must():
+    fb = check("19.p6", A.first_word_whole_text, hidden=False)
+    capital = next(l for l in fb.lines if "'The fan is hot'" in l)
+    newline = next(l for l in fb.lines if "'network\\nelectrical'" in l)
+    assert "Keep only the first word" in capital and "lower-case it" in capital, fb.text()
+    assert "Keep only the first word" in newline and "lower-case" not in newline, fb.text()
+
+
 @pytest.mark.parametrize("item, fn, text", [
     ("p1", A.load_with_random_B_and_dropout, "lora_B is not zero at the start"),
     ("p1", A.load_with_random_B_and_dropout, "the adapters have dropout"),

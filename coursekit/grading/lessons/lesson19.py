@@ -927,8 +927,12 @@ class FirstWordItem:
                 why, labels = strip + ".", ["punctuation kept"]
             elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:  # both slips at once
                 why, labels = strip + ", and lower-case it: labels are lowercase.", ["punctuation kept", "not lower-cased"]
-            elif isinstance(got, str) and want and want in got.lower() and " " in got.strip():
-                why, labels = " Keep only the first word (split on whitespace).", ["more than one word"]
+            elif isinstance(got, str) and want and want in got.lower() and len(got.split()) > 1:
+                if got.split()[0].strip(".,:;!?\"'`*()[]") == want:
+                    why, labels = " Keep only the first word (split on whitespace).", ["more than one word"]
+                else:
+                    why, labels = (" Keep only the first word (split on whitespace), and lower-case it: labels are "
+                                   "lowercase.", ["more than one word", "not lower-cased"])
             if why:
                 named.append(labels)
             lines.append(f"✗ {tag}: " + (f"returned {got!r}; the rule gives {want!r}." if not hidden else "not the rule's word.") + why)
