@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import attention as att
 from ... import lora
-from ..checkers import Case, Mistake, worded
+from ..checkers import Case, Mistake, _quotes_numbers, worded
 from .. import Array, Choice, Function, Numeric
 
 READ_BWD = "Reread 'Backward, one rule per product' in Know this."
@@ -356,7 +356,9 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
             first = next(m for m in found if m is not None)
             value = np.stack([per_head[name][h] if m is None else m.value for h, m in enumerate(found)])
             value = value if name == "dQ" else att.repeat_kv_backward(value, n_kv)
-            out[name].append(Mistake(label, value, ONE_HEAD + first.message, hint=ONE_HEAD + first.hint if first.hint else ""))
+            # P2's message, whole, is its hint when it quotes no number of the case (as on P2's own hidden cases)
+            hint = first.hint or ("" if _quotes_numbers(first.message) else first.message)
+            out[name].append(Mistake(label, value, ONE_HEAD + first.message, hint=ONE_HEAD + hint if hint else ""))
 
     return _dS_only_if_both_off({k: _not_right(out[k], right[k]) for k in ("dQ", "dK", "dV")}, got, right)
 
