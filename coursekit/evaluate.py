@@ -71,6 +71,10 @@ SCORINGS: tuple[str, ...] = ("generate", "labels")
 OTHER = "(other)"
 
 
+#: What :func:`first_word` strips from around the word.
+FIRST_WORD_PUNCTUATION = ".,:;!?\"'`*()[]"
+
+
 def first_word(text: str) -> str:
     """The first word of ``text``, lower-cased, without surrounding punctuation ("" for blank text).
 
@@ -79,7 +83,7 @@ def first_word(text: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     words = text.strip().lower().split()
-    return words[0].strip(".,:;!?\"'`*()[]") if words else ""
+    return words[0].strip(FIRST_WORD_PUNCTUATION) if words else ""
 
 
 def answer_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

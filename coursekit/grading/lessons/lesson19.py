@@ -923,12 +923,12 @@ class FirstWordItem:
             strip = " Strip the punctuation around the word (. , : ; ! ? quotes * parentheses)"
             if isinstance(got, str) and got.lower() == want:
                 why, labels = " Lower-case it: labels are lowercase.", ["not lower-cased"]
-            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]") == want:
+            elif isinstance(got, str) and got.strip(ceval.FIRST_WORD_PUNCTUATION) == want:
                 why, labels = strip + ".", ["punctuation kept"]
-            elif isinstance(got, str) and got.strip(".,:;!?\"'`*()[]").lower() == want:  # both slips at once
+            elif isinstance(got, str) and got.strip(ceval.FIRST_WORD_PUNCTUATION).lower() == want:  # both slips at once
                 why, labels = strip + ", and lower-case it: labels are lowercase.", ["punctuation kept", "not lower-cased"]
             elif isinstance(got, str) and want and want in got.lower() and len(got.split()) > 1:
-                if got.split()[0].strip(".,:;!?\"'`*()[]") == want:
+                if got.split()[0].strip(ceval.FIRST_WORD_PUNCTUATION) == want:
                     why, labels = " Keep only the first word (split on whitespace).", ["more than one word"]
                 else:
                     why, labels = (" Keep only the first word (split on whitespace), and lower-case it: labels are "
