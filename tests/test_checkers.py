@@ -606,14 +606,20 @@ def test_hidden_case_without_a_hint_reuses_the_public_message_or_only_the_name(c
                       "listed": False}, hidden=True)]
 
     ref = lambda X, W, k, listed: X @ W  # noqa: E731
-    student = lambda X, W, k, listed: k * X @ W  # noqa: E731
-    fb = _run_silently(capfd, check_function, student, cases(True), ref, 3, "project", ("Y",), mistakes=mistakes)
+    # Each student makes its mistake on every case: a mistake is named only when it explains the failures
+    # (checkers.MISTAKE_SHARE), so k × XW, which is "doubled" where k = 2 and "tripled" where k = 3, would name
+    # "tripled" on none of its cases.
+    doubles = lambda X, W, k, listed: 2 * X @ W  # noqa: E731
+    triples = lambda X, W, k, listed: 3 * X @ W  # noqa: E731
+    fb = _run_silently(capfd, check_function, doubles, cases(True), ref, 3, "project", ("Y",), mistakes=mistakes)
     assert "Likely mistake: you doubled it: 2 × 2 rows" in fb.text()
     assert ("Likely mistake: as explained with the inputs of public case 1: you doubled it: 2 × 2 rows "
             "(hidden inputs are not shown.)") in _hidden_part(fb)
+    assert "11 rows" not in fb.text()
+    fb = _run_silently(capfd, check_function, triples, cases(True), ref, 3, "project", ("Y",), mistakes=mistakes)
     assert "Likely mistake: you tripled it, in words" in _hidden_part(fb)  # no number: shown as it is
     assert "11 rows" not in fb.text()
-    fb = _run_silently(capfd, check_function, student, cases(False), ref, 3, "project", ("Y",), mistakes=mistakes)
+    fb = _run_silently(capfd, check_function, doubles, cases(False), ref, 3, "project", ("Y",), mistakes=mistakes)
     assert "Likely mistake: 'doubled'. Its explanation quotes this case's inputs" in _hidden_part(fb)
     assert "11 rows" not in fb.text()
 

@@ -35,6 +35,7 @@ __all__ = [
     "describe_exception",
     "quiet",
     "PUBLIC_ONLY_NOTE",
+    "MISTAKE_SHARE",
     "worded",
 ]
 
@@ -396,7 +397,7 @@ def _type_name(x: Any) -> str:
 
 def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol: float,
                    mistakes: Sequence[Mistake] = (), reveal: bool = True, hidden: bool = False,
-                   found: list[str] | None = None) -> tuple[str, list[str]]:
+                   found: list[str] | None = None, matched: list[Mistake] | None = None) -> tuple[str, list[str]]:
     """Classify an array answer: ``("ok"|"shape"|"values"|"type", lines)`` naming tensor, index and values.
 
     ``reveal=False`` (answer items, whose expected value is the key) names the wrong entry and the value
@@ -404,7 +405,9 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
     wrong with it, but no shape, index or value: each is computed from the hidden inputs. Mistake messages
     are printed as given; for a hidden case pass messages without numbers (see :func:`check_function`).
     ``found``: a list that gets the label of every known mistake the answer equals (the message names the first;
-    two mistakes can give the same value on one case), as data for the class report.
+    two mistakes can give the same value on one case), as data for the class report. ``matched``: a list that gets
+    each of those :class:`Mistake` objects, in the same order (a caller that names a mistake only when it explains
+    the failures of several cases, as :func:`check_function` does, words or drops the "Likely mistake:" line later).
     """
     a = as_array(got)
     expected = np.asarray(expected, dtype=np.float64)
@@ -423,9 +426,12 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
             if mv is not None and mv.shape == a.shape and np.allclose(a, mv, rtol=rtol, atol=atol):
                 if not any(l.startswith("Likely mistake:") for l in lines):
                     lines.append(f"Likely mistake: {m.message}")
-                if found is None:
+                if found is None and matched is None:
                     break
-                found.append(m.label)
+                if found is not None:
+                    found.append(m.label)
+                if matched is not None:
+                    matched.append(m)
         return "shape", lines
     if not np.all(np.isfinite(a)):
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
@@ -453,9 +459,12 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
         mv = np.asarray(m.value, dtype=np.float64)
         if mv.shape == a.shape and np.allclose(a, mv, rtol=max(rtol, 1e-6), atol=max(atol, 1e-9)):
             named = named or f"Likely mistake: {m.message}"
-            if found is None:
+            if found is None and matched is None:
                 break
-            found.append(m.label)
+            if found is not None:
+                found.append(m.label)
+            if matched is not None:
+                matched.append(m)
     low = _low_precision(got)
     # Blame the dtype only when its rounding could explain the miss and no known mistake does
     # (a wrong formula computed in float32 is a wrong formula).
@@ -675,6 +684,13 @@ def check_function(
 
     Score: points × (cases passed) / (cases run). Exceptions inside ``fn`` fail that case only.
 
+    A known mistake is named (a "Likely mistake:" line, and its label in :attr:`Feedback.mistakes` for the class
+    report) only when it explains the failures: the answer equals it on at least :data:`MISTAKE_SHARE` (two thirds)
+    of the failed cases that returned an answer and for which ``mistakes`` lists it (a case that raised or timed
+    out has no answer and is not counted: see :data:`MISTAKE_SHARE`). A mistake one case matches by coincidence
+    among other wrong answers is not named; that case's lines still say what is wrong. When one case's answer
+    equals several mistakes, the one the other cases share is named (:func:`_consistent`).
+
     Each call may take ``timeout`` seconds (default ``COURSEKIT_CASE_TIMEOUT`` or 30 s); one that runs
     longer is stopped, fails, and the later cases are not run. What ``fn`` prints is captured and
     summarised (a print flood cannot push the feedback out of nbgrader's output limit). In the autograde
@@ -690,6 +706,8 @@ def check_function(
         return Feedback(0, points, [f"{name} should be a function; got {type(fn).__name__}. Define it with def {name}(...):"])
     passed, lines, noise, hidden_noise = 0, [], [], []
     per_case: list[list[str]] = []  # per failed case, the labels of every known mistake its answer equals
+    likely: list[tuple[int, list[Mistake]]] = []  # where a "Likely mistake:" line sits in lines, its output's matches
+    evidence: list[tuple[set[str], set[str]]] = []  # per failed case that returned an answer: (listed, matched) labels
     public_mistakes: dict[tuple[str, str], tuple[int, str]] = {}  # (output, label) → (case number, message)
     positional = _needs_positional(fn, cases)
     if positional:
@@ -746,11 +764,14 @@ def check_function(
             for out, ms in known.items():
                 for m in ms:
                     public_mistakes.setdefault((out, m.label), (i, m.message))
-        bad, found = [], []
+        bad, found, at = [], [], []
         for out_name, g, w in zip(outputs, got, want):
+            matched: list[Mistake] = []
             kind, msg = compare_arrays(g, np.asarray(w), out_name, rtol, atol, known.get(out_name, ()), hidden=case.hidden,
-                                       found=found)
+                                       found=found, matched=matched)
             if kind != "ok":
+                # Worded (or dropped) after the last case, once it is known whether the mistake explains the failures.
+                at += [(len(bad) + k, matched) for k, b in enumerate(msg) if matched and b.startswith("Likely mistake:")][:1]
                 bad += msg
         if found:
             per_case.append(found)
@@ -783,7 +804,9 @@ def check_function(
             bad.append(f"{name} changed its input {changed} in place. Leave inputs as they are: work on a copy "
                        f"(x = x.copy() in NumPy, x = x.clone() in torch) or build new arrays.")
         if bad:
+            evidence.append(({m.label for ms in known.values() for m in ms}, set(found)))
             lines.append(f"✗ {tag}:")
+            likely += [(len(lines) + k, ms) for k, ms in at]
             lines += ["    " + b for b in bad]
         else:
             passed += 1
@@ -800,7 +823,57 @@ def check_function(
                          f"{'they quote' if n != 1 else 'it quotes'} numbers, which may be hidden inputs.)")
     if noise:
         lines += _noise_text(noise).splitlines()
-    return Feedback(score, points, lines, mistakes=_consistent(per_case))
+    explaining = _explaining(evidence)
+    named = _consistent([[label for label in c if label in explaining] for c in per_case
+                         if any(label in explaining for label in c)])
+    drop = set()
+    for k, ms in likely:
+        # The line names its output's first match among the mistakes named for the item (Feedback.mistakes); else
+        # the first that explains the failures; else no mistake at all (what is wrong with the output stays).
+        m = next((m for m in ms if m.label in named), None) or next((m for m in ms if m.label in explaining), None)
+        if m is None:
+            drop.add(k)
+        else:
+            lines[k] = f"    Likely mistake: {m.message}"
+    lines = [line for k, line in enumerate(lines) if k not in drop]
+    return Feedback(score, points, lines, mistakes=named)
+
+
+MISTAKE_SHARE = 2 / 3
+"""The share of an item's failed cases a known mistake must explain to be named (:func:`check_function`).
+
+A case counts for a :class:`Mistake` when the function returned an answer there, the answer is wrong (values, shape,
+type, NaN, an extra check or an input changed in place), and the item lists that mistake for the case (it has a
+value there); it explains the case when the answer equals that value. The mistake is named when it explains at
+least this share of the failed cases that count for it.
+
+Not counted, on purpose:
+
+* a case that raised, timed out, was not run after a timeout, or returned the wrong number of outputs: there is no
+  answer to compare, and the same wrong code often raises where the shapes differ (a missing transpose runs only
+  on a square weight, a missing ``keepdims`` only on one head). The exception is reported with its own hints;
+* a case whose list leaves the mistake out: an item omits a mistake where it has no value or cannot be told from
+  another (``|a|`` alone when ``a = 0``; ``√d_v`` when ``d_v = 1`` is no scale at all), so there the mistake
+  predicts nothing.
+
+Why two thirds, not every case: a student's mistake can come with a second bug that shows on a few cases only
+(a masked key, one token): one such case of three must not hide it. Why not less: a wrong answer that equals a
+listed mistake on one case among two or more wrong answers (an unlisted mistake that coincides with ``lora_alpha
+// r`` where ``lora_alpha < r``) is a coincidence, and so are different mistakes that each match a minority of the
+cases (the answer is wrong in a way no listed mistake explains). One wrong answer alone is all the evidence there
+is: a match there is named.
+"""
+
+
+def _explaining(evidence: list[tuple[set[str], set[str]]]) -> set[str]:
+    """The labels that explain at least :data:`MISTAKE_SHARE` of the failed cases that count for them, from
+    ``(listed, matched)`` labels per failed case that returned an answer (see :data:`MISTAKE_SHARE`)."""
+    named = set()
+    for label in set().union(*(matched for _, matched in evidence)):
+        counted = [matched for listed, matched in evidence if label in listed or label in matched]
+        if sum(label in matched for matched in counted) >= MISTAKE_SHARE * len(counted) - 1e-9:
+            named.add(label)
+    return named
 
 
 def _consistent(per_case: list[list[str]]) -> list[str]:
