@@ -139,3 +139,35 @@ def test_notebook_points_match_items():
     assert graded == {k: v.points for k, v in ITEMS.items()}
     assert not any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_p3_is_scored_against_what_the_students_kernel_saw_not_the_grader():
+    """The thread count depends on the machine and the thread settings the notebook ran under (a grading worker
+    runs kernels with one thread, a serial run with the machine's): the grading process scores it against what the
+    student's own kernel saw, which travels with the answer, so every way of grading gives the same points."""
+    from coursekit import protocol
+    from coursekit.grading import score_record
+
+    def record(answer, seen):
+        return {"item": "00.p3", "answer": protocol.encode(answer), "seen": seen}
+
+    here = _threads()
+    other = here + 3  # a kernel that ran with other settings than this grading process
+    fb = score_record("00.p3", record(other, {"torch_threads": other, "cpu_count": 64}))
+    assert fb.full, fb.text()
+    fb = score_record("00.p3", record(here, {"torch_threads": other, "cpu_count": 64}))
+    assert fb.points == 0 and "not right" in fb.text(), fb.text()
+    fb = score_record("00.p3", record(64, {"torch_threads": other, "cpu_count": 64}))
+    assert fb.points == 0 and "os.cpu_count()" in fb.text() and fb.mistakes == ["os"], fb.text()
+    for seen in (None, {}, {"torch_threads": "4", "cpu_count": 8}, {"torch_threads": 10**9, "cpu_count": 8},
+                 {"torch_threads": True, "cpu_count": 8}):  # nothing usable reached the grader
+        rec = record(here, seen)
+        fb = score_record("00.p3", rec)
+        assert fb.points == 0 and "did not reach the grader" in fb.text(), (seen, fb.text())
+
+
+def test_every_value_answer_carries_what_the_kernel_saw():
+    from coursekit.grading import SEEN, answer_record, seen_here
+
+    rec = answer_record("00.p3", 2)
+    assert set(rec["seen"]) == set(SEEN) and rec["seen"] == seen_here()

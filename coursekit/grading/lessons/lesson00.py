@@ -18,20 +18,18 @@ from .. import Choice, Function, Numeric, Ordering
 # --------------------------------------------------------------------------- p3: cores torch uses
 
 
-def _torch_threads() -> float:
-    import torch
+def _torch_threads(seen: dict) -> float:
+    """What torch.get_num_threads() returned in the student's own kernel (coursekit.grading.seen_here): the answer
+    depends on the machine and the thread settings the notebook ran under, not on the grader's."""
+    return float(seen["torch_threads"])
 
-    return float(torch.get_num_threads())
 
-
-def _thread_mistakes() -> list[Mistake]:
-    import torch
-
+def _thread_mistakes(seen: dict) -> list[Mistake]:
     out = []
-    n = torch.get_num_threads()
-    if os.cpu_count() and os.cpu_count() != n:
-        out.append(Mistake("os", os.cpu_count(), "that is os.cpu_count(), every core the OS reports; torch may use "
-                                                 "fewer (affinity, OMP_NUM_THREADS). Ask torch.get_num_threads()."))
+    n, cores = seen["torch_threads"], seen["cpu_count"]
+    if cores != n:
+        out.append(Mistake("os", cores, "that is os.cpu_count(), every core the OS reports; torch may use "
+                                        "fewer (affinity, OMP_NUM_THREADS). Ask torch.get_num_threads()."))
     if n != 1:
         out.append(Mistake("one", 1, "1 is what a single Python thread looks like; torch runs its CPU kernels on a "
                                      "thread pool. Ask torch.get_num_threads()."))
@@ -155,7 +153,7 @@ ITEMS = {
     ),
     "p3": Numeric(
         "How many CPU threads does torch use for its kernels on this machine?", 1, name="answer_p3",
-        expected=_torch_threads, rtol=0, atol=0, mistakes=_thread_mistakes, unit="threads",
+        expected=_torch_threads, rtol=0, atol=0, mistakes=_thread_mistakes, unit="threads", machine=True,
     ),
     "p4": Function(
         "Implement nibble_pack(codes): two 4-bit codes per byte, as bitsandbytes packs them", 3, name="nibble_pack",
