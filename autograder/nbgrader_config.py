@@ -20,7 +20,17 @@ REPO = os.path.dirname(HERE)
 os.environ.setdefault("COURSEKIT_KEYS", os.path.join(HERE, "keys"))
 
 c.CourseDirectory.course_id = "qlora-backprop"
-c.CourseDirectory.root = os.path.join(HERE, "course")
+# The course folder; $COURSEKIT_COURSE points nbgrader's own commands and the formgrader at another one (coursekit
+# formgrader --examples uses it for the example class).
+c.CourseDirectory.root = os.environ.get("COURSEKIT_COURSE") or os.path.join(HERE, "course")
+# nbgrader's commands open the gradebook in the course folder, and `nbgrader collect` on a fresh clone would stop
+# with a raw SQLite error ("unable to open database file") without it.
+os.makedirs(c.CourseDirectory.root, exist_ok=True)
+# nbgrader's exchange (release_assignment, collect, release_feedback; students' fetch_assignment, submit,
+# fetch_feedback): one folder every user's server sees, writable by all. This is nbgrader's own default, written out
+# so that it is one line to change; $COURSEKIT_EXCHANGE moves it without editing this file. Students' config:
+# autograder/student_nbgrader_config.py.
+c.Exchange.root = os.environ.get("COURSEKIT_EXCHANGE", "/usr/local/share/nbgrader/exchange")
 # Absolute step folders: nbgrader joins root with them, and an absolute path wins.
 c.CourseDirectory.source_directory = os.path.join(REPO, "solutions")
 c.CourseDirectory.release_directory = os.path.join(REPO, "lessons")
@@ -43,6 +53,7 @@ c.Autograde.sanitize_preprocessors = [
     "coursekit.guard.DropEmptyMetadata",  # a duplicated cell would otherwise crash OverwriteCells (KeyError)
     "nbgrader.preprocessors.OverwriteKernelspec",
     "nbgrader.preprocessors.OverwriteCells",
+    "coursekit.guard.IdRestoredCells",  # a deleted check cell comes back without an id (nbformat warns for each)
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.Autograde.autograde_preprocessors = [
@@ -54,7 +65,15 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
+    # files handed in besides the lesson's notebook are set aside (never read); the feedback's first cell names them
+    "coursekit.submissions.NoteIgnoredFiles",
 ]
+c.NoteIgnoredFiles.release_directory = c.CourseDirectory.release_directory
+# The same limits whichever way grading starts (coursekit grade, a plain `nbgrader autograde`, the formgrader's
+# autograde button): GuardedExecute reads the lesson's release notebook from here, so that a code cell the student
+# added or edited gets the answer cells' time limit and the sandboxed kernel sees the lesson's files of the
+# submission folder, nothing else the student handed in.
+c.GuardedExecute.release_directory = c.CourseDirectory.release_directory
 # What the grader measured of this run (seconds spent executing and scoring: coursekit.grading.budget) stays in the
 # autograded notebook; everything else of the notebook's metadata is cleared as nbgrader does.
 c.ClearMetadataPreprocessor.preserve_nb_metadata_mask = {("language_info", "name"), "coursekit_budget"}

@@ -69,14 +69,20 @@ def source_hash(source: str) -> str:
 def release_sources(release_dir: Path) -> dict[str, list[str]]:
     """Lesson id → :func:`source_hash` of every code cell of its release notebook (``release_dir/<id>/<id>.ipynb``),
     for :attr:`GuardedExecute.release_sources`."""
+    folders = sorted(p.name for p in Path(release_dir).iterdir() if p.is_dir()) if Path(release_dir).is_dir() else []
+    return release_sources_of(Path(release_dir), folders)
+
+
+def release_sources_of(release_dir: Path, lessons: list[str]) -> dict[str, list[str]]:
+    """:func:`release_sources` of the named lessons only (those whose release notebook exists)."""
     import nbformat
 
     out = {}
-    for folder in sorted(Path(release_dir).iterdir()) if Path(release_dir).is_dir() else []:
-        nb_path = folder / f"{folder.name}.ipynb"
+    for aid in lessons:
+        nb_path = Path(release_dir) / aid / f"{aid}.ipynb"
         if nb_path.is_file():
             nb = nbformat.read(nb_path, as_version=4)
-            out[folder.name] = sorted({source_hash(c.source) for c in nb.cells if c.cell_type == "code"})
+            out[aid] = sorted({source_hash(c.source) for c in nb.cells if c.cell_type == "code"})
     return out
 
 
@@ -132,9 +138,20 @@ class GuardedExecute(Execute):
     hidden_paths = List(Unicode(), help="Folders the sandboxed kernel must not see (the course folder, the lesson "
                                          "sources); the keys' folder and the course repository's are always hidden.").tag(config=True)
 
+    release_files = Dict(
+        {}, help="Lesson id → the files of a submission folder the kernel may read (relative paths: the notebook and "
+                 "the files the lesson's release ships; coursekit.submissions.lesson_files). Unknown lesson: its "
+                 "notebook only. Nothing else the student handed in reaches the sandbox."
+    ).tag(config=True)
+
     release_sources = Dict(
         {}, help="Lesson id → sha256 of the source of each code cell of its release notebook (release_sources()): a "
                  "code cell whose source is not among them (added or edited by the student) gets answer_timeout."
+    ).tag(config=True)
+
+    release_directory = Unicode(
+        "", help="The course's release folder (lessons/): where release_sources and release_files of a lesson that "
+                 "neither names are read from (the plain nbgrader autograde route: the formgrader's button)."
     ).tag(config=True)
 
     cell_output_bytes = Integer(1 << 20, help="Bytes of output one cell may keep (what reaches autograded/ and "
@@ -164,6 +181,8 @@ class GuardedExecute(Execute):
         self._dead = None
         self._notebook = (resources or {}).get("unique_key", "")
         aid = ((resources or {}).get("nbgrader", {}) or {}).get("assignment") or self._notebook
+        self._aid = str(aid)
+        self._from_release(self._aid)
         lesson = str(aid)[:2]
         self._budget = budget.seconds(lesson) if lesson.isdigit() else None
         t0 = time.monotonic()
@@ -184,6 +203,19 @@ class GuardedExecute(Execute):
 
                 shutil.rmtree(self._private, ignore_errors=True)
                 self._private = None
+
+    def _from_release(self, aid: str) -> None:
+        """Fill in release_sources and release_files of ``aid`` from ``release_directory`` where neither names it
+        (coursekit grade sets both for every lesson it grades; nbgrader's own autograde does not)."""
+        folder = Path(self.release_directory) / aid if self.release_directory else None
+        if folder is None or not (folder / f"{aid}.ipynb").is_file():
+            return
+        if aid not in self.release_sources:
+            self.release_sources = {**self.release_sources, **release_sources_of(folder.parent, [aid])}
+        if aid not in self.release_files:
+            from coursekit.submissions import lesson_files
+
+            self.release_files = {**self.release_files, aid: sorted(lesson_files(folder.parent, aid))}
 
     async def async_start_new_kernel(self, **kwargs):
         """Start the kernel without the answer keys: no ``$COURSEKIT_KEYS``, only this lesson's hidden-case
@@ -229,14 +261,17 @@ class GuardedExecute(Execute):
         return await super().async_start_new_kernel(env=env, **kwargs)
 
     def _sandbox_spec(self, cwd: Path):
-        """The kernel's sandbox: its working folder private (the submission's files readable in it), and the
-        course folder (gradebook, other students), the instructor's keys and the lesson sources hidden."""
+        """The kernel's sandbox: its working folder private (the lesson's files of the submission readable in it, and
+        nothing else the student handed in), and the course folder (gradebook, other students), the instructor's keys
+        and the lesson sources hidden."""
         from coursekit import sandbox
         from coursekit.grading import keys
 
         hide = [Path(p).resolve() for p in (*self.hidden_paths, keys.key_dir()) if p]
         cwd = cwd.resolve()
-        keep = sorted(cwd.iterdir()) if cwd.is_dir() else []
+        aid = getattr(self, "_aid", "") or self._notebook
+        allowed = set(self.release_files.get(aid, ())) or {f"{self._notebook or aid}.ipynb"}
+        keep = [cwd / rel for rel in sorted(allowed) if (cwd / rel).is_file() and not (cwd / rel).is_symlink()]
         # The item tables (how every expected value is computed) stay with the grading process: the kernel's
         # grade() only hands answers over.
         hide.append(Path(sandbox.PKG) / "grading" / "lessons")
@@ -421,6 +456,26 @@ class DropEmptyMetadata(NbGraderPreprocessor):
         return cell, resources
 
 
+class IdRestoredCells(NbGraderPreprocessor):
+    """After nbgrader's OverwriteCells: give each cell it restored from the gradebook (a check cell the student deleted,
+    with ``add_missing_cells``) an id, ``restored-<grade_id>``. nbgrader 0.9.6 builds those cells without one, and
+    nbformat then warns "Cell is missing an id field" on the grader's terminal for every such notebook."""
+
+    def preprocess(self, nb, resources):
+        if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) < (4, 5):  # no cell ids before nbformat 4.5
+            return nb, resources
+        taken = {c.get("id") for c in nb.cells}
+        for i, cell in enumerate(nb.cells):
+            if not cell.get("id"):
+                base = f"restored-{_nbg(cell).get('grade_id') or i}"
+                cid, k = base, 1
+                while cid in taken:
+                    cid, k = f"{base}-{k}", k + 1
+                cell["id"] = cid
+                taken.add(cid)
+        return nb, resources
+
+
 # --------------------------------------------------------------------------- scoring
 
 
@@ -545,4 +600,4 @@ class ScoreAnswers(NbGraderPreprocessor):
         return nb, resources
 
 
-__all__ = ["DropEmptyMetadata", "GuardedExecute", "ScoreAnswers", "OUTCOME_KEY", "OUTCOMES", "outcome"]
+__all__ = ["DropEmptyMetadata", "GuardedExecute", "IdRestoredCells", "ScoreAnswers", "OUTCOME_KEY", "OUTCOMES", "outcome"]

@@ -55,7 +55,7 @@ from .nbenv import CourseError, kernel_env
 
 TASK_TIMEOUT = 3600  # seconds a submission's execution may take on a worker, by default (the cells have their own limits)
 NO_WORKERS_GRACE = 120  # seconds a cluster may have no worker at all (all died, or none joined yet) before jobs fail
-MAX_SUBMISSION_BYTES = 64 << 20  # a submission folder larger than this is not sent to a worker (a notebook is ~100 kB)
+MAX_SUBMISSION_BYTES = 64 << 20  # a submission larger than this is not sent to a worker (a notebook is ~100 kB)
 
 
 def default_workers() -> int:
@@ -119,6 +119,9 @@ def task_config(config):
     if "CourseDirectory" in cfg:
         for k in _COURSE_FOLDERS:
             cfg.CourseDirectory.pop(k, None)
+    for section in ("GuardedExecute", "NoteIgnoredFiles"):  # the release folder: what it holds travels as release_*
+        if section in cfg:
+            cfg[section].pop("release_directory", None)
     kd = keys.key_dir()
     if kd is not None and str(kd.resolve()) in repr(cfg) or keys.ENV in repr(cfg):
         raise CourseError("the nbgrader configuration names the answer keys' folder; it must not travel to grading workers")
@@ -145,18 +148,20 @@ def lesson_gradebook(db: Path, aid: str, dest: Path) -> bytes:
     return dest.read_bytes()
 
 
-def submission_files(folder: Path) -> dict:
-    """Relative path → bytes of every file in a submission folder (CourseError past MAX_SUBMISSION_BYTES, or for a
-    symbolic link: coursekit.course.check_submission refuses those first)."""
+def submission_files(folder: Path, keep: set[str] | None = None) -> dict:
+    """Relative path → bytes of the files of a submission folder that a worker needs: those named in ``keep`` (the
+    lesson's files, coursekit.submissions.lesson_files; None: every file). CourseError past MAX_SUBMISSION_BYTES, or
+    for a symbolic link (coursekit.submissions.check refuses those first)."""
     out, total = {}, 0
     for f in sorted(folder.rglob("*")):
         if f.is_symlink():
             raise CourseError(f"the submission folder {folder} holds a symbolic link: {f.name}")
-        if f.is_file():
+        rel = f.relative_to(folder).as_posix()
+        if f.is_file() and (keep is None or rel in keep):
             total += f.stat().st_size
             if total > MAX_SUBMISSION_BYTES:
                 raise CourseError(f"the submission folder {folder} holds more than {MAX_SUBMISSION_BYTES >> 20} MB")
-            out[f.relative_to(folder).as_posix()] = f.read_bytes()
+            out[rel] = f.read_bytes()
     return out
 
 
@@ -214,7 +219,8 @@ class TaskMaker:
     def __call__(self, aid: str, sid: str, attempt: int = 1) -> Task:
         if aid not in self._gradebooks:
             self._gradebooks[aid] = lesson_gradebook(self._db, aid, self._scratch / f"{aid}.db")
-        return Task(aid, sid, submission_files(self._submitted / sid / aid), self._gradebooks[aid], self._config, attempt,
+        keep = set(self._config.GuardedExecute.get("release_files", {}).get(aid, ())) or {f"{aid}.ipynb"}
+        return Task(aid, sid, submission_files(self._submitted / sid / aid, keep), self._gradebooks[aid], self._config, attempt,
                     self.policy)
 
 
@@ -361,7 +367,7 @@ def _replay_class(execute_cls: type) -> type:
     return type("ReplayExecute", (_Replay, execute_cls), {"__module__": __name__, "replay_token": _token_trait()})
 
 
-def _lock_course(root: Path):
+def lock_course(root: Path):
     """Hold an exclusive lock (``filelock``) on the course folder while grading (released by its ``release()``):
     two grading runs on one gradebook would be two writers."""
     from filelock import FileLock, Timeout
@@ -382,21 +388,33 @@ def _sqlite_path(db_url: str) -> Path | None:
 
 def local_cluster(workers: int):
     """A Dask cluster on this machine: ``workers`` worker processes of one thread each (one notebook kernel at a
-    time each), a task retried once when its worker dies, the dashboard only where bokeh is installed."""
+    time each), a task retried once when its worker dies, the dashboard only where bokeh is installed.
+
+    Its processes ignore SIGINT: Ctrl-C in the terminal reaches the whole foreground process group, and the worker
+    processes would each die with a traceback of their own; the grading process alone decides what a Ctrl-C stops,
+    and closes the cluster (coursekit.course.grade_class)."""
     import logging
+    import signal
+    import threading
 
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1,
-                          # the workers share the cores: one BLAS/torch thread per kernel (distributed's default too)
-                          "distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": 1}):
-        # A free port for the scheduler's web server (two local clusters on one machine must not both want 8787); it
-        # serves the dashboard where bokeh is installed.
-        # Loopback only, and TLS with a certificate made for this run: no other process can join or command it
-        # (coursekit.cluster).
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.ERROR,
-                            host="127.0.0.1", dashboard_address="127.0.0.1:0", security=cluster.local_security())
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # inherited by the spawned processes
+    try:
+        with dask.config.set({"distributed.scheduler.allowed-failures": 1,
+                              # the workers share the cores: one BLAS/torch thread per kernel (distributed's default too)
+                              "distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS": 1}):
+            # A free port for the scheduler's web server (two local clusters on one machine must not both want 8787);
+            # it serves the dashboard where bokeh is installed.
+            # Loopback only, and TLS with a certificate made for this run: no other process can join or command it
+            # (coursekit.cluster).
+            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.ERROR,
+                                host="127.0.0.1", dashboard_address="127.0.0.1:0", security=cluster.local_security())
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
 
 
 class _NoWorkers(RuntimeError):
@@ -419,14 +437,15 @@ class Autograder:
     whose scheduler is at ``scheduler`` (e.g. ``tcp://10.0.0.5:8786``). Up to ``ahead`` tasks are on the cluster at
     once, in job order; each call waits for its own job (at most ``task_timeout`` seconds from when the call began,
     by which time every earlier job is done) and grades it in this process. Call :meth:`close` when done (or use it
-    as a context manager). ``replayed``, ``executed_here`` and ``failed`` say what happened to each job."""
+    as a context manager). It holds the course folder's lock (:func:`lock_course`) until then, unless ``lock=False``
+    (the caller holds it). ``replayed``, ``executed_here`` and ``failed`` say what happened to each job."""
 
     def __init__(self, api, jobs: list[tuple[str, str]], workers: int | None = None, scheduler: str | None = None,
-                 task_timeout: float | None = None, ahead: int | None = None, log=None, certs=None):
+                 task_timeout: float | None = None, ahead: int | None = None, log=None, certs=None, lock: bool = True):
         self.api = api
         self._certs = certs
         self._client = self._cluster = self._tmp = None
-        self._lock = _lock_course(Path(api.coursedir.root))
+        self._lock = lock_course(Path(api.coursedir.root)) if lock else None
         try:
             self._start(jobs, workers, scheduler, task_timeout, ahead, log)
         except BaseException:  # e.g. no scheduler at that address: release the course folder's lock
@@ -491,12 +510,12 @@ class Autograder:
             try:
                 self._client = Client(scheduler, timeout="30s", security=security)
             except OSError as e:
-                raise CourseError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+                raise cluster.unreachable(scheduler, e) from None
             try:
                 self._client.wait_for_workers(1, timeout=NO_WORKERS_GRACE)
             except TimeoutError:
                 raise CourseError(f"the Dask scheduler at {scheduler} has had no worker for {NO_WORKERS_GRACE} s: start "
-                                  "`dask worker` on the grading machines (README: Grading a large class)") from None
+                                  "`dask worker` on the grading machines (docs/instructors.md: A large class on a cluster)") from None
             self.workers = max(1, len(self._client.nthreads()))
             refusing = {a: p for a, p in self._client.run(worker_problem, self.task.policy).items() if p}
             if refusing and len(refusing) == len(self._client.nthreads()):

@@ -226,12 +226,15 @@ def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(lim.tmp), "--perms", "1777", "--tmpfs", "/tmp",
              "--size", str(lim.shm), "--perms", "1777", "--tmpfs", "/dev/shm"]
-    mounts = _system()
+    # The working folder first: what Python needs stays mounted over it should it lie inside (an interpreter or
+    # model cache under the folder graded in).
+    mounts: list[tuple[str, ...]] = []
+    if spec.workdir is not None:
+        mounts.append(("--size", str(lim.workdir), "--perms", "1777", "--tmpfs", str(spec.workdir)))
+    mounts += _system()
     mounts += [("--ro-bind", str(p), str(p)) for p in _model_cache()]
     mounts += [("--ro-bind", str(p), str(p)) for p in spec.readable if os.path.exists(p)]
     mounts += [("--bind", str(p), str(p)) for p in spec.writable]
-    if spec.workdir is not None:
-        mounts.append(("--size", str(lim.workdir), "--perms", "1777", "--tmpfs", str(spec.workdir)))
     args += _parents(mounts)
     for m in mounts:
         args += list(m)
@@ -247,8 +250,10 @@ def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
             args += ["--ro-bind", "/dev/null", str(p)]
     if spec.workdir is not None:
         w = Path(spec.workdir)
-        for f in spec.keep:
-            args += ["--ro-bind", str(f), str(w / Path(f).name)]
+        for f in spec.keep:  # at its place in the folder (a file of the folder), else by its name
+            f = Path(f)
+            inside = f.is_absolute() and f.is_relative_to(w)
+            args += ["--ro-bind", str(f), str(w / (f.relative_to(w) if inside else f.name))]
         args += ["--chdir", str(w)]
     else:
         args += ["--chdir", "/tmp"]

@@ -409,19 +409,46 @@ def test_files_a_notebook_writes_stay_in_the_sandbox(tmp_path):
     from coursekit.guard import GuardedExecute
 
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "given.txt").write_text("data")
+    (tmp_path / "work" / "given.txt").write_text("data")  # a file the lesson's release ships (release_files)
+    (tmp_path / "work" / "notes.txt").write_text("the student's own notes")  # handed in besides: set aside
+    (tmp_path / "work" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "work" / ".ipynb_checkpoints" / "tiny-checkpoint.ipynb").write_text("{}")
+    (tmp_path / "work" / "submission_secret.txt").write_text("s3cret")  # nbgrader's: the grader's, not the kernel's
     nb = new_notebook(cells=[_kernel_cell(
+        "import os\n"
+        "print('sees', sorted(os.listdir('.')))\n"
         "print(open('given.txt').read())\n"
         "open('big.bin', 'wb').write(b'0' * (1 << 20))\n"
         "try:\n"
         "    open('huge.bin', 'wb').write(b'0' * (300 << 20))\n"
         "except OSError as e:\n"
         "    print('capped', type(e).__name__)\n")])
-    ex = GuardedExecute(timeout=120, kernel_name="python3")
+    ex = GuardedExecute(timeout=120, kernel_name="python3", release_files={"tiny": ["tiny.ipynb", "given.txt"]})
     nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
     out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert "data" in out and "capped" in out, nb.cells[0].outputs
-    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["given.txt"]
+    assert "sees ['given.txt']" in out, out  # the notes, the checkpoints and nbgrader's secret stayed outside
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [".ipynb_checkpoints", "given.txt", "notes.txt",
+                                                                       "submission_secret.txt"]
+
+
+@needs_sandbox
+def test_a_notebook_graded_by_nbgraders_own_autograde_sees_only_itself(tmp_path):
+    """The plain route (a formgrader button, `nbgrader autograde`): GuardedExecute reads what the lesson's release
+    folder holds from release_directory, and the kernel sees the lesson's notebook of the submission folder only."""
+    from coursekit.guard import GuardedExecute
+
+    aid = "02-lora-inside-one-matmul"
+    work = tmp_path / "submitted" / "ana" / aid
+    work.mkdir(parents=True)
+    (work / f"{aid}.ipynb").write_text("{}")
+    (work / "notes.txt").write_text("notes")
+    nb = new_notebook(cells=[_kernel_cell("import os\nprint('sees', sorted(os.listdir('.')))\n")])
+    ex = GuardedExecute(timeout=120, kernel_name="python3", release_directory=str(sandbox.REPO / "lessons"))
+    nb, _ = ex.preprocess(nb, {"unique_key": aid, "nbgrader": {"assignment": aid}, "metadata": {"path": str(work)}})
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert f"sees ['{aid}.ipynb']" in out, out
+    assert ex.release_sources.get(aid), "the release notebook's cells were not read"
 
 
 def test_without_a_sandbox_grading_refuses_unless_told(monkeypatch, tmp_path):
@@ -710,10 +737,13 @@ def _student(course_dir, sid: str, aid: str):
     return d
 
 
-def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbgrader_reads_it(tmp_path):
+def test_a_submission_with_a_symbolic_link_or_a_device_is_refused_before_nbgrader_reads_it(tmp_path):
     """A notebook that is a link to the solution, an extra file that is a link to the answer keys, a device, a file
-    too large or one the lesson does not ask for: 0 points and the reason, and nothing of what they point to is
-    copied into the course."""
+    too large: 0 points and the reason, and nothing of what they point to is copied into the course. A stray file
+    that is plain data (model.bin) is set aside instead: the blank notebook beside it is graded, 0 points of its own,
+    and the feedback and submissions.csv name what was set aside."""
+    import csv
+
     from coursekit import course
 
     root = sandbox.REPO
@@ -731,7 +761,7 @@ def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbg
     d = _student(c, "big-file", aid)
     (d / f"{aid}.ipynb").write_bytes(blank)
     with open(d / "timestamp.txt", "wb") as f:  # nbgrader's own file: allowed, but not at this size
-        f.truncate((32 << 20) + 1)  # course.MAX_FILE_BYTES + 1
+        f.truncate((32 << 20) + 1)  # submissions.MAX_FILE_BYTES + 1
     d = _student(c, "hard-link", aid)
     (d / f"{aid}.ipynb").write_bytes(blank)
     os.link(d / f"{aid}.ipynb", d / "timestamp.txt")
@@ -745,8 +775,18 @@ def test_a_submission_with_a_symbolic_link_or_a_stray_file_is_refused_before_nbg
     assert rows == dict.fromkeys(["big-file", "hard-link", "link-extra", "link-folder", "link-notebook", "pipe",
                                   "stray-file"], 0.0), rows
     for sid, why in [("link-notebook", "symbolic link"), ("link-extra", "symbolic link (notes.json)"),
-                     ("link-folder", "folder is a symbolic link"), ("stray-file", "does not ask for (model.bin)"),
+                     ("link-folder", "folder is a symbolic link"),
                      ("big-file", "more than the 32 MB"), ("pipe", "not a regular file"), ("hard-link", "hard link")]:
         assert f"{sid}/{aid}: " in table and why in table.split(f"{sid}/{aid}: ")[1].split("\n")[0], (sid, table)
         assert why in (c / "feedback" / sid / aid / f"{aid}.html").read_text()
-    assert not (c / "autograded").exists() or not any(p.is_file() for p in (c / "autograded").rglob("*"))
+    assert "stray-file/" not in table  # graded: the blank notebook's own 0
+    assert "Set aside by the grader" in (c / "feedback" / "stray-file" / aid / f"{aid}.html").read_text()
+    with open(c / "submissions.csv", newline="") as f:
+        status = {r["student"]: r for r in csv.DictReader(f)}
+    assert status["stray-file"]["status"] == "graded" and status["stray-file"]["ignored"] == "model.bin"
+    # Nothing a link pointed to was copied anywhere: a refused folder's autograded copy is the release's notebook
+    # with the reason in its first cell, and nothing else.
+    for sid in ("link-notebook", "link-extra", "link-folder", "big-file", "hard-link", "pipe"):
+        copy = c / "autograded" / sid / aid
+        assert sorted(p.name for p in copy.iterdir()) == [f"{aid}.ipynb"], sid
+        assert (copy / f"{aid}.ipynb").read_bytes().count(b"### BEGIN SOLUTION") == 0

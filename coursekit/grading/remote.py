@@ -396,7 +396,8 @@ def check_remotely(item: Any, ctx: Any, payload: dict, name: str, params: Any, d
         try:
             try:
                 runner.start()
-            except BudgetSpent:
+            except (BudgetSpent, KeyboardInterrupt):  # (Ctrl-C is the instructor's, not the student's code)
+                runner.kill()
                 raise
             except BaseException as e:  # noqa: BLE001  (unpickling is the student's code: any failure is theirs)
                 runner.kill()

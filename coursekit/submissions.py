@@ -1,0 +1,334 @@
+"""What a submission folder may hold, what the grader refuses, what it sets aside, and what sits in the wrong place.
+
+A submission is data, looked at before nbgrader touches it (nbgrader copies what it finds, following links, as the
+user who grades). Three kinds of thing can sit in ``submitted/<student>/<lesson>/``:
+
+- **the lesson's files**: ``<lesson>.ipynb`` and any file the lesson's release folder ships (:func:`lesson_files`).
+  Only these reach the sandboxed kernel (coursekit.guard.GuardedExecute) and a grading worker;
+- **nbgrader's own files**: ``timestamp.txt`` (when it was handed in) and ``submission_secret.txt`` (what
+  ``nbgrader release_feedback`` names the feedback by), which ``nbgrader submit`` and ``nbgrader collect`` add
+  (:data:`NBGRADER_FILES`);
+- **anything else**: regular files a student's download, zip or LMS added (``notes.txt``, ``.ipynb_checkpoints/``,
+  ``__MACOSX/``). They are *ignored*: kept out of the sandbox, named in the feedback
+  (:class:`NoteIgnoredFiles`) and in ``submissions.csv``, and never a reason for 0 points.
+
+What is *refused* (0 points, the reason in the feedback and the score table; :func:`refusal`) is what cannot be
+read as data without trusting it: a symbolic or hard link, a device, pipe or socket, a file over
+:data:`MAX_FILE_BYTES`, a folder over :data:`MAX_FOLDER_BYTES` or :data:`MAX_ENTRIES` entries.
+
+:func:`misplaced` finds what sits where no lesson folder is (``ana/00/``, a notebook outside any lesson folder, a
+lesson folder inside another folder, a lesson folder doubled by unzipping), each with the move that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from nbformat.notebooknode import NotebookNode
+from traitlets import Unicode
+
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+#: A submitted file larger than this is refused (a lesson's notebook with its outputs is well under 10 MB).
+MAX_FILE_BYTES = 32 << 20
+#: A submission folder holding more than this, all files together, is refused.
+MAX_FOLDER_BYTES = 64 << 20
+#: A submission folder with more files and folders than this is refused (a lesson needs one).
+MAX_ENTRIES = 256
+#: Files nbgrader itself adds to a submission folder: ``nbgrader submit`` writes the time it was handed in and the
+#: secret that names its feedback, and ``nbgrader collect`` copies both into ``submitted/``.
+NBGRADER_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
+def lesson_files(release: Path | None, aid: str) -> set[str]:
+    """The files of a submission of ``aid`` that the grader reads (relative paths): its notebook and the files the
+    lesson's release folder ships (``release/<aid>/``). Nothing else of the folder reaches the sandbox."""
+    names = {f"{aid}.ipynb"}
+    folder = None if release is None else Path(release) / aid
+    if folder is not None and folder.is_dir():
+        names |= {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+    return names
+
+
+def refusal(folder: Path) -> str | None:
+    """Why ``folder`` is not plain data (plain words for the student), looked at without following any link: the
+    folder is a link; it holds a symbolic or hard link, a device, pipe or socket, a file over :data:`MAX_FILE_BYTES`,
+    more than :data:`MAX_FOLDER_BYTES` in all or more than :data:`MAX_ENTRIES` entries. None when it is plain data."""
+    folder = Path(folder)
+    if folder.is_symlink() or folder.parent.is_symlink():
+        return ("your submission folder is a symbolic link. Hand in the lesson's folder itself, with the notebook "
+                "file in it.")
+    total = entries = 0
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in sorted([*dirnames, *filenames]):
+            entries += 1
+            if entries > MAX_ENTRIES:
+                return (f"it holds more than {MAX_ENTRIES} files and folders. Hand in the lesson's notebook, not a "
+                        "whole folder tree.")
+            p = Path(dirpath) / name
+            rel = p.relative_to(folder).as_posix()
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                return (f"it holds a symbolic link ({rel}), which the grader does not follow: hand in the files "
+                        "themselves (the notebook saved by Jupyter), not links to them.")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return f"it holds {rel}, which is not a regular file (a device, pipe or socket): hand in files only."
+            if st.st_nlink != 1:
+                return (f"{rel} is a hard link to another file: hand in the files themselves (the notebook saved by "
+                        "Jupyter), not links to them.")
+            if st.st_size > MAX_FILE_BYTES:
+                return (f"{rel} is {st.st_size >> 20} MB, more than the {MAX_FILE_BYTES >> 20} MB a submitted file may "
+                        "have (clear the notebook's outputs, or leave large files out).")
+            total += st.st_size
+            if total > MAX_FOLDER_BYTES:
+                return (f"its files hold more than {MAX_FOLDER_BYTES >> 20} MB together (clear the notebook's outputs, "
+                        "or leave large files out).")
+    return None
+
+
+def ignored(folder: Path, aid: str, release: Path | None = None) -> list[str]:
+    """The files of the submission in ``folder`` that the grader sets aside (relative paths, sorted): every file
+    that is neither one of :func:`lesson_files` nor one of nbgrader's own (:data:`NBGRADER_FILES`). A folder of
+    them is named once, with a slash (``.ipynb_checkpoints/``)."""
+    keep = lesson_files(release, aid) | set(NBGRADER_FILES)
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    out: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in filenames:
+            rel = (Path(dirpath) / name).relative_to(folder).as_posix()
+            if rel not in keep:
+                top, _, rest = rel.partition("/")
+                out.add(f"{top}/" if rest and not any(k.startswith(top + "/") for k in keep) else rel)
+    return sorted(out)
+
+
+def shown(names: list[str], most: int = 5) -> str:
+    """``names`` joined for a sentence, the first ``most`` of them and how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def nested_notebook(folder: Path, aid: str) -> str | None:
+    """Where ``<aid>.ipynb`` sits when it is not directly in ``folder`` but in a folder inside it (a lesson folder
+    doubled by unzipping: ``<aid>/<aid>.ipynb``), as a path relative to ``folder``; None otherwise."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / f"{aid}.ipynb").is_file():
+        return None
+    found = sorted(p.relative_to(folder).as_posix() for p in folder.glob(f"*/{aid}.ipynb") if p.is_file())
+    found += sorted(p.relative_to(folder).as_posix() for p in folder.glob(f"*/*/{aid}.ipynb") if p.is_file())
+    return next((f for f in found if not f.startswith(".")), None)
+
+
+def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
+    """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
+
+    Refused first (:func:`refusal`). Then the notebook must be ``<aid>.ipynb`` directly in the folder (one a folder
+    too deep is named, :func:`nested_notebook`; a renamed one too), non-empty, UTF-8 JSON that nbformat reads, and
+    the lesson's own notebook (its answer and check cells). Other files are not a reason (:func:`ignored`)."""
+    folder = Path(folder)
+    why = refusal(folder)
+    if why is not None:
+        return why
+    nb_path = folder / f"{aid}.ipynb"
+    if not nb_path.is_file():
+        deeper = nested_notebook(folder, aid)
+        if deeper:
+            return (f"your notebook is one folder too deep ({deeper}; unzipped into a folder of its own?). The grader "
+                    f"reads {aid}/{aid}.ipynb: the instructor can move it up one level and grade again.")
+        others = sorted(p.name for p in folder.glob("*.ipynb"))
+        if others:
+            return (f"no notebook named {aid}.ipynb was handed in (found {', '.join(others)}). The grader only reads "
+                    f"{aid}.ipynb: rename your notebook back to that name and hand it in again.")
+        return f"no notebook named {aid}.ipynb was handed in. Hand in the lesson's notebook, {aid}.ipynb."
+    raw = nb_path.read_bytes()
+    if not raw.strip():
+        return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
+    import nbformat
+
+    try:
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+    except UnicodeDecodeError:
+        return f"{aid}.ipynb is not a text file (it is not UTF-8), so it is not a notebook. Hand in the .ipynb file Jupyter saves."
+    except Exception as e:
+        kind = "is not JSON" if "JSON" in type(e).__name__ or "json" in str(e).lower()[:200] else "is not a notebook nbformat can read"
+        return (f"{aid}.ipynb {kind} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). It may have been edited in a "
+                f"text editor or cut short. Open it in Jupyter, save it, and hand it in again.")
+    return _not_this_lesson(nb, aid)
+
+
+def _not_this_lesson(nb, aid: str) -> str | None:
+    """Why a readable notebook is not a submission of ``aid``: it has no cells, or none of the lesson's answer cells
+    (nbgrader would restore the missing cells and grade a blank lesson, with a traceback for every check), and then
+    which lesson's notebook it is, when its first heading or cells say so."""
+    if not nb.cells:
+        return (f"{aid}.ipynb is a notebook with no cells in it: nothing to grade. Open the lesson's notebook in Jupyter, "
+                f"answer it, save it, and hand it in again.")
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    ids.discard(None)
+    checks = {m.group(1)[:2] for c in nb.cells if c.cell_type == "code"
+              for m in re.finditer(r"""grade\(\s*["'](\d\d)\.""", c.source)}
+    if ids and checks and aid[:2] not in checks:
+        other = sorted(checks)[0]
+        return (f"{aid}.ipynb holds lesson {other}'s notebook, not lesson {aid[:2]}'s (its checks are lesson {other}'s). "
+                f"Hand in lesson {aid[:2]}'s notebook under this name.")
+    if not ids:
+        return (f"{aid}.ipynb has none of the lesson's answer and check cells (it is not the lesson's notebook, or they "
+                f"were deleted). Start again from the lesson's notebook, answer it, and hand it in.")
+    return None
+
+
+# --------------------------------------------------------------------------- in the wrong place
+
+
+@dataclass(frozen=True)
+class Misplaced:
+    """Something in ``submitted/`` that no lesson folder holds, so nothing of it was graded: ``student``, ``where``
+    (its path under ``submitted/``), ``lesson`` (the lesson it seems to be, or "") and ``move`` (what the instructor
+    does about it, one sentence)."""
+
+    student: str
+    where: str
+    lesson: str
+    move: str
+
+    @property
+    def text(self) -> str:
+        """One line for the score table."""
+        what = (f"{self.where} is not a lesson folder, so nothing in it was graded" if self.where.endswith("/") and
+                not self.where.endswith(f"{self.lesson}/{self.lesson}/") else
+                f"{self.where} is a lesson folder inside the lesson's folder, so it was not graded"
+                if self.where.endswith("/") else f"{self.where} sits outside any lesson folder, so it was not graded")
+        return f"{what}: {self.move}, then grade again."
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def misplaced(submitted: Path, lessons: Iterable[str]) -> list[Misplaced]:
+    """What in ``submitted`` (``<student>/<lesson>/``) no lesson folder holds, each with what to do: a folder named by
+    a lesson's number or another name of it (``00/``, ``lesson-02``), a notebook directly in the student's folder,
+    a lesson folder nested one level too deep, a lesson folder doubled by unzipping (``<lesson>/<lesson>/``).
+    Nothing in it was graded; the instructor moves it and grades again. ``lessons``: every lesson id of the course
+    (the student may have handed in any of them)."""
+    known = list(lessons)
+    out: list[Misplaced] = []
+    submitted = Path(submitted)
+    if not submitted.is_dir():
+        return out
+
+    def lesson_of(name: str) -> str | None:
+        digits = re.sub(r"\D", "", name.split("-", 1)[0]) or re.sub(r"\D", "", name)[:2]
+        return next((k for k in known if digits and k.startswith(f"{int(digits):02d}-")), None) if digits else None
+
+    for student in sorted(p for p in submitted.iterdir() if p.is_dir() and not p.is_symlink()):
+        for entry in sorted(student.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            where = f"{student.name}/{entry.name}"
+            if entry.name in known:
+                deeper = nested_notebook(entry, entry.name) if entry.is_dir() and not entry.is_symlink() else None
+                if deeper:
+                    inner = deeper.rsplit("/", 1)[0]
+                    out.append(Misplaced(student.name, f"{where}/{inner}/", entry.name,
+                                         f"move what {where}/{inner}/ holds up one level, into {where}/"))
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                inner = [q.name for q in entry.iterdir() if q.is_dir() and q.name in known]
+                guess = inner[0] if inner else lesson_of(entry.name)
+                if guess is None:
+                    for nb in entry.glob("*.ipynb"):
+                        guess = lesson_of(nb.stem)
+                        if guess:
+                            break
+                todo = (f"move {where}/{guess} up one level, to {student.name}/{guess}" if inner else
+                        f"rename it to {student.name}/{guess}" if guess else
+                        f"it names no lesson: put each notebook at {student.name}/<lesson>/<lesson>.ipynb")
+                out.append(Misplaced(student.name, f"{where}/", guess or "", todo))
+            elif entry.suffix == ".ipynb":
+                guess = lesson_of(entry.stem)
+                todo = (f"move it to {student.name}/{guess}/{guess}.ipynb" if guess else
+                        f"put it at {student.name}/<lesson>/<lesson>.ipynb")
+                out.append(Misplaced(student.name, where, guess or "", todo))
+    return out
+
+
+# --------------------------------------------------------------------------- what nbgrader's exchange needs
+
+
+def releasable(feedback: Path, submitted: Path | None) -> None:
+    """Make the feedback folder ``feedback`` (``feedback/<student>/<lesson>/``) one that ``nbgrader
+    release_feedback`` can release: it reads ``timestamp.txt`` and ``submission_secret.txt`` beside every feedback
+    page and stops, for the whole class, at the first folder without them. Each is copied from the submission
+    folder ``submitted`` when it is a plain file there (what ``nbgrader collect`` brought; None: a folder that was
+    refused, read nothing of it); a submission handed in another way gets the time it was graded and a fresh secret (its feedback is then released under a name only the
+    course's own copy knows)."""
+    from datetime import datetime, timezone
+
+    feedback = Path(feedback)
+    feedback.mkdir(parents=True, exist_ok=True)
+    for name in NBGRADER_FILES:
+        dest = feedback / name
+        if dest.is_file() and not dest.is_symlink():
+            continue
+        src = Path(submitted) / name if submitted is not None else None
+        text = None
+        if src is not None and src.is_file() and not src.is_symlink() and src.stat().st_size <= 4096:
+            text = src.read_text(errors="replace")
+        if text is None:
+            text = (datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f %Z") if name == "timestamp.txt"
+                    else secrets.token_hex(64))
+        dest.unlink(missing_ok=True)
+        dest.write_text(text)
+
+
+# --------------------------------------------------------------------------- the note in the feedback
+
+
+def inert_markdown(name: str, most: int = 80) -> str:
+    """Text a student chose (a file name, a reason that quotes one), as markdown that renders as that text and nothing
+    else: no HTML, link, emphasis or line break (the instructor's formgrader renders the cell); cut after ``most``
+    characters."""
+    import html
+
+    name = "".join(ch if ch.isprintable() else "?" for ch in name)
+    name = name if len(name) <= most else name[:most] + "…"
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~>])", r"\\\1", html.escape(name, quote=True))
+
+
+#: The id of the cell :class:`NoteIgnoredFiles` puts at the top of an autograded notebook.
+NOTE_CELL_ID = "coursekit-ignored-files"
+
+
+class NoteIgnoredFiles(NbGraderPreprocessor):
+    """Last in the autograde pipeline, in the grading process: when the submission folder held files the grader set
+    aside (:func:`ignored`), say so in a markdown cell at the top of the autograded notebook, which the formgrader
+    shows and the feedback page starts with. Nothing of those files was read."""
+
+    release_directory = Unicode("", help="The course's release folder (lessons/): the files a lesson's release folder "
+                                          "ships are the lesson's, not set aside.").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        folder = Path((resources.get("metadata") or {}).get("path") or "")
+        aid = str((resources.get("nbgrader") or {}).get("assignment") or resources.get("unique_key") or "")
+        nb.cells = [c for c in nb.cells if c.get("id") != NOTE_CELL_ID]
+        release = Path(self.release_directory) if self.release_directory else None
+        names = ignored(folder, aid, release) if folder.is_dir() and aid else []
+        if names:
+            nb.cells.insert(0, NotebookNode(
+                cell_type="markdown", id=NOTE_CELL_ID, metadata={},
+                source=f"**Set aside by the grader:** you handed in {shown([inert_markdown(n) for n in names])} with your notebook. Only "
+                       f"`{aid}.ipynb` is graded; nothing else of the folder was read, and it cost you nothing."))
+        return nb, resources
+
+
+__all__ = ["MAX_FILE_BYTES", "MAX_FOLDER_BYTES", "MAX_ENTRIES", "NBGRADER_FILES", "Misplaced", "NoteIgnoredFiles",
+           "check", "ignored", "inert_markdown", "lesson_files", "misplaced", "nested_notebook", "refusal", "releasable", "shown"]

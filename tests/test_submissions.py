@@ -1,0 +1,113 @@
+"""coursekit.submissions: what a submission folder may hold, what is set aside, what is refused, what is misplaced,
+and what nbgrader's release_feedback needs beside every feedback page (no grading here: folders only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursekit import course, submissions
+
+ROOT = Path(__file__).resolve().parents[1]
+AID = "02-lora-inside-one-matmul"
+BLANK = (ROOT / "lessons" / AID / f"{AID}.ipynb").read_bytes()
+
+
+def _folder(tmp_path: Path, *extra: str) -> Path:
+    d = tmp_path / "ana" / AID
+    d.mkdir(parents=True)
+    (d / f"{AID}.ipynb").write_bytes(BLANK)
+    for rel in extra:
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text("x")
+    return d
+
+
+def test_nbgraders_own_files_are_neither_refused_nor_set_aside(tmp_path):
+    d = _folder(tmp_path, "timestamp.txt", "submission_secret.txt")
+    assert submissions.check(d, AID, ROOT / "lessons") is None
+    assert submissions.ignored(d, AID, ROOT / "lessons") == []
+
+
+def test_other_files_are_set_aside_not_refused(tmp_path):
+    d = _folder(tmp_path, "notes.txt", ".ipynb_checkpoints/x-checkpoint.ipynb", "__MACOSX/._x", "data/a.csv",
+                "other.ipynb")
+    assert submissions.check(d, AID, ROOT / "lessons") is None
+    assert submissions.ignored(d, AID, ROOT / "lessons") == [".ipynb_checkpoints/", "__MACOSX/", "data/", "notes.txt",
+                                                             "other.ipynb"]
+
+
+def test_a_file_the_release_ships_is_the_lessons(tmp_path):
+    release = tmp_path / "release"
+    (release / AID / "data").mkdir(parents=True)
+    (release / AID / f"{AID}.ipynb").write_bytes(BLANK)
+    (release / AID / "data" / "table.csv").write_text("1,2")
+    d = _folder(tmp_path, "data/table.csv", "data/mine.csv")
+    assert submissions.lesson_files(release, AID) == {f"{AID}.ipynb", "data/table.csv"}
+    assert submissions.ignored(d, AID, release) == ["data/mine.csv"]
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda d: (d / "k.json").symlink_to("/etc/passwd"), "symbolic link (k.json)"),
+    (lambda d: os.link(d / f"{AID}.ipynb", d / "copy.ipynb"), "hard link"),
+    (lambda d: os.mkfifo(d / "fifo"), "not a regular file"),
+    (lambda d: (d / "big.bin").write_bytes(b"0" * (submissions.MAX_FILE_BYTES + 1)), "more than the 32 MB"),
+    (lambda d: [(d / f"f{i}.bin").write_bytes(b"0" * (30 << 20)) for i in range(3)], "more than 64 MB together"),
+    (lambda d: [(d / f"f{i}.txt").write_text("") for i in range(submissions.MAX_ENTRIES + 1)], "more than 256 files"),
+])
+def test_what_cannot_be_read_as_data_is_refused(tmp_path, make, why):
+    d = _folder(tmp_path)
+    make(d)
+    got = submissions.check(d, AID, ROOT / "lessons")
+    assert got is not None and why in got, got
+
+
+def test_a_folder_doubled_by_unzipping_is_named_and_listed_with_its_move(tmp_path):
+    sub = tmp_path / "submitted"
+    inner = sub / "ana" / AID / AID
+    inner.mkdir(parents=True)
+    (inner / f"{AID}.ipynb").write_bytes(BLANK)
+    why = submissions.check(sub / "ana" / AID, AID)
+    assert why.startswith(f"your notebook is one folder too deep ({AID}/{AID}.ipynb"), why
+    (m,) = submissions.misplaced(sub, course.lesson_ids(ROOT))
+    assert (m.student, m.lesson, m.where) == ("ana", AID, f"ana/{AID}/{AID}/")
+    assert m.text == (f"ana/{AID}/{AID}/ is a lesson folder inside the lesson's folder, so it was not graded: move what "
+                      f"ana/{AID}/{AID}/ holds up one level, into ana/{AID}/, then grade again.")
+
+
+def test_every_feedback_folder_becomes_releasable(tmp_path):
+    sub = _folder(tmp_path, "timestamp.txt")
+    (sub / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
+    (sub / "submission_secret.txt").write_text("abc")
+    fb = tmp_path / "feedback"
+    submissions.releasable(fb, sub)
+    assert (fb / "timestamp.txt").read_text() == "2026-12-01 10:00:00.000000 UTC"
+    assert (fb / "submission_secret.txt").read_text() == "abc"
+    handed_by_hand = tmp_path / "fb2"
+    submissions.releasable(handed_by_hand, tmp_path / "nowhere")  # no exchange: a time and a fresh secret
+    assert (handed_by_hand / "timestamp.txt").read_text().endswith("UTC")
+    assert len((handed_by_hand / "submission_secret.txt").read_text()) == 128
+    refused = tmp_path / "fb3"
+    submissions.releasable(refused, None)  # a refused folder is not read at all
+    assert (refused / "submission_secret.txt").read_text() != "abc"
+
+
+def test_the_set_aside_note_renders_file_names_as_text(tmp_path):
+    """A file name is the student's: in the note the formgrader renders it must stay text (no HTML, no link)."""
+    d = _folder(tmp_path, "<img src=x onerror=alert(1)>.txt", "[a](javascript:alert(1)).txt")
+    nb = nbformat.reads(BLANK.decode(), as_version=4)
+    pp = submissions.NoteIgnoredFiles(release_directory=str(ROOT / "lessons"))
+    nb, _ = pp.preprocess(nb, {"metadata": {"path": str(d)}, "nbgrader": {"assignment": AID}})
+    note = nb.cells[0]
+    assert note.id == submissions.NOTE_CELL_ID and note.cell_type == "markdown"
+    from nbconvert.filters import markdown2html
+
+    page = markdown2html(note.source)
+    assert "<img" not in page and "href" not in page, page
+    assert "&lt;img src=x onerror=alert\\(1\\)&gt;" not in page  # rendered, the backslashes are gone
+    assert "alert(1)" in page.replace("\\", "")
+    nb, _ = pp.preprocess(nb, {"metadata": {"path": str(d)}, "nbgrader": {"assignment": AID}})
+    assert sum(c.get("id") == submissions.NOTE_CELL_ID for c in nb.cells) == 1  # a re-run replaces it
