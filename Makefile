@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test test-lesson grade grade-class release doctor bench capstone report report-class clean
+.PHONY: setup lab test test-lesson grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
 
 setup: $(STAMP)
 
@@ -53,13 +53,23 @@ test-lesson: $(STAMP)
 WORKERS ?=
 GRADE_ARGS := $(if $(WORKERS),--workers $(WORKERS),)
 
-# The example class (autograder/example-class/): blank, perfect and typical wrong submissions.
+# The example class (autograder/example-class/): blank, perfect and typical wrong submissions, each checked against the
+# score its expected.json gives (a new deployment that grades differently fails here). LESSONS=00 limits it to lessons.
+LESSONS ?=
 grade: $(STAMP)
-	$(BIN)/coursekit grade --examples $(GRADE_ARGS)
+	$(BIN)/coursekit grade --examples --check $(GRADE_ARGS) $(LESSONS)
 
-# Your class: submissions in autograder/course/submitted/<student>/<lesson>/<lesson>.ipynb.
+# Your class: submissions in autograder/course/submitted/<student>/<lesson>/<lesson>.ipynb (the lessons handed in).
 grade-class: $(STAMP)
-	$(BIN)/coursekit grade $(GRADE_ARGS)
+	$(BIN)/coursekit grade $(GRADE_ARGS) $(LESSONS)
+
+# nbgrader's formgrader on your class's folder (formgrader-examples: the example class's), at
+# http://127.0.0.1:8888/formgrader: grade the free-text answers, look at any submission, release feedback.
+formgrader: $(STAMP)
+	$(BIN)/coursekit formgrader
+
+formgrader-examples: $(STAMP)
+	$(BIN)/coursekit formgrader --examples
 
 release: $(STAMP)
 	$(BIN)/coursekit release
@@ -70,7 +80,6 @@ doctor: $(STAMP)
 # What the graded class got wrong, item by item, and who is missing: report.html, items.csv, students.csv and
 # report.json in the course folder's report/. `make report` reads the example class `make grade` graded,
 # `make report-class` yours; LESSONS=02 limits it to lessons.
-LESSONS ?=
 report: $(STAMP)
 	$(BIN)/coursekit report --examples $(LESSONS)
 

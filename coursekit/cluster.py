@@ -57,8 +57,43 @@ def check_address(scheduler: str) -> str:
             f"--scheduler {scheduler}: a plain tcp:// scheduler on the network lets anyone who can reach it run code on "
             "the grading workers and in this grading process. Use TLS: `coursekit cluster-certs DIR`, start the "
             "scheduler and workers with those certificates, and pass --scheduler tls://HOST:PORT --certs DIR "
-            "(README: Grading a large class). tcp:// is accepted on the loopback address only.")
+            "(docs/instructors.md: A large class on a cluster). tcp:// is accepted on the loopback address only.")
     return scheme
+
+
+def speaks_tls(scheduler: str, timeout: float = 5.0) -> bool:
+    """Whether the server at ``scheduler``'s host and port answers a TLS handshake (a scheduler started with
+    ``--protocol tls``): True when the handshake completes or the server answers it with a TLS alert (it asks for the
+    client certificate the probe does not have); False when it does not speak TLS or cannot be reached. The probe
+    sends no certificate and reads nothing but the handshake."""
+    import socket
+    import ssl
+
+    parts = urlsplit(scheduler)
+    if not parts.hostname or not parts.port:
+        return False
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=parts.hostname) as tls:
+                tls.recv(1)  # TLS 1.3: a server that wants a client certificate says so after the handshake
+        return True
+    except ssl.SSLError as e:
+        return "WRONG_VERSION_NUMBER" not in str(e) and "record layer failure" not in str(e)
+    except (OSError, ValueError):
+        return False
+
+
+def unreachable(scheduler: str, error: BaseException) -> CourseError:
+    """The error to show when connecting to ``scheduler`` failed with ``error``: a ``tcp://`` address whose server
+    speaks TLS is named as such, with the address to use instead."""
+    if urlsplit(scheduler).scheme == "tcp" and speaks_tls(scheduler):
+        tls = "tls://" + scheduler.split("://", 1)[1]
+        return CourseError(f"the scheduler at {scheduler} speaks TLS (it was started with --protocol tls), so it closed "
+                           f"the plain connection: use --scheduler {tls} --certs DIR, with the certificates it was "
+                           f"started with (coursekit cluster-certs DIR)")
+    return CourseError(f"cannot reach the Dask scheduler at {scheduler}: {error}")
 
 
 def client_security(scheduler: str, certs: str | os.PathLike | None):
@@ -145,10 +180,15 @@ def make_certs(folder: str | os.PathLike, days: int = DAYS) -> list[Path]:
 
 
 def usage(folder: str | os.PathLike) -> str:
-    """The commands that start a scheduler, workers and the grader with :func:`make_certs`'s files."""
+    """The commands that start a scheduler, workers and the grader with :func:`make_certs`'s files, with the settings
+    the course's grading needs (a task whose worker died is retried once, not three times; one torch thread per
+    notebook kernel), ready to paste."""
     d = Path(folder).resolve()
     tls = f"--tls-ca-file {d / CA} --tls-cert {d / CERT} --tls-key {d / KEY}"
     return (f"Copy {CA}, {CERT} and {KEY} to every grading machine (keep {CA_KEY} to yourself), then:\n"
-            f"  scheduler: dask scheduler --protocol tls --host <its address> --port 8786 {tls}\n"
-            f"  workers:   dask worker tls://<scheduler address>:8786 --nthreads 1 --nworkers <cores> {tls}\n"
-            f"  grader:    coursekit grade 02 --scheduler tls://<scheduler address>:8786 --certs {d}")
+            f"  scheduler: DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=1 dask scheduler --protocol tls "
+            f"--host <its address> --port 8786 {tls}\n"
+            f"  workers:   OMP_NUM_THREADS=1 dask worker tls://<scheduler address>:8786 --nthreads 1 --nworkers <cores> "
+            f"{tls}\n"
+            f"  grader:    coursekit grade 02 --scheduler tls://<scheduler address>:8786 --certs {d}\n"
+            f"(on one machine, <its address> and <scheduler address> are 127.0.0.1)")

@@ -26,7 +26,6 @@ import copy
 import csv
 import os
 import re
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,10 @@ from typing import Iterable
 
 import nbformat
 
+from . import submissions
+from .example_class import example_students  # noqa: F401  (the course's API)
 from .nbenv import CourseError, kernel_env
+from .submissions import MAX_FILE_BYTES, NBGRADER_FILES, lesson_files, misplaced  # noqa: F401  (the course's API)
 
 LESSON_RE = re.compile(r"^\d\d-[a-z0-9-]+$")
 SOLUTION_DELIMS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -146,6 +148,56 @@ def release(lessons: Iterable[str] | None = None, root: str | os.PathLike | None
     return ids
 
 
+def gradebook_lessons(course_dir: Path) -> set[str]:
+    """The lessons nbgrader's gradebook in ``course_dir`` knows (its assignments); empty when there is none yet."""
+    db = Path(course_dir) / "gradebook.db"
+    if not db.is_file():
+        return set()
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{db}") as gb:
+        return {a.name for a in gb.assignments}
+
+
+def prepare_gradebook(root: Path, course_dir: Path | None = None) -> list[str]:
+    """Put every lesson handed in (a folder of it in ``submitted/``) that the gradebook of the course folder lacks into
+    it (nbgrader's generate_assignment, released into a scratch folder: lessons/ is not rewritten), so that nbgrader's
+    own autograde (the formgrader's button, a plain ``nbgrader autograde``) works on a fresh course folder without
+    "Generate" first. Returns the lessons added."""
+    import tempfile
+
+    root = repo_root(root)
+    folder = Path(course_dir) if course_dir else Path(load_config(root).CourseDirectory.root)
+    have = gradebook_lessons(folder)
+    missing = [aid for aid in lesson_ids(root) if aid not in have and handed_in(folder / "submitted", aid)]
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="coursekit-release-") as tmp:
+            release(missing, root=root, course_dir=folder, release_dir=Path(tmp))
+    return missing
+
+
+def formgrader_command(root: Path, course_dir: Path, port: int = 8888, ip: str = "127.0.0.1",
+                       browser: bool = True) -> tuple[list[str], dict, Path]:
+    """(argv, environment, working folder) of a Jupyter server that serves nbgrader's formgrader for the course folder
+    ``course_dir``: started in ``autograder/`` (nbgrader reads the course's ``nbgrader_config.py`` from there, with
+    ``$COURSEKIT_COURSE`` naming the course folder), rooted at the repository (or at the folder that holds both it and
+    a course folder outside it), so that the formgrader's links to ``solutions/``, ``lessons/`` and the submissions
+    stay inside the server's root; it opens on ``/formgrader``."""
+    import shutil
+
+    root = repo_root(root)
+    top = Path(os.path.commonpath([root, Path(course_dir).resolve()]))
+    exe = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or shutil.which("jupyter") or "jupyter"
+    argv = [exe, "server", f"--ServerApp.root_dir={top}", "--ServerApp.default_url=/formgrader",
+            f"--ServerApp.ip={ip}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+    if not browser:
+        argv.append("--no-browser")
+    if os.geteuid() == 0:  # Jupyter refuses to run as root unless told; graders often are root (the sandbox's caps)
+        argv.append("--allow-root")
+    env = {**os.environ, "COURSEKIT_COURSE": str(Path(course_dir).resolve())}
+    return argv, env, root / "autograder"
+
+
 # --------------------------------------------------------------------------- the example class
 
 
@@ -170,17 +222,6 @@ def perfect_submission(solution_nb, release_nb):
         if gid in answers and c.metadata["nbgrader"].get("solution"):
             c.source = answers[gid]
     return nb
-
-
-def example_students(root: Path, aid: str) -> dict[str, dict[str, str]]:
-    """Student id → {grade_id: replacement source} for the example class of one lesson."""
-    students: dict[str, dict[str, str] | None] = {"ex-blank": None, "ex-perfect": {}}
-    folder = root / "autograder" / "examples" / aid
-    if folder.is_dir():
-        for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-            students[f"ex-{sub.name}"] = {f.stem: f.read_text() for f in sorted(sub.iterdir())
-                                          if f.suffix in (".py", ".md") and f.name != "submission.py"}
-    return students
 
 
 def _submission_files(root: Path, aid: str, sid: str, nb) -> dict:
@@ -278,6 +319,9 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     root = repo_root(root)
     ids = _known(root, lessons)
+    if lessons is None and not examples:  # grade what was handed in, not every lesson of the course
+        folder = Path(load_config(root, course_dir).CourseDirectory.root) / "submitted"
+        ids = [aid for aid in ids if handed_in(folder, aid)]
     if scheduler:
         from . import cluster
 
@@ -312,10 +356,52 @@ CAPSTONE = "19-capstone-a-real-qlora-run"
 MODEL_LESSONS = {"08", "09", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model (08: its config)
 
 
+def handed_in(submitted: Path, aid: str) -> bool:
+    """Whether any student folder of ``submitted`` holds a folder of lesson ``aid``."""
+    return submitted.is_dir() and any((s / aid).is_dir() for s in submitted.iterdir() if s.is_dir())
+
+
+class GradingInterrupted(CourseError):
+    """Ctrl-C stopped a grading run; what was graded before it is in the gradebook and grades.csv."""
+
+
+class _CtrlC:
+    """While grading: Ctrl-C (SIGINT) raises KeyboardInterrupt as usual, and is remembered (:attr:`hit`). nbgrader
+    catches every exception of an autograde run, KeyboardInterrupt included, and reports a failed submission
+    (``nbgrader.utils.capture_log``): the grader asks :attr:`hit` before it would score that submission 0, and stops
+    instead. A no-op outside the main thread (signals go to the main thread only)."""
+
+    def __init__(self):
+        self.hit = False
+        self._before = None
+
+    def _handler(self, signum, frame):
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._before = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._before is not None:
+            signal.signal(signal.SIGINT, self._before)
+
+
+#: What filling the capstone store costs on the course's 2-core test machine, cold (docs/capstone-results-*.md).
+CAPSTONE_FILL_MINUTES = (6, 12)
+
+
 def _fill_capstone_store(progress: bool) -> None:
     """Lesson 19's notebook reads its run (three trained adapters, their evaluations, the merges) from the capstone
     store and never trains while graded. Compute whatever the store lacks once, here, with coursekit's reference
-    functions: minutes on the first grading run on a machine, seconds afterwards."""
+    functions: minutes on the first grading run on a machine (said before it starts), seconds afterwards."""
     import logging
     import warnings
 
@@ -325,15 +411,16 @@ def _fill_capstone_store(progress: bool) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         say = print if progress else (lambda *a, **k: None)
-        say("lesson 19: filling the capstone store with the reference run (once per machine) …")
+        lo, hi = CAPSTONE_FILL_MINUTES
+        say(f"lesson 19: its notebook reads the reference run from the capstone store ({capstone.Store().root}). "
+            f"Whatever the store lacks is computed now, once per machine: {lo} to {hi} minutes of CPU when it is empty "
+            f"(more on a busy machine), seconds when it is full. Ctrl-C stops it; what is stored stays.")
         capstone.run(capstone.REFERENCE, capstone.Store(compute=True), progress=progress, log=say)
 
 
 def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None,
                  certs=None) -> str:
-    from tqdm.auto import tqdm
-
-    from . import parallel
+    from . import parallel, report
 
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
@@ -343,48 +430,55 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         from . import model
 
         model.prepare_model(progress=progress)
-    if CAPSTONE in ids:
-        _fill_capstone_store(progress)
     for aid in ids:
         _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
         if examples:
             build_examples(root, aid, submitted, release_dir)
     release_root = release_folder(a)
-    # A kernel cell whose source is not the release's (added or edited by the student) gets the answer cells' limit.
+    # A kernel cell whose source is not the release's (added or edited by the student) gets the answer cells' limit,
+    # and the kernel sees the lesson's own files of the submission folder, nothing else of it.
     from .guard import release_sources
 
     a.config.GuardedExecute.release_sources = release_sources(release_root)
+    a.config.GuardedExecute.release_files = {aid: sorted(lesson_files(release_root, aid)) for aid in ids}
+    a.config.NoteIgnoredFiles.release_directory = str(release_root)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
-    # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
-    say = (lambda *m: tqdm.write(" ".join(map(str, m)), file=sys.stdout)) if progress else None
-    autograde = parallel.Autograder(a, [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid, release_root) is None],
-                                    workers, scheduler=scheduler, task_timeout=task_timeout, log=say, certs=certs)
-    count = Progress(jobs)
+    done: list[tuple[str, str]] = []
+    lock = parallel.lock_course(course)
     try:
-        bar = tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
-                   unit="submission", disable=not progress, file=sys.stdout)
-        for aid, sid in bar:
-            problem = autograde_one(a, aid, sid, autograde)
-            if problem:
-                problems[(aid, sid)] = problem
-            bar.set_postfix_str(count.step(aid, failed=bool(problem)), refresh=False)
-            if progress and count.finished(aid):
-                bar.write(count.line(aid), file=sys.stdout)
+        # Lesson 19 last, after its store is filled: the other lessons are graded meanwhile, not kept waiting.
+        first = [j for j in jobs if j[0] != CAPSTONE]
+        last = [j for j in jobs if j[0] == CAPSTONE]
+        count = Progress(jobs)
+        with _CtrlC() as ctrl_c:
+            for part in (first, last):
+                if not part:
+                    continue
+                if part is last:
+                    _fill_capstone_store(progress)
+                _autograde(a, part, release_root, workers, scheduler, task_timeout, certs, progress, count, problems,
+                           done, ctrl_c)
+    except KeyboardInterrupt:
+        export_csv(a, course / "grades.csv")
+        raise GradingInterrupted(
+            f"stopped (Ctrl-C) after {len(done)} of {len(jobs)} submissions: their scores are in {course / 'gradebook.db'} "
+            f"and grades.csv. Run the same command again to grade the rest and write the feedback.") from None
     finally:
-        autograde.close()
-    # nbgrader fails on a lesson with no autograded submission (none handed in, or every one scored 0 with a reason)
-    for aid in sorted({aid for aid, sid in jobs if (aid, sid) not in problems}):
+        lock.release()
+    for aid in sorted({aid for aid, _ in jobs}):  # every submission has an autograded copy (record_zero's, or nbgrader's)
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
-    from . import report
-
-    for aid, sid in jobs:  # the class report reads why a submission scored 0 as data (coursekit.report)
-        if (aid, sid) in problems:
+    for aid, sid in jobs:
+        folder = submitted / sid / aid
+        fb = course / a.coursedir.feedback_directory / sid / aid
+        if (aid, sid) in problems:  # the class report reads why a submission scored 0 as data (coursekit.report)
             report.write_status(course, aid, sid, problems[(aid, sid)])
+            stems = [] if submissions.refusal(folder) else [p.stem for p in folder.glob("*.ipynb") if p.is_file()]
+            write_problem_feedback(fb, aid, problems[(aid, sid)], also=stems)
         else:
-            report.clear_status(course, aid, sid)
-    for (aid, sid), problem in problems.items():
-        write_problem_feedback(course / a.coursedir.feedback_directory / sid / aid, aid, problem)
+            report.write_status(course, aid, sid, "", ignored=submissions.ignored(folder, aid, release_root))
+        # nbgrader release_feedback reads timestamp.txt and submission_secret.txt beside every page
+        submissions.releasable(fb, None if submissions.refusal(folder) else folder)
     rows = scores(course, ids)
     export_csv(a, course / "grades.csv")
     table = format_table(rows)
@@ -393,13 +487,46 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
             f"{sid}/{aid}: {p}" for (aid, sid), p in sorted(problems.items()))
     lost = misplaced(submitted, lesson_ids(root))
     if lost:
-        table += "\n\nNot graded, in the wrong place:\n" + "\n".join(lost)
-    if rows or problems:
-        report.write_submissions_csv(course, ids, course / "submissions.csv")
-        table += "\n\nsubmissions.csv says, per student and lesson, graded, scored 0 for a reason, or missing."
+        table += "\n\nNot graded, in the wrong place:\n" + "\n".join(m.text for m in lost)
+    if rows or problems or lost:
+        roster = {aid: list(example_students(root, aid)) for aid in ids} if examples else None
+        report.write_submissions_csv(course, ids, course / "submissions.csv", known=lesson_ids(root), roster=roster)
+        table += ("\n\nsubmissions.csv says, per student and lesson, graded, scored 0 for a reason, missing or in the "
+                  "wrong place, and which files were set aside.")
     if not jobs:
-        table = f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
+        table = (f"No submissions in {submitted}: put them at <student>/<lesson>/<lesson>.ipynb there."
+                 + ("\n\nNot graded, in the wrong place:\n" + "\n".join(m.text for m in lost) if lost else ""))
     return table + f"\n\ngrades.csv, gradebook.db and feedback/ are in {course}"
+
+
+def _autograde(a, jobs, release_root, workers, scheduler, task_timeout, certs, progress, count, problems, done,
+               ctrl_c=None) -> None:
+    """Autograde ``jobs`` ((lesson, student) pairs) on one cluster (coursekit.parallel.Autograder), recording each
+    submission that scored 0 for a reason in ``problems`` and each one finished in ``done``; ``ctrl_c``
+    (:class:`_CtrlC`) stops it when Ctrl-C was pressed."""
+    from tqdm.auto import tqdm
+
+    from . import parallel
+
+    submitted = Path(a.coursedir.root) / a.coursedir.submitted_directory
+    say = (lambda *m: tqdm.write(" ".join(map(str, m)), file=sys.stdout)) if progress else None
+    # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
+    runnable = [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid, release_root) is None]
+    autograde = parallel.Autograder(a, runnable, workers, scheduler=scheduler, task_timeout=task_timeout, log=say,
+                                    certs=certs, lock=False)
+    try:
+        bar = tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
+                   unit="submission", disable=not progress, file=sys.stdout)
+        for aid, sid in bar:
+            problem = autograde_one(a, aid, sid, autograde, stopped=(lambda: ctrl_c.hit) if ctrl_c else None)
+            if problem:
+                problems[(aid, sid)] = problem
+            done.append((aid, sid))
+            bar.set_postfix_str(count.step(aid, failed=bool(problem)), refresh=False)
+            if progress and count.finished(aid):
+                bar.write(count.line(aid), file=sys.stdout)
+    finally:
+        autograde.close()
 
 
 class Progress:
@@ -429,162 +556,30 @@ class Progress:
         return f"{aid}: {self.done[aid] - failed} graded, {failed} failed" + (" (0 points; the table below says why)" if failed else "")
 
 
-#: A submitted file larger than this is refused (a lesson's notebook with its outputs is well under 10 MB).
-MAX_FILE_BYTES = 32 << 20
-#: Files nbgrader itself adds to a submission folder (``nbgrader collect`` writes the submission time).
-NBGRADER_FILES = ("timestamp.txt",)
-
-
-def lesson_files(release: Path | None, aid: str) -> set[str]:
-    """The files a submission of ``aid`` may hold: its notebook, nbgrader's own, and the files the lesson's release
-    folder ships (``release/<aid>/``, relative paths)."""
-    names = {f"{aid}.ipynb", *NBGRADER_FILES}
-    folder = None if release is None else Path(release) / aid
-    if folder is not None and folder.is_dir():
-        names |= {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
-    return names
-
-
-def _unsafe(folder: Path, aid: str, allowed: set[str] | None) -> str | None:
-    """Why ``folder`` is not plain data (a symbolic link, a device or pipe, a file too large, a file the lesson does
-    not name), looked at without following any link; None when it is."""
-    if folder.is_symlink() or folder.parent.is_symlink():
-        return ("your submission folder is a symbolic link. Hand in the lesson's folder itself, with the notebook "
-                "file in it.")
-    extra = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        for name in sorted([*dirnames, *filenames]):
-            p = Path(dirpath) / name
-            rel = p.relative_to(folder).as_posix()
-            st = p.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                return (f"it holds a symbolic link ({rel}), which the grader does not follow: hand in the files "
-                        "themselves (the notebook saved by Jupyter), not links to them.")
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                return f"it holds {rel}, which is not a regular file (a device, pipe or socket): hand in files only."
-            if st.st_nlink != 1:
-                return (f"{rel} is a hard link to another file: hand in the files themselves (the notebook saved by "
-                        "Jupyter), not links to them.")
-            if st.st_size > MAX_FILE_BYTES:
-                return (f"{rel} is {st.st_size >> 20} MB, more than the {MAX_FILE_BYTES >> 20} MB a submitted file may "
-                        "have (clear the notebook's outputs, or leave large files out).")
-            if allowed is not None and rel not in allowed:
-                extra.append(rel)
-    if extra and (folder / f"{aid}.ipynb").is_file():
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        return (f"it holds files the lesson does not ask for ({shown}). Hand in {aid}.ipynb"
-                + (" and the lesson's own files" if len(allowed or ()) > 1 + len(NBGRADER_FILES) else "") + " only.")
-    return None
-
-
-def misplaced(submitted: Path, lessons: Iterable[str]) -> list[str]:
-    """What in ``submitted`` (``<student>/<lesson>/``) no lesson folder holds, each with what to do: a folder named by
-    a lesson's number or another name of it (``00/``, ``lesson-02``), a notebook directly in the student's folder,
-    a lesson folder nested one level too deep. Nothing in it is graded; the instructor moves it and grades again.
-    ``lessons``: every lesson id of the course (the student may have handed in any of them)."""
-    known = list(lessons)
-    out = []
-    if not submitted.is_dir():
-        return out
-
-    def lesson_of(name: str) -> str | None:
-        digits = re.sub(r"\D", "", name.split("-", 1)[0]) or re.sub(r"\D", "", name)[:2]
-        return next((k for k in known if digits and k.startswith(f"{int(digits):02d}-")), None) if digits else None
-
-    for student in sorted(p for p in submitted.iterdir() if p.is_dir()):
-        for entry in sorted(student.iterdir()):
-            if entry.name in known or entry.name.startswith("."):
-                continue
-            where = f"{student.name}/{entry.name}"
-            if entry.is_dir():
-                inner = [q.name for q in entry.iterdir() if q.is_dir() and q.name in known]
-                guess = inner[0] if inner else lesson_of(entry.name)
-                if guess is None:
-                    for nb in entry.glob("*.ipynb"):
-                        guess = lesson_of(nb.stem)
-                        if guess:
-                            break
-                todo = (f"move {where}/{guess} up one level, to {student.name}/{guess}" if inner else
-                        f"rename it to {student.name}/{guess}" if guess else
-                        f"it names no lesson: put each notebook at {student.name}/<lesson>/<lesson>.ipynb")
-                out.append(f"{where}/ is not a lesson folder, so nothing in it was graded: {todo}, then grade again.")
-            elif entry.suffix == ".ipynb":
-                guess = lesson_of(entry.stem)
-                todo = (f"move it to {student.name}/{guess}/{guess}.ipynb" if guess else
-                        f"put it at {student.name}/<lesson>/<lesson>.ipynb")
-                out.append(f"{where} sits outside any lesson folder, so it was not graded: {todo}, then grade again.")
-    return out
-
-
 def release_folder(a) -> Path:
     """The release folder (``lessons/``) of the course that the NbGraderAPI ``a`` grades."""
     return Path(a.coursedir.root) / a.coursedir.release_directory
 
 
 def check_submission(folder: Path, aid: str, release: Path | None = None) -> str | None:
-    """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
-
-    A submission is data, looked at before nbgrader touches it (nbgrader copies what it finds, following links, as
-    the user who grades): the folder must hold no symbolic or hard link, device or pipe, no file over
-    :data:`MAX_FILE_BYTES`, and nothing but ``<aid>.ipynb`` and the files of :func:`lesson_files` (checked when
-    ``release`` is given). The notebook must be ``<aid>.ipynb``, non-empty, JSON, and a notebook nbformat can read."""
-    nb_path = folder / f"{aid}.ipynb"
-    unsafe = _unsafe(folder, aid, lesson_files(release, aid) if release is not None else None)
-    if unsafe is not None and not (folder / f"{aid}.ipynb").is_file() and "does not ask for" in unsafe:
-        unsafe = None  # a renamed notebook: the sentence below says what to do
-    if unsafe is not None:
-        return unsafe
-    if not nb_path.is_file():
-        others = sorted(p.name for p in folder.glob("*.ipynb"))
-        if others:
-            return (f"no notebook named {aid}.ipynb was handed in (found {', '.join(others)}). The grader only reads "
-                    f"{aid}.ipynb: rename your notebook back to that name and hand it in again.")
-        return f"no notebook named {aid}.ipynb was handed in. Hand in the lesson's notebook, {aid}.ipynb."
-    raw = nb_path.read_bytes()
-    if not raw.strip():
-        return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
-    try:
-        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
-    except UnicodeDecodeError:
-        return f"{aid}.ipynb is not a text file (it is not UTF-8), so it is not a notebook. Hand in the .ipynb file Jupyter saves."
-    except Exception as e:
-        kind = "is not JSON" if "JSON" in type(e).__name__ or "json" in str(e).lower()[:200] else "is not a notebook nbformat can read"
-        return (f"{aid}.ipynb {kind} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). It may have been edited in a "
-                f"text editor or cut short. Open it in Jupyter, save it, and hand it in again.")
-    return _not_this_lesson(nb, aid)
+    """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None: see
+    :func:`coursekit.submissions.check`."""
+    return submissions.check(folder, aid, release)
 
 
-def _not_this_lesson(nb, aid: str) -> str | None:
-    """Why a readable notebook is not a submission of ``aid``: it has no cells, or none of the lesson's answer cells
-    (nbgrader would restore the missing cells and grade a blank lesson, with a traceback for every check), and then
-    which lesson's notebook it is, when its first heading or cells say so."""
-    if not nb.cells:
-        return (f"{aid}.ipynb is a notebook with no cells in it: nothing to grade. Open the lesson's notebook in Jupyter, "
-                f"answer it, save it, and hand it in again.")
-    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
-    ids.discard(None)
-    checks = {m.group(1)[:2] for c in nb.cells if c.cell_type == "code"
-              for m in re.finditer(r"""grade\(\s*["'](\d\d)\.""", c.source)}
-    if ids and checks and aid[:2] not in checks:
-        other = sorted(checks)[0]
-        return (f"{aid}.ipynb holds lesson {other}'s notebook, not lesson {aid[:2]}'s (its checks are lesson {other}'s). "
-                f"Hand in lesson {aid[:2]}'s notebook under this name.")
-    if not ids:
-        return (f"{aid}.ipynb has none of the lesson's answer and check cells (it is not the lesson's notebook, or they "
-                f"were deleted). Start again from the lesson's notebook, answer it, and hand it in.")
-    return None
-
-
-def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
+def autograde_one(a, aid: str, sid: str, autograde=None, stopped=None) -> str | None:
     """Autograde one submission; never raises for the student's sake. Returns None when nbgrader graded it,
-    else why it could not be graded (it then scores 0 in the gradebook, and nothing of an earlier
-    run's autograded copy remains to produce stale feedback)."""
+    else why it could not be graded (it then scores 0 in the gradebook, and :func:`record_zero` leaves an
+    autograded copy that says why, so that the formgrader shows it graded). Raises KeyboardInterrupt, scoring
+    nothing, when ``stopped()`` says the grader was interrupted meanwhile (nbgrader reports that as a failure)."""
     course = Path(a.coursedir.root)
     problem = check_submission(course / a.coursedir.submitted_directory / sid / aid, aid, release_folder(a))
     if problem is None:
+        before = _scores_of(a, aid, sid) if stopped is not None else None
         r = autograde(aid, sid) if autograde is not None else a.autograde(aid, sid, force=True, create=True)
+        if stopped is not None and stopped():  # whatever this run wrote of it is not a grade: put back what was
+            _put_back(a, aid, sid, before)
+            raise KeyboardInterrupt
         if r.get("success"):
             return None
         log = (r.get("log") or "") + "\n" + (r.get("error") or "")
@@ -592,8 +587,9 @@ def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
             kept = course / "grading-errors" / sid / f"{aid}.log"
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_text(log)
-            _record_zero(a, aid, sid)
-            return f"the grader could not run this notebook: {r['problem']}. The instructor has the log."
+            problem = f"the grader could not run this notebook: {r['problem']}. The instructor has the log."
+            record_zero(a, aid, sid, problem)
+            return problem
         why = _nbgrader_reason(log)
         kept = course / "grading-errors" / sid / f"{aid}.log"
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -602,8 +598,54 @@ def autograde_one(a, aid: str, sid: str, autograde=None) -> str | None:
         problem = ("the grader could not run this notebook" +
                    (": its kernel stopped responding (an endless loop that ignores interrupts, or one that fills the memory?)"
                     if "unresponsive" in log else f" (nbgrader: {why})") + ". The instructor has the log.")
-    _record_zero(a, aid, sid)
+    record_zero(a, aid, sid, problem)
     return problem
+
+
+def _scores_of(a, aid: str, sid: str) -> dict | None:
+    """What the gradebook holds of ``sid``'s ``aid`` before it is graded again: (notebook, cell) → (auto_score,
+    auto_comment); None when it holds no such submission."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(a.coursedir.db_url, a.coursedir.course_id) as gb:
+        try:
+            sub = gb.find_submission(aid, sid)
+        except MissingEntry:
+            return None
+        out = {}
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                out[(nb.name, "grade", g.name)] = g.auto_score
+            for c in nb.comments:
+                out[(nb.name, "comment", c.name)] = c.auto_comment
+        return out
+
+
+def _put_back(a, aid: str, sid: str, before: dict | None) -> None:
+    """Undo an autograde run of ``sid``'s ``aid`` that Ctrl-C cut short: the automatic scores and comments it had
+    (:func:`_scores_of`; manual grades were never touched), or no submission at all if it had none; its autograded
+    copy, which the cut-short run wrote, is removed (the next run writes it again)."""
+    import shutil
+
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(a.coursedir.db_url, a.coursedir.course_id) as gb:
+        try:
+            sub = gb.find_submission(aid, sid)
+        except MissingEntry:
+            sub = None
+        if sub is not None and before is None:
+            gb.remove_submission(aid, sid)
+        elif sub is not None:
+            for nb in sub.notebooks:
+                for g in nb.grades:
+                    g.auto_score = before.get((nb.name, "grade", g.name))
+                for c in nb.comments:
+                    c.auto_comment = before.get((nb.name, "comment", c.name))
+            gb.db.commit()
+    stale = Path(a.coursedir.root) / a.coursedir.autograded_directory / sid / aid
+    if stale.is_dir():
+        shutil.rmtree(stale)
 
 
 def _nbgrader_reason(log: str) -> str:
@@ -613,38 +655,66 @@ def _nbgrader_reason(log: str) -> str:
     return (errs[-1] if errs else (lines[-1] if lines else "no log"))[:300]
 
 
-def _record_zero(a, aid: str, sid: str) -> None:
-    """Score 0 on every cell of ``sid``'s submission of ``aid`` (as nbgrader does for a missing notebook),
-    creating the student and submission if needed, and drop any autograded copy of an earlier run."""
+#: The id of the first cell of the autograded copy :func:`record_zero` leaves (the reason for the 0).
+ZERO_CELL_ID = "coursekit-scored-zero"
+
+
+def record_zero(a, aid: str, sid: str, problem: str) -> None:
+    """Score 0 on every cell of ``sid``'s submission of ``aid`` (as nbgrader does for a missing notebook), creating the
+    student and submission if needed with the time ``nbgrader collect`` recorded, and replace any autograded copy
+    of an earlier run by the lesson's release notebook with ``problem`` in a first cell: the formgrader then lists
+    the submission as autograded, 0 points, and shows why when it is opened, and nbgrader's own feedback step
+    has something to start from. nbgrader's files (:data:`coursekit.submissions.NBGRADER_FILES`) go with it."""
     import shutil
 
     from nbgrader.api import Gradebook
 
+    course = Path(a.coursedir.root)
+    submitted = course / a.coursedir.submitted_directory / sid / aid
+    plain = submitted.is_dir() and submissions.refusal(submitted) is None  # a refused folder is not read at all
+    stamp = a.coursedir.get_existing_timestamp(str(submitted)) if plain else None
     with Gradebook(a.coursedir.db_url, a.coursedir.course_id) as gb:
         gb.update_or_create_student(sid)
-        sub = gb.update_or_create_submission(aid, sid)
+        sub = gb.update_or_create_submission(aid, sid, **({"timestamp": stamp} if stamp else {}))
         for nb in sub.notebooks:
             for g in nb.grades:
                 g.auto_score = 0
                 g.needs_manual_grade = False
         gb.db.commit()
     for step in (a.coursedir.autograded_directory, a.coursedir.feedback_directory):
-        stale = Path(a.coursedir.root) / step / sid / aid
+        stale = course / step / sid / aid
         if stale.is_dir():
             shutil.rmtree(stale)
+    placeholder = course / a.coursedir.autograded_directory / sid / aid
+    placeholder.mkdir(parents=True)
+    nb = nbformat.read(release_folder(a) / aid / f"{aid}.ipynb", as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+        f"**0 points: this submission could not be graded.** {submissions.inert_markdown(problem, most=2000)}",
+        id=ZERO_CELL_ID))
+    nbformat.write(nb, placeholder / f"{aid}.ipynb")
+    if plain:
+        for name in submissions.NBGRADER_FILES:
+            src = submitted / name
+            if src.is_file() and not src.is_symlink() and src.stat().st_size <= 4096:
+                shutil.copyfile(src, placeholder / name)
 
 
-def write_problem_feedback(folder: Path, aid: str, problem: str) -> Path:
-    """The feedback file of a submission that could not be graded: ``<aid>.html``, saying why in plain words."""
+def write_problem_feedback(folder: Path, aid: str, problem: str, also: Iterable[str] = ()) -> Path:
+    """The feedback file of a submission that could not be graded: ``<aid>.html``, saying why in plain words (and the
+    same page under each name of ``also``: a renamed notebook's feedback is fetched under the student's name for it).
+    Returns the path of ``<aid>.html``."""
     import html as _html
 
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{aid}.html"
-    dest.write_text(
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + _html.escape(aid) + " - feedback</title></head>\n"
-        f"<body><h1>{_html.escape(aid)}: 0 points</h1>\n<p>Your submission could not be graded: {_html.escape(problem)}</p>\n"
-        "<p>Nothing else in it was looked at. Ask your instructor to grade it again once you have handed in the fixed notebook.</p>\n"
-        "</body></html>\n")
+    page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + _html.escape(aid) + " - feedback</title></head>\n"
+            f"<body><h1>{_html.escape(aid)}: 0 points</h1>\n<p>Your submission could not be graded: {_html.escape(problem)}</p>\n"
+            "<p>Nothing else in it was looked at. Ask your instructor to grade it again once you have handed in the fixed notebook.</p>\n"
+            "</body></html>\n")
+    dest.write_text(page)
+    for stem in also:
+        if stem != aid and re.fullmatch(r"[\w.+ -]{1,120}", stem) and not stem.startswith("."):
+            (folder / f"{stem}.html").write_text(page)
     return dest
 
 

@@ -6,14 +6,19 @@ check cell of each autograded notebook (``coursekit.guard.OUTCOME_KEY``). This m
 
 * nbgrader's gradebook (``gradebook.db``): the students, who handed in which lesson, scores and lateness;
 * the outcome of every check cell in ``autograded/<student>/<lesson>/<lesson>.ipynb``;
-* why a submission scored 0 without being graded (``grading-status/<student>/<lesson>.json``, written by
-  ``coursekit grade``: an unreadable notebook, a sandbox refusal, a notebook the grader could not run).
+* what ``coursekit grade`` recorded of each submission (``grading-status/<student>/<lesson>.json``): graded, with
+  the files it set aside, or scored 0 without being graded and why (an unreadable notebook, a sandbox refusal, a
+  notebook the grader could not run);
+* what sits in ``submitted/`` where no lesson folder is (coursekit.submissions.misplaced), with the move to make.
 
 :func:`collect` gives, per lesson and item, how many students answered, got it right, made each named mistake,
 failed another way, left it blank, or were not scored, with the items sorted by how much of the class lost
-points there; and per student, what is missing, late, or zero for a reason. :func:`write` saves it as
+points there, and who made each named mistake; and per student, the outcome of every item and what is missing,
+late, misplaced or zero for a reason. "Missing" counts the class's students (nbgrader's roster: the gradebook's
+students, or the ``roster`` given) who handed nothing in for that lesson. :func:`write` saves it as
 ``report.json``, ``items.csv``, ``students.csv`` and a self-contained ``report.html`` with its plots inline.
-The same gradebook and notebooks give byte-identical files. The HTML names students only with ``names=True``.
+The same gradebook and notebooks give byte-identical files. The HTML names students only with ``names=True``. A
+cell of a CSV file never starts with a character a spreadsheet reads as a formula (OWASP's CSV injection rule).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = ["STATUS_DIR", "outcomes", "write_status", "clear_status", "graded_lessons", "collect", "write",
-           "write_submissions_csv", "format_text"]
+           "write_submissions_csv", "format_text", "inert_cell"]
 
 #: Folder (in the course folder) of the submissions that scored 0 without being graded: one JSON per submission.
 STATUS_DIR = "grading-status"
@@ -35,18 +40,29 @@ STATUS_DIR = "grading-status"
 COLUMNS = ("right", "partial", "mistake", "wrong", "blank", "not_scored")
 
 
-def write_status(course: Path, lesson: str, student: str, reason: str) -> Path:
-    """Record that ``student``'s ``lesson`` scored 0 without being graded, and why (what the feedback file says)."""
+def write_status(course: Path, lesson: str, student: str, reason: str = "", ignored: Iterable[str] = ()) -> Path:
+    """Record what ``coursekit grade`` made of ``student``'s ``lesson``: scored 0 without being graded and why
+    (``reason``, what the feedback file says), or graded (``reason`` empty), with the files it set aside."""
     dest = Path(course) / STATUS_DIR / student / f"{lesson}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps({"lesson": lesson, "student": student, "status": "zero", "reason": reason},
-                               sort_keys=True) + "\n")
+    dest.write_text(json.dumps({"lesson": lesson, "student": student, "status": "zero" if reason else "graded",
+                                "reason": reason, "ignored": list(ignored)}, sort_keys=True) + "\n")
     return dest
 
 
 def clear_status(course: Path, lesson: str, student: str) -> None:
-    """Forget an earlier run's record of ``student``'s ``lesson`` (it has now been graded)."""
+    """Forget an earlier run's record of ``student``'s ``lesson``."""
     (Path(course) / STATUS_DIR / student / f"{lesson}.json").unlink(missing_ok=True)
+
+
+def _status(course: Path, lesson: str, student: str) -> dict:
+    """The record :func:`write_status` left ({} when none, or when it cannot be read)."""
+    f = Path(course) / STATUS_DIR / student / f"{lesson}.json"
+    try:
+        rec = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
 
 
 def graded_lessons(course: str | Path, known: Iterable[str]) -> list[str]:
@@ -61,16 +77,35 @@ def graded_lessons(course: str | Path, known: Iterable[str]) -> list[str]:
 def outcomes(notebook: Path) -> dict[str, dict]:
     """``{item: outcome}`` of every scored check cell of one autograded notebook (``autograded/<student>/<lesson>/
     <lesson>.ipynb``): the record the grading process stored in the cell's metadata (:func:`coursekit.guard.outcome`:
-    ``item``, ``points``, ``max_points``, ``status``, ``mistakes``, ``reason``), keyed by item ("p2"). A cell with no
-    record is left out; an unreadable file raises (``OSError``, ``ValueError``)."""
+    ``item``, ``points``, ``max_points``, ``status``, ``mistakes``, ``reason``), keyed by item ("p2"). Only check cells
+    are read (locked, graded, not an answer cell: the cells the grading process scored and wrote the record into);
+    a record on any other cell is not the grader's and is left out, and so is a cell with none. A status that is not
+    one of :data:`COLUMNS` reads as "not_scored". An unreadable file raises (``OSError``, ``ValueError``)."""
     from .guard import OUTCOME_KEY
 
     nb = json.loads(notebook.read_text())
-    out = {}
+    out: dict[str, dict] = {}
     for cell in nb.get("cells", []):
-        rec = cell.get("metadata", {}).get(OUTCOME_KEY)
-        if isinstance(rec, dict) and "item" in rec:
-            out[rec["item"].split(".", 1)[-1]] = rec
+        md = cell.get("metadata", {}) if isinstance(cell, dict) else {}
+        nbg = md.get("nbgrader") or {}
+        if cell.get("cell_type") != "code" or not nbg.get("grade") or nbg.get("solution"):
+            continue
+        rec = md.get(OUTCOME_KEY)
+        if not (isinstance(rec, dict) and isinstance(rec.get("item"), str)):
+            continue
+        item = rec["item"].split(".", 1)[-1]
+        if item in out:
+            continue
+        rec = dict(rec)
+        if rec.get("status") not in COLUMNS:
+            rec["reason"] = f"an outcome the report does not know ({str(rec.get('status'))[:40]!r})"
+            rec["status"] = "not_scored"
+        rec["mistakes"] = [str(m) for m in rec.get("mistakes") or [] if isinstance(m, str)]
+        try:
+            rec["points"] = float(rec.get("points", 0.0))
+        except (TypeError, ValueError):
+            rec["points"] = 0.0
+        out[item] = rec
     return out
 
 
@@ -92,45 +127,73 @@ def _gradebook(course: Path, lessons: list[str]) -> tuple[list[str], dict[str, d
     return students, subs
 
 
-def collect(course: str | Path, lessons: Iterable[str]) -> dict[str, Any]:
+def collect(course: str | Path, lessons: Iterable[str], roster: Iterable[str] | dict[str, Iterable[str]] | None = None,
+            known: Iterable[str] | None = None) -> dict[str, Any]:
     """The class report of the graded ``lessons`` (lesson ids, e.g. "02-lora-inside-one-matmul") in ``course``.
 
-    Returns ``{"lessons": [...], "students": [...]}``. Each lesson: ``lesson``, ``students`` (in the gradebook),
-    ``handed_in``, ``graded``, ``zero`` (scored 0 for a reason), ``missing``, ``late``, ``max_score``,
-    ``totals`` (the graded students' scores, sorted) and ``items``: per item ``item``, ``title``, ``points``,
-    the counts of :data:`COLUMNS` over the handed-in submissions, ``answered`` (not blank and scored),
-    ``mistakes`` (``{label: count}``, most common first), ``lost_by`` (students who lost points on it) and
-    ``points_lost``; items sorted by ``lost_by``, then ``points_lost``, then the lesson's order. Each student row:
-    ``student``, ``lesson``, ``status`` ("graded", "zero" or "missing"), ``score``, ``max_score``, ``late``,
-    ``reason`` (why zero) and ``not_scored`` (items the grader could not score, with why). Raises
-    FileNotFoundError when ``course`` has no gradebook.
+    ``roster``: the class's students, who count as "missing" where they handed nothing in: one list for every
+    lesson, or ``{lesson: students}`` (the example class: each lesson's own example students); default the
+    gradebook's students (nbgrader's roster, and everyone graded). ``known``: every lesson id of the course, to name
+    the lesson a misplaced folder seems to be (default ``lessons``).
+
+    Returns ``{"lessons": [...], "students": [...], "misplaced": [...]}``. Each lesson: ``lesson``, ``students`` (of
+    the class), ``handed_in``, ``graded``, ``zero`` (scored 0 for a reason), ``missing``, ``misplaced``, ``late``,
+    ``max_score``, ``totals`` (the graded students' scores, sorted) and ``items``: per item ``item``, ``title``,
+    ``points``, the counts of :data:`COLUMNS` over the graded submissions, ``answered`` (not blank and scored),
+    ``mistakes`` (``{label: count}``, most common first), ``mistake_students`` (``{label: [students]}``),
+    ``lost_by`` (students who lost points on it) and ``points_lost``; items sorted by ``lost_by``, then
+    ``points_lost``, then the lesson's order. Each student row: ``student``, ``lesson``, ``status`` ("graded",
+    "zero", "missing" or "misplaced"), ``score``, ``max_score``, ``late``, ``reason`` (why zero; for "misplaced"
+    where it is), ``move`` (what to do with a misplaced one), ``ignored`` (files set aside), ``not_scored`` (items
+    the grader could not score, with why) and ``items`` (``{item: {"status", "points", "max_points",
+    "mistakes"}}``). ``misplaced``: what sits in ``submitted/`` outside any lesson folder (``student``, ``where``,
+    ``lesson``, ``move``). Raises FileNotFoundError when ``course`` has no gradebook.
     """
     from .grading import lesson_items
+    from .submissions import misplaced as find_misplaced
 
     course = Path(course)
     if not (course / "gradebook.db").is_file():
         raise FileNotFoundError(f"{course} has no gradebook.db: grade the class first (coursekit grade)")
     lessons = list(lessons)
     students, subs = _gradebook(course, lessons)
-    report: dict[str, Any] = {"lessons": [], "students": []}
+    lost = find_misplaced(course / "submitted", list(known) if known is not None else lessons)
+    report: dict[str, Any] = {"lessons": [], "students": [],
+                              "misplaced": [{"student": m.student, "where": m.where, "lesson": m.lesson, "move": m.move}
+                                            for m in lost]}
     for aid in lessons:
+        if roster is None:
+            klass = set(students)
+        elif isinstance(roster, dict):
+            klass = set(roster.get(aid, ()))
+        else:
+            klass = set(roster)
+        klass |= set(subs[aid])  # whoever handed this lesson in belongs to the class
+        moved = {m.student: m for m in lost if m.lesson == aid and m.student not in subs[aid]}
+        klass |= set(moved)
         items = dict(lesson_items(aid[:2]))
-        counts = {k: {c: 0 for c in COLUMNS} | {"mistakes": {}, "points_lost": 0.0, "lost_by": 0} for k in items}
+        counts = {k: {c: 0 for c in COLUMNS} | {"mistakes": {}, "who": {}, "points_lost": 0.0, "lost_by": 0} for k in items}
         totals, zero, late = [], 0, 0
-        for sid in students:
+        for sid in sorted(klass):
             sub = subs[aid].get(sid)
             row = {"student": sid, "lesson": aid, "status": "missing", "score": 0.0, "max_score": 0.0, "late": False,
-                   "reason": "", "not_scored": []}
-            status_file = course / STATUS_DIR / sid / f"{aid}.json"
+                   "reason": "", "move": "", "ignored": [], "not_scored": [], "items": {}}
+            status = _status(course, aid, sid) if sub is not None else {}
             notebook = course / "autograded" / sid / aid / f"{aid}.ipynb"
-            if status_file.is_file():
-                row.update(status="zero", reason=json.loads(status_file.read_text())["reason"])
+            if sub is None and sid in moved:
+                row.update(status="misplaced", reason=f"handed in at {moved[sid].where}", move=moved[sid].move)
+            elif status.get("status") == "zero":
+                row.update(status="zero", reason=str(status.get("reason", "")))
                 zero += 1
             elif sub is not None and notebook.is_file():
-                row.update(status="graded", score=sub["score"], max_score=sub["max_score"], late=sub["late_seconds"] > 0)
+                row.update(status="graded", score=sub["score"], max_score=sub["max_score"], late=sub["late_seconds"] > 0,
+                           ignored=[str(x) for x in status.get("ignored", []) if isinstance(x, str)])
                 totals.append(sub["score"])
                 late += row["late"]
-                got = outcomes(notebook)
+                try:
+                    got = outcomes(notebook)
+                except (OSError, ValueError):
+                    got = {}
                 for k, it in items.items():
                     rec = got.get(k) or {"status": "not_scored", "points": 0.0, "mistakes": [],
                                          "reason": "no outcome recorded (graded before coursekit recorded outcomes?)"}
@@ -138,12 +201,15 @@ def collect(course: str | Path, lessons: Iterable[str]) -> dict[str, Any]:
                     c[rec["status"]] += 1
                     for label in rec.get("mistakes", []):
                         c["mistakes"][label] = c["mistakes"].get(label, 0) + 1
-                    lost = float(it.points) - float(rec.get("points", 0.0))
-                    if lost > 1e-9:
-                        c["points_lost"] += lost
+                        c["who"].setdefault(label, []).append(sid)
+                    lost_points = float(it.points) - float(rec.get("points", 0.0))
+                    if lost_points > 1e-9:
+                        c["points_lost"] += lost_points
                         c["lost_by"] += 1
                     if rec["status"] == "not_scored":
                         row["not_scored"].append(f"{k}: {rec.get('reason', '')}")
+                    row["items"][k] = {"status": rec["status"], "points": float(rec.get("points", 0.0)),
+                                       "max_points": float(it.points), "mistakes": list(rec.get("mistakes", []))}
             elif sub is not None:
                 row.update(status="zero", reason="no autograded notebook (graded before, or its folder was removed)")
                 zero += 1
@@ -152,21 +218,46 @@ def collect(course: str | Path, lessons: Iterable[str]) -> dict[str, Any]:
         rows = []
         for k, it in items.items():
             c = counts[k]
+            ranked = sorted(c["mistakes"].items(), key=lambda kv: (-kv[1], kv[0]))
             rows.append({"item": k, "title": it.title, "points": float(it.points),
                          **{col: c[col] for col in COLUMNS},
                          "answered": len(totals) - c["blank"] - c["not_scored"],
-                         "mistakes": dict(sorted(c["mistakes"].items(), key=lambda kv: (-kv[1], kv[0]))),
+                         "mistakes": dict(ranked),
+                         "mistake_students": {label: sorted(c["who"][label]) for label, _ in ranked},
                          "lost_by": c["lost_by"], "points_lost": round(c["points_lost"], 6)})
         rows.sort(key=lambda r: (-r["lost_by"], -r["points_lost"], order.index(r["item"])))
         handed = len(totals) + zero  # every submission handed in was graded or scored 0 for a reason
         report["lessons"].append({
-            "lesson": aid, "students": len(students), "handed_in": handed, "graded": len(totals), "zero": zero,
-            "missing": len(students) - handed, "late": late,
+            "lesson": aid, "students": len(klass), "handed_in": handed, "graded": len(totals), "zero": zero,
+            "missing": len(klass) - handed - len(moved), "misplaced": len(moved), "late": late,
             "max_score": float(sum(it.points for it in items.values())), "totals": sorted(totals), "items": rows})
+    placed = {(r["student"], r["reason"]) for r in report["students"] if r["status"] == "misplaced"}
+    rows_of = {(r["student"], r["lesson"]): r for r in report["students"]}
+    for m in lost:  # every misplaced folder gets its line, whichever lesson it seems to be
+        same = rows_of.get((m.student, m.lesson))
+        if same is not None and same["status"] == "zero" and not same["move"]:
+            same["move"] = m.move  # e.g. a lesson folder doubled by unzipping: scored 0, and the move that fixes it
+            continue
+        if (m.student, f"handed in at {m.where}") not in placed:
+            report["students"].append({"student": m.student, "lesson": m.lesson, "status": "misplaced", "score": 0.0,
+                                       "max_score": 0.0, "late": False, "reason": f"handed in at {m.where}",
+                                       "move": m.move, "ignored": [], "not_scored": [], "items": {}})
     return report
 
 
 # --------------------------------------------------------------------------- files
+
+
+#: A cell starting with one of these is read as a formula by a spreadsheet (OWASP, "CSV Injection").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def inert_cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: a string that starts like a formula gets a leading apostrophe
+    (OWASP's rule for CSV injection); numbers and other strings are kept."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def _csv(rows: list[dict], columns: list[str]) -> str:
@@ -174,7 +265,7 @@ def _csv(rows: list[dict], columns: list[str]) -> str:
     w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow(r)
+        w.writerow({k: inert_cell(v) for k, v in r.items()})
     return buf.getvalue()
 
 
@@ -187,9 +278,17 @@ def _items_csv(report: dict) -> str:
     return _csv(rows, ["lesson", "item", "title", "points", "answered", *COLUMNS, "lost_by", "points_lost", "mistakes"])
 
 
+def _outcome_text(items: dict) -> str:
+    """A student's items in one cell: ``p1 right 3/3; p2 mistake [alpha] 0.75/3; …``."""
+    return "; ".join(f"{k} {o['status']}" + (f" [{', '.join(o['mistakes'])}]" if o["mistakes"] else "")
+                     + f" {o['points']:g}/{o['max_points']:g}" for k, o in items.items())
+
+
 def _students_csv(report: dict) -> str:
-    rows = [{**r, "not_scored": "; ".join(r["not_scored"])} for r in report["students"]]
-    return _csv(rows, ["lesson", "student", "status", "score", "max_score", "late", "reason", "not_scored"])
+    rows = [{**r, "not_scored": "; ".join(r["not_scored"]), "ignored": "; ".join(r.get("ignored", [])),
+             "items": _outcome_text(r.get("items", {}))} for r in report["students"]]
+    return _csv(rows, ["lesson", "student", "status", "score", "max_score", "late", "reason", "move", "ignored",
+                       "not_scored", "items"])
 
 
 _COLOURS = {"right": "#4c9a2a", "partial": "#a3c95e", "mistake": "#d9822b", "wrong": "#c23b22", "blank": "#bbbbbb",
@@ -252,7 +351,8 @@ def _html(report: dict, names: bool) -> str:
     for les in report["lessons"]:
         parts.append(f"<h2>{e(les['lesson'])}</h2>")
         parts.append(f"<p>{les['students']} students: {les['graded']} graded, {les['zero']} scored 0 for a reason, "
-                     f"{les['missing']} did not hand in; {les['late']} late.</p>")
+                     f"{les['missing']} did not hand in, {les['misplaced']} handed in at the wrong place; "
+                     f"{les['late']} late.</p>")
         if not les["graded"]:
             continue
         parts.append(f"<img alt=\"outcomes per item of {e(les['lesson'])}\" src=\"data:image/png;base64,{_item_bars(les)}\">")
@@ -260,7 +360,8 @@ def _html(report: dict, names: bool) -> str:
         parts.append("<table><tr><th>item</th><th>points</th>" + "".join(f"<th>{e(_NAMES[c])}</th>" for c in COLUMNS)
                      + "<th>lost points</th><th class=\"text\">named mistakes (count)</th></tr>")
         for r in les["items"]:
-            mistakes = "; ".join(f"{e(label)} ({n})" for label, n in r["mistakes"].items())
+            mistakes = "; ".join(f"{e(label)} ({n}" + (f": {e(', '.join(r['mistake_students'][label]))}" if names else "")
+                                 + ")" for label, n in r["mistakes"].items())
             parts.append(f"<tr><td>{e(r['item'])}: {e(r['title'])}</td><td>{r['points']:g}</td>"
                          + "".join(f"<td>{r[c]}</td>" for c in COLUMNS)
                          + f"<td>{r['lost_by']} of {les['graded']}</td><td class=\"text\">{mistakes}</td></tr>")
@@ -270,12 +371,14 @@ def _html(report: dict, names: bool) -> str:
     if names:
         parts.append("<table><tr><th>student</th><th>lesson</th><th>status</th><th class=\"text\">why</th></tr>")
         for r in rows:
-            why = r["reason"] or ("late" if r["late"] else "") or "; ".join(r["not_scored"])
+            why = "; ".join(x for x in (r["reason"], r.get("move", ""), "late" if r["late"] else "",
+                                        "; ".join(r["not_scored"])) if x)
             parts.append(f"<tr><td>{e(r['student'])}</td><td>{e(r['lesson'])}</td><td>{e(r['status'])}</td>"
                          f"<td class=\"text\">{e(why)}</td></tr>")
         parts.append("</table>")
     else:
         parts.append(f"<p>{sum(r['status'] == 'missing' for r in rows)} missing, "
+                     f"{sum(r['status'] == 'misplaced' for r in rows)} at the wrong place, "
                      f"{sum(r['status'] == 'zero' for r in rows)} scored 0 for a reason, {sum(r['late'] for r in rows)} "
                      f"late, {sum(bool(r['not_scored']) for r in rows)} with a check the grader could not score. "
                      f"Names are in students.csv (or run with --names).</p>")
@@ -283,11 +386,14 @@ def _html(report: dict, names: bool) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_submissions_csv(course: str | Path, lessons: Iterable[str], dest: str | Path) -> Path:
-    """Beside grades.csv: one line per student and lesson with ``status`` (graded, zero for a reason, missing), the
-    score and the reason, so that a 0 and a notebook never handed in are different things in a spreadsheet."""
+def write_submissions_csv(course: str | Path, lessons: Iterable[str], dest: str | Path,
+                          known: Iterable[str] | None = None, roster: Any = None) -> Path:
+    """Beside grades.csv: one line per student and lesson with ``status`` (graded, zero for a reason, missing, or
+    misplaced with the ``move`` to make), the score, the reason, the files set aside and each item's outcome, so that
+    a 0 and a notebook never handed in are different things in a spreadsheet. ``known`` and ``roster``: see
+    :func:`collect`."""
     dest = Path(dest)
-    dest.write_text(_students_csv(collect(course, lessons)))
+    dest.write_text(_students_csv(collect(course, lessons, roster=roster, known=known)))
     return dest
 
 
@@ -308,7 +414,8 @@ def format_text(report: dict, top: int = 5) -> str:
     named mistakes (most common first) and how many were not scored."""
     lines = []
     for les in report["lessons"]:
-        lines.append(f"{les['lesson']}: {les['graded']} graded, {les['zero']} zero for a reason, {les['missing']} missing")
+        lines.append(f"{les['lesson']}: {les['graded']} graded, {les['zero']} zero for a reason, {les['missing']} missing"
+                     + (f", {les['misplaced']} misplaced" if les.get("misplaced") else ""))
         for r in les["items"][:top]:
             if not r["lost_by"]:
                 break

@@ -200,7 +200,7 @@ def test_a_submission_in_the_wrong_place_is_listed_with_what_to_do(tmp_path):
     (sub / "ben" / "lesson-05.ipynb").write_text("{}")
     (sub / "cy" / "homework" / "03-what-low-rank-restricts").mkdir(parents=True)
     (sub / "di" / "stuff").mkdir(parents=True)
-    lost = course.misplaced(sub, lessons)
+    lost = [m.text for m in course.misplaced(sub, lessons)]
     assert lost == [
         "ana/00/ is not a lesson folder, so nothing in it was graded: rename it to ana/00-setup-and-probes, then grade again.",
         "ben/lesson-05.ipynb sits outside any lesson folder, so it was not graded: move it to "
@@ -227,3 +227,23 @@ def test_an_empty_notebook_or_another_lessons_gets_one_sentence(tmp_path):
     assert "none of the lesson's answer and check cells" in course.check_submission(folder, aid)
     shutil.copyfile(ROOT / "lessons" / aid / f"{aid}.ipynb", folder / f"{aid}.ipynb")
     assert course.check_submission(folder, aid) is None
+
+
+def test_with_no_lesson_named_grading_takes_the_lessons_handed_in_and_leaves_the_capstone_alone(tmp_path, monkeypatch):
+    """`coursekit grade` with no lesson list grades the lessons someone handed in, not every lesson of the course, and
+    fills lesson 19's capstone store only when lesson 19 is among them (it takes minutes the first time)."""
+    def no_capstone(progress):
+        raise AssertionError("the capstone store was filled though nobody handed in lesson 19")
+
+    monkeypatch.setattr(course, "_fill_capstone_store", no_capstone)
+    c = tmp_path / "c"
+    for sid, aid in (("ana", "02-lora-inside-one-matmul"), ("ben", "05-backward-through-one-projection")):
+        (c / "submitted" / sid / aid).mkdir(parents=True)
+        (c / "submitted" / sid / aid / f"{aid}.ipynb").write_text("")  # an empty file: scored 0 without a kernel
+    table = course.grade_class(root=ROOT, course_dir=c, release_dir=tmp_path / "release", workers=1, progress=False)
+    assert sorted(p.name for p in (tmp_path / "release").iterdir()) == ["02-lora-inside-one-matmul",
+                                                                         "05-backward-through-one-projection"]
+    assert "ana/02-lora-inside-one-matmul: 02-lora-inside-one-matmul.ipynb is an empty file" in table
+    assert "ben/05-backward-through-one-projection:" in table
+    assert {r["assignment"] for r in course.read_grades_csv(c / "grades.csv")} == {
+        "02-lora-inside-one-matmul", "05-backward-through-one-projection"}

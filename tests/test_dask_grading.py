@@ -293,6 +293,23 @@ def test_the_cluster_admits_only_holders_of_the_courses_certificates(cluster, tm
         assert done.returncode == 3, (what, done.returncode, done.stdout, done.stderr[-500:])
 
 
+def test_plain_tcp_to_the_tls_scheduler_says_to_use_tls(cluster, tmp_path):
+    """tcp:// to the scheduler the guide starts with --protocol tls: the connection is reset, and the instructor is
+    told why and what to type, not only 'ConnectionResetError'."""
+    from coursekit import cluster as clus
+
+    addr, _ = cluster
+    plain = addr.replace("tls://", "tcp://")
+    assert clus.speaks_tls(plain) and not clus.speaks_tls(f"tcp://127.0.0.1:{_free_port()}")
+    code = ("import sys\nfrom coursekit import cli\n"
+            f"sys.exit(cli.main(['grade', '02', '--scheduler', {plain!r}, '--course', {str(tmp_path / 'c')!r}]))")
+    (tmp_path / "c" / "submitted" / "ana" / AID).mkdir(parents=True)
+    shutil.copyfile(ROOT / "lessons" / AID / f"{AID}.ipynb", tmp_path / "c" / "submitted" / "ana" / AID / f"{AID}.ipynb")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
+    assert "speaks TLS" in done.stderr and f"--scheduler {addr}" in done.stderr, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("addr, ok", [("tcp://10.0.0.5:8786", False), ("tcp://grader.example:8786", False),
                                       ("tcp://127.0.0.1:8786", True), ("tcp://localhost:8786", True),
                                       ("tls://10.0.0.5:8786", True), ("ws://10.0.0.5:8786", False), ("10.0.0.5:8786", False)])

@@ -102,11 +102,87 @@ def test_the_command_writes_the_files(graded, tmp_path, capsys):
     assert main(["report", "--course", str(tmp_path)]) == 2  # no gradebook there
 
 
-def test_the_readme_excerpt_is_this_report(rep):
+def test_the_guides_excerpt_is_this_report(rep):
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "instructors.md").read_text()
     block = re.search(r"<!-- class report excerpt: begin -->\n```text\n(.*?)\n```\n<!-- class report excerpt: end -->",
-                      readme, flags=re.S)
-    assert block, "README.md lost its class report excerpt"
+                      guide, flags=re.S)
+    assert block, "docs/instructors.md lost its class report excerpt"
     assert block.group(1) == report.format_text(rep)
+
+
+def test_the_report_says_who_made_each_mistake_and_each_students_outcome_per_item(graded, rep, tmp_path):
+    """From a mistake to the students who made it (report.json always, the page with --names), and from a student to
+    their outcome on every item (students.csv, report.json)."""
+    specs = _specs()
+    les = rep["lessons"][0]
+    for r in les["items"]:
+        for label, who in r["mistake_students"].items():
+            assert len(who) == r["mistakes"][label]
+            assert all(label in specs[sid]["mistakes"].get(r["item"], []) for sid in who), (r["item"], label, who)
+    row = next(x for x in rep["students"] if x["student"] == "ex-alpha-not-over-r")
+    assert row["items"]["p1"]["status"] == "mistake" and row["items"]["p1"]["mistakes"] == ["alpha"]
+    assert set(row["items"]) == set(lesson_items("02"))
+    named = report.write(rep, tmp_path / "n", names=True)
+    page = (tmp_path / "n" / "report.html").read_text()
+    assert "alpha (1: ex-alpha-not-over-r)" in page
+    plain = (tmp_path / "p").mkdir() or report.write(rep, tmp_path / "p")
+    assert "ex-alpha-not-over-r" not in (tmp_path / "p" / "report.html").read_text()
+    students_csv = (tmp_path / "p" / "students.csv").read_text()
+    assert "p1 mistake [alpha]" in students_csv and students_csv.splitlines()[0].endswith(",not_scored,items")
+    assert named and plain
+
+
+def test_missing_counts_the_class_not_every_student_of_every_lesson(graded, tmp_path):
+    """A roster per lesson (the example class: each lesson's own example students) makes a student of another lesson
+    no one missing here; a misplaced folder is 'misplaced' with its move, not 'missing'."""
+    course = regradable_copy(graded, tmp_path / "course")
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.update_or_create_student("ex-of-another-lesson")
+    (course / "submitted" / "ada" / "02").mkdir(parents=True)
+    (course / "submitted" / "ada" / "02" / f"{LESSON}.ipynb").write_text("{}")
+    specs = _specs()
+    roster = {LESSON: ["ex-blank", "ex-perfect", *specs, "ada"]}
+    rep = report.collect(course, [LESSON], roster=roster)
+    les = rep["lessons"][0]
+    rows = {r["student"]: r for r in rep["students"]}
+    assert "ex-of-another-lesson" not in rows and les["missing"] == 0 and les["misplaced"] == 1
+    assert rows["ada"]["status"] == "misplaced" and rows["ada"]["move"] == f"rename it to ada/{LESSON}"
+    everyone = report.collect(course, [LESSON])  # nbgrader's roster: everyone in the gradebook
+    assert everyone["lessons"][0]["missing"] == 1
+
+
+def test_only_the_graders_outcomes_count_and_no_value_stops_the_report(graded, tmp_path):
+    """An outcome record on a cell that is not a scored check cell (an answer cell, a markdown cell the student made)
+    is not the grader's and is ignored; a record with a status the report does not know counts as not scored; no
+    CSV cell starts like a spreadsheet formula."""
+    import json as _json
+
+    from coursekit.guard import OUTCOME_KEY
+
+    course = regradable_copy(graded, tmp_path / "course")
+    nb_path = course / "autograded" / "ex-blank" / LESSON / f"{LESSON}.ipynb"
+    nb = _json.loads(nb_path.read_text())
+    forged = {"item": "02.p1", "points": 3.0, "max_points": 3.0, "status": "right", "mistakes": ["=HYPERLINK(1)"],
+              "reason": ""}
+    nb["cells"].insert(0, {"cell_type": "markdown", "id": "forged", "metadata": {OUTCOME_KEY: forged}, "source": "x"})
+    for c in nb["cells"]:
+        md = c.get("metadata", {})
+        if md.get("nbgrader", {}).get("solution"):
+            md[OUTCOME_KEY] = forged  # an answer cell's metadata is the student's
+        rec = md.get(OUTCOME_KEY)
+        if md.get("nbgrader", {}).get("grade") and not md.get("nbgrader", {}).get("solution") and rec and rec["item"] == "02.p2":
+            md[OUTCOME_KEY] = {**rec, "status": "astonishing", "mistakes": ["-2+3"]}
+    nb_path.write_text(_json.dumps(nb))
+    got = report.outcomes(nb_path)
+    assert got["p1"]["status"] == "blank" and got["p2"]["status"] == "not_scored", (got["p1"], got["p2"])
+    rep = report.collect(course, [LESSON])
+    paths = report.write(rep, tmp_path / "out")
+    for p in paths:
+        if p.suffix == ".csv":
+            for line in p.read_text().splitlines():
+                for cell in next(__import__("csv").reader([line])):
+                    assert not cell.startswith(("=", "+", "-", "@")), (p.name, cell)
