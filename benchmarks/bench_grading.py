@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def hostile(aid: str, sid: str) -> bool:
-    """An example student whose expected.json gives an exact "score": a hostile or broken submission."""
+    """An example student whose expected.json says ``"hostile": true``: a hostile or broken submission."""
     f = ROOT / "autograder" / "examples" / aid / sid.removeprefix("ex-") / "expected.json"
-    return f.is_file() and "score" in json.loads(f.read_text())
+    return f.is_file() and json.loads(f.read_text()).get("hostile") is True
 
 
 def build_class(aid: str, dest: Path, release_dir: Path, n: int, with_hostile: bool = False) -> dict[str, str]:

@@ -67,7 +67,17 @@ EXACT = _exact_rows()
 
 
 def _hostile() -> set[tuple[str, str]]:
-    """(lesson, student) of every example the README's table marks *hostile* (they break cells on purpose)."""
+    """(lesson, student) of every example whose expected.json says ``"hostile": true`` (it attacks the grader or
+    breaks cells on purpose; the examples README's table marks the same rows *hostile*, a test checks)."""
+    rows = set()
+    for exp in sorted(EXAMPLES.glob("*/*/expected.json")):
+        if json.loads(exp.read_text()).get("hostile") is True:
+            rows.add((exp.parent.parent.name, f"ex-{exp.parent.name}"))
+    return rows
+
+
+def readme_hostile() -> set[tuple[str, str]]:
+    """(lesson, student) of every example the examples README's table marks *hostile*."""
     rows = set()
     for line in (EXAMPLES / "README.md").read_text().splitlines():
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -78,6 +88,7 @@ def _hostile() -> set[tuple[str, str]]:
 
 
 HOSTILE = _hostile()
+HOSTILE_LESSONS = {aid for aid, _ in HOSTILE}
 EXACT_SCORE = {(aid, sid): score for aid, sid, score, _ in EXACT}
 def cell_scores(work: Path, aid: str, sid: str) -> dict[str, tuple[float, float]]:
     from nbgrader.api import Gradebook
@@ -103,16 +114,24 @@ def feedback_text(work: Path, aid: str, sid: str) -> str:
 FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "20", "COURSEKIT_CASE_TIMEOUT": "10"}
 
 
+#: Lessons whose example class is graded with kernels that run another number of torch threads than this process (the
+#: tests run with one, conftest.py; a grading worker's kernels have one too): an item that asks about the machine must
+#: score what the student's own kernel saw (tests/test_same_score.py compares the ways of grading).
+KERNEL_THREADS = {"00-setup-and-probes": "2"}
+
+
 @contextmanager
 def limits_for(lesson: str):
     """:data:`FAST_LIMITS` in the environment while ``lesson``'s example class is graded, when it has hostile
-    examples (read when nbgrader's config is loaded and by the kernels it starts)."""
+    examples (read when nbgrader's config is loaded and by the kernels it starts), and :data:`KERNEL_THREADS`."""
     import pytest
 
     with pytest.MonkeyPatch.context() as mp:
-        if any(aid == lesson for aid, *_ in EXACT):
+        if any(aid in HOSTILE_LESSONS for aid in [lesson]):
             for k, v in FAST_LIMITS.items():
                 mp.setenv(k, v)
+        if lesson in KERNEL_THREADS:
+            mp.setenv("OMP_NUM_THREADS", KERNEL_THREADS[lesson])
         yield
 
 

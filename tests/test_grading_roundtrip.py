@@ -35,6 +35,34 @@ def test_every_example_folder_says_what_it_expects():
         assert f.parent.name in LESSONS, f"{f.relative_to(ROOT)}: no lesson {f.parent.name}"
         assert (f / "expected.json").is_file(), f"{f.relative_to(ROOT)} has no expected.json"
         assert f"ex-{f.name}" in readme, f"autograder/examples/README.md does not list ex-{f.name}"
+        spec = json.loads((f / "expected.json").read_text())
+        assert isinstance(spec.get("score"), (int, float)), (f"{f.relative_to(ROOT)}/expected.json gives no \"score\" (the "
+                                                            "exact autograded score `coursekit grade --examples --check` "
+                                                            "compares)")
+
+
+def test_the_readme_marks_exactly_the_hostile_students_hostile():
+    from graded_examples import readme_hostile
+
+    assert HOSTILE == readme_hostile()
+
+
+def test_the_guides_example_table_is_the_expected_scores():
+    """docs/instructors.md's table of the example class is written by `coursekit grade --examples ... --check --readme`,
+    which writes only when every student scored as expected: it must be the table of the expected scores."""
+    import re
+
+    from coursekit import example_class
+
+    text = (ROOT / "docs" / "instructors.md").read_text()
+    block = example_class.current(text)
+    m = re.search(r"```text\n(.*?)\n```\n(\d+) submissions of (\d+) lessons.*?`coursekit grade --examples ([\d ]+) --check`",
+                  block, flags=re.S)
+    assert m, f"the guide's example-class block is not what the command writes:\n{block}"
+    lessons = course._known(ROOT, m.group(4).split())
+    rows = example_class.rows(ROOT, lessons)
+    assert m.group(1) == course.format_table([course.Row(*r) for r in rows])
+    assert (int(m.group(2)), int(m.group(3))) == (len(rows), len(lessons))
 
 
 def _function_items(aid: str) -> list[str]:
@@ -170,7 +198,7 @@ def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text
     assert score < max_score, f"{sid}: {cell} should lose points"
     fb = feedback_text(work, self.AID, sid)
     assert text in fb, f"{sid}: feedback lacks {text!r}"
-    if (self.AID, sid) not in EXACT_SCORE:  # a hostile notebook may stop every check before any hidden case runs
+    if (self.AID, sid) not in HOSTILE:  # a hostile notebook may stop every check before any hidden case runs
         assert "hidden case" in fb, "the autograde run adds hidden cases"
 
 
@@ -183,8 +211,9 @@ def _wrong_warm_ups_are_explained_and_cost_nothing(self, graded, sid, cell, text
 
 
 def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, graded, sid, score, texts):
-    """Hostile and broken submissions (expected.json with "score"): exactly that code score, a feedback file
-    with the given plain-words texts, and, for one that could not be graded at all, a line in the table."""
+    """Every example student (expected.json's "score"; hostile and broken submissions among them): exactly that code
+    score, a feedback file with the given plain-words texts ("feedback"), and, for one that could not be graded at
+    all, a line in the table. `coursekit grade --examples --check` compares the same numbers."""
     work, table = graded
     code, _, _ = submission_scores(work, self.AID, sid)
     assert code == score, f"{sid}: scored {code}, expected {score}"
@@ -215,7 +244,7 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
         # The hostile and broken submissions are handed in again, with the blank and perfect ones; the ordinary
         # mistakes are not (each would only execute the lesson again): their grades must stay as they were.
         work = regradable_copy(shared, tmp_path / "course")
-        again_in = {"ex-blank", "ex-perfect"} | {sid for aid, sid in EXACT_SCORE if aid == self.AID}
+        again_in = {"ex-blank", "ex-perfect"} | {sid for aid, sid in HOSTILE if aid == self.AID}
         for folder in (work / "submitted").iterdir():
             if folder.name not in again_in:
                 shutil.rmtree(folder)
@@ -260,7 +289,8 @@ for _aid in LESSONS:
 
         _ns["test_hostile_submissions_get_their_exact_score_and_say_what_happened"] = pytest.mark.parametrize(
             "sid,score,texts", _exact, ids=[sid for sid, _, _ in _exact])(_test_exact)
-    if _aid == L02 or _exact:  # re-graded: the gradebook keeps every record, hostile examples score the same twice
+    if _aid == L02 or any(a == _aid for a, _ in HOSTILE):  # re-graded: the gradebook keeps every record, hostile
+        # examples score the same twice
         def _test_regrade(self, graded, tmp_path, tmp_path_factory):
             _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, tmp_path_factory)
 

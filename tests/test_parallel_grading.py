@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from coursekit import course, parallel
+from graded_examples import HOSTILE as HOSTILE_EXAMPLES
 from graded_examples import (BROKEN_FILES, BROKEN_FROM, EXACT, EXAMPLES, PARALLEL_LIMITS, WRONG, cell_scores,
                              feedback_text, graded_example_class, parallel_run, regradable_copy, regraded_in_parallel,
                              score_table, submission_scores)
@@ -35,9 +36,9 @@ from graded_examples import (BROKEN_FILES, BROKEN_FROM, EXACT, EXAMPLES, PARALLE
 ROOT = Path(__file__).resolve().parents[1]
 AID = "02-lora-inside-one-matmul"
 STUDENTS = ["ex-blank", "ex-perfect", "ex-transposed-B"]  # graded serially and in both parallel runs
-# Lesson 02's hostile students (expected.json with "score"): sid → (code score, texts the feedback must contain).
+# Lesson 02's hostile students (the examples README's *hostile* rows): sid → (code score, texts the feedback must contain).
 HOSTILE = {sid: (score, texts + [t for a, s, _, t in WRONG if (a, s) == (AID, sid)])
-           for aid, sid, score, texts in EXACT if aid == AID}
+           for aid, sid, score, texts in EXACT if aid == AID and (aid, sid) in HOSTILE_EXAMPLES}
 # Every other example student of lesson 02 (an ordinary mistake): graded serially and in the first parallel run.
 ORDINARY = sorted({"ex-blank", "ex-perfect"} | {f"ex-{p.name}" for p in (EXAMPLES / AID).iterdir() if p.is_dir()} - HOSTILE.keys())
 N = len(ORDINARY)
