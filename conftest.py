@@ -130,10 +130,15 @@ SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_parallel_grading.py": "lesson 02's graded example class",
     "tests/test_dask_grading.py": "lesson 02's graded example class",
     "tests/test_report.py": "lesson 02's graded example class",
+    "tests/test_grading_roundtrip.py::TestRoundTrip00": "lesson 00's graded example class",
+    "tests/test_same_score.py": "lesson 00's graded example class",
+    "tests/test_interrupt.py": "lesson 00's graded example class",
 }
 SCOPE_SECONDS = {  # one core's seconds, rounded, from the 2026-12-04 run of docs/maintainers.md (classes with merged
     # example students scaled by their notebook executions, the second run's included)
     "lesson 02's graded example class": 570,
+    "lesson 00's graded example class": 200,  # its round trip, the four ways of grading, Ctrl-C (estimated)
+    "tests/test_exchange.py": 60,  # estimated
     "tests/test_grading_roundtrip.py::TestRoundTrip19": 160,
     "tests/test_grading_roundtrip.py::TestRoundTrip18": 145,
     "tests/test_grading_roundtrip.py::TestRoundTrip03": 135,
@@ -155,7 +160,6 @@ SCOPE_SECONDS = {  # one core's seconds, rounded, from the 2026-12-04 run of doc
     "tests/test_grading_roundtrip.py::TestRoundTrip11": 43,
     "tests/test_grading_roundtrip.py::TestRoundTrip09": 34,
     "tests/test_grading_roundtrip.py::TestRoundTrip14": 34,
-    "tests/test_grading_roundtrip.py::TestRoundTrip00": 30,
     "solutions/18-gguf/18-gguf.ipynb": 29,
     "tests/test_grading_roundtrip.py::TestRoundTrip01": 25,
     "tests/test_evaluate.py": 23,

@@ -1,0 +1,227 @@
+"""A score is a function of the submission only: every way an instructor can grade gives the same points, item by item.
+
+Lesson 00's perfect and low-first students (the perfect one answers how many threads torch uses: a fact of the
+machine its kernel ran on) are graded four ways:
+
+- **serially** (``--workers 1``): lesson 00's example class of the round trip (tests/graded_examples.py), whose
+  kernels run two torch threads (``KERNEL_THREADS``) while this process runs one;
+- **on two local workers** (``--workers 2``), whose kernels run one thread each;
+- **on a Dask cluster started by the instructor guide's own commands** (docs/instructors.md, "A grading cluster on
+  one machine": ``coursekit cluster-certs``, a TLS scheduler, ``dask worker``, ``coursekit grade --scheduler``), run
+  as written with only the folders, port and lesson changed;
+- **by the formgrader's autograde button**, on a fresh course folder (nothing graded, no "Generate" clicked): the
+  formgrader's own HTTP API, served by ``coursekit formgrader``.
+
+Then the formgrader shows a submission that scored 0 for a reason as autograded, with its 0 and the reason, and its
+links to a lesson's folders stay inside the server's root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from coursekit import course
+from graded_examples import graded_example_class
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "instructors.md"
+AID = "00-setup-and-probes"
+STUDENTS = ("ex-perfect", "ex-low-first")
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.notebooks
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cells(work: Path) -> dict[str, dict[str, float]]:
+    """Student → {test cell: autograded score} of lesson 00 in the gradebook of ``work``."""
+    from nbgrader.api import Gradebook
+
+    out = {}
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        for sid in STUDENTS:
+            sub = gb.find_submission_notebook(AID, AID, sid)
+            out[sid] = {g.name: float(g.score) for g in sub.grades if g.auto_score is not None and g.name.endswith("_test")}
+    return out
+
+
+def _hand_in(serial: Path, dest: Path, students=STUDENTS) -> Path:
+    """A course folder ``dest`` with ``students``' lesson-00 submissions as the serial run had them, nothing graded."""
+    for sid in students:
+        shutil.copytree(serial / "submitted" / sid / AID, dest / "submitted" / sid / AID)
+    return dest
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    return graded_example_class(tmp_path_factory, AID)
+
+
+@pytest.fixture(scope="module")
+def two_workers(serial, tmp_path_factory):
+    work = _hand_in(serial, tmp_path_factory.mktemp("two-workers") / "course")
+    course.grade_class(lessons=[AID], root=ROOT, course_dir=work, release_dir=work / "release", workers=2, progress=False)
+    return work
+
+
+def guide_cluster_commands() -> list[str]:
+    """The guide's commands for a grading cluster on one machine (one per terminal, in order)."""
+    m = re.search(r"<!-- a grading cluster on one machine -->\s*```bash\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    assert m, "docs/instructors.md lost its block <!-- a grading cluster on one machine -->"
+    return [l for l in (x.split("  #", 1)[0].strip() for x in m.group(1).splitlines()) if l and not l.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def scheduler(serial, tmp_path_factory):
+    """The guide's cluster commands, as written: with HOME a temporary folder (the certificates go to
+    ~/grading-certs), the port a free one, lesson 00 instead of 02, and the course folder a temporary one
+    ($COURSEKIT_COURSE) holding the two students and one whose notebook is renamed (a 0 for a reason)."""
+    home = tmp_path_factory.mktemp("home")
+    work = _hand_in(serial, tmp_path_factory.mktemp("scheduler") / "course", (*STUDENTS, "ex-renamed"))
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSEKIT_KEYS")}
+    env.update(HOME=str(home), COURSEKIT_COURSE=str(work), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    cmds = [c.replace("8786", port).replace("grade 02", "grade 00") for c in guide_cluster_commands()]
+    assert len(cmds) == 5 and cmds[0].startswith("coursekit cluster-certs") and "dask scheduler" in cmds[2] \
+        and "dask worker" in cmds[3] and cmds[4].startswith("coursekit grade"), cmds
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    procs = []
+    try:
+        shell = "set -e\n" + cmds[0] + "\n" + cmds[1] + "\n"  # the certificates, and the TLS variable of the guide
+        for i, cmd in ((2, cmds[2]), (3, cmds[3])):  # the scheduler's and the workers' terminals
+            out = open(logs / f"{i}.log", "w")
+            procs.append(subprocess.Popen(["bash", "-c", shell + cmd if i == 2 else cmds[1] + "\n" + cmd], env=env,
+                                          cwd=home, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            if i == 2:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not (home / "grading-certs" / "node.pem").exists():
+                    time.sleep(0.2)
+                shell = ""
+        r = subprocess.run(["bash", "-c", cmds[4]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, f"{cmds[4]}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n" + "\n".join(
+            (logs / f"{i}.log").read_text()[-2000:] for i in (2, 3))
+        return {"course": work, "table": r.stdout}
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+@pytest.fixture(scope="module")
+def formgrader(serial, tmp_path_factory):
+    """`coursekit formgrader` on a fresh course folder (the two students handed in, nothing generated or graded), and
+    the formgrader's autograde button pressed for each: its own HTTP API, as the page's button calls it."""
+    work = _hand_in(serial, tmp_path_factory.mktemp("formgrader") / "course")
+    port, token = _free_port(), "coursekit-test-token"
+    env = {**os.environ, "JUPYTER_TOKEN": token, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = open(tmp_path_factory.mktemp("formgrader-log") / "server.log", "w")
+    p = subprocess.Popen([str(BIN / "coursekit"), "formgrader", "--course", str(work), "--port", str(port),
+                          "--no-browser"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def call(path: str, method: str = "GET", timeout: float = 600):
+        req = urllib.request.Request(base + path, method=method, data=b"" if method == "POST" else None,
+                                     headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode())
+
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                call("/formgrader/api/assignments", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline or p.poll() is not None:
+                    log.flush()
+                    pytest.fail("coursekit formgrader did not answer:\n" + Path(log.name).read_text()[-3000:])
+                time.sleep(0.5)
+        results = {sid: call(f"/formgrader/api/submission/{AID}/{sid}/autograde", "POST") for sid in STUDENTS}
+        yield {"course": work, "results": results, "call": call}
+    finally:
+        _stop(p)
+
+
+def test_every_way_of_grading_gives_the_same_points(serial, two_workers, scheduler, formgrader):
+    for sid, r in formgrader["results"].items():
+        assert r.get("success"), f"the formgrader's autograde failed for {sid}: {str(r)[-2000:]}"
+    want = _cells(serial)
+    assert want["ex-perfect"]["p3_test"] == 1.0, "the thread-count item: what the student's own kernel saw"
+    for name, work in (("2 workers", two_workers), ("a Dask cluster", scheduler["course"]),
+                       ("the formgrader's button", formgrader["course"])):
+        assert _cells(work) == want, f"{name} scored differently from the serial run"
+
+
+def test_the_formgrader_shows_a_zero_for_a_reason_with_the_reason(scheduler):
+    """ex-renamed scored 0 for a reason in the cluster run: nbgrader's own view of the course folder (what the
+    formgrader's pages list) has it autograded, 0 points, nothing to grade by hand, and its autograded notebook, which
+    the formgrader opens, starts with the reason."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    cfg = course.load_config(ROOT, scheduler["course"])
+    api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+    subs = {s["student"]: s for s in api.get_submissions(AID)}
+    zero = subs["ex-renamed"]
+    assert zero["autograded"] and zero["score"] == 0 and not zero["needs_manual_grade"], zero
+    nb = json.loads((scheduler["course"] / "autograded" / "ex-renamed" / AID / f"{AID}.ipynb").read_text())
+    first = "".join(nb["cells"][0]["source"])
+    assert first.startswith("**0 points: this submission could not be graded.**") and "my\\-lesson\\-00" in first, first
+
+
+def test_the_formgrader_links_stay_inside_its_root(formgrader):
+    """The formgrader links a lesson's source and release folders as <course folder relative to the server root>/
+    <folder relative to the course folder>; served by coursekit formgrader from the repository, both resolve inside."""
+    prefix = os.path.relpath(formgrader["course"], ROOT) if formgrader["course"].is_relative_to(ROOT) else None
+    a = next(x for x in formgrader["call"]("/formgrader/api/assignments") if x["name"] == AID)
+    for key in ("source_path", "release_path"):
+        if a.get(key) is None:
+            continue
+        target = (formgrader["course"] / a[key]).resolve()
+        assert target.is_dir(), (key, a[key])
+        if prefix is not None:
+            assert not os.path.normpath(os.path.join(prefix, a[key])).startswith(".."), (key, a[key])
+
+
+def test_the_guides_cluster_commands_name_their_settings():
+    """What the guide runs is what `coursekit cluster-certs` prints: the same settings on each line."""
+    from coursekit import cluster
+
+    printed = cluster.usage("/tmp/certs")
+    cmds = guide_cluster_commands()
+    assert "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=1 dask scheduler" in printed and \
+        "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=1 dask scheduler" in cmds[2]
+    assert "OMP_NUM_THREADS=1 dask worker" in printed and "OMP_NUM_THREADS=1 dask worker" in cmds[3]
+    assert all('"~' not in c and "'~" not in c for c in cmds), "a ~ inside quotes is not expanded by the shell"
+    shlex.split(cmds[1])  # the TLS variable's line is one assignment a shell can read
