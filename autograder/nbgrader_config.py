@@ -31,6 +31,9 @@ os.makedirs(c.CourseDirectory.root, exist_ok=True)
 # so that it is one line to change; $COURSEKIT_EXCHANGE moves it without editing this file. Students' config:
 # autograder/student_nbgrader_config.py.
 c.Exchange.root = os.environ.get("COURSEKIT_EXCHANGE", "/usr/local/share/nbgrader/exchange")
+# nbgrader's collect, copying a link in a student's submission as a link instead of what it points to (the grading
+# account can read the keys); coursekit grade then refuses that submission (coursekit/exchange.py).
+c.ExchangeFactory.collect = "coursekit.exchange.LinkSafeCollect"
 # Absolute step folders: nbgrader joins root with them, and an absolute path wins.
 c.CourseDirectory.source_directory = os.path.join(REPO, "solutions")
 c.CourseDirectory.release_directory = os.path.join(REPO, "lessons")
@@ -47,7 +50,13 @@ c.Execute.timeout = 2400
 # answer cell gets 60 s (an endless loop is stopped and the notebook goes on), a notebook that kills its
 # kernel keeps the scores of the cells before, and every check is scored in the grading process.
 c.GuardedExecute.answer_timeout = int(os.environ.get("COURSEKIT_ANSWER_TIMEOUT", "60"))
+# nbconvert validates the whole notebook after every preprocessor by default: once at the end of each run is enough
+# (a step may leave it briefly incomplete: nbgrader's OverwriteCells restores deleted cells without an id, which
+# IdRestoredCells gives them), and it spares the grader a schema check of every output after each step.
+c.Exporter.optimistic_validation = True
 c.Autograde.sanitize_preprocessors = [
+    # a folder with a link, a device or an oversized file is not graded on any route (coursekit/submissions.py)
+    "coursekit.submissions.RefuseUnsafe",
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "coursekit.guard.DropEmptyMetadata",  # a duplicated cell would otherwise crash OverwriteCells (KeyError)
@@ -65,10 +74,12 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
-    # files handed in besides the lesson's notebook are set aside (never read); the feedback's first cell names them
-    "coursekit.submissions.NoteIgnoredFiles",
+    # files handed in besides the lesson's notebook are set aside: removed from the autograded copy (nbgrader's
+    # feedback step would copy them on, and release_feedback hand out any .html), named in its first cell; the copy
+    # keeps nbgrader's timestamp.txt and submission_secret.txt, so that its feedback can always be released
+    "coursekit.submissions.TidyAutograded",
 ]
-c.NoteIgnoredFiles.release_directory = c.CourseDirectory.release_directory
+c.TidyAutograded.release_directory = c.CourseDirectory.release_directory
 # The same limits whichever way grading starts (coursekit grade, a plain `nbgrader autograde`, the formgrader's
 # autograde button): GuardedExecute reads the lesson's release notebook from here, so that a code cell the student
 # added or edited gets the answer cells' time limit and the sandboxed kernel sees the lesson's files of the

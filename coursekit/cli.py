@@ -93,9 +93,9 @@ def _grade(args: argparse.Namespace) -> int:
           f"expected.")
     if args.readme:
         readme = Path(args.readme)
-        workers = args.workers or (None if args.scheduler else parallel.default_workers())
+        workers = args.workers or (0 if args.scheduler else parallel.default_workers())  # 0: a cluster's workers
         block = example_class.block(course.format_table([course.Row(*r) for r in rows]), lessons, len(rows),
-                                    time.monotonic() - t0, workers or 0)
+                                    time.monotonic() - t0, workers)
         readme.write_text(example_class.splice(readme.read_text(), block))
         print(f"and the table is in {readme}'s example-class block")
     return 0
@@ -134,6 +134,9 @@ def _formgrader(args: argparse.Namespace) -> int:
     if added:
         print(f"coursekit formgrader: added the lessons handed in ({', '.join(a[:2] for a in added)}) to the gradebook in "
               f"{folder}: its autograde button needs them")
+    if course.formgrader_root(root, folder) == folder.resolve():
+        print(f"coursekit formgrader: {folder} and the repository share no folder but / : the server serves the course "
+              f"folder only, and the formgrader's links to a lesson's solutions/ and lessons/ folders will not open")
     argv, env, cwd = course.formgrader_command(root, folder, port=args.port, ip=args.ip, browser=not args.no_browser)
     print(f"coursekit formgrader: the formgrader of {folder} at http://{args.ip}:{args.port}/formgrader "
           f"(the link with its token follows; Ctrl-C stops it)", flush=True)
@@ -322,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `coursekit keys show 02 | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C outside a grading run's own handling (coursekit.course.GradingInterrupted)
+        print(f"coursekit {args.command}: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except (CourseError, FileNotFoundError, KeyError, *_model_errors()) as e:
         # A user's mistake (wrong folder, unknown lesson, missing file): one clear line, no traceback.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -176,20 +176,37 @@ def prepare_gradebook(root: Path, course_dir: Path | None = None) -> list[str]:
     return missing
 
 
+def formgrader_root(root: Path, course_dir: Path) -> Path:
+    """The folder the formgrader's server serves. nbgrader's formgrader links a lesson's folders as
+    ``<course folder relative to the server root>/<folder relative to the course folder>``: rooted at the repository
+    (where the course folder is by default, ``autograder/course/``) both stay inside it, and rooted at ``autograder/``
+    the source link pointed outside. A course folder elsewhere: the folder holding both it and the repository, unless
+    that is the file system's root (then the course folder itself; the links to ``solutions/`` and ``lessons/`` do
+    not open, coursekit formgrader says so)."""
+    root, course_dir = Path(root).resolve(), Path(course_dir).resolve()
+    if course_dir.is_relative_to(root):
+        return root
+    top = Path(os.path.commonpath([root, course_dir]))
+    return course_dir if top == Path(top.anchor) else top
+
+
 def formgrader_command(root: Path, course_dir: Path, port: int = 8888, ip: str = "127.0.0.1",
                        browser: bool = True) -> tuple[list[str], dict, Path]:
     """(argv, environment, working folder) of a Jupyter server that serves nbgrader's formgrader for the course folder
     ``course_dir``: started in ``autograder/`` (nbgrader reads the course's ``nbgrader_config.py`` from there, with
-    ``$COURSEKIT_COURSE`` naming the course folder), rooted at the repository (or at the folder that holds both it and
-    a course folder outside it), so that the formgrader's links to ``solutions/``, ``lessons/`` and the submissions
-    stay inside the server's root; it opens on ``/formgrader``."""
+    ``$COURSEKIT_COURSE`` naming the course folder), rooted at :func:`formgrader_root`, so that the formgrader's links
+    to ``solutions/``, ``lessons/`` and the submissions stay inside the server's root; it opens on ``/formgrader``."""
     import shutil
 
     root = repo_root(root)
-    top = Path(os.path.commonpath([root, Path(course_dir).resolve()]))
+    top = formgrader_root(root, Path(course_dir))
     exe = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or shutil.which("jupyter") or "jupyter"
     argv = [exe, "server", f"--ServerApp.root_dir={top}", "--ServerApp.default_url=/formgrader",
-            f"--ServerApp.ip={ip}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+            f"--ServerApp.ip={ip}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+            # the students' side of nbgrader (assignment and course lists) has no use here, and it reports a missing
+            # exchange folder as a critical error at every start
+            "--ServerApp.jpserver_extensions=nbgrader.server_extensions.assignment_list=False",
+            "--ServerApp.jpserver_extensions=nbgrader.server_extensions.course_list=False"]
     if not browser:
         argv.append("--no-browser")
     if os.geteuid() == 0:  # Jupyter refuses to run as root unless told; graders often are root (the sandbox's caps)
@@ -320,7 +337,8 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
     root = repo_root(root)
     ids = _known(root, lessons)
     if lessons is None and not examples:  # grade what was handed in, not every lesson of the course
-        folder = Path(load_config(root, course_dir).CourseDirectory.root) / "submitted"
+        cfg = load_config(root, course_dir).CourseDirectory
+        folder = Path(cfg.root) / cfg.get("submitted_directory", "submitted")
         ids = [aid for aid in ids if handed_in(folder, aid)]
     if scheduler:
         from . import cluster
@@ -441,7 +459,7 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
 
     a.config.GuardedExecute.release_sources = release_sources(release_root)
     a.config.GuardedExecute.release_files = {aid: sorted(lesson_files(release_root, aid)) for aid in ids}
-    a.config.NoteIgnoredFiles.release_directory = str(release_root)
+    a.config.TidyAutograded.release_directory = str(release_root)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
     done: list[tuple[str, str]] = []
@@ -450,6 +468,10 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         # Lesson 19 last, after its store is filled: the other lessons are graded meanwhile, not kept waiting.
         first = [j for j in jobs if j[0] != CAPSTONE]
         last = [j for j in jobs if j[0] == CAPSTONE]
+        if last and progress:
+            lo, hi = CAPSTONE_FILL_MINUTES
+            print(f"lesson 19 is handed in: after the other lessons, its capstone store is checked and what it lacks "
+                  f"is computed ({lo} to {hi} minutes when it is empty, the first run on a machine; seconds after).")
         count = Progress(jobs)
         with _CtrlC() as ctrl_c:
             for part in (first, last):
@@ -478,7 +500,7 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         else:
             report.write_status(course, aid, sid, "", ignored=submissions.ignored(folder, aid, release_root))
         # nbgrader release_feedback reads timestamp.txt and submission_secret.txt beside every page
-        submissions.releasable(fb, None if submissions.refusal(folder) else folder)
+        submissions.releasable(fb, folder)
     rows = scores(course, ids)
     export_csv(a, course / "grades.csv")
     table = format_table(rows)
@@ -655,24 +677,20 @@ def _nbgrader_reason(log: str) -> str:
     return (errs[-1] if errs else (lines[-1] if lines else "no log"))[:300]
 
 
-#: The id of the first cell of the autograded copy :func:`record_zero` leaves (the reason for the 0).
-ZERO_CELL_ID = "coursekit-scored-zero"
-
-
 def record_zero(a, aid: str, sid: str, problem: str) -> None:
     """Score 0 on every cell of ``sid``'s submission of ``aid`` (as nbgrader does for a missing notebook), creating the
     student and submission if needed with the time ``nbgrader collect`` recorded, and replace any autograded copy
     of an earlier run by the lesson's release notebook with ``problem`` in a first cell: the formgrader then lists
     the submission as autograded, 0 points, and shows why when it is opened, and nbgrader's own feedback step
-    has something to start from. nbgrader's files (:data:`coursekit.submissions.NBGRADER_FILES`) go with it."""
+    has something to start from. nbgrader's files (:data:`coursekit.submissions.NBGRADER_FILES`) go with it, so
+    that its feedback can be released however often it is generated again (coursekit.submissions.releasable)."""
     import shutil
 
     from nbgrader.api import Gradebook
 
     course = Path(a.coursedir.root)
     submitted = course / a.coursedir.submitted_directory / sid / aid
-    plain = submitted.is_dir() and submissions.refusal(submitted) is None  # a refused folder is not read at all
-    stamp = a.coursedir.get_existing_timestamp(str(submitted)) if plain else None
+    stamp = _timestamp(submitted)
     with Gradebook(a.coursedir.db_url, a.coursedir.course_id) as gb:
         gb.update_or_create_student(sid)
         sub = gb.update_or_create_submission(aid, sid, **({"timestamp": stamp} if stamp else {}))
@@ -690,13 +708,24 @@ def record_zero(a, aid: str, sid: str, problem: str) -> None:
     nb = nbformat.read(release_folder(a) / aid / f"{aid}.ipynb", as_version=4)
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(
         f"**0 points: this submission could not be graded.** {submissions.inert_markdown(problem, most=2000)}",
-        id=ZERO_CELL_ID))
+        id=submissions.ZERO_CELL_ID))
     nbformat.write(nb, placeholder / f"{aid}.ipynb")
-    if plain:
-        for name in submissions.NBGRADER_FILES:
-            src = submitted / name
-            if src.is_file() and not src.is_symlink() and src.stat().st_size <= 4096:
-                shutil.copyfile(src, placeholder / name)
+    submissions.releasable(placeholder, submitted)
+
+
+def _timestamp(submitted: Path):
+    """When ``nbgrader collect`` says the submission in ``submitted`` was handed in (its ``timestamp.txt``, read as
+    data: coursekit.submissions.nbgrader_file), or None: none, or one nbgrader cannot parse (the file is the
+    student's; a bad one must not stop the class)."""
+    from nbgrader.utils import parse_utc
+
+    text = submissions.nbgrader_file(submitted, "timestamp.txt")
+    if not text or not text.strip():
+        return None
+    try:
+        return parse_utc(text.strip())
+    except Exception:  # noqa: BLE001  (dateutil raises ValueError, OverflowError, ...: any of them means "unreadable")
+        return None
 
 
 def write_problem_feedback(folder: Path, aid: str, problem: str, also: Iterable[str] = ()) -> Path:

@@ -103,14 +103,15 @@ def rows(root: Path, lessons: Iterable[str]) -> list[tuple[str, str, float, floa
 
 def block(table: str, lessons: list[str], count: int, seconds: float, workers: int) -> str:
     """The README block: the score ``table`` (coursekit.course.format_table of :func:`rows`) of ``count``
-    submissions, and how the run that checked it went."""
+    submissions, and how the run that checked it went (``workers`` 0: on a cluster's workers)."""
     m, s = divmod(round(seconds), 60)
     took = f"{m} min {s} s" if m else f"{s} s"
     nums = " ".join(aid[:2] for aid in lessons)
     return (f"```text\n{table}\n```\n"
             f"{count} submissions of {len(lessons)} lessons, hostile ones included, each scored exactly as its "
-            f"expected.json says: `coursekit grade --examples {nums} --check`, {took} with {workers} "
-            f"worker{'s' * (workers != 1)} on the course's 2-core test machine.\n")
+            f"expected.json says: `coursekit grade --examples {nums} --check`, {took} with "
+            + (f"{workers} worker{'s' * (workers != 1)}" if workers else "a Dask cluster's workers")
+            + " on the course's 2-core test machine.\n")
 
 
 def splice(text: str, new: str) -> str:

@@ -150,7 +150,7 @@ def collect(course: str | Path, lessons: Iterable[str], roster: Iterable[str] | 
     ``lesson``, ``move``). Raises FileNotFoundError when ``course`` has no gradebook.
     """
     from .grading import lesson_items
-    from .submissions import misplaced as find_misplaced
+    from .submissions import misplaced as find_misplaced, scored_zero
 
     course = Path(course)
     if not (course / "gradebook.db").is_file():
@@ -182,7 +182,8 @@ def collect(course: str | Path, lessons: Iterable[str], roster: Iterable[str] | 
             notebook = course / "autograded" / sid / aid / f"{aid}.ipynb"
             if sub is None and sid in moved:
                 row.update(status="misplaced", reason=f"handed in at {moved[sid].where}", move=moved[sid].move)
-            elif status.get("status") == "zero":
+            elif status.get("status") == "zero" and (not notebook.is_file() or scored_zero(notebook)):
+                # (graded since, by the formgrader's button: the gradebook's score, not the old zero, counts)
                 row.update(status="zero", reason=str(status.get("reason", "")))
                 zero += 1
             elif sub is not None and notebook.is_file():

@@ -10,7 +10,8 @@ user who grades). Three kinds of thing can sit in ``submitted/<student>/<lesson>
   (:data:`NBGRADER_FILES`);
 - **anything else**: regular files a student's download, zip or LMS added (``notes.txt``, ``.ipynb_checkpoints/``,
   ``__MACOSX/``). They are *ignored*: kept out of the sandbox, named in the feedback
-  (:class:`NoteIgnoredFiles`) and in ``submissions.csv``, and never a reason for 0 points.
+  (:class:`TidyAutograded`) and in ``submissions.csv``, removed from the autograded copy (so that nothing of them
+  reaches the feedback folder, which ``nbgrader release_feedback`` hands out), and never a reason for 0 points.
 
 What is *refused* (0 points, the reason in the feedback and the score table; :func:`refusal`) is what cannot be
 read as data without trusting it: a symbolic or hard link, a device, pipe or socket, a file over
@@ -131,13 +132,23 @@ def nested_notebook(folder: Path, aid: str) -> str | None:
 def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
     """Why the submission in ``folder`` cannot be autograded (plain words for the student), or None.
 
-    Refused first (:func:`refusal`). Then the notebook must be ``<aid>.ipynb`` directly in the folder (one a folder
+    Refused first (:func:`refusal`), and for a ``timestamp.txt`` nbgrader cannot parse (nbgrader stops on it). Then the
+    notebook must be ``<aid>.ipynb`` directly in the folder (one a folder
     too deep is named, :func:`nested_notebook`; a renamed one too), non-empty, UTF-8 JSON that nbformat reads, and
     the lesson's own notebook (its answer and check cells). Other files are not a reason (:func:`ignored`)."""
     folder = Path(folder)
     why = refusal(folder)
     if why is not None:
         return why
+    stamp = nbgrader_file(folder, "timestamp.txt")
+    if stamp is not None and stamp.strip():
+        from nbgrader.utils import parse_utc
+
+        try:
+            parse_utc(stamp.strip())
+        except Exception:  # noqa: BLE001  (nbgrader itself stops on it with an AttributeError: say what it is)
+            return ("its timestamp.txt (nbgrader's record of when it was handed in) is not a time nbgrader can read. "
+                    "Hand it in again with nbgrader submit, or without that file.")
     nb_path = folder / f"{aid}.ipynb"
     if not nb_path.is_file():
         deeper = nested_notebook(folder, aid)
@@ -264,25 +275,38 @@ def misplaced(submitted: Path, lessons: Iterable[str]) -> list[Misplaced]:
 # --------------------------------------------------------------------------- what nbgrader's exchange needs
 
 
-def releasable(feedback: Path, submitted: Path | None) -> None:
-    """Make the feedback folder ``feedback`` (``feedback/<student>/<lesson>/``) one that ``nbgrader
-    release_feedback`` can release: it reads ``timestamp.txt`` and ``submission_secret.txt`` beside every feedback
-    page and stops, for the whole class, at the first folder without them. Each is copied from the submission
-    folder ``submitted`` when it is a plain file there (what ``nbgrader collect`` brought; None: a folder that was
-    refused, read nothing of it); a submission handed in another way gets the time it was graded and a fresh secret (its feedback is then released under a name only the
+def nbgrader_file(submitted: Path | None, name: str) -> str | None:
+    """The text of nbgrader's file ``name`` (:data:`NBGRADER_FILES`) in the submission folder ``submitted``, when it is
+    one that can be read as data on its own: a regular file, no link of any kind, at most 4 kB. None otherwise."""
+    if submitted is None:
+        return None
+    p = Path(submitted) / name
+    try:
+        st = p.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > 4096:
+        return None
+    return p.read_text(errors="replace")
+
+
+def releasable(folder: Path, submitted: Path | None) -> None:
+    """Make ``folder`` (a feedback folder ``feedback/<student>/<lesson>/``, or the autograded copy nbgrader makes the
+    feedback from) one that ``nbgrader release_feedback`` can release: it reads ``timestamp.txt`` and
+    ``submission_secret.txt`` beside every feedback page and stops, for the whole class, at the first folder without
+    them. Each is copied from the submission folder ``submitted`` when it is plain data there (:func:`nbgrader_file`:
+    what ``nbgrader collect`` brought, so that the student's ``fetch_feedback`` finds the page); a submission handed in
+    another way gets the time it was graded and a fresh secret (its feedback is then released under a name only the
     course's own copy knows)."""
     from datetime import datetime, timezone
 
-    feedback = Path(feedback)
-    feedback.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     for name in NBGRADER_FILES:
-        dest = feedback / name
+        dest = folder / name
         if dest.is_file() and not dest.is_symlink():
             continue
-        src = Path(submitted) / name if submitted is not None else None
-        text = None
-        if src is not None and src.is_file() and not src.is_symlink() and src.stat().st_size <= 4096:
-            text = src.read_text(errors="replace")
+        text = nbgrader_file(submitted, name)
         if text is None:
             text = (datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f %Z") if name == "timestamp.txt"
                     else secrets.token_hex(64))
@@ -301,34 +325,116 @@ def inert_markdown(name: str, most: int = 80) -> str:
 
     name = "".join(ch if ch.isprintable() else "?" for ch in name)
     name = name if len(name) <= most else name[:most] + "…"
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~>])", r"\\\1", html.escape(name, quote=True))
+    return re.sub(r"([\\`*_{}\[\]()+\-.!|~>])", r"\\\1", html.escape(name, quote=False))
 
 
-#: The id of the cell :class:`NoteIgnoredFiles` puts at the top of an autograded notebook.
+#: The id of the first cell of the autograded copy a submission scored 0 for a reason gets instead of a graded one
+#: (coursekit.course.record_zero): the release notebook, with the reason in that cell.
+ZERO_CELL_ID = "coursekit-scored-zero"
+
+
+def scored_zero(notebook: Path) -> bool:
+    """Whether the autograded notebook ``notebook`` is the copy a 0 for a reason leaves (:data:`ZERO_CELL_ID`), not a
+    graded one (an autograde run since, such as the formgrader's button, replaces it)."""
+    import json
+
+    try:
+        cells = json.loads(Path(notebook).read_text()).get("cells") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(cells) and isinstance(cells[0], dict) and cells[0].get("id") == ZERO_CELL_ID
+
+
+#: The id of the cell :class:`TidyAutograded` puts at the top of an autograded notebook.
 NOTE_CELL_ID = "coursekit-ignored-files"
 
 
-class NoteIgnoredFiles(NbGraderPreprocessor):
-    """Last in the autograde pipeline, in the grading process: when the submission folder held files the grader set
-    aside (:func:`ignored`), say so in a markdown cell at the top of the autograded notebook, which the formgrader
-    shows and the feedback page starts with. Nothing of those files was read."""
+class TidyAutograded(NbGraderPreprocessor):
+    """Last in the autograde pipeline, in the grading process (every route: coursekit grade, nbgrader autograde, the
+    formgrader's button). nbgrader has copied every file of the submission folder into the autograded copy, from
+    which its feedback step copies them on into ``feedback/``, where ``nbgrader release_feedback`` hands out every
+    ``.html`` file to the student. So:
+
+    - the files the grader set aside (:func:`ignored`) are removed from the autograded copy: they never reach the
+      feedback folder (a set-aside ``.html`` would be released to the student as if it were feedback);
+    - a markdown cell at the top of the autograded notebook names them, which the formgrader shows and the feedback
+      page starts with;
+    - the autograded copy holds nbgrader's ``timestamp.txt`` and ``submission_secret.txt`` (:func:`releasable`), so
+      feedback generated from it later (the formgrader's "Generate Feedback") can still be released."""
 
     release_directory = Unicode("", help="The course's release folder (lessons/): the files a lesson's release folder "
                                           "ships are the lesson's, not set aside.").tag(config=True)
 
     def preprocess(self, nb, resources):
         folder = Path((resources.get("metadata") or {}).get("path") or "")
-        aid = str((resources.get("nbgrader") or {}).get("assignment") or resources.get("unique_key") or "")
-        nb.cells = [c for c in nb.cells if c.get("id") != NOTE_CELL_ID]
+        info = resources.get("nbgrader") or {}
+        aid = str(info.get("assignment") or resources.get("unique_key") or "")
+        nb.cells = [c for c in nb.cells  # an earlier run's note (a plain markdown cell of that id; nothing graded)
+                    if not (c.get("id") == NOTE_CELL_ID and c.get("cell_type") == "markdown"
+                            and not (c.get("metadata") or {}).get("nbgrader"))]
         release = Path(self.release_directory) if self.release_directory else None
         names = ignored(folder, aid, release) if folder.is_dir() and aid else []
+        dest = self._autograded(info)
+        if dest is not None:
+            for name in names:
+                _remove_within(dest, name)
+            releasable(dest, folder if folder.is_dir() else None)
         if names:
             nb.cells.insert(0, NotebookNode(
                 cell_type="markdown", id=NOTE_CELL_ID, metadata={},
-                source=f"**Set aside by the grader:** you handed in {shown([inert_markdown(n) for n in names])} with your notebook. Only "
-                       f"`{aid}.ipynb` is graded; nothing else of the folder was read, and it cost you nothing."))
+                source=f"**Set aside by the grader:** you handed in {shown([inert_markdown(n) for n in names])} with "
+                       f"your notebook. Only `{aid}.ipynb` is graded; the grader did not read the rest, and it cost you "
+                       f"nothing."))
+        return nb, resources
+
+    def _autograded(self, info: dict) -> Path | None:
+        """The autograded copy nbgrader is writing (``autograded/<student>/<lesson>/``), from the course's config."""
+        from nbgrader.coursedir import CourseDirectory
+
+        sid, aid = info.get("student"), info.get("assignment")
+        if not sid or not aid:
+            return None
+        cd = CourseDirectory(config=self.config)
+        dest = Path(cd.format_path(cd.autograded_directory, sid, aid))
+        return dest if dest.is_dir() else None
+
+
+class SubmissionRefused(Exception):
+    """The submission folder is not plain data (:func:`refusal`): nbgrader's autograde of it stops here."""
+
+
+class RefuseUnsafe(NbGraderPreprocessor):
+    """First in the autograde pipeline: stop nbgrader's own autograde (a plain ``nbgrader autograde``, the formgrader's
+    button) of a submission folder that :func:`refusal` refuses, with the reason in nbgrader's log and the
+    formgrader's error. nbgrader then removes the autograded copy it began (it had copied the folder's other files,
+    following links), so nothing a link pointed to reaches a feedback folder. ``coursekit grade`` refuses such a
+    folder before nbgrader runs, and scores it 0 with the reason in the student's feedback."""
+
+    def preprocess(self, nb, resources):
+        folder = Path((resources.get("metadata") or {}).get("path") or "")
+        why = refusal(folder) if folder.is_dir() else None
+        if why is not None:
+            raise SubmissionRefused(f"refused: {why} (coursekit grade scores it 0 with this reason in the feedback)")
         return nb, resources
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_FOLDER_BYTES", "MAX_ENTRIES", "NBGRADER_FILES", "Misplaced", "NoteIgnoredFiles",
-           "check", "ignored", "inert_markdown", "lesson_files", "misplaced", "nested_notebook", "refusal", "releasable", "shown"]
+def _remove_within(folder: Path, rel: str) -> None:
+    """Remove ``folder/rel`` (a file, or a folder with what it holds) without following a link, and nothing outside
+    ``folder``."""
+    import shutil
+
+    target = folder / rel.rstrip("/")
+    try:
+        if not target.resolve().is_relative_to(folder.resolve()) or target == folder:
+            return
+    except OSError:
+        return
+    if target.is_symlink() or target.is_file():
+        target.unlink(missing_ok=True)
+    elif target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+
+
+__all__ = ["MAX_FILE_BYTES", "MAX_FOLDER_BYTES", "MAX_ENTRIES", "NBGRADER_FILES", "ZERO_CELL_ID", "scored_zero", "Misplaced", "RefuseUnsafe", "SubmissionRefused", "TidyAutograded",
+           "check", "ignored", "inert_markdown", "lesson_files", "misplaced", "nbgrader_file", "nested_notebook", "refusal",
+           "releasable", "shown"]

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "instructors.md"
 AID = "00-setup-and-probes"
 GUIDE_AID = "02-lora-inside-one-matmul"  # the lesson the guide's commands name
-STUDENTS = ("ck-ana", "ck-ben")
+STUDENTS = ("ck-ana", "ck-ben", "ck-cy")
 
 pytestmark = pytest.mark.notebooks
 
@@ -50,9 +50,12 @@ def term(tmp_path_factory):
         if os.environ.get("CI") == "true":
             pytest.fail(f"the exchange round trip needs real accounts: {why}")
         pytest.skip(why)
+    (ROOT / ".artifacts").mkdir(exist_ok=True)
     exchange = Path(tempfile.mkdtemp(prefix="ck-exchange-", dir="/tmp"))
     exchange.chmod(0o777)  # nbgrader's exchange: every user may write (students submit into it)
-    course_dir = tmp_path_factory.mktemp("course") / "course"
+    # Inside the repository, as the course folder is by default (autograder/course/), so that the formgrader's server,
+    # rooted at the repository, links it; in a folder git ignores, removed at the end.
+    course_dir = Path(tempfile.mkdtemp(prefix="exchange-course-", dir=ROOT / ".artifacts")) / "course"
     env = {**os.environ, "COURSEKIT_EXCHANGE": str(exchange), "COURSEKIT_COURSE": str(course_dir)}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     student_env = {"COURSEKIT_EXCHANGE": str(exchange)}
@@ -101,6 +104,13 @@ def term(tmp_path_factory):
     def rename(folder: Path) -> None:
         (folder / f"{AID}.ipynb").rename(folder / "my-lesson-00.ipynb")
 
+    def answer_and_leave_a_page(folder: Path) -> None:
+        """A perfect notebook, with a page of the student's own beside it that would be fetched back as feedback if
+        nbgrader's feedback step copied it on (fetch_feedback fetches <name>.html for each <name>.ipynb handed in)."""
+        answer_perfectly(folder)
+        shutil.copyfile(folder / f"{AID}.ipynb", folder / "leak.ipynb")
+        (folder / "leak.html").write_text("<p>not feedback</p>")
+
     try:
         inst = guide_commands("the exchange: the instructor's commands")
         stud = guide_commands("the exchange: a student's commands")
@@ -116,23 +126,35 @@ def term(tmp_path_factory):
         for name in STUDENTS:
             for c in fetch:
                 student(name, c)
-        hand_in("ck-ana", answer_perfectly)
+        hand_in("ck-ana", answer_and_leave_a_page)
         hand_in("ck-ben", rename)
+        hand_in("ck-cy", answer_perfectly)
         for name in STUDENTS:
             for c in submit:
                 student(name, c)
+        # cy's own client (the inbound folder is his): after submitting, a link to the answer keys, which nbgrader's
+        # collect would copy as the grading account, reading the keys
+        keys = ROOT / "autograder" / "keys" / f"{AID[:2]}.json"
+        (inbound,) = [p for p in (exchange / "qlora-backprop" / "inbound").iterdir() if p.name.startswith("ck-cy+")]
+        student("ck-cy", f"ln -s {keys} '{inbound}/keys.json'")
         graded = [instructor(c) for c in after]
         for c in feedback:
             instructor(c)
         for name in STUDENTS:
             for c in fetch_feedback:
                 student(name, c)
+        # Later, the formgrader's "Generate Feedback" (nbgrader's own generate_feedback, which rebuilds every feedback
+        # folder from the autograded copies) and a second release: it must not stop at any student's folder.
+        instructor(f"nbgrader generate_feedback {AID} --force")
+        released_again = [instructor(c) for c in feedback]
         yield {"course": course_dir, "exchange": exchange, "homes": {s: Path(u.pw_dir) for s, u in users.items()},
-               "graded": "\n".join(r.stdout for r in graded), "log": "\n".join(log)}
+               "graded": "\n".join(r.stdout for r in graded), "log": "\n".join(log),
+               "released_again": "\n".join(r.stdout + r.stderr for r in released_again)}
     finally:
         for name in STUDENTS:
             accounts.remove_user(name)
         shutil.rmtree(exchange, ignore_errors=True)
+        shutil.rmtree(course_dir.parent, ignore_errors=True)
 
 
 def _fetched(term, name: str) -> dict[str, str]:
@@ -155,13 +177,13 @@ def test_collect_brings_nbgraders_files_and_grading_keeps_the_score(term):
     sub = term["course"] / "submitted" / "ck-ana" / AID
     assert {"timestamp.txt", "submission_secret.txt", "notes.txt"} <= {p.name for p in sub.iterdir()}, term["log"]
     auto, _ = max_points(ROOT, AID)
-    assert _scores(term["course"]) == {"ck-ana": auto, "ck-ben": 0.0}, term["log"]
+    assert _scores(term["course"]) == {"ck-ana": auto, "ck-ben": 0.0, "ck-cy": 0.0}, term["log"]
     assert "ck-ben/00-setup-and-probes: no notebook named 00-setup-and-probes.ipynb" in term["graded"]
 
 
 def test_every_student_fetches_feedback_with_the_score_the_gradebook_holds(term):
     ana = _fetched(term, "ck-ana")
-    assert list(ana) == [f"{AID}.html"], term["log"]
+    assert list(ana) == [f"{AID}.html"], term["log"]  # her leak.html was set aside: never released as feedback
     from coursekit.example_class import max_points
 
     auto, total = max_points(ROOT, AID)
@@ -172,6 +194,31 @@ def test_every_student_fetches_feedback_with_the_score_the_gradebook_holds(term)
     ben = _fetched(term, "ck-ben")
     assert list(ben) == ["my-lesson-00.html"], term["log"]  # under his name for the notebook he handed in
     assert "0 points" in ben["my-lesson-00.html"] and "found my-lesson-00.ipynb" in ben["my-lesson-00.html"]
+    cy = _fetched(term, "ck-cy")  # refused: his feedback still reaches him (his own secret names it)
+    assert list(cy) == [f"{AID}.html"], term["log"]
+    assert "symbolic link (keys.json)" in cy[f"{AID}.html"] and '"keys"' not in cy[f"{AID}.html"]
+
+
+def test_feedback_generated_anew_is_released_for_everyone(term):
+    """nbgrader's release_feedback reads timestamp.txt and submission_secret.txt beside each page and stopped at the
+    first folder without them (a 0 for a reason), for the whole class; the autograded copies keep them, so feedback
+    generated anew from them (the formgrader's Generate Feedback) is released for every student."""
+    for sid in STUDENTS:
+        assert f"Releasing feedback for student '{sid}'" in term["released_again"], term["released_again"][-3000:]
+        for name in ("timestamp.txt", "submission_secret.txt"):
+            assert (term["course"] / "autograded" / sid / AID / name).is_file(), (sid, name)
+
+
+def test_a_link_in_a_submission_is_collected_as_a_link_and_refused(term):
+    """nbgrader's collect follows links as the grading account; the course's collect copies a link as a link, so the
+    keys never reach the course folder, and coursekit grade refuses the submission."""
+    sub = term["course"] / "submitted" / "ck-cy" / AID
+    assert (sub / "keys.json").is_symlink()
+    assert "ck-cy/00-setup-and-probes: it holds a symbolic link (keys.json)" in term["graded"]
+    keys = (ROOT / "autograder" / "keys" / f"{AID[:2]}.json").read_text()
+    for p in term["course"].rglob("*"):
+        if p.is_file() and not p.is_symlink() and p.suffix in (".json", ".html", ".txt", ".ipynb"):
+            assert keys.strip()[:60] not in p.read_text(errors="replace"), p
 
 
 def test_submissions_csv_says_what_was_set_aside_and_why_a_zero(term):
@@ -179,7 +226,9 @@ def test_submissions_csv_says_what_was_set_aside_and_why_a_zero(term):
 
     with open(term["course"] / "submissions.csv", newline="") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
-    assert rows["ck-ana"]["status"] == "graded" and rows["ck-ana"]["ignored"] == "notes.txt"
+    assert rows["ck-ana"]["status"] == "graded" and rows["ck-ana"]["ignored"] == "leak.html; leak.ipynb; notes.txt"
+    assert not (term["course"] / "feedback" / "ck-ana" / AID / "leak.html").exists()
+    assert not (term["course"] / "autograded" / "ck-ana" / AID / "notes.txt").exists()
     assert rows["ck-ben"]["status"] == "zero" and "my-lesson-00.ipynb" in rows["ck-ben"]["reason"]
 
 

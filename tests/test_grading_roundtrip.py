@@ -191,7 +191,7 @@ def _typical_mistakes_score_in_between_and_say_why(self, graded, sid, cell, text
     work, _ = graded
     code, max_code, _ = submission_scores(work, self.AID, sid)
     if (self.AID, sid) in EXACT_SCORE:
-        assert code == EXACT_SCORE[(self.AID, sid)], f"{sid}: scored {code}"
+        assert code == pytest.approx(EXACT_SCORE[(self.AID, sid)], abs=1e-6), f"{sid}: scored {code}"
     else:
         assert 0 < code < max_code
     score, max_score = cell_scores(work, self.AID, sid)[cell]
@@ -216,7 +216,7 @@ def _hostile_submissions_get_their_exact_score_and_say_what_happened(self, grade
     all, a line in the table. `coursekit grade --examples --check` compares the same numbers."""
     work, table = graded
     code, _, _ = submission_scores(work, self.AID, sid)
-    assert code == score, f"{sid}: scored {code}, expected {score}"
+    assert code == pytest.approx(score, abs=1e-6), f"{sid}: scored {code}, expected {score}"
     fb = feedback_text(work, self.AID, sid)
     for text in texts:
         assert text in fb, f"{sid}: feedback lacks {text!r}"
@@ -263,7 +263,8 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
     assert lines(again, work) == lines(table, shared)
     for (aid, sid), score in EXACT_SCORE.items():  # the hostile examples too, on the second run
         if aid == self.AID:
-            assert submission_scores(work, aid, sid)[0] == score, f"{sid}: second run scored differently"
+            assert submission_scores(work, aid, sid)[0] == pytest.approx(score, abs=1e-6), \
+                f"{sid}: second run scored differently"
 
 
 for _aid in LESSONS:

@@ -200,18 +200,31 @@ def test_the_formgrader_shows_a_zero_for_a_reason_with_the_reason(scheduler):
     assert first.startswith("**0 points: this submission could not be graded.**") and "my\\-lesson\\-00" in first, first
 
 
-def test_the_formgrader_links_stay_inside_its_root(formgrader):
-    """The formgrader links a lesson's source and release folders as <course folder relative to the server root>/
-    <folder relative to the course folder>; served by coursekit formgrader from the repository, both resolve inside."""
-    prefix = os.path.relpath(formgrader["course"], ROOT) if formgrader["course"].is_relative_to(ROOT) else None
-    a = next(x for x in formgrader["call"]("/formgrader/api/assignments") if x["name"] == AID)
+@pytest.mark.parametrize("course_dir", ["autograder/course", "autograder/example-class"])
+def test_the_formgrader_links_stay_inside_its_root(course_dir):
+    """nbgrader's formgrader links a lesson's source and release folders as <course folder relative to the server
+    root>/<folder relative to the course folder> (nbgrader.apps.api.NbGraderAPI.get_assignment). coursekit formgrader
+    roots its server at the repository: both links stay inside it. Rooted at autograder/ (where nbgrader finds the
+    course's configuration), the source link pointed outside the server."""
+    from nbgrader.coursedir import CourseDirectory
+
+    course_dir = ROOT / course_dir
+    cd = CourseDirectory(config=course.load_config(ROOT, course_dir))
+    # NbGraderAPI.get_assignment's two paths (nbgrader 0.9.6, apps/api.py), without opening a gradebook
+    a = {key: os.path.relpath(os.path.abspath(cd.format_path(folder, ".", AID)), cd.root)
+         for key, folder in (("source_path", cd.source_directory), ("release_path", cd.release_directory))}
+    top = course.formgrader_root(ROOT, course_dir)
+    assert top == ROOT
+    prefix = os.path.relpath(course_dir, top)
     for key in ("source_path", "release_path"):
-        if a.get(key) is None:
-            continue
-        target = (formgrader["course"] / a[key]).resolve()
-        assert target.is_dir(), (key, a[key])
-        if prefix is not None:
-            assert not os.path.normpath(os.path.join(prefix, a[key])).startswith(".."), (key, a[key])
+        link = os.path.normpath(os.path.join(prefix, a[key]))
+        assert not link.startswith(".."), (key, link)
+        assert (top / link).is_dir(), (key, link)
+    old = os.path.normpath(os.path.join(os.path.relpath(course_dir, ROOT / "autograder"), a["source_path"]))
+    assert old.startswith(".."), "rooted at autograder/, the source link would stay inside too: this test shows nothing"
+    # A course folder outside the repository: the folder holding both, never the file system's root.
+    assert course.formgrader_root(ROOT, ROOT.parent / "graded") == ROOT.parent
+    assert course.formgrader_root(ROOT, Path("/") / "ck-nowhere" / "course") == Path("/ck-nowhere/course")
 
 
 def test_the_guides_cluster_commands_name_their_settings():

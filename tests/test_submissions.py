@@ -4,6 +4,7 @@ and what nbgrader's release_feedback needs beside every feedback page (no gradin
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -28,6 +29,7 @@ def _folder(tmp_path: Path, *extra: str) -> Path:
 
 def test_nbgraders_own_files_are_neither_refused_nor_set_aside(tmp_path):
     d = _folder(tmp_path, "timestamp.txt", "submission_secret.txt")
+    (d / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
     assert submissions.check(d, AID, ROOT / "lessons") is None
     assert submissions.ignored(d, AID, ROOT / "lessons") == []
 
@@ -90,16 +92,52 @@ def test_every_feedback_folder_becomes_releasable(tmp_path):
     submissions.releasable(handed_by_hand, tmp_path / "nowhere")  # no exchange: a time and a fresh secret
     assert (handed_by_hand / "timestamp.txt").read_text().endswith("UTC")
     assert len((handed_by_hand / "submission_secret.txt").read_text()) == 128
-    refused = tmp_path / "fb3"
-    submissions.releasable(refused, None)  # a refused folder is not read at all
-    assert (refused / "submission_secret.txt").read_text() != "abc"
+    linked = _folder(tmp_path / "other")
+    (linked / "submission_secret.txt").symlink_to(sub / "submission_secret.txt")  # a link is read as nothing
+    submissions.releasable(tmp_path / "fb3", linked)
+    assert (tmp_path / "fb3" / "submission_secret.txt").read_text() != "abc"
+
+
+def test_a_timestamp_nbgrader_cannot_read_is_a_sentence_not_a_crash(tmp_path):
+    """nbgrader stops with an AttributeError on a timestamp.txt it cannot parse (CourseDirectory.fail does not
+    exist): the grader refuses the folder with a sentence, and reads no time from it anywhere."""
+    for bad in ("garbage", "99999999999999999999999"):
+        d = _folder(tmp_path / bad)
+        (d / "timestamp.txt").write_text(bad)
+        why = submissions.check(d, AID, ROOT / "lessons")
+        assert why and why.startswith("its timestamp.txt (nbgrader's record of when it was handed in) is not a time"), why
+        assert course._timestamp(d) is None
+    d = _folder(tmp_path / "empty", "timestamp.txt")
+    (d / "timestamp.txt").write_text("")  # nbgrader reads an empty one as no time at all
+    assert submissions.check(d, AID, ROOT / "lessons") is None
+
+
+def test_the_autograded_copy_keeps_the_lessons_files_and_nbgraders_only(tmp_path):
+    """nbgrader copies every file of the submission into the autograded copy, and its feedback step copies them on
+    into feedback/, whose .html files release_feedback hands out: the set-aside files are removed from the copy, and
+    nbgrader's timestamp and secret are put in it, so that feedback generated from it later can be released."""
+    from traitlets.config import Config
+
+    sub = _folder(tmp_path / "submitted", "leak.html", "notes/a.txt", "submission_secret.txt")
+    (sub / "submission_secret.txt").write_text("abc")
+    dest = tmp_path / "autograded" / "ana" / AID
+    shutil.copytree(sub, dest)  # what nbgrader's init_assignment did
+    cfg = Config()
+    cfg.CourseDirectory.root = str(tmp_path)
+    pp = submissions.TidyAutograded(config=cfg, release_directory=str(ROOT / "lessons"))
+    nb = nbformat.reads(BLANK.decode(), as_version=4)
+    pp.preprocess(nb, {"metadata": {"path": str(sub)}, "nbgrader": {"assignment": AID, "student": "ana"}})
+    assert sorted(p.name for p in dest.iterdir()) == [f"{AID}.ipynb", "submission_secret.txt", "timestamp.txt"]
+    assert (dest / "submission_secret.txt").read_text() == "abc"
+    assert sorted(p.name for p in sub.iterdir()) == sorted([f"{AID}.ipynb", "leak.html", "notes",
+                                                            "submission_secret.txt"])  # the submission is untouched
 
 
 def test_the_set_aside_note_renders_file_names_as_text(tmp_path):
     """A file name is the student's: in the note the formgrader renders it must stay text (no HTML, no link)."""
     d = _folder(tmp_path, "<img src=x onerror=alert(1)>.txt", "[a](javascript:alert(1)).txt")
     nb = nbformat.reads(BLANK.decode(), as_version=4)
-    pp = submissions.NoteIgnoredFiles(release_directory=str(ROOT / "lessons"))
+    pp = submissions.TidyAutograded(release_directory=str(ROOT / "lessons"))
     nb, _ = pp.preprocess(nb, {"metadata": {"path": str(d)}, "nbgrader": {"assignment": AID}})
     note = nb.cells[0]
     assert note.id == submissions.NOTE_CELL_ID and note.cell_type == "markdown"
