@@ -132,7 +132,6 @@ SHARED_SCOPES = {  # nodeid prefix → the scope it runs in
     "tests/test_report.py": "lesson 02's graded example class",
     "tests/test_grading_roundtrip.py::TestRoundTrip00": "lesson 00's graded example class",
     "tests/test_same_score.py": "lesson 00's graded example class",
-    "tests/test_interrupt.py": "lesson 00's graded example class",
 }
 SCOPE_SECONDS = {  # one core's seconds, rounded, from the 2026-12-04 run of docs/maintainers.md (classes with merged
     # example students scaled by their notebook executions, the second run's included)

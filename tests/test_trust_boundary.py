@@ -785,8 +785,10 @@ def test_a_submission_with_a_symbolic_link_or_a_device_is_refused_before_nbgrade
         status = {r["student"]: r for r in csv.DictReader(f)}
     assert status["stray-file"]["status"] == "graded" and status["stray-file"]["ignored"] == "model.bin"
     # Nothing a link pointed to was copied anywhere: a refused folder's autograded copy is the release's notebook
-    # with the reason in its first cell, and nothing else.
+    # with the reason in its first cell, and nbgrader's two small files, each read only when it is a plain file of
+    # its own (big-file's 32 MB timestamp and hard-link's linked one are not: a time and a secret are made up).
     for sid in ("link-notebook", "link-extra", "link-folder", "big-file", "hard-link", "pipe"):
         copy = c / "autograded" / sid / aid
-        assert sorted(p.name for p in copy.iterdir()) == [f"{aid}.ipynb"], sid
+        assert sorted(p.name for p in copy.iterdir()) == [f"{aid}.ipynb", "submission_secret.txt", "timestamp.txt"], sid
         assert (copy / f"{aid}.ipynb").read_bytes().count(b"### BEGIN SOLUTION") == 0
+        assert (copy / "timestamp.txt").stat().st_size < 100 and (copy / "submission_secret.txt").stat().st_size == 128
