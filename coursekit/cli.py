@@ -89,8 +89,8 @@ def _grade(args: argparse.Namespace) -> int:
               + "\n  ".join(wrong), file=sys.stderr)
         return 1
     rows = example_class.rows(root, lessons)
-    print(f"\nChecked: every one of the {len(rows)} example submissions of {len(lessons)} lessons scored exactly as "
-          f"expected.")
+    print(f"\nChecked: every one of the {len(rows)} example submissions of {len(lessons)} "
+          f"lesson{'s' * (len(lessons) != 1)} scored exactly as expected.")
     if args.readme:
         readme = Path(args.readme)
         workers = args.workers or (0 if args.scheduler else parallel.default_workers())  # 0: a cluster's workers

@@ -108,7 +108,7 @@ def block(table: str, lessons: list[str], count: int, seconds: float, workers: i
     took = f"{m} min {s} s" if m else f"{s} s"
     nums = " ".join(aid[:2] for aid in lessons)
     return (f"```text\n{table}\n```\n"
-            f"{count} submissions of {len(lessons)} lessons, hostile ones included, each scored exactly as its "
+            f"{count} submissions of {len(lessons)} lesson{'s' * (len(lessons) != 1)}, hostile ones included, each scored exactly as its "
             f"expected.json says: `coursekit grade --examples {nums} --check`, {took} with "
             + (f"{workers} worker{'s' * (workers != 1)}" if workers else "a Dask cluster's workers")
             + " on the course's 2-core test machine.\n")

@@ -296,3 +296,26 @@ def test_the_guides_cluster_commands_name_their_settings():
     assert "OMP_NUM_THREADS=1 dask worker" in printed and "OMP_NUM_THREADS=1 dask worker" in cmds[3]
     assert all('"~' not in c and "'~" not in c for c in cmds), "a ~ inside quotes is not expanded by the shell"
     shlex.split(cmds[1])  # the TLS variable's line is one assignment a shell can read
+
+
+def test_the_check_of_the_example_class_passes_and_names_who_differs(serial, tmp_path, monkeypatch, capsys):
+    """`coursekit grade --examples --check` (`make grade`) on lesson 00's graded example class: every example student
+    scored what its expected.json says, so it exits 0 and, with --readme, writes the table into the file's block; with
+    one expected score changed it exits 1 and names that student (the grading itself is the round trip's, not run
+    again here)."""
+    from coursekit import cli, example_class
+
+    monkeypatch.setattr(course, "grade_class", lambda **kw: "(graded)")
+    guide = tmp_path / "guide.md"
+    guide.write_text(f"before\n{example_class.BEGIN}\nold\n{example_class.END}\nafter\n")
+    assert cli.main(["grade", "--examples", "00", "--check", "--course", str(serial), "--readme", str(guide)]) == 0
+    out = capsys.readouterr().out
+    assert "Checked: every one of the 6 example submissions of 1 lesson scored exactly as expected" in out
+    written = example_class.current(guide.read_text())
+    assert "00-setup-and-probes ex-perfect" in written and guide.read_text().startswith("before\n")
+    real = example_class.expected_scores
+    monkeypatch.setattr(example_class, "expected_scores",
+                        lambda root, aid: {**real(root, aid), "ex-low-first": 5.0})
+    assert cli.main(["grade", "--examples", "00", "--check", "--course", str(serial)]) == 1
+    err = capsys.readouterr().err
+    assert "00-setup-and-probes ex-low-first: scored 6.00, expected 5.00" in err, err
