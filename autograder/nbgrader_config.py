@@ -69,6 +69,9 @@ c.Autograde.autograde_preprocessors = [
     "coursekit.guard.GuardedExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "coursekit.guard.ScoreAnswers",  # every check is scored here, from the answer the sandboxed kernel handed over
+    # what the instructor's pages show of a student's notebook is inert: outputs as text and images, the student's
+    # markdown rendered and cleaned by an allow-list sanitizer (coursekit/inert.py)
+    "coursekit.inert.InertOutputs",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",
@@ -80,6 +83,7 @@ c.Autograde.autograde_preprocessors = [
     "coursekit.submissions.TidyAutograded",
 ]
 c.TidyAutograded.release_directory = c.CourseDirectory.release_directory
+c.InertOutputs.release_directory = c.CourseDirectory.release_directory
 # The same limits whichever way grading starts (coursekit grade, a plain `nbgrader autograde`, the formgrader's
 # autograde button): GuardedExecute reads the lesson's release notebook from here, so that a code cell the student
 # added or edited gets the answer cells' time limit and the sandboxed kernel sees the lesson's files of the

@@ -460,6 +460,7 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     a.config.GuardedExecute.release_sources = release_sources(release_root)
     a.config.GuardedExecute.release_files = {aid: sorted(lesson_files(release_root, aid)) for aid in ids}
     a.config.TidyAutograded.release_directory = str(release_root)
+    a.config.InertOutputs.release_directory = str(release_root)
     jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
     problems: dict[tuple[str, str], str] = {}
     done: list[tuple[str, str]] = []

@@ -143,6 +143,35 @@ def test_feedback_renders_with_scores_and_diagnostics(browser, tmp_path_factory,
     assert all("mathjax" in u.lower() for u in blocked), f"unexpected off-machine requests: {blocked}"
 
 
+def test_a_students_scripts_do_not_run_in_the_formgraders_page(browser, tmp_path):
+    """nbgrader's formgrade page of a notebook with a script in every output kind, in its written answer, in an
+    edited prose cell and in an added raw cell (tests/test_inert.py): after the autograde pipeline's InertOutputs no
+    handler runs, even with every javascript: link clicked; the same page made from the notebook as handed in runs them."""
+    from test_inert import formgrade_html, hostile_notebook, inert
+
+    nb = hostile_notebook(ROOT / "lessons")
+    ran = {}
+    for name, page_nb in (("inert", inert(nb)), ("as-handed-in", nb)):
+        path = tmp_path / f"formgrade-{name}.html"
+        path.write_text(formgrade_html(page_nb))
+        blocked: list[str] = []
+        with local_page(browser, blocked) as (page, errors):
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_timeout(1500)  # an SVG animation's onbegin, an image's onerror
+            # every link the browser itself reads as javascript: is clicked (the others would leave the page)
+            page.evaluate("() => { for (const a of document.querySelectorAll('a[href]')) "
+                          "if (a.protocol === 'javascript:') a.click(); }")
+            page.wait_for_timeout(300)
+            ran[name] = page.evaluate("window.PWNED || []")
+            if name == "inert":
+                expect(page.locator("#notebook", has_text="My answer").first).to_be_visible()  # the answer is shown
+                shot = tmp_path / "formgrade-inert.png"
+                page.screenshot(path=str(shot), full_page=False)
+                _keep(shot, shot.name)
+    assert ran["inert"] == [], f"a student's script ran in the instructor's page: {ran['inert']}"
+    assert ran["as-handed-in"], "the control page ran no handler: the test would not see one"
+
+
 def test_the_class_report_shows_its_plots_and_table(browser, tmp_path_factory, tmp_path):
     """coursekit report's page, opened as an instructor opens it: both plots decode and have a size, the item table
     lists every item, and the page asks for nothing off this machine."""
