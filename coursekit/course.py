@@ -376,7 +376,7 @@ MODEL_LESSONS = {"08", "09", "15", "16", "17", "18", "19"}  # lessons whose note
 
 def handed_in(submitted: Path, aid: str) -> bool:
     """Whether any student folder of ``submitted`` holds a folder of lesson ``aid``."""
-    return submitted.is_dir() and any((s / aid).is_dir() for s in submitted.iterdir() if s.is_dir())
+    return any((s / aid).is_dir() for s in submissions.student_folders(submitted))
 
 
 class GradingInterrupted(CourseError):
@@ -461,7 +461,8 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     a.config.GuardedExecute.release_files = {aid: sorted(lesson_files(release_root, aid)) for aid in ids}
     a.config.TidyAutograded.release_directory = str(release_root)
     a.config.InertOutputs.release_directory = str(release_root)
-    jobs = [(aid, s.name) for aid in ids for s in sorted(submitted.iterdir()) if (s / aid).is_dir()] if submitted.is_dir() else []
+    # (a folder whose name nbgrader would read as a pattern is not a student: listed as misplaced, with the rename)
+    jobs = [(aid, s.name) for aid in ids for s in submissions.student_folders(submitted) if (s / aid).is_dir()]
     problems: dict[tuple[str, str], str] = {}
     done: list[tuple[str, str]] = []
     lock = parallel.lock_course(course)
@@ -764,15 +765,29 @@ def scores(course: Path, ids: Iterable[str]) -> list[Row]:
     return rows
 
 
+#: grades.csv's columns that hold names (the others are numbers and times nbgrader writes).
+_NAME_COLUMNS = ("assignment", "student_id", "last_name", "first_name", "email")
+
+
 def export_csv(a, dest: Path) -> None:
-    """nbgrader's own CSV export (columns assignment, duedate, …, raw_score, score, max_score)."""
+    """nbgrader's own CSV export (columns assignment, duedate, …, raw_score, score, max_score), with every name cell
+    that starts like a spreadsheet formula made inert (:func:`coursekit.report.inert_cell`, OWASP's rule)."""
     from nbgrader.api import Gradebook
     from nbgrader.plugins.export import CsvExportPlugin
+
+    from .report import inert_cell
 
     plugin = CsvExportPlugin(config=a.config)
     plugin.to = str(dest)
     with Gradebook(a.coursedir.db_url) as gb:
         plugin.export(gb)
+    with open(dest, newline="") as f:
+        rows = list(csv.reader(f))
+    if rows:
+        names = {i for i, col in enumerate(rows[0]) if col in _NAME_COLUMNS}
+        with open(dest, "w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows(
+                [rows[0]] + [[inert_cell(v) if i in names else v for i, v in enumerate(r)] for r in rows[1:]])
 
 
 def format_table(rows: list[Row]) -> str:

@@ -200,6 +200,57 @@ def _not_this_lesson(nb, aid: str) -> str | None:
 # --------------------------------------------------------------------------- in the wrong place
 
 
+# --------------------------------------------------------------------------- student names
+
+#: Characters a student's folder name may not hold: nbgrader's glob patterns (it finds ``submitted/<student>/<lesson>``
+#: with :func:`glob.glob`, so ``*`` would match every student and ``[a]lice`` another one) and path separators.
+NAME_PATTERN_CHARS = "*?[]/\\"
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a folder of ``submitted/``) cannot be a student's id, in plain words, or None when it can: it is
+    empty, starts or ends with a space, or holds a glob character or separator (:data:`NAME_PATTERN_CHARS`), a line
+    break or another control or formatting character (Unicode category C: a right-to-left override would make a
+    table lie). A student id is data: nbgrader would read such a name as a pattern, or a table would show another
+    name."""
+    import unicodedata
+
+    if any(unicodedata.category(c).startswith("C") for c in name):
+        return "the folder's name holds a line break or another control character"
+    bad = sorted({c for c in name if c in NAME_PATTERN_CHARS})
+    if bad:
+        return (f"the folder's name holds {' '.join(bad)}, which nbgrader reads as a pattern matching other students' "
+                "folders")
+    if not name or name != name.strip():
+        return "the folder's name is empty or starts or ends with a space"
+    return None
+
+
+def shown_name(name: str) -> str:
+    """``name`` for a table or a message: control and formatting characters written as escapes (``\\n``,
+    ``\\u202e``), nothing else changed."""
+    import unicodedata
+
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c).startswith("C") else c
+                   for c in name)
+
+
+def safe_name(name: str) -> str:
+    """A name :func:`name_problem` accepts, made from ``name`` (its refused characters as ``-``) for the rename the
+    instructor is told to make."""
+    import unicodedata
+
+    out = "".join("-" if c in NAME_PATTERN_CHARS or unicodedata.category(c).startswith("C") else c for c in name)
+    return out.strip().strip("-") or "student"
+
+
+def student_folders(submitted: Path) -> list[Path]:
+    """The folders of ``submitted`` whose names are student ids (:func:`name_problem` accepts them), sorted."""
+    if not Path(submitted).is_dir():
+        return []
+    return sorted(p for p in Path(submitted).iterdir() if p.is_dir() and name_problem(p.name) is None)
+
+
 @dataclass(frozen=True)
 class Misplaced:
     """Something in ``submitted/`` that no lesson folder holds, so nothing of it was graded: ``student``, ``where``
@@ -210,10 +261,13 @@ class Misplaced:
     where: str
     lesson: str
     move: str
+    why: str = ""  # set when the place is not the reason (a student folder whose name is refused)
 
     @property
     def text(self) -> str:
         """One line for the score table."""
+        if self.why:
+            return f"{self.where} was not graded: {self.why}. {self.move[0].upper() + self.move[1:]}, then grade again."
         what = (f"{self.where} is not a lesson folder, so nothing in it was graded" if self.where.endswith("/") and
                 not self.where.endswith(f"{self.lesson}/{self.lesson}/") else
                 f"{self.where} is a lesson folder inside the lesson's folder, so it was not graded"
@@ -241,6 +295,14 @@ def misplaced(submitted: Path, lessons: Iterable[str]) -> list[Misplaced]:
         return next((k for k in known if digits and k.startswith(f"{int(digits):02d}-")), None) if digits else None
 
     for student in sorted(p for p in submitted.iterdir() if p.is_dir() and not p.is_symlink()):
+        problem = name_problem(student.name)
+        if problem is not None:  # nothing of it is graded; each lesson folder in it is listed under its lesson
+            who = shown_name(student.name)
+            move = f"rename the folder {who!r} to a plain name (e.g. {safe_name(student.name)!r})"
+            found = [e.name for e in sorted(student.iterdir()) if e.is_dir() and e.name in known]
+            for aid in found or [""]:
+                out.append(Misplaced(who, f"{who}/{aid + '/' if aid else ''}", aid, move, why=problem))
+            continue
         for entry in sorted(student.iterdir()):
             if entry.name.startswith("."):
                 continue
@@ -412,7 +474,10 @@ class RefuseUnsafe(NbGraderPreprocessor):
 
     def preprocess(self, nb, resources):
         folder = Path((resources.get("metadata") or {}).get("path") or "")
-        why = refusal(folder) if folder.is_dir() else None
+        student = str((resources.get("nbgrader") or {}).get("student") or "")
+        why = name_problem(student) if student else None
+        if why is None:
+            why = refusal(folder) if folder.is_dir() else None
         if why is not None:
             raise SubmissionRefused(f"refused: {why} (coursekit grade scores it 0 with this reason in the feedback)")
         return nb, resources

@@ -149,3 +149,56 @@ def test_the_set_aside_note_renders_file_names_as_text(tmp_path):
     assert "alert(1)" in page.replace("\\", "")
     nb, _ = pp.preprocess(nb, {"metadata": {"path": str(d)}, "nbgrader": {"assignment": AID}})
     assert sum(c.get("id") == submissions.NOTE_CELL_ID for c in nb.cells) == 1  # a re-run replaces it
+
+
+# --------------------------------------------------------------------------- student names are data
+
+@pytest.mark.parametrize("name,why", [
+    ("*", "pattern"), ("[a]lice", "pattern"), ("al?ce", "pattern"), ("a\\b", "pattern"),
+    ("bob\n", "control"), ("eve\u202egnp.exe", "control"), ("tab\there", "control"), (" ana", "space"), ("", "empty"),
+])
+def test_a_name_nbgrader_would_read_as_a_pattern_or_a_table_would_misshow_is_refused(name, why):
+    problem = submissions.name_problem(name)
+    assert problem is not None and why in problem, (name, problem)
+    assert submissions.name_problem(submissions.safe_name(name)) is None
+    assert "\n" not in submissions.shown_name(name) and "\u202e" not in submissions.shown_name(name)
+
+
+@pytest.mark.parametrize("name", ["ana", "Ana-María O'Neil", "=1+2", "@SUM(A1)", "student_01", "李雷"])
+def test_an_ordinary_or_formula_like_name_is_a_student(name):
+    assert submissions.name_problem(name) is None
+
+
+def test_the_plain_nbgrader_route_refuses_a_pattern_for_a_student(tmp_path):
+    d = _folder(tmp_path)
+    pp = submissions.RefuseUnsafe()
+    with pytest.raises(submissions.SubmissionRefused, match="pattern"):
+        pp.preprocess(nbformat.reads(BLANK.decode(), as_version=4), {"metadata": {"path": str(d)},
+                                                                       "nbgrader": {"student": "*"}})
+    pp.preprocess(nbformat.reads(BLANK.decode(), as_version=4), {"metadata": {"path": str(d)},
+                                                               "nbgrader": {"student": "ana"}})
+
+
+def test_names_are_data_whole_class(tmp_path):
+    """A class with folders named like patterns, with a line break and like a spreadsheet formula: only the plain
+    names are graded (each once), the others are listed with the rename to make, and no CSV cell starts like a
+    formula. (Empty notebooks: each scores 0 without a kernel.)"""
+    c = tmp_path / "c"
+    names = ["alice", "*", "[a]lice", "bob\nsmith", "=1+2"]
+    for sid in names:
+        (c / "submitted" / sid / AID).mkdir(parents=True)
+        (c / "submitted" / sid / AID / f"{AID}.ipynb").write_text("")
+    table = course.grade_class(lessons=[AID], root=ROOT, course_dir=c, release_dir=tmp_path / "release", workers=1,
+                               progress=False)
+    graded = {r["student_id"] for r in course.read_grades_csv(c / "grades.csv")}
+    assert graded == {"alice", "'" + names[-1]}, graded  # the formula-like id, as text
+    assert table.count(f"alice/{AID}:") == 1
+    for shown in ("'*'", "'[a]lice'", "'bob\\\\nsmith'"):
+        assert f"rename the folder {shown}" in table.replace("Rename", "rename"), table
+    rows = course.read_grades_csv(c / "submissions.csv")
+    refused = {r["student"] for r in rows if r["status"] == "misplaced"}
+    assert refused == {"*", "[a]lice", "bob\\nsmith"}, rows
+    for path in (c / "grades.csv", c / "submissions.csv"):
+        for line in path.read_text().splitlines()[1:]:
+            for cell in line.split(","):
+                assert not cell.startswith(("=", "+", "@")), (path.name, line)
