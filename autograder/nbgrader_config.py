@@ -84,6 +84,7 @@ c.Autograde.autograde_preprocessors = [
 ]
 c.TidyAutograded.release_directory = c.CourseDirectory.release_directory
 c.InertOutputs.release_directory = c.CourseDirectory.release_directory
+c.RefuseUnsafe.release_directory = c.CourseDirectory.release_directory
 # The same limits whichever way grading starts (coursekit grade, a plain `nbgrader autograde`, the formgrader's
 # autograde button): GuardedExecute reads the lesson's release notebook from here, so that a code cell the student
 # added or edited gets the answer cells' time limit and the sandboxed kernel sees the lesson's files of the

@@ -461,6 +461,7 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     a.config.GuardedExecute.release_files = {aid: sorted(lesson_files(release_root, aid)) for aid in ids}
     a.config.TidyAutograded.release_directory = str(release_root)
     a.config.InertOutputs.release_directory = str(release_root)
+    a.config.RefuseUnsafe.release_directory = str(release_root)
     # (a folder whose name nbgrader would read as a pattern is not a student: listed as misplaced, with the rename)
     jobs = [(aid, s.name) for aid in ids for s in submissions.student_folders(submitted) if (s / aid).is_dir()]
     problems: dict[tuple[str, str], str] = {}

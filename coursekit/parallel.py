@@ -119,7 +119,7 @@ def task_config(config):
     if "CourseDirectory" in cfg:
         for k in _COURSE_FOLDERS:
             cfg.CourseDirectory.pop(k, None)
-    for section in ("GuardedExecute", "TidyAutograded", "InertOutputs"):  # the release folder: what it holds travels as release_*
+    for section in ("GuardedExecute", "TidyAutograded", "InertOutputs", "RefuseUnsafe"):  # the release folder: what it holds travels as release_*
         if section in cfg:
             cfg[section].pop("release_directory", None)
     kd = keys.key_dir()

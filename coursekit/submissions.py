@@ -163,6 +163,9 @@ def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
     raw = nb_path.read_bytes()
     if not raw.strip():
         return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
+    why = too_many_cells(raw.count(b'"cell_type"'), release_cells(release, aid))
+    if why is not None:  # counted in the bytes, before anything parses them
+        return why
     import nbformat
 
     try:
@@ -174,6 +177,38 @@ def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
         return (f"{aid}.ipynb {kind} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). It may have been edited in a "
                 f"text editor or cut short. Open it in Jupyter, save it, and hand it in again.")
     return _not_this_lesson(nb, aid)
+
+
+#: A submission may have this many times the release notebook's cells, and :data:`EXTRA_CELLS` more, before it is
+#: refused (a student adds a few scratch cells; 200,000 empty cells cost the grading process minutes and a gigabyte).
+CELLS_FACTOR = 3
+EXTRA_CELLS = 200
+#: The cell limit when the release notebook is not at hand (every lesson has fewer than 200 cells).
+MAX_CELLS = 1000
+
+
+def release_cells(release: Path | None, aid: str) -> int | None:
+    """How many cells the release notebook ``release/<aid>/<aid>.ipynb`` has, or None when there is none."""
+    import json
+
+    path = None if release is None else Path(release) / aid / f"{aid}.ipynb"
+    if path is None or not path.is_file():
+        return None
+    try:
+        return len(json.loads(path.read_text()).get("cells", []))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def too_many_cells(count: int, release: int | None) -> str | None:
+    """Why a notebook of ``count`` cells is refused, given the release notebook's ``release`` cells (None: unknown,
+    :data:`MAX_CELLS` applies), or None."""
+    limit = MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
+    if count <= limit:
+        return None
+    return (f"the notebook has {count} cells, and the lesson's has {release if release is not None else 'far fewer'}: "
+            f"more than {limit} is not a submission the grader runs. Start again from the lesson's notebook, answer "
+            "it, and hand it in.")
 
 
 def _not_this_lesson(nb, aid: str) -> str | None:
@@ -472,12 +507,19 @@ class RefuseUnsafe(NbGraderPreprocessor):
     following links), so nothing a link pointed to reaches a feedback folder. ``coursekit grade`` refuses such a
     folder before nbgrader runs, and scores it 0 with the reason in the student's feedback."""
 
+    release_directory = Unicode("", help="The course's release folder (lessons/): a notebook of many more cells than the "
+                                          "lesson's is refused (too_many_cells).").tag(config=True)
+
     def preprocess(self, nb, resources):
         folder = Path((resources.get("metadata") or {}).get("path") or "")
-        student = str((resources.get("nbgrader") or {}).get("student") or "")
+        info = resources.get("nbgrader") or {}
+        student = str(info.get("student") or "")
         why = name_problem(student) if student else None
         if why is None:
             why = refusal(folder) if folder.is_dir() else None
+        if why is None:
+            release = Path(self.release_directory) if self.release_directory else None
+            why = too_many_cells(len(nb.cells), release_cells(release, str(info.get("assignment") or "")))
         if why is not None:
             raise SubmissionRefused(f"refused: {why} (coursekit grade scores it 0 with this reason in the feedback)")
         return nb, resources

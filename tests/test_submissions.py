@@ -202,3 +202,32 @@ def test_names_are_data_whole_class(tmp_path):
         for line in path.read_text().splitlines()[1:]:
             for cell in line.split(","):
                 assert not cell.startswith(("=", "+", "@")), (path.name, line)
+
+
+def test_a_notebook_of_far_more_cells_than_the_lessons_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """200,000 empty cells: refused by a count in the bytes (nbformat never reads it), on coursekit grade's route and
+    on nbgrader's own (RefuseUnsafe); a notebook with a few added cells is graded."""
+    import json
+
+    d = _folder(tmp_path)
+    nb = json.loads(BLANK)
+    release = len(nb["cells"])
+    ok = dict(nb, cells=nb["cells"] + [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [],
+                                        "execution_count": None, "id": f"x{i}"} for i in range(20)])
+    (d / f"{AID}.ipynb").write_text(json.dumps(ok))
+    assert submissions.check(d, AID, ROOT / "lessons") is None
+    cell = '{"cell_type": "markdown", "metadata": {}, "source": ""}'
+    (d / f"{AID}.ipynb").write_text(json.dumps(nb)[:-1].rsplit('"cells": [', 1)[0]
+                                    + '"cells": [' + ", ".join([cell] * 200_000) + "]}")
+
+    def never(*a, **k):
+        raise AssertionError("nbformat read a notebook the count refuses")
+
+    monkeypatch.setattr(nbformat, "reads", never)
+    why = submissions.check(d, AID, ROOT / "lessons")
+    assert why is not None and "200000 cells" in why and f"the lesson's has {release}" in why, why
+    monkeypatch.undo()
+    big = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("") for _ in range(5000)])
+    with pytest.raises(submissions.SubmissionRefused, match="5000 cells"):
+        submissions.RefuseUnsafe(release_directory=str(ROOT / "lessons")).preprocess(
+            big, {"metadata": {"path": str(d.parent / "nowhere")}, "nbgrader": {"student": "ana", "assignment": AID}})
