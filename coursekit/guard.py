@@ -157,6 +157,12 @@ class GuardedExecute(Execute):
     cell_output_bytes = Integer(1 << 20, help="Bytes of output one cell may keep (what reaches autograded/ and "
                                                "feedback/); the rest is cut with a note.").tag(config=True)
     notebook_output_bytes = Integer(16 << 20, help="Bytes of output a whole notebook may keep.").tag(config=True)
+    notebook_answer_chars = Integer(
+        128 << 20, help="Characters of answer records (coursekit.protocol) a whole notebook may hand over; each one is "
+                        "also within coursekit.protocol.measure's limits.").tag(config=True)
+    message_bytes = Integer(
+        96 << 20, help="Bytes of one message from the kernel: a larger one disconnects the kernel's socket instead of "
+                       "filling the grading process's memory (ZeroMQ's MAXMSGSIZE).").tag(config=True)
 
     interrupt_grace = Integer(
         10, help="Seconds a timed-out cell's kernel gets to answer after the interrupt; if it does not, it is stopped."
@@ -191,6 +197,7 @@ class GuardedExecute(Execute):
         self._cell_bytes: dict[int, int] = {}
         self._cut: set[int] = set()
         self._notebook_bytes = 0
+        self._answer_chars = 0
         nb.metadata.pop(BUDGET_KEY, None)  # only this run's own measurement counts
         try:
             nb, resources = super().preprocess(nb, resources, km)
@@ -280,9 +287,27 @@ class GuardedExecute(Execute):
     start_new_kernel = run_sync(async_start_new_kernel)  # nbclient binds the sync face to its own coroutine
 
     async def async_start_new_kernel_client(self):
-        """nbclient's kernel client, its shell and iopub waits cut into short slices (:func:`poll_in_slices`). Once the
-        kernel answers (its sockets exist), its private folder is taken back from it (coursekit.sandbox.close_folder)."""
-        kc = await super().async_start_new_kernel_client()
+        """nbclient's kernel client (nbclient 0.11's own steps), with three changes: every socket refuses a message
+        over ``message_bytes`` (ZeroMQ disconnects the sender; the cell then runs into its time limit), there is no
+        stdin channel (nbclient never reads it, so whatever the kernel sent there would queue in this process), and
+        the shell and iopub waits are cut into short slices (:func:`poll_in_slices`). Once the kernel answers (its
+        sockets exist), its private folder is taken back from it (coursekit.sandbox.close_folder)."""
+        import zmq
+        from nbclient.util import ensure_async, run_hook
+
+        self.kc = self.km.client()
+        self.kc.context.setsockopt(zmq.MAXMSGSIZE, int(self.message_bytes))  # for every socket it makes from now
+        try:
+            await ensure_async(self.kc.start_channels(stdin=False))
+            await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+        except Exception as e:
+            self.log.error("Error occurred while starting new kernel client for kernel %s: %s",
+                           getattr(self.km, "kernel_id", None), e)
+            await self._async_cleanup_kernel()
+            raise
+        self.kc.allow_stdin = False
+        await run_hook(self.on_notebook_start, notebook=self.nb)
+        kc = self.kc
         if self._private is not None:
             from coursekit import sandbox
 
@@ -325,10 +350,31 @@ class GuardedExecute(Execute):
         ``notebook_output_bytes`` of the notebook's, whatever their kind (text, display data and its metadata,
         display updates, errors, widget state): one 50 MB line must not reach autograded/ and feedback/, nor fill
         the grader's memory. A check cell's answer record passes whole: ScoreAnswers replaces it with the feedback."""
-        if msg.get("msg_type") in self.KEPT_MESSAGES and not self._answer_record(msg, cell):
-            if not self._admit(msg, cell, cell_index):
+        if msg.get("msg_type") in self.KEPT_MESSAGES:
+            if self._answer_record(msg, cell):
+                msg = self._admit_answer(msg)
+            elif not self._admit(msg, cell, cell_index):
                 return None
         return super().process_message(msg, cell, cell_index)
+
+    def _admit_answer(self, msg):
+        """A check cell's answer record, whole when it is within coursekit.protocol.measure's limits and the
+        notebook's ``notebook_answer_chars``; else a small record saying why it could not be sent (ScoreAnswers then
+        tells the student), so that no answer record is exempt from a cap."""
+        from coursekit import protocol
+
+        content = msg.get("content") or {}
+        rec = content.get("data", {}).get(protocol.MIME)
+        try:
+            chars = protocol.measure(rec)
+            self._answer_chars += chars
+            if self._answer_chars > self.notebook_answer_chars:
+                raise ValueError(f"the notebook's answers hold more than {self.notebook_answer_chars >> 20} MB together")
+            return msg
+        except ValueError as e:
+            item = rec.get("item") if isinstance(rec, dict) and isinstance(rec.get("item"), str) else ""
+            small = {"item": item[:40], "unsendable": str(e)}
+            return {**msg, "content": {**content, "data": {protocol.MIME: small}, "metadata": {}}}
 
     @staticmethod
     def _answer_record(msg, cell) -> bool:

@@ -93,30 +93,90 @@ def _torch_if_loaded():
     return sys.modules.get("torch")
 
 
+#: What one encoded value may hold before anything of it is built (:func:`measure`): JSON nodes, nesting, characters
+#: of its strings (an array's base64 text included) and keys of one dict or set. An answer needs a small fraction of
+#: each; what is over them costs the grading process time and memory that are the class's, not the student's.
+MAX_NODES = 1_000_000
+MAX_DEPTH = 40
+MAX_CHARS = 64 << 20
+MAX_KEYS = 4096
+#: Python's hash of an int is the int modulo this prime: two ints below it never share a hash.
+_HASH_MODULUS = (1 << 61) - 1
+
+
+def measure(x: Any) -> int:
+    """Raise ValueError, saying which limit, when the encoded value ``x`` (parsed JSON) holds more than
+    :data:`MAX_NODES` nodes, is nested deeper than :data:`MAX_DEPTH`, holds more than :data:`MAX_CHARS` characters of
+    strings, or has a ``$dict`` or ``$set`` of more than :data:`MAX_KEYS` members; else return its characters of
+    strings. Iterative: a value nested 100,000 deep costs no recursion. O(nodes), before :func:`decode` builds
+    anything."""
+    nodes = chars = 0
+    stack: list[tuple[Any, int]] = [(x, 0)]
+    while stack:
+        v, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ValueError(f"the answer holds more than {MAX_NODES:,} values")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the answer is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(v, str):
+            chars += len(v)
+            if chars > MAX_CHARS:
+                raise ValueError(f"the answer holds more than {MAX_CHARS >> 20} MB of text and data")
+        elif isinstance(v, list):
+            stack.extend((c, depth + 1) for c in v)
+        elif isinstance(v, dict):
+            for key in ("$dict", "$set"):
+                members = v.get(key)
+                if isinstance(members, list) and len(members) > MAX_KEYS:
+                    raise ValueError(f"the answer has a {key[1:]} of {len(members):,} members; an answer needs at most "
+                                     f"{MAX_KEYS:,}")
+            for k, c in v.items():
+                chars += len(k) if isinstance(k, str) else 0
+                stack.append((c, depth + 1))
+            if chars > MAX_CHARS:
+                raise ValueError(f"the answer holds more than {MAX_CHARS >> 20} MB of text and data")
+    return chars
+
+
+def _key(k: Any) -> Any:
+    """``k`` as a dict key or set member. Kept as it is when no student can choose thousands of such keys with one
+    hash (each insertion would then compare with all the others, quadratic in the count): a string (its hash is
+    salted per process), a bool, None, a float (its hash is its value modulo a 61-bit prime), an int below that
+    prime. Anything else (a tuple, whose hash a student can steer element by element, a larger int) arrives as its
+    ``repr``, at most 200 characters."""
+    if k is None or isinstance(k, (str, bool, float)):
+        return k
+    if isinstance(k, int) and abs(k) < _HASH_MODULUS:
+        return k
+    return repr(k)[:200]
+
+
 def decode(x: Any) -> Any:
-    """The value :func:`encode` described; never runs code of the sender's. Malformed input raises ValueError."""
+    """The value :func:`encode` described; never runs code of the sender's. Malformed input, or input over the limits
+    of :func:`measure` (checked first, before anything is built), raises ValueError. A dict key or set member that a
+    student could make collide with thousands of others (a tuple, an int of 61 bits or more) arrives as its
+    ``repr`` (:func:`_key`)."""
+    measure(x)
+    return _decode(x)
+
+
+def _decode(x: Any) -> Any:
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     if isinstance(x, list):
-        return [decode(v) for v in x]
+        return [_decode(v) for v in x]
     if not isinstance(x, dict) or len(x) == 0:
         raise ValueError(f"not an encoded value: {type(x).__name__}")
     if "$tuple" in x:
-        return tuple(decode(v) for v in x["$tuple"])
+        return tuple(_decode(v) for v in x["$tuple"])
     if "$set" in x:
-        items = [decode(v) for v in x["$set"]]
-        try:
-            return frozenset(items) if x.get("frozen") else set(items)
-        except TypeError:  # unhashable members
-            return items
+        items = [_key(_decode(v)) for v in x["$set"]]
+        return frozenset(items) if x.get("frozen") else set(items)
     if "$dict" in x:
         out = {}
         for pair in x["$dict"]:
-            k, v = decode(pair[0]), decode(pair[1])
-            try:
-                out[k] = v
-            except TypeError:  # an unhashable key
-                out[repr(k)] = v
+            out[_key(_decode(pair[0]))] = _decode(pair[1])
         return out
     if "$float" in x:
         if x["$float"] not in ("nan", "inf", "-inf"):
@@ -125,13 +185,13 @@ def decode(x: Any) -> Any:
     if "$bigint" in x:
         return int(str(x["$bigint"])[:5000])
     if "$complex" in x:
-        return complex(decode(x["$complex"][0]), decode(x["$complex"][1]))
+        return complex(_decode(x["$complex"][0]), _decode(x["$complex"][1]))
     if "$bytes" in x:
         return base64.b64decode(x["$bytes"])
     if "$npscalar" in x:
         if x["$npscalar"] not in _DTYPES:
             raise ValueError("bad dtype")
-        return np.array(decode(x["v"]), dtype=x["$npscalar"])[()]
+        return np.array(_decode(x["v"]), dtype=x["$npscalar"])[()]
     if "$ndarray" in x:
         dtype = x["$ndarray"]
         if dtype not in _DTYPES:

@@ -217,12 +217,23 @@ def _parents(mounts: list[tuple[str, ...]]) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _bwrap_disables_userns() -> bool:
+    """Whether this bubblewrap has ``--disable-userns`` (0.8.0 and later)."""
+    try:
+        r = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--disable-userns" in (r.stdout + r.stderr)
+
+
 def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
     lim = spec.limits
     args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    if not privileged():  # bubblewrap makes a user namespace; nothing may be kept of its capabilities
-        args += ["--unshare-user", "--cap-drop", "ALL"]
+    if not privileged():  # bubblewrap makes a user namespace; nothing may be kept of its capabilities, and the
+        # student's code may not make one of its own (a tmpfs mounted there would pass the private /tmp's cap)
+        args += ["--unshare-user", "--cap-drop", "ALL"] + (["--disable-userns"] if _bwrap_disables_userns() else [])
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(lim.tmp), "--perms", "1777", "--tmpfs", "/tmp",
              "--size", str(lim.shm), "--perms", "1777", "--tmpfs", "/dev/shm"]

@@ -45,18 +45,36 @@ def test_sliced_waits_still_time_out_at_the_limit_and_wait_forever_without_one()
     assert asyncio.run(guard.poll_in_slices(late.get_msg, slice_s=0.05)(timeout=None))["msg_type"] == "execute_reply"
 
 
-def test_the_graders_kernel_client_waits_in_slices(monkeypatch):
+def test_the_graders_kernel_client_waits_in_slices_caps_messages_and_opens_no_stdin():
+    import zmq
+
     class Channel:
         async def get_msg(self, timeout=None):
             raise Empty
 
+    class Context:
+        opts: dict = {}
+
+        def setsockopt(self, opt, value):
+            self.opts[opt] = value
+
     class Client:
-        shell_channel, iopub_channel = Channel(), Channel()
+        shell_channel, iopub_channel, context = Channel(), Channel(), Context()
+        started: dict = {}
 
-    async def parent(self):
-        return Client()
+        def start_channels(self, **kw):
+            self.started.update(kw)
 
-    monkeypatch.setattr(guard.Execute, "async_start_new_kernel_client", parent)
-    kc = asyncio.run(guard.GuardedExecute().async_start_new_kernel_client())
+        async def wait_for_ready(self, timeout=None):
+            return None
+
+    class Manager:
+        def client(self):
+            return Client()
+
+    ex = guard.GuardedExecute(message_bytes=1234)
+    ex.km = Manager()
+    kc = asyncio.run(ex.async_start_new_kernel_client())
     for ch in (kc.shell_channel, kc.iopub_channel):
         assert ch.get_msg.__qualname__.startswith("poll_in_slices")
+    assert kc.started == {"stdin": False} and kc.context.opts == {zmq.MAXMSGSIZE: 1234}

@@ -241,6 +241,40 @@ def test_ctrl_c_stops_within_seconds_and_keeps_what_is_graded(two_workers):
     assert graded_scores(two_workers["course"], AID) == {"ex-perfect": full, "classmate": full}
 
 
+def test_a_grader_killed_mid_class_loses_nothing_on_the_next_run(serial, tmp_path):
+    """SIGKILL (the OOM killer's signal, no chance to tidy up) to the whole grading run, serial, while the second of two
+    students is being graded: the next run of the same command finishes the class, both scored as the serial run
+    scored them, with grades.csv and submissions.csv written."""
+    from coursekit.example_class import graded_scores, max_points
+
+    work = _hand_in(serial, tmp_path / "course")
+    shutil.copytree(work / "submitted" / "ex-perfect", work / "submitted" / "classmate")
+    argv = [str(BIN / "coursekit"), "grade", "00", "--course", str(work), "--workers", "1"]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                         start_new_session=True)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(iter(lambda: p.stdout.read(64), "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while "00: 1 done" not in "".join(printed):
+            assert p.poll() is None, "".join(printed)[-3000:]
+            assert time.monotonic() < deadline, "nothing was graded in 10 minutes"
+            time.sleep(0.2)
+        time.sleep(3)  # into the second student's execution
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == -signal.SIGKILL
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    full, _ = max_points(ROOT, AID)
+    assert graded_scores(work, AID) == {"ex-perfect": full, "classmate": full}
+    assert (work / "grades.csv").is_file() and (work / "submissions.csv").is_file()
+
+
 def test_the_formgrader_shows_a_zero_for_a_reason_with_the_reason(scheduler):
     """ex-renamed scored 0 for a reason in the cluster run: nbgrader's own view of the course folder (what the
     formgrader's pages list) has it autograded, 0 points, nothing to grade by hand, and its autograded notebook, which

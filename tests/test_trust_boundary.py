@@ -585,6 +585,33 @@ def test_a_grader_that_is_not_root_sandboxes_without_privilege_or_network_too(mo
     assert not done and int(seen["CapEff"], 16) == 0, seen
 
 
+_USERNS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = os.fork()
+if pid == 0:  # in a child: a user namespace of its own (in which it could mount a tmpfs of any size)
+    os._exit(0 if libc.unshare(0x10000000) == 0 else 3)
+_, status = os.waitpid(pid, 0)
+print('USERNS', 'made' if os.waitstatus_to_exitcode(status) == 0 else 'refused')
+"""
+
+
+@needs_sandbox
+def test_a_grader_that_is_not_root_gives_the_student_no_user_namespace_of_its_own(monkeypatch):
+    """As an ordinary user, bubblewrap's --disable-userns: the student's code cannot make a user namespace (and in it a
+    tmpfs that no cap of the sandbox's bounds). The control: without the option it can."""
+    import subprocess
+
+    monkeypatch.setattr(sandbox, "privileged", lambda: False)
+    argv = sandbox.command([sys.executable, "-c", _USERNS], sandbox.Spec())
+    assert "--disable-userns" in argv
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert "USERNS refused" in r.stdout, r.stdout + r.stderr
+    without = [a for a in argv if a != "--disable-userns"]
+    r = subprocess.run(without, capture_output=True, text=True, timeout=120)
+    assert "USERNS made" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_sandbox_passes_an_explicit_environment_only():
     env = sandbox.environment({"PATH": "/x", "COURSEKIT_KEYS": "/k", "COURSEKIT_SEED": "7", "AWS_SECRET_ACCESS_KEY": "s",
                                "OMP_NUM_THREADS": "1", "HOME": "/root", "NBGRADER_EXECUTION": "autograde"})

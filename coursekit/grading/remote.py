@@ -34,13 +34,30 @@ from .checkers import CaseTimeout, _case_timeout
 GRADING = Path(__file__).resolve().parent
 
 
+#: The most one reply of the runner may hold (a result and what the function printed): more ends the runner.
+REPLY_BYTES = 192 << 20
+#: The most of a reply's printed text the grader keeps (stdout, stderr, each).
+TEXT_CHARS = 1 << 20
+
+
 class RunnerFailed(Exception):
     """The runner could not be started or answered with something that is not a reply."""
 
 
+def _frame(f) -> tuple:
+    """(filename, line number, function, source line) of one frame the runner reported, each bounded."""
+    try:
+        line = int(f[1])
+    except (TypeError, ValueError):
+        line = 0
+    return str(f[0])[:300], line, str(f[2])[:100], str(f[3] or "")[:500]
+
+
 def _restore_exception(err: dict) -> Exception:
     """An exception like the one the student's code raised (same type name and message), with its frames."""
-    name, message = str(err.get("type", "Exception")), str(err.get("message", ""))
+    if not isinstance(err, dict):
+        err = {"message": str(err)[:200]}
+    name, message = str(err.get("type", "Exception"))[:100], str(err.get("message", ""))[:10_000]
     cls = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, name, None) if err.get("builtin") else None
     module = str(err.get("module", ""))
     if cls is None and module.startswith("coursekit.") and not module.startswith("coursekit.grading"):
@@ -56,7 +73,8 @@ def _restore_exception(err: dict) -> Exception:
         e = cls(message)
     except Exception:
         e = Exception(message)
-    e.coursekit_frames = [tuple(f) for f in err.get("frames", [])][-20:]  # type: ignore[attr-defined]
+    frames = err.get("frames") if isinstance(err.get("frames"), list) else []
+    e.coursekit_frames = [_frame(f) for f in frames[-20:] if isinstance(f, (list, tuple)) and len(f) == 4]  # type: ignore[attr-defined]
     return e
 
 
@@ -74,7 +92,7 @@ class Runner:
         self.share: str | None = None  # a folder of the grader's the runner may read (inputs written to files)
         self.proc: subprocess.Popen | None = None
         self._n = 0
-        self._buf = b""
+        self._buf = bytearray()
 
     def _spec(self) -> sandbox.Spec:
         replace: dict = {}
@@ -100,7 +118,7 @@ class Runner:
             argv = sandbox.command(argv, spec)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, cwd="/tmp" if not sandbox.off() else tempfile.gettempdir())
-        self._buf = b""
+        self._buf = bytearray()
         reply = self.request({"op": "load", **self.payload}, timeout=120)
         if "error" in reply:
             raise _restore_exception(reply["error"])
@@ -127,8 +145,12 @@ class Runner:
         deadline = None if not timeout else time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while True:
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
+            while True:
+                end = self._buf.find(b"\n")
+                if end < 0:
+                    break
+                line = bytes(self._buf[:end])
+                del self._buf[:end + 1]
                 try:
                     reply = json.loads(line)
                 except ValueError:
@@ -151,10 +173,10 @@ class Runner:
                 code = self.proc.wait()
                 self.proc = None
                 raise ProcessEnded(f"the process running it ended (exit status {code})")
-            self._buf += chunk
-            if len(self._buf) > (512 << 20):
+            self._buf += chunk  # a bytearray: appending does not copy what is there
+            if len(self._buf) > REPLY_BYTES:
                 self.kill()
-                raise ProcessEnded("it produced more than 512 MB of output")
+                raise ProcessEnded(f"it sent back more than {REPLY_BYTES >> 20} MB in one reply")
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -235,19 +257,30 @@ class Remote:
         for k, v in (reply.get("changed") or {}).items():
             _write_back(named.get(k), v)
         if reply.get("stdout"):
-            sys.stdout.write(str(reply["stdout"]))
-            sys.stdout.write("\n" * max(0, int(reply.get("stdout_lines", 0)) - str(reply["stdout"]).count("\n")))
+            out = str(reply["stdout"])[:TEXT_CHARS]
+            sys.stdout.write(out)
+            try:  # the lines the runner counted (a check may count printed lines); never more than a text's worth
+                lines = int(reply.get("stdout_lines", 0))
+            except (TypeError, ValueError):
+                lines = 0
+            sys.stdout.write("\n" * min(TEXT_CHARS, max(0, lines - out.count("\n"))))
         if reply.get("stderr"):
-            sys.stderr.write(str(reply["stderr"]))
-        for cat, msg in reply.get("warnings") or []:
-            c = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, str(cat), None)
-            warnings.warn(str(msg), c if isinstance(c, type) and issubclass(c, Warning) else UserWarning, stacklevel=2)
+            sys.stderr.write(str(reply["stderr"])[:TEXT_CHARS])
+        got = reply.get("warnings")
+        for w in (got if isinstance(got, list) else [])[:20]:
+            cat, msg = (w if isinstance(w, (list, tuple)) and len(w) == 2 else ("UserWarning", w))
+            c = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, str(cat)[:60], None)
+            warnings.warn(str(msg)[:2000], c if isinstance(c, type) and issubclass(c, Warning) else UserWarning, stacklevel=2)
         if "error" in reply:
             raise _restore_exception(reply["error"])
         try:
-            return protocol.decode(reply.get("result"))
+            value = protocol.decode(reply.get("result"))  # within protocol.measure's limits: seconds at most
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"its result could not be read ({e})") from None
+        deadline = self._runner.deadline
+        if deadline is not None and deadline.left() <= 0:  # reading the reply is the submission's time too
+            raise deadline.spent()
+        return value
 
 
 def _write_back(target: Any, encoded: Any) -> None:
