@@ -94,6 +94,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_quant.py
 	$(BIN)/python benchmarks/bench_capstone.py
 	$(BIN)/python benchmarks/bench_grading.py
+	$(BIN)/python benchmarks/bench_edges.py
 	$(BIN)/python benchmarks/bench_sandbox.py
 
 clean:
