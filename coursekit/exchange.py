@@ -19,6 +19,8 @@ import shutil
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.exchange.default.exchange import ignore_patterns
 
+from .submissions import nbgrader_file
+
 
 class LinkSafeCollect(ExchangeCollect):
     """``nbgrader collect`` that never follows a symbolic link in a student's submission (see the module)."""
@@ -37,6 +39,16 @@ class LinkSafeCollect(ExchangeCollect):
         shutil.copytree(src, dest, symlinks=True,
                         ignore=ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
                                                max_file_size=self.coursedir.max_file_size, log=self.log))
+        stamp = os.path.join(dest, "timestamp.txt")
+        if os.path.lexists(stamp) and nbgrader_file(dest, "timestamp.txt") is None:
+            # nbgrader reads timestamp.txt whole, following a link (collect --update, autograde): one linked to
+            # /dev/zero is read until memory runs out. Only a small regular file is kept; the time of the
+            # submission is in the exchange folder's name, which collect already used.
+            self.log.error("Not keeping %s: not a small regular file", stamp)
+            if os.path.isdir(stamp) and not os.path.islink(stamp):
+                shutil.rmtree(stamp)
+            else:
+                os.unlink(stamp)
         if self.coursedir.groupshared:  # as nbgrader does, but never through a link (chmod would change its target)
             for dirname, _, filenames in os.walk(dest):
                 for p, bits in [(dirname, 0o2770), *((os.path.join(dirname, f), 0o660) for f in filenames)]:

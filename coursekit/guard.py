@@ -161,8 +161,10 @@ class GuardedExecute(Execute):
         128 << 20, help="Characters of answer records (coursekit.protocol) a whole notebook may hand over; each one is "
                         "also within coursekit.protocol.measure's limits.").tag(config=True)
     message_bytes = Integer(
-        96 << 20, help="Bytes of one message from the kernel: a larger one disconnects the kernel's socket instead of "
-                       "filling the grading process's memory (ZeroMQ's MAXMSGSIZE).").tag(config=True)
+        64 << 20, help="Bytes of one message from the kernel: a larger one disconnects the kernel's socket instead of "
+                       "filling the grading process's memory (ZeroMQ's MAXMSGSIZE; the cell then runs into its time "
+                       "limit and the kernel is stopped). A message within it is parsed by jupyter_client before the "
+                       "output caps cut it (one print of 50 MB is cut with a note).").tag(config=True)
 
     interrupt_grace = Integer(
         10, help="Seconds a timed-out cell's kernel gets to answer after the interrupt; if it does not, it is stopped."

@@ -11,6 +11,7 @@ The answer record of a check cell is a ``display_data`` output with the MIME typ
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import re
 from typing import Any
@@ -35,6 +36,7 @@ class Opaque:
         return self.text or f"<{self.type_name}>"
 
 
+@functools.lru_cache(maxsize=256)
 def _opaque_class(name: str) -> type:
     """A class named like the student's value's type, so messages read "got a Generator"."""
     clean = re.sub(r"\W", "_", str(name))[:60] or "object"
@@ -158,7 +160,10 @@ def decode(x: Any) -> Any:
     student could make collide with thousands of others (a tuple, an int of 61 bits or more) arrives as its
     ``repr`` (:func:`_key`)."""
     measure(x)
-    return _decode(x)
+    try:
+        return _decode(x)
+    except (IndexError, ArithmeticError, RecursionError, AttributeError) as e:  # a malformed value, said one way
+        raise ValueError(f"not an encoded value ({type(e).__name__}: {str(e)[:100]})") from None
 
 
 def _decode(x: Any) -> Any:
@@ -191,7 +196,10 @@ def _decode(x: Any) -> Any:
     if "$npscalar" in x:
         if x["$npscalar"] not in _DTYPES:
             raise ValueError("bad dtype")
-        return np.array(_decode(x["v"]), dtype=x["$npscalar"])[()]
+        v = _decode(x["v"])
+        if not isinstance(v, (bool, int, float, complex)):  # a scalar, never an array made 16 times larger
+            raise ValueError("bad scalar")
+        return np.array(v, dtype=x["$npscalar"])[()]
     if "$ndarray" in x:
         dtype = x["$ndarray"]
         if dtype not in _DTYPES:
@@ -209,12 +217,14 @@ def _decode(x: Any) -> Any:
             t = torch.from_numpy(_array(x, name).copy())
         return t.requires_grad_(True) if x.get("requires_grad") and t.is_floating_point() else t
     if "$opaque" in x:
-        return _opaque_class(x["$opaque"])(str(x["$opaque"]), str(x.get("text", ""))[:200])
+        return _opaque_class(str(x["$opaque"])[:100])(str(x["$opaque"])[:100], str(x.get("text", ""))[:200])
     raise ValueError(f"not an encoded value: keys {sorted(x)[:5]}")
 
 
 def _array(x: dict, dtype: str) -> np.ndarray:
-    shape = [int(s) for s in x["shape"]]
+    if not isinstance(x.get("shape"), list) or not all(type(s) is int for s in x["shape"]):
+        raise ValueError("bad shape")
+    shape = list(x["shape"])
     if any(s < 0 for s in shape) or len(shape) > 32:
         raise ValueError("bad shape")
     raw = base64.b64decode(x["data"])

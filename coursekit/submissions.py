@@ -163,8 +163,8 @@ def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
     raw = nb_path.read_bytes()
     if not raw.strip():
         return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
-    why = too_many_cells(raw.count(b'"cell_type"'), release_cells(release, aid))
-    if why is not None:  # counted in the bytes, before anything parses them
+    why = too_many_cells(_cells_in(raw, release_cells(release, aid)), release_cells(release, aid))
+    if why is not None:  # counted while parsing, which stops one cell past the limit; nbformat never reads it
         return why
     import nbformat
 
@@ -187,6 +187,36 @@ EXTRA_CELLS = 200
 MAX_CELLS = 1000
 
 
+class _Enough(Exception):
+    pass
+
+
+def _cells_in(raw: bytes, release: int | None) -> int:
+    """How many objects with a ``cell_type`` key the JSON ``raw`` holds (its cells, whatever escapes spell the key),
+    counted while parsing; the parse stops one past :func:`too_many_cells`'s limit, so a notebook of a million cells
+    costs no more than one at the limit. 0 when ``raw`` is not JSON (check says why afterwards)."""
+    import json
+
+    limit = MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
+    seen = 0
+
+    def hook(pairs):
+        nonlocal seen
+        if any(k == "cell_type" for k, _ in pairs):
+            seen += 1
+            if seen > limit:
+                raise _Enough
+        return None  # nothing is kept: the count is all
+
+    try:
+        json.loads(raw, object_pairs_hook=hook)
+    except _Enough:
+        pass
+    except (ValueError, RecursionError):
+        return 0
+    return seen
+
+
 def release_cells(release: Path | None, aid: str) -> int | None:
     """How many cells the release notebook ``release/<aid>/<aid>.ipynb`` has, or None when there is none."""
     import json
@@ -206,9 +236,9 @@ def too_many_cells(count: int, release: int | None) -> str | None:
     limit = MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
     if count <= limit:
         return None
-    return (f"the notebook has {count} cells, and the lesson's has {release if release is not None else 'far fewer'}: "
-            f"more than {limit} is not a submission the grader runs. Start again from the lesson's notebook, answer "
-            "it, and hand it in.")
+    return (f"the notebook has more than {limit} cells, and the lesson's has "
+            f"{release if release is not None else 'far fewer'}: that is not a submission the grader runs. Start again "
+            "from the lesson's notebook, answer it, and hand it in.")
 
 
 def _not_this_lesson(nb, aid: str) -> str | None:
@@ -242,11 +272,16 @@ def _not_this_lesson(nb, aid: str) -> str | None:
 NAME_PATTERN_CHARS = "*?[]/\\"
 
 
+#: Letters that show as nothing (Hangul fillers, the blank Braille pattern): a name of them looks empty or like another.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
 def name_problem(name: str) -> str | None:
     """Why ``name`` (a folder of ``submitted/``) cannot be a student's id, in plain words, or None when it can: it is
-    empty, starts or ends with a space, or holds a glob character or separator (:data:`NAME_PATTERN_CHARS`), a line
-    break or another control or formatting character (Unicode category C: a right-to-left override would make a
-    table lie). A student id is data: nbgrader would read such a name as a pattern, or a table would show another
+    empty, starts or ends with a space, starts with ``.`` or ``-``, is not in Unicode's NFC form, or holds a glob
+    character or separator (:data:`NAME_PATTERN_CHARS`), a line break or another control or formatting character
+    (Unicode category C: a right-to-left override would make a table lie), a space other than U+0020 or an
+    invisible letter, or no letter or digit at all. A student id is data: nbgrader would read such a name as a pattern, or a table would show another
     name."""
     import unicodedata
 
@@ -258,6 +293,13 @@ def name_problem(name: str) -> str | None:
                 "folders")
     if not name or name != name.strip():
         return "the folder's name is empty or starts or ends with a space"
+    if name[0] in ".-":
+        return "the folder's name starts with . or - (a hidden folder, or one a command would read as an option)"
+    if unicodedata.normalize("NFC", name) != name:
+        return "the folder's name is not in Unicode's composed form (NFC): another folder can look the same"
+    if any((unicodedata.category(c) == "Zs" and c != " ") or c in _BLANK_LETTERS for c in name) \
+            or not any(c.isalnum() for c in name):
+        return "the folder's name holds an invisible character, or no letter or digit"
     return None
 
 
@@ -275,8 +317,11 @@ def safe_name(name: str) -> str:
     instructor is told to make."""
     import unicodedata
 
-    out = "".join("-" if c in NAME_PATTERN_CHARS or unicodedata.category(c).startswith("C") else c for c in name)
-    return out.strip().strip("-") or "student"
+    name = unicodedata.normalize("NFC", name)
+    out = "".join("-" if c in NAME_PATTERN_CHARS or c in _BLANK_LETTERS or unicodedata.category(c).startswith("C")
+                  or (unicodedata.category(c) == "Zs" and c != " ") else c for c in name)
+    out = out.strip().lstrip(".-").strip()
+    return out if any(c.isalnum() for c in out) else "student"
 
 
 def student_folders(submitted: Path) -> list[Path]:
@@ -335,6 +380,8 @@ def misplaced(submitted: Path, lessons: Iterable[str]) -> list[Misplaced]:
             who = shown_name(student.name)
             move = f"rename the folder {who!r} to a plain name (e.g. {safe_name(student.name)!r})"
             found = [e.name for e in sorted(student.iterdir()) if e.is_dir() and e.name in known]
+            if student.name.startswith(".") and not found:
+                continue  # a hidden folder (.ipynb_checkpoints) holding no lesson: not a student's
             for aid in found or [""]:
                 out.append(Misplaced(who, f"{who}/{aid + '/' if aid else ''}", aid, move, why=problem))
             continue

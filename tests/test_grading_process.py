@@ -182,11 +182,11 @@ def test_the_kernels_stdin_channel_is_never_read_nor_kept(tmp_path):
 
 @needs_sandbox
 def test_an_answer_record_over_its_limit_is_replaced_by_a_sentence(tmp_path):
-    """A check cell's answer record of 70 MB (records pass the output caps): the grading process keeps a small
-    record saying why, ScoreAnswers then says so to the student."""
+    """A check cell's answer records over the notebook's cap (here 1 MB; 128 MB by default), which the output caps do
+    not count: the grading process keeps a small record saying why, and ScoreAnswers then says so to the student."""
     src = ("from IPython.display import display\n"
-           "display({'" + protocol.MIME + "': {'item': '00.p1', 'answer': 'x' * (70 << 20)}}, raw=True)")
-    got = _graded_in_a_child(tmp_path, src, kind="check")
+           "display({'" + protocol.MIME + "': {'item': '00.p1', 'answer': 'x' * (2 << 20)}}, raw=True)")
+    got = _graded_in_a_child(tmp_path, src, kind="check", notebook_answer_chars=1 << 20)
     assert got["records"] and all(set(r) == {"item", "unsendable"} for r in got["records"]), got["records"]
     assert "MB" in got["records"][0]["unsendable"]
 
@@ -195,9 +195,9 @@ def test_an_answer_record_over_its_limit_is_replaced_by_a_sentence(tmp_path):
 def test_a_message_over_the_clients_limit_never_lands_in_the_grader(tmp_path):
     """One 80 MB output with an 8 MB message limit: the kernel's socket is disconnected instead (the cell then runs
     into its time limit and the kernel is stopped), and the grader's peak memory is an honest notebook's. The
-    control: with the default limit (96 MB) the same output costs the grader over 150 MB more (cut to 1 MB after)."""
+    control: with a limit of 256 MB the same output costs the grader over 150 MB more (cut to 1 MB after)."""
     honest = _graded_in_a_child(tmp_path, "x = 1", message_bytes=8 << 20, answer_timeout=5)
     big = _graded_in_a_child(tmp_path, "print('y' * (80 << 20))", message_bytes=8 << 20, answer_timeout=5)
     assert big["peak_mb"] < honest["peak_mb"] + 30, (honest, big)
-    control = _graded_in_a_child(tmp_path, "print('y' * (80 << 20))", answer_timeout=5)
+    control = _graded_in_a_child(tmp_path, "print('y' * (80 << 20))", message_bytes=256 << 20, answer_timeout=5)
     assert control["next"] and control["peak_mb"] > honest["peak_mb"] + 150, (honest, control)

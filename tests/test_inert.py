@@ -28,7 +28,7 @@ PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a0000000d494844520000000100
 #: Active content of the student's in a page: an event handler, a script or a link that runs the marker, or an SVG or
 #: raw HTML element (the template's own handlers never mention the marker).
 ACTIVE = re.compile(r"<[^>]*\son\w+\s*=[^>]*PWNED|<script[^>]*>[^<]*PWNED|href\s*=\s*[\"']?\s*(?:javascript|jav&)"
-                    r"|<svg|<img[^>]*src=\"x\"\s+on", re.I)
+                    r"|<svg|<img[^>]*src=\"x\"\s+on|id=\"p8_explain\"></span>click me|src=\"/logout", re.I)
 
 
 def _hit(tag: str) -> str:
@@ -56,13 +56,18 @@ def hostile_notebook(release: Path) -> nbformat.NotebookNode:
     nb.cells.insert(1, new_code_cell("1", outputs=outs))
     answer = (f"My answer <img src=x onerror=\"{_hit('md')}\"> is **bold**, $a<b$.\n\n"
               f"<script>{_hit('md-script')}</script>\n\n[click me](javascript:{_hit('md-link')})\n"
-              f"[entity](jav&#x61;script:{_hit('md-entity')})\n\n```\n[x](javascript:{_hit('md-code')})\n\nmore\n```\n")
+              f"[entity](jav&#x61;script:{_hit('md-entity')})\n[files](files/javascript:{_hit('md-files')})\n"
+              f"![logout](/logout)\n\n"
+              f"```\n[x](javascript:{_hit('md-code')})\n\nmore\n```\n")
     md_answers = [c for c in nb.cells if c.cell_type == "markdown" and (c.metadata.get("nbgrader") or {}).get("solution")]
     assert md_answers, "lesson 00 has a written answer cell"
     md_answers[0].source = answer
     prose = next(c for c in nb.cells if c.cell_type == "markdown" and not c.metadata.get("nbgrader"))
     prose.source += f"\n\n<svg><animate onbegin=\"{_hit('prose')}\" attributeName=x dur=1s></svg>"
     nb.cells.insert(2, new_raw_cell(f"<script>{_hit('raw')}</script>", metadata={"raw_mimetype": "text/html"}))
+    # a raw cell with no mimetype is pasted into the page too; an element with a grade widget's id takes its clicks
+    nb.cells.insert(3, new_raw_cell('<div class="nbgrader_cell"><span id="p8_explain"></span>click me</div>'))
+    outs.append(new_output("stream", name="stdout", text=("\x1b[m" + "&" * 7) * 1000 + "\x1b[31mred\x1b[0m"))
     return nb
 
 
@@ -120,8 +125,16 @@ def test_the_students_markdown_is_cleaned_and_the_lessons_kept():
             assert not ACTIVE.search(a.source), ACTIVE.search(a.source).group(0)
     answer = next(a.source for a in after.cells if "My answer" in a.source)
     assert "<strong>bold</strong>" in answer and "$a&lt;b$" in answer  # formatting and math survive
-    raw = next(c for c in after.cells if c.cell_type == "raw")
-    assert "raw_mimetype" not in raw.metadata
+    assert not [c for c in after.cells if c.cell_type == "raw"]  # raw cells of the student's became their text
+    shown = next(a.source for a in after.cells if "click me" in a.source)
+    assert "<pre>" in shown and "&lt;div" in shown and not re.search(r"<[^>]*\sid=", shown)  # text, no element
+    ansi = next(o.text for o in after.cells[1].outputs if o.output_type == "stream" and "red" in o.text)
+    assert "\x1b" not in ansi and ansi.endswith("red")
+
+
+def test_a_missing_attachment_does_not_stop_the_notebook():
+    """nbconvert raises for an image of a missing attachment; the answer is shown, the image is its alt text."""
+    assert clean_markdown("![x](attachment:nope.png) and <b>text</b>") == '<div><p><img alt="x"> and <b>text</b></p></div>'
 
 
 def test_without_a_release_every_markdown_cell_is_cleaned():

@@ -156,6 +156,8 @@ def test_the_set_aside_note_renders_file_names_as_text(tmp_path):
 @pytest.mark.parametrize("name,why", [
     ("*", "pattern"), ("[a]lice", "pattern"), ("al?ce", "pattern"), ("a\\b", "pattern"),
     ("bob\n", "control"), ("eve\u202egnp.exe", "control"), ("tab\there", "control"), (" ana", "space"), ("", "empty"),
+    (".ipynb_checkpoints", "starts with"), ("-rf", "starts with"), ("e\u0301", "NFC"), ("a\xa0b", "invisible"),
+    ("\u2800", "invisible"), ("\u3164", "invisible"), ("___", "no letter"),
 ])
 def test_a_name_nbgrader_would_read_as_a_pattern_or_a_table_would_misshow_is_refused(name, why):
     problem = submissions.name_problem(name)
@@ -225,9 +227,37 @@ def test_a_notebook_of_far_more_cells_than_the_lessons_is_refused_before_it_is_p
 
     monkeypatch.setattr(nbformat, "reads", never)
     why = submissions.check(d, AID, ROOT / "lessons")
-    assert why is not None and "200000 cells" in why and f"the lesson's has {release}" in why, why
+    assert why is not None and f"the lesson's has {release}" in why, why
+    escaped = '{"cell\\u005ftype": "raw", "metadata": {}, "source": ""}'  # the same key, spelled with an escape
+    (d / f"{AID}.ipynb").write_text('{"cells": [' + ", ".join([escaped] * 50_000) + '], "metadata": {}, "nbformat": 4, '
+                                    '"nbformat_minor": 5}')
+    why = submissions.check(d, AID, ROOT / "lessons")
+    assert why is not None and "more than" in why, why
     monkeypatch.undo()
     big = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("") for _ in range(5000)])
-    with pytest.raises(submissions.SubmissionRefused, match="5000 cells"):
+    with pytest.raises(submissions.SubmissionRefused, match="more than"):
         submissions.RefuseUnsafe(release_directory=str(ROOT / "lessons")).preprocess(
             big, {"metadata": {"path": str(d.parent / "nowhere")}, "nbgrader": {"student": "ana", "assignment": AID}})
+
+
+def test_collect_keeps_no_timestamp_that_is_not_a_small_regular_file(tmp_path):
+    """nbgrader reads timestamp.txt whole, following a link (collect --update, the formgrader's autograde): the course's
+    collect keeps it only as a small regular file, so one linked to /dev/zero never reaches submitted/."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    from coursekit.exchange import LinkSafeCollect
+
+    for kind in ("link", "regular", "huge"):
+        src = tmp_path / kind / "src"
+        src.mkdir(parents=True)
+        (src / f"{AID}.ipynb").write_bytes(BLANK)
+        if kind == "link":
+            os.symlink("/dev/zero", src / "timestamp.txt")
+        else:
+            (src / "timestamp.txt").write_text("2026-12-05 10:00:00.000000 UTC" + (" " * 10_000 if kind == "huge" else ""))
+        collect = LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator())
+        collect.do_copy(str(src), str(tmp_path / kind / "dest"))
+        stamp = tmp_path / kind / "dest" / "timestamp.txt"
+        assert stamp.is_file() == (kind == "regular") and not stamp.is_symlink(), kind
+        assert (tmp_path / kind / "dest" / f"{AID}.ipynb").is_file()
