@@ -491,6 +491,28 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
             f"and grades.csv. Run the same command again to grade the rest and write the feedback.") from None
     finally:
         lock.release()
+    export_csv(a, course / "grades.csv")  # every score is in: written now, whatever stops the feedback
+    with _CtrlC() as stop:
+        try:
+            _write_feedback(a, jobs, problems, submitted, course, release_root)
+        except KeyboardInterrupt:
+            stop.hit = True
+        except CourseError:  # nbgrader's feedback step reports an interrupted run as a failure
+            if not stop.hit:
+                raise
+    if stop.hit:
+        raise GradingInterrupted(
+            f"stopped (Ctrl-C) after {len(done)} of {len(jobs)} submissions, while writing the feedback: their scores "
+            f"are in {course / 'gradebook.db'} and grades.csv. Run the same command again to write the feedback.") from None
+    export_csv(a, course / "grades.csv")
+    return _grading_summary(a, ids, jobs, problems, submitted, course, root, examples)
+
+
+def _write_feedback(a, jobs, problems, submitted, course, release_root) -> None:
+    """nbgrader's feedback of every graded lesson, the page saying why for each 0 for a reason, the status the class
+    report reads, and nbgrader's files beside every page (so that release_feedback can release it)."""
+    from . import report
+
     for aid in sorted({aid for aid, _ in jobs}):  # every submission has an autograded copy (record_zero's, or nbgrader's)
         _check(a.generate_feedback(aid, force=True), f"feedback for {aid}")
     for aid, sid in jobs:
@@ -504,8 +526,13 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
             report.write_status(course, aid, sid, "", ignored=submissions.ignored(folder, aid, release_root))
         # nbgrader release_feedback reads timestamp.txt and submission_secret.txt beside every page
         submissions.releasable(fb, folder)
+
+
+def _grading_summary(a, ids, jobs, problems, submitted, course, root, examples) -> str:
+    """The score table and what follows it, and submissions.csv, once the feedback is written."""
+    from . import report
+
     rows = scores(course, ids)
-    export_csv(a, course / "grades.csv")
     table = format_table(rows)
     if problems:
         table += "\n\nGraded 0, with a feedback file saying why:\n" + "\n".join(
