@@ -438,7 +438,7 @@ def _fill_capstone_store(progress: bool) -> None:
 
 def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None,
                  certs=None) -> str:
-    from . import parallel, report
+    from . import parallel
 
     a = api(root, course_dir, release_dir)
     course = Path(a.coursedir.root)
@@ -504,7 +504,6 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         raise GradingInterrupted(
             f"stopped (Ctrl-C) after {len(done)} of {len(jobs)} submissions, while writing the feedback: their scores "
             f"are in {course / 'gradebook.db'} and grades.csv. Run the same command again to write the feedback.") from None
-    export_csv(a, course / "grades.csv")
     return _grading_summary(a, ids, jobs, problems, submitted, course, root, examples)
 
 

@@ -163,7 +163,8 @@ def check(folder: Path, aid: str, release: Path | None = None) -> str | None:
     raw = nb_path.read_bytes()
     if not raw.strip():
         return f"{aid}.ipynb is an empty file ({len(raw)} bytes): it holds no notebook. Save the notebook in Jupyter and hand it in again."
-    why = too_many_cells(_cells_in(raw, release_cells(release, aid)), release_cells(release, aid))
+    cells = release_cells(release, aid)
+    why = too_many_cells(_cells_in(raw, cells), cells)
     if why is not None:  # counted while parsing, which stops one cell past the limit; nbformat never reads it
         return why
     import nbformat
@@ -187,6 +188,11 @@ EXTRA_CELLS = 200
 MAX_CELLS = 1000
 
 
+def cell_limit(release: int | None) -> int:
+    """The most cells a submission may have, given the release notebook's ``release`` cells (None: unknown)."""
+    return MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
+
+
 class _Enough(Exception):
     pass
 
@@ -197,7 +203,7 @@ def _cells_in(raw: bytes, release: int | None) -> int:
     costs no more than one at the limit. 0 when ``raw`` is not JSON (check says why afterwards)."""
     import json
 
-    limit = MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
+    limit = cell_limit(release)
     seen = 0
 
     def hook(pairs):
@@ -233,7 +239,7 @@ def release_cells(release: Path | None, aid: str) -> int | None:
 def too_many_cells(count: int, release: int | None) -> str | None:
     """Why a notebook of ``count`` cells is refused, given the release notebook's ``release`` cells (None: unknown,
     :data:`MAX_CELLS` applies), or None."""
-    limit = MAX_CELLS if release is None else CELLS_FACTOR * release + EXTRA_CELLS
+    limit = cell_limit(release)
     if count <= limit:
         return None
     return (f"the notebook has more than {limit} cells, and the lesson's has "
@@ -262,9 +268,6 @@ def _not_this_lesson(nb, aid: str) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- in the wrong place
-
-
 # --------------------------------------------------------------------------- student names
 
 #: Characters a student's folder name may not hold: nbgrader's glob patterns (it finds ``submitted/<student>/<lesson>``
@@ -281,8 +284,8 @@ def name_problem(name: str) -> str | None:
     empty, starts or ends with a space, starts with ``.`` or ``-``, is not in Unicode's NFC form, or holds a glob
     character or separator (:data:`NAME_PATTERN_CHARS`), a line break or another control or formatting character
     (Unicode category C: a right-to-left override would make a table lie), a space other than U+0020 or an
-    invisible letter, or no letter or digit at all. A student id is data: nbgrader would read such a name as a pattern, or a table would show another
-    name."""
+    invisible letter, or no letter or digit at all. A student id is data: nbgrader would read such a name as a
+    pattern, or a table would show another name."""
     import unicodedata
 
     if any(unicodedata.category(c).startswith("C") for c in name):
@@ -329,6 +332,9 @@ def student_folders(submitted: Path) -> list[Path]:
     if not Path(submitted).is_dir():
         return []
     return sorted(p for p in Path(submitted).iterdir() if p.is_dir() and name_problem(p.name) is None)
+
+
+# --------------------------------------------------------------------------- in the wrong place
 
 
 @dataclass(frozen=True)
