@@ -13,8 +13,11 @@ allow-list:
   working folder are private ``tmpfs`` mounts of a fixed size each, gone with the process tree;
 - **no privilege**: run by root, the sandboxed process changes to an unprivileged user of its own (a fresh id from
   ``SANDBOX_IDS``, shared with no other sandbox) with every capability and the bounding set dropped and
-  ``no_new_privs`` set (``setpriv``), after bubblewrap has made its mounts; run by anyone else, it runs in a user namespace with every capability dropped. Either way
-  it cannot unmount a cover, remount a folder writable, write a control group or load anything setuid;
+  ``no_new_privs`` set (``setpriv``), after bubblewrap has made its mounts; run by anyone else, it runs in a user
+  namespace with every capability dropped. Either way it cannot unmount a cover, remount a folder writable, write
+  a control group, load anything setuid, or make a user namespace of its own (where it would be root and could
+  mount a ``tmpfs`` past the private ``/tmp``'s cap): bubblewrap's ``--disable-userns``, or for a root grader
+  :mod:`coursekit.nouserns`, which sets the same limit around bubblewrap;
 - **no network**: its own network namespace holds only a loopback of its own, so nothing it reads can be
   sent anywhere and no server on the grading machine (a Dask scheduler) can be reached. The kernel's
   channels to the grader are Unix sockets in a private folder (:func:`coursekit.guard.GuardedExecute`),
@@ -139,6 +142,9 @@ def problem() -> str | None:
         r = subprocess.run(_bwrap([sys.executable, "-c", "pass"], Spec()), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap could not start: {e}"
+    if r.returncode != 0 and r.stderr.startswith("nouserns:"):
+        return ("a root grader's sandbox starts in a user namespace that forbids the student's code to make its own, "
+                f"and none can be made here: {r.stderr.strip()[:300]}")
     if r.returncode != 0:
         return f"bubblewrap cannot create a sandbox here: {r.stderr.strip()[:300]}"
     return None
@@ -229,10 +235,14 @@ def _bwrap_disables_userns() -> bool:
 
 def _bwrap(argv: Sequence[str], spec: Spec) -> list[str]:
     lim = spec.limits
-    args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+    # A root grader's bubblewrap starts in a user namespace that allows no further one (coursekit/nouserns.py):
+    # its sandbox changes user itself, so bubblewrap's --disable-userns (below) is not available to it.
+    launcher = [sys.executable, "-I", "-S", str(PKG / "nouserns.py"), "--"] if privileged() else []
+    args = [*launcher, "bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if not privileged():  # bubblewrap makes a user namespace; nothing may be kept of its capabilities, and the
-        # student's code may not make one of its own (a tmpfs mounted there would pass the private /tmp's cap)
+        # student's code may not make one of its own (a tmpfs mounted there would pass the private /tmp's cap;
+        # a root grader's launcher does the same)
         args += ["--unshare-user", "--cap-drop", "ALL"] + (["--disable-userns"] if _bwrap_disables_userns() else [])
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(lim.tmp), "--perms", "1777", "--tmpfs", "/tmp",

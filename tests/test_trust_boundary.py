@@ -612,6 +612,37 @@ def test_a_grader_that_is_not_root_gives_the_student_no_user_namespace_of_its_ow
     assert "USERNS made" in r.stdout, r.stdout + r.stderr
 
 
+@needs_sandbox
+def test_a_root_grader_gives_the_student_no_user_namespace_of_its_own_either():
+    """As root, bubblewrap starts in coursekit/nouserns.py's user namespace, whose limit of further user namespaces
+    is 0: the sandboxed user cannot make one, nor raise the limit. The control: without the launcher it can."""
+    import subprocess
+
+    if not sandbox.privileged():
+        pytest.skip("only a root grader starts bubblewrap through the launcher")
+    probe = _USERNS + "\ntry:\n    open('/proc/sys/user/max_user_namespaces', 'w').write('9')\n    print('LIMIT raised')\n" \
+        "except OSError:\n    print('LIMIT kept')\n"
+    argv = sandbox.command([sys.executable, "-c", probe], sandbox.Spec())
+    start = argv.index("bwrap")
+    assert argv[start - 1] == "--" and argv[start - 2].endswith("nouserns.py")
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert "USERNS refused" in r.stdout and "LIMIT kept" in r.stdout, r.stdout + r.stderr
+    launcher = argv[start - 5:start]
+    without = [a for i, a in enumerate(argv) if not start - 5 <= i < start]
+    assert launcher[0] == sys.executable and "nouserns.py" not in " ".join(without)
+    r = subprocess.run(without, capture_output=True, text=True, timeout=120)
+    assert "USERNS made" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_userns_launcher_says_why_it_cannot_start():
+    """Bad use of the launcher is one line and status 125, never a traceback."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-I", "-S", str(sandbox.PKG / "nouserns.py"), "true"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 125 and r.stderr.startswith("usage:"), r.stderr
+
+
 def test_the_sandbox_passes_an_explicit_environment_only():
     env = sandbox.environment({"PATH": "/x", "COURSEKIT_KEYS": "/k", "COURSEKIT_SEED": "7", "AWS_SECRET_ACCESS_KEY": "s",
                                "OMP_NUM_THREADS": "1", "HOME": "/root", "NBGRADER_EXECUTION": "autograde"})
