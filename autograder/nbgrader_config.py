@@ -31,8 +31,9 @@ os.makedirs(c.CourseDirectory.root, exist_ok=True)
 # so that it is one line to change; $COURSEKIT_EXCHANGE moves it without editing this file. Students' config:
 # autograder/student_nbgrader_config.py.
 c.Exchange.root = os.environ.get("COURSEKIT_EXCHANGE", "/usr/local/share/nbgrader/exchange")
-# nbgrader's collect, copying a link in a student's submission as a link instead of what it points to (the grading
-# account can read the keys); coursekit grade then refuses that submission (coursekit/exchange.py).
+# nbgrader's collect, leaving a link in a student's submission out (named in links-not-collected.txt) instead of
+# copying what it points to (the grading account can read the keys); every grading route then refuses that
+# submission (coursekit/exchange.py).
 c.ExchangeFactory.collect = "coursekit.exchange.LinkSafeCollect"
 # Absolute step folders: nbgrader joins root with them, and an absolute path wins.
 c.CourseDirectory.source_directory = os.path.join(REPO, "solutions")

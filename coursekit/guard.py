@@ -99,6 +99,36 @@ def _output_size(content: dict) -> int:
 #: Longest single wait on a kernel channel, in seconds (see :func:`poll_in_slices`).
 POLL_SLICE_S = 1.0
 
+#: Most values (list and dict entries, containers) one frame of a kernel message may hold: JSON's own text costs
+#: two bytes a value (``[],``...), Python's objects about 60, so a frame that ZeroMQ's size limit lets through would
+#: otherwise become gigabytes in the grading process. An honest message holds a few hundred (an array travels as
+#: one base64 string, coursekit.protocol).
+MESSAGE_VALUES = 1_000_000
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+class MessageRefused(ValueError):
+    """A kernel message that :func:`bounded_unpack` would not build (it is dropped; see :func:`poll_in_slices`)."""
+
+
+def bounded_unpack(unpack, limit: int = MESSAGE_VALUES):
+    """``unpack`` (a jupyter_client Session's: bytes of one JSON frame → object) that first counts the values the
+    frame would build, outside its strings, without building any: more than ``limit`` raises
+    :class:`MessageRefused`. Costs one pass of a C regular expression over the frame (about 0.1 s for 64 MB)."""
+
+    def bounded(data):
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+        bare = _JSON_STRING.sub(b"", raw)
+        n = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+        del bare
+        if n > limit:
+            raise MessageRefused(f"a kernel message of about {n:,} values (at most {limit:,}) was dropped")
+        return unpack(data)
+
+    bounded.bounded = True
+    return bounded
+
 
 def poll_in_slices(get_msg, slice_s: float = POLL_SLICE_S):
     """``get_msg`` (a jupyter_client async channel's) that never waits longer than ``slice_s`` at a time.
@@ -109,7 +139,8 @@ def poll_in_slices(get_msg, slice_s: float = POLL_SLICE_S):
     T (40 minutes here) before calling the cell timed out (nbclient issue #312, "when cell contains ipywidget,
     execute cell will sometimes block", open; seen here grading lesson 17 in the test suite). Waiting in short
     slices asks the socket again every ``slice_s`` seconds, which finds a reply that is already there.
-    Same contract as ``get_msg``: returns the message, or raises ``queue.Empty`` once ``timeout`` has passed.
+    Same contract as ``get_msg``: returns the message, or raises ``queue.Empty`` once ``timeout`` has passed. A
+    message :func:`bounded_unpack` refused is passed over (a reply among them leaves the cell to its time limit).
     """
     from queue import Empty
 
@@ -120,6 +151,9 @@ def poll_in_slices(get_msg, slice_s: float = POLL_SLICE_S):
             step = slice_s if left is None else max(0.0, min(slice_s, left))
             try:
                 return await get_msg(timeout=step)
+            except MessageRefused:  # read off the socket and dropped (bounded_unpack): wait on, as for nothing
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Empty from None
             except Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
@@ -165,6 +199,10 @@ class GuardedExecute(Execute):
                        "filling the grading process's memory (ZeroMQ's MAXMSGSIZE; the cell then runs into its time "
                        "limit and the kernel is stopped). A message within it is parsed by jupyter_client before the "
                        "output caps cut it (one print of 50 MB is cut with a note).").tag(config=True)
+
+    message_values = Integer(
+        MESSAGE_VALUES, help="Values (list and dict entries) one frame of a kernel message may hold; a larger one is "
+                             "dropped before it is built (bounded_unpack).").tag(config=True)
 
     interrupt_grace = Integer(
         10, help="Seconds a timed-out cell's kernel gets to answer after the interrupt; if it does not, it is stopped."
@@ -253,6 +291,8 @@ class GuardedExecute(Execute):
             km.connection_file = str(self._private / "kernel.json")
             km.ip = str(self._private / "k")
             km.kernel_spec.interrupt_mode = "message"
+            if not getattr(km.session.unpack, "bounded", False):  # the client shares the manager's session
+                km.session.unpack = bounded_unpack(km.session.unpack, self.message_values)
             spec.writable, spec.env = [self._private], env
             plain = km.format_kernel_cmd
 
@@ -293,15 +333,23 @@ class GuardedExecute(Execute):
         over ``message_bytes`` (ZeroMQ disconnects the sender; the cell then runs into its time limit), there is no
         stdin channel (nbclient never reads it, so whatever the kernel sent there would queue in this process), and
         the shell and iopub waits are cut into short slices (:func:`poll_in_slices`). Once the kernel answers (its
-        sockets exist), its private folder is taken back from it (coursekit.sandbox.close_folder)."""
+        sockets exist), its private folder is taken back from it (coursekit.sandbox.close_folder: a root grader
+        takes its ownership back; any other grader, whose kernel runs as itself, removes it once every channel is
+        connected, and a connection outlives its socket's file)."""
         import zmq
         from nbclient.util import ensure_async, run_hook
 
         self.kc = self.km.client()
         self.kc.context.setsockopt(zmq.MAXMSGSIZE, int(self.message_bytes))  # for every socket it makes from now
         try:
-            await ensure_async(self.kc.start_channels(stdin=False))
+            await ensure_async(self.kc.start_channels(stdin=False, hb=False))  # is_alive asks the kernel manager
             await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+            if self._private is not None:
+                from coursekit import sandbox
+
+                if not sandbox.privileged():  # the folder is about to go: every channel must be connected first
+                    await self._channels_connected()
+                sandbox.close_folder(self._private)
         except Exception as e:
             self.log.error("Error occurred while starting new kernel client for kernel %s: %s",
                            getattr(self.km, "kernel_id", None), e)
@@ -310,15 +358,38 @@ class GuardedExecute(Execute):
         self.kc.allow_stdin = False
         await run_hook(self.on_notebook_start, notebook=self.nb)
         kc = self.kc
-        if self._private is not None:
-            from coursekit import sandbox
-
-            sandbox.close_folder(self._private)
         for channel in (kc.shell_channel, kc.iopub_channel):
             channel.get_msg = poll_in_slices(channel.get_msg)
         return kc
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)
+
+    async def _channels_connected(self, timeout: float = 30.0) -> None:
+        """Return once the kernel manager's control socket and the client's iopub socket are connected to the
+        kernel (the shell socket is: the kernel answered on it): a kernel_info request on the control socket,
+        its reply there, and the kernel's status for it on iopub. A socket that connects later would find no
+        folder. Raises RuntimeError if that takes over ``timeout`` seconds."""
+        from queue import Empty
+
+        from nbclient.util import ensure_async
+
+        km, kc = self.km, self.kc
+        km._connect_control_socket()  # jupyter_client's own (it sends interrupts there)
+        sock = km._control_socket
+        msg = km.session.msg("kernel_info_request")
+        km.session.send(sock, msg)
+        deadline = time.monotonic() + timeout
+        if not await sock.poll(int(timeout * 1000)):
+            raise RuntimeError("the kernel did not answer on its control channel")
+        await sock.recv_multipart()
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                seen = await ensure_async(kc.iopub_channel.get_msg(timeout=max(left, 0.0)))
+            except Empty:
+                raise RuntimeError("the kernel's iopub channel did not connect") from None
+            if (seen.get("parent_header") or {}).get("msg_id") == msg["header"]["msg_id"]:
+                return
 
     def _students(self, cell) -> bool:
         """Whether ``cell`` holds the student's code: an answer cell, or a code cell added or edited (its source is

@@ -313,11 +313,22 @@ def make_private_folder(prefix: str, spec: Spec) -> Path:
 
 
 def close_folder(folder: Path) -> None:
-    """Give ``folder`` back to the grader, read-only for the sandbox: the kernel's sockets stay usable, but it can no
-    longer add files (the folder is on the host's disk, outside every tmpfs cap) nor replace a socket with a link."""
+    """Take ``folder`` back from the sandbox once the kernel's sockets are connected: it can no longer add files
+    (the folder is on the host's disk, outside every tmpfs cap) nor replace a socket with a link.
+
+    A root grader gives it back to root, read-only for the sandbox's user. Any other grader's kernel runs as the
+    grader's own user and would own the folder whatever its mode, so the folder is removed instead: a connected
+    Unix socket outlives its file, and the kernel's view of the folder is then a removed folder, in which nothing
+    can be made. Raises RuntimeError if the folder cannot be removed (something kept adding to it)."""
     if privileged():
         os.chown(folder, 0, 0)
         os.chmod(folder, 0o755)
+        return
+    for _ in range(3):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.lexists(folder):
+            return
+    raise RuntimeError(f"the kernel's socket folder {folder} could not be removed: something kept writing into it")
 
 
 def give(path: Path, spec: Spec) -> None:

@@ -45,6 +45,9 @@ MAX_ENTRIES = 256
 #: Files nbgrader itself adds to a submission folder: ``nbgrader submit`` writes the time it was handed in and the
 #: secret that names its feedback, and ``nbgrader collect`` copies both into ``submitted/``.
 NBGRADER_FILES = ("timestamp.txt", "submission_secret.txt")
+#: Written by the course's ``nbgrader collect`` (coursekit.exchange.LinkSafeCollect) in place of the symbolic links
+#: it did not copy: their paths, one per line. A folder holding it is refused like one holding a link.
+LINKS_NOT_COLLECTED = "links-not-collected.txt"
 
 
 def lesson_files(release: Path | None, aid: str) -> set[str]:
@@ -65,6 +68,18 @@ def refusal(folder: Path) -> str | None:
     if folder.is_symlink() or folder.parent.is_symlink():
         return ("your submission folder is a symbolic link. Hand in the lesson's folder itself, with the notebook "
                 "file in it.")
+    marker = folder / LINKS_NOT_COLLECTED
+    if marker.is_file() and not marker.is_symlink():
+        try:
+            with open(marker, "rb") as f:
+                head = f.read(2048)
+            lines = head.decode("utf-8", "replace").splitlines()
+            names = [n for n in (lines[:-1] if len(head) == 2048 else lines) if n.strip()]  # no name cut in two
+        except OSError:
+            names = []
+        said = f" ({shown(names, 3)})" if names else ""
+        return (f"it held a symbolic link{said}, which nbgrader collect did not copy: hand in the files themselves "
+                "(the notebook saved by Jupyter), not links to them.")
     total = entries = 0
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for name in sorted([*dirnames, *filenames]):

@@ -209,12 +209,15 @@ def test_feedback_generated_anew_is_released_for_everyone(term):
             assert (term["course"] / "autograded" / sid / AID / name).is_file(), (sid, name)
 
 
-def test_a_link_in_a_submission_is_collected_as_a_link_and_refused(term):
-    """nbgrader's collect follows links as the grading account; the course's collect copies a link as a link, so the
-    keys never reach the course folder, and coursekit grade refuses the submission."""
+def test_a_link_in_a_submission_is_not_collected_and_the_submission_refused(term):
+    """nbgrader's collect follows links as the grading account; the course's collect leaves a link out and names it,
+    so neither the keys nor a link to them reach the course folder (nbgrader's own autograde, the formgrader's
+    button, would follow it), and coursekit grade refuses the submission."""
     sub = term["course"] / "submitted" / "ck-cy" / AID
-    assert (sub / "keys.json").is_symlink()
-    assert "ck-cy/00-setup-and-probes: it holds a symbolic link (keys.json)" in term["graded"]
+    assert not (sub / "keys.json").exists() and not (sub / "keys.json").is_symlink()
+    assert (sub / "links-not-collected.txt").read_text() == "keys.json\n"
+    assert not [p for p in term["course"].rglob("*") if p.is_symlink()]
+    assert "ck-cy/00-setup-and-probes: it held a symbolic link (keys.json)" in term["graded"]
     keys = (ROOT / "autograder" / "keys" / f"{AID[:2]}.json").read_text()
     for p in term["course"].rglob("*"):
         if p.is_file() and not p.is_symlink() and p.suffix in (".json", ".html", ".txt", ".ipynb"):

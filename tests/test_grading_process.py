@@ -201,3 +201,35 @@ def test_a_message_over_the_clients_limit_never_lands_in_the_grader(tmp_path):
     assert big["peak_mb"] < honest["peak_mb"] + 30, (honest, big)
     control = _graded_in_a_child(tmp_path, "print('y' * (80 << 20))", message_bytes=256 << 20, answer_timeout=5)
     assert control["next"] and control["peak_mb"] > honest["peak_mb"] + 150, (honest, control)
+
+
+_MANY_VALUES = textwrap.dedent("""
+    k = get_ipython().kernel
+    k.session.send(k.iopub_socket, 'display_data', {'data': {'application/json': [[]] * (12 << 20)}, 'metadata': {}},
+                   parent=k.get_parent('shell'), ident=k._topic('display_data'))
+    print('sent')
+    """)
+
+
+@needs_sandbox
+def test_a_message_of_many_small_values_is_dropped_before_it_is_built(tmp_path):
+    """36 MB of empty lists in one message (within the 64 MB message limit) would be about 1 GB of Python objects in
+    the grading process: it is dropped unbuilt, and the rest of the notebook is graded. The control: with the value
+    limit raised, the same message costs the grader over 400 MB."""
+    honest = _graded_in_a_child(tmp_path, "x = 1")
+    many = _graded_in_a_child(tmp_path, _MANY_VALUES)
+    assert many["next"] and many["peak_mb"] < honest["peak_mb"] + 150, (honest, many)
+    control = _graded_in_a_child(tmp_path, _MANY_VALUES, message_values=1 << 30)
+    assert control["peak_mb"] > honest["peak_mb"] + 400, (honest, control)
+
+
+def test_the_value_count_ignores_what_strings_hold():
+    import json
+
+    from coursekit.guard import MessageRefused, bounded_unpack
+
+    unpack = bounded_unpack(json.loads, limit=10)
+    text = json.dumps({"text": '[[[, {{{ " \\ ' * 1000, "n": [1, 2, 3]})
+    assert unpack(text.encode())["n"] == [1, 2, 3]
+    with pytest.raises(MessageRefused, match="about 40 values"):
+        unpack(json.dumps([[]] * 20).encode())

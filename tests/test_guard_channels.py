@@ -77,4 +77,4 @@ def test_the_graders_kernel_client_waits_in_slices_caps_messages_and_opens_no_st
     kc = asyncio.run(ex.async_start_new_kernel_client())
     for ch in (kc.shell_channel, kc.iopub_channel):
         assert ch.get_msg.__qualname__.startswith("poll_in_slices")
-    assert kc.started == {"stdin": False} and kc.context.opts == {zmq.MAXMSGSIZE: 1234}
+    assert kc.started == {"stdin": False, "hb": False} and kc.context.opts == {zmq.MAXMSGSIZE: 1234}

@@ -261,3 +261,35 @@ def test_collect_keeps_no_timestamp_that_is_not_a_small_regular_file(tmp_path):
         stamp = tmp_path / kind / "dest" / "timestamp.txt"
         assert stamp.is_file() == (kind == "regular") and not stamp.is_symlink(), kind
         assert (tmp_path / kind / "dest" / f"{AID}.ipynb").is_file()
+
+
+def test_collect_copies_no_link_and_names_each_one_it_left_out(tmp_path):
+    """nbgrader's own autograde (the formgrader's button) copies a submission's files following links before any
+    check runs: the course's collect leaves every link out (a file's, a folder's, the notebook's own) and names them,
+    and the folder is then refused with those names. A student's own file of the marker's name does not survive."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    from coursekit.exchange import LinkSafeCollect
+    from coursekit.submissions import LINKS_NOT_COLLECTED, refusal
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    os.symlink("/etc/passwd", src / f"{AID}.ipynb")
+    os.symlink("/etc", src / "sub" / "etc")
+    (src / "notes.txt").write_text("mine")
+    (src / LINKS_NOT_COLLECTED).write_text("forged\n")
+    collect = LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator())
+    collect.do_copy(str(src), str(tmp_path / "dest"))
+    dest = tmp_path / "dest"
+    assert not [p for p in dest.rglob("*") if p.is_symlink()]
+    assert (dest / LINKS_NOT_COLLECTED).read_text() == f"{AID}.ipynb\nsub/etc\n"
+    assert (dest / "notes.txt").read_text() == "mine"
+    why = refusal(dest)
+    assert why.startswith(f"it held a symbolic link ({AID}.ipynb, sub/etc), which nbgrader collect did not copy"), why
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / f"{AID}.ipynb").write_bytes(BLANK)
+    (clean / LINKS_NOT_COLLECTED).write_text("forged\n")
+    LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator()).do_copy(str(clean), str(tmp_path / "d2"))
+    assert not (tmp_path / "d2" / LINKS_NOT_COLLECTED).exists() and refusal(tmp_path / "d2") is None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -767,6 +769,36 @@ def test_the_kernel_cannot_write_to_the_graders_terminal_nor_into_its_socket_fol
     assert "socket folder refused" in out, out
     seen = capfd.readouterr()
     assert "KERNEL-TO-GRADER" not in seen.out + seen.err
+
+
+@needs_sandbox
+def test_a_grader_that_is_not_root_leaves_its_kernel_no_socket_folder_to_fill(tmp_path, monkeypatch):
+    """A grader that is not root runs the kernel as itself (the owner of its socket folder, whatever the folder's
+    mode): once every channel is connected the folder is removed, so the kernel can make nothing there, and its
+    output, a timed-out cell's interrupt and the cells after it work as before."""
+    from coursekit.guard import GuardedExecute
+
+    monkeypatch.setattr(sandbox, "privileged", lambda: False)
+    (tmp_path / "work").mkdir()
+    src = ("import os, sys\n"
+           "d = os.path.dirname(sys.argv[sys.argv.index('-f') + 1])\n"
+           "try:\n"
+           "    open(d + '/fill', 'wb').write(b'0' * (1 << 20)); print('wrote in the socket folder')\n"
+           "except OSError as e:\n"
+           "    print('socket folder refused', type(e).__name__)\n"
+           "print('uid', os.getuid())\n")
+    answer = _kernel_cell("import time\ntime.sleep(600)")
+    answer.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "slow", "schema_version": 3}
+    nb = new_notebook(cells=[_kernel_cell(src), answer, _kernel_cell("print('after the interrupt')")])
+    folders = set(Path("/tmp").glob("ck-*"))
+    ex = GuardedExecute(timeout=120, answer_timeout=3, interrupt_grace=60, kernel_name="python3")
+    t0 = time.monotonic()
+    nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
+    out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "socket folder refused" in out, out
+    assert "after the interrupt" in "".join(o.get("text", "") for o in nb.cells[2].outputs), nb.cells[2].outputs
+    assert time.monotonic() - t0 < 50  # the interrupt reached the kernel: it was not stopped after the grace
+    assert set(Path("/tmp").glob("ck-*")) <= folders
 
 
 @needs_sandbox
