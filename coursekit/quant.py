@@ -44,7 +44,9 @@ __all__ = [
 #: Block sizes bitsandbytes accepts for 4-bit quantization (``functional.quantize_4bit``).
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
-#: The outermost quantile of NF4: ½[(1 − 1/30) + (1 − 1/32)] ≈ 0.9677083 (QLoRA §3).
+#: The outermost probability of NF4's quantile grid, bitsandbytes' ``create_normal_map`` default (its documentation:
+#: empirically optimized). ½[(1 − 1/30) + (1 − 1/32)] matches it to seven digits (a reconstruction, not the QLoRA
+#: paper's formula, which takes midpoints of neighbouring quantiles; see docs/bitsandbytes-4bit.md).
 NF4_OFFSET = 0.9677083
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
