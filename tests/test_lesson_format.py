@@ -189,3 +189,38 @@ def test_no_reference_outside_the_repository(top):
     found = [f"{p.relative_to(ROOT)}: …{text[max(0, m.start() - 40):m.end() + 20]!r}…"
              for p, text in _text_files(ROOT / top) for m in OUTSIDE.finditer(text)]
     assert not found, "references to material outside the repository:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------------------------ a check the student can see
+
+#: Words of a sentence that says a comparison came out right. Printed as a constant, such a sentence is a claim: the
+#: comparison it names sits in a cell the release drops (``assert-numbers``) or nowhere.
+_AGREEMENT = re.compile(r"\b(agrees?|agreement|matches|equals|identical|checked above|checks both)\b", re.I)
+
+
+def _constant_prints(source: str) -> list[str]:
+    """The string constants a code cell prints as they are (a plain literal, not an f-string that shows a value)."""
+    out = []
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return out
+    for i, tok in enumerate(tokens[:-3]):
+        if tok.string == "print" and tokens[i + 1].string == "(" and tokens[i + 2].type == tokenize.STRING:
+            literal, after = tokens[i + 2].string, tokens[i + 3].string
+            if not re.match(r"[rRbBuU]*[fF]", literal) and after == ")":
+                out.append(literal)
+    return out
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_an_announced_comparison_prints_its_evidence(lid):
+    """In the student's notebook a cell never prints a constant sentence saying that two things agree, and the prose
+    never says a check was made above or in the cell: the comparison itself prints (its largest difference, or its
+    result), since the cells holding the course's own assertions are not in the release."""
+    nb = _nb("lessons", lid)
+    claims = [f"cell {i + 1}: print({lit})" for i, c in enumerate(nb.cells) if c.cell_type == "code"
+              for lit in _constant_prints(c.source) if _AGREEMENT.search(lit)]
+    claims += [f"cell {i + 1}: {m.group(0)!r}" for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+               for m in re.finditer(r"\((?:checked|verified) above\)|the cell checks both", c.source, re.I)]
+    assert not claims, "\n".join(claims)
