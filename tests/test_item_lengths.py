@@ -1,0 +1,89 @@
+"""No keyed option gives itself away by its length (issue class: "the key is the longest option, carrying its own
+'because …'"). Every single-answer choice item of every lesson, counted (key in the instructor's key file) or formative
+(key in the item table): its options are read from the lesson's markdown, as the student sees them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursekit import course
+from coursekit.grading import Choice
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = course.lesson_ids(ROOT)
+
+#: At most this share of the items may have their key as the strictly longest option (a third: with four options of
+#: unrelated lengths a key is the longest about a quarter of the time).
+LONGEST_SHARE = 1 / 3
+#: No key may be longer than this many times the longest other option.
+MOST_RATIO = 1.5
+
+
+def _options(source: str) -> dict[str, str]:
+    return dict(re.findall(r"^\s*[-*]\s*([a-h])\)\s*(.+?)\s*$", source, re.M))
+
+
+def single_answer_items(kind: str = "lessons") -> list[tuple[str, str, str, dict[str, str]]]:
+    """(lesson, item, key, {letter: option text}) for every single-answer choice whose options the lesson lists
+    (``kind``: "lessons", what students get, or "solutions", their source)."""
+    out = []
+    for lid in LESSONS:
+        nn = lid[:2]
+        table = importlib.import_module(f"coursekit.grading.lessons.lesson{nn}").ITEMS
+        key_file = ROOT / "autograder" / "keys" / f"{nn}.json"
+        counted = json.loads(key_file.read_text())["keys"] if key_file.is_file() else {}
+        nb = nbformat.read(ROOT / kind / lid / f"{lid}.ipynb", as_version=4)
+        markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
+        for item, spec in table.items():
+            if not isinstance(spec, Choice) or spec.multi:
+                continue
+            key = spec.key if spec.formative else counted.get(item)
+            cell = next((m for m in markdown if re.search(rf"\*\*{item[0].upper()}{item[1:]}\b", m)), None)
+            opts = _options(cell or "")
+            if isinstance(key, str) and key in opts and len(opts) >= 2:
+                out.append((nn, item, key, opts))
+    return out
+
+
+ITEMS = single_answer_items()
+
+
+def _ratio(key: str, opts: dict[str, str]) -> float:
+    return len(opts[key]) / max(len(v) for k, v in opts.items() if k != key)
+
+
+def test_the_items_are_found():
+    assert len(ITEMS) >= 40, len(ITEMS)
+
+
+def test_the_key_is_seldom_the_longest_option():
+    longest = [f"{nn}.{item}" for nn, item, key, opts in ITEMS if _ratio(key, opts) > 1]
+    assert len(longest) <= LONGEST_SHARE * len(ITEMS), (
+        f"the key is the longest option in {len(longest)} of {len(ITEMS)} items: {', '.join(longest)}")
+
+
+@pytest.mark.parametrize("nn, item, key, opts", ITEMS, ids=[f"{nn}.{item}" for nn, item, _, _ in ITEMS])
+def test_no_key_stands_out_by_its_length(nn, item, key, opts):
+    assert _ratio(key, opts) <= MOST_RATIO, (
+        f"{nn}.{item}: the key ({key}) has {len(opts[key])} characters, "
+        f"{_ratio(key, opts):.2f} times the longest other option")
+
+
+if __name__ == "__main__":  # a report for authors: python tests/test_item_lengths.py [solutions|lessons] [NN ...]
+    import sys
+
+    kind = sys.argv[1] if len(sys.argv) > 1 else "solutions"
+    only = set(sys.argv[2:])
+    items = single_answer_items(kind)
+    longest = [f"{nn}.{item}" for nn, item, key, opts in items if _ratio(key, opts) > 1]
+    for nn, item, key, opts in items:
+        if not only or nn in only:
+            flag = "TOO LONG" if _ratio(key, opts) > MOST_RATIO else ("longest" if _ratio(key, opts) > 1 else "")
+            print(f"{nn}.{item:4s} key {key}  ratio {_ratio(key, opts):4.2f}  {flag}")
+    print(f"key strictly longest in {len(longest)} of {len(items)} (at most {int(LONGEST_SHARE * len(items))} allowed)")
