@@ -1,80 +1,151 @@
 """nbgrader's ``collect``, made safe for a grading account that can read more than the exchange.
 
-nbgrader's exchange is a folder every user writes to, and a student controls what their submission folder holds.
-nbgrader 0.9's ``collect`` copies each submission into ``submitted/`` with ``shutil.copytree``, which follows
-symbolic links, as the user who collects: a student who submits a link to a file only the grading account can read
-(the answer keys, another student's notebook, a solution) receives its contents back as a plain file of their own
-submission (copied on into ``autograded/`` and ``feedback/``), or is graded on it. :class:`LinkSafeCollect` is
-nbgrader's collect with one change: no symbolic link reaches ``submitted/``. A link in a submission is not copied (its
-path is written to ``links-not-collected.txt`` in its place), and a submission folder that is itself a link is not
-collected. Every grading route then refuses that submission, with the reason in the student's feedback:
+nbgrader's exchange is a folder every user writes to, and a student controls what their submission folder holds,
+also while it is being collected. nbgrader 0.9's ``collect`` copies each submission into ``submitted/`` with
+``shutil.copytree``, which follows symbolic links, as the user who collects: a student who submits a link to a file
+only the grading account can read (the answer keys, another student's notebook, a solution) receives its contents
+back as a plain file of their own submission (copied on into ``autograded/`` and ``feedback/``), or is graded on it.
+Checking for links first is not enough: a file can be swapped for a link between the check and the copy.
+
+:class:`LinkSafeCollect` is nbgrader's collect with its copy replaced: only regular files and folders reach
+``submitted/``, each opened without following a link (``O_NOFOLLOW``, and ``os.fwalk``, which descends only into a
+folder it has verified is the one it listed) and copied from the opened file. Every other entry (a symbolic link, a
+pipe, a socket, a device) is left out and named in ``links-not-collected.txt``; a submission folder that is itself a
+link is not collected. The copy is built in a temporary folder beside its destination and renamed into place only
+when it is complete; a submission that cannot be copied is logged and skipped, and the next student is collected.
+Every grading route then refuses a folder with that file, with the reason in the student's feedback:
 ``coursekit grade`` and nbgrader's own autograde (the formgrader's button, through the course's RefuseUnsafe;
 coursekit.submissions.refusal); nbgrader's autograde copies a submission's files following links before any
-preprocessor looks, so a link must not be there to follow. ``autograder/nbgrader_config.py`` selects it (``ExchangeFactory.collect``); the
-exchange is pluggable since nbgrader 0.7 (https://nbgrader.readthedocs.io/en/stable/exchange/index.html).
+preprocessor looks, so a link must not be there to follow. ``autograder/nbgrader_config.py`` selects it
+(``ExchangeFactory.collect``); the exchange is pluggable since nbgrader 0.7
+(https://nbgrader.readthedocs.io/en/stable/exchange/index.html).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
+import stat
+import tempfile
 
 from nbgrader.exchange.default.collect import ExchangeCollect
-from nbgrader.exchange.default.exchange import ignore_patterns
 
 from .submissions import LINKS_NOT_COLLECTED, nbgrader_file
 
+_CHUNK = 1 << 20
+
+
+class CopyRefused(Exception):
+    """A submission folder that is not collected (its reason is the message)."""
+
+
+def copy_plain(src: str, dest: str, exclude=(), include=(), max_file_bytes: float | None = None,
+               max_total_bytes: float | None = None, log=None) -> list[str]:
+    """Copy the folder ``src`` to ``dest`` (which must not exist), regular files and folders only, never following a
+    link. ``exclude``: name globs left out anywhere; ``include``: if given, a file must match one; ``max_file_bytes``:
+    a larger file is left out with a warning (nbgrader's rules). Returns the paths (relative, sorted) of the entries
+    left out because they are neither (links, pipes, sockets, devices). Raises :class:`CopyRefused` when ``src`` is a
+    link or not a folder, or holds more than ``max_total_bytes``; ``dest`` is then removed."""
+    try:
+        root = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise CopyRefused(f"the submission folder is a symbolic link or not a folder ({e.strerror})") from None
+    left_out: list[str] = []
+    total = 0
+    os.makedirs(dest)
+    try:
+        for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=root, follow_symlinks=False):
+            rel_dir = os.path.normpath(dirpath)
+            keep_dirs = []
+            for name in sorted([*dirnames, *filenames]):
+                rel = os.path.normpath(os.path.join(rel_dir, name))
+                if any(fnmatch.fnmatch(name, g) for g in exclude):
+                    continue
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    os.makedirs(os.path.join(dest, rel), exist_ok=True)
+                    keep_dirs.append(name)
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    left_out.append(rel)
+                    continue
+                if include and not any(fnmatch.fnmatch(name, g) for g in include):
+                    continue
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+                except OSError:  # swapped for a link (ELOOP) or removed since it was listed
+                    left_out.append(rel)
+                    continue
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not stat.S_ISREG(st.st_mode):
+                        left_out.append(rel)
+                        continue
+                    if max_file_bytes is not None and st.st_size > max_file_bytes:
+                        if log:
+                            log.warning("Ignoring file too large '%s' (see config option CourseDirectory.max_file_size)",
+                                        os.path.join(src, rel))
+                        continue
+                    with open(os.path.join(dest, rel), "xb") as out:
+                        while chunk := f.read(_CHUNK):
+                            total += len(chunk)
+                            if max_total_bytes is not None and total > max_total_bytes:
+                                raise CopyRefused(f"the submission holds more than {max_total_bytes:,.0f} bytes")
+                            out.write(chunk)
+                    os.utime(os.path.join(dest, rel), ns=(st.st_atime_ns, st.st_mtime_ns))
+            dirnames[:] = [d for d in dirnames if d in keep_dirs]  # fwalk descends only into these
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    finally:
+        os.close(root)
+    return sorted(left_out)
+
 
 class LinkSafeCollect(ExchangeCollect):
-    """``nbgrader collect`` that never follows a symbolic link in a student's submission (see the module)."""
+    """``nbgrader collect`` that copies only regular files and folders of a student's submission (see the module)."""
 
     def do_copy(self, src, dest, log=None):
-        """nbgrader's copy (its size limit, ignore and include patterns), without the links: each is left out and
-        named in ``links-not-collected.txt`` (coursekit.submissions.LINKS_NOT_COLLECTED); a submission folder that
-        is a link itself is skipped with an error in the log."""
-        if os.path.islink(src) or not os.path.isdir(src):
-            self.log.error("Not collecting %s: the submission folder is a symbolic link (or not a folder)", src)
-            return
-        dir_size = self.get_size(src)
-        if dir_size > 1000 * self.coursedir.max_dir_size:
-            self.log.error("Directory size is too big")
-            raise RuntimeError(f"Directory size is too big. Size is {dir_size}, maximum size is "
-                               f"{1000 * self.coursedir.max_dir_size}")
-        shutil.copytree(src, dest, symlinks=True,
-                        ignore=ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
-                                               max_file_size=self.coursedir.max_file_size, log=self.log))
-        left_out = []
-        for dirpath, dirnames, filenames in os.walk(dest, followlinks=False):
-            for name in [*dirnames, *filenames]:
-                p = os.path.join(dirpath, name)
-                if os.path.islink(p):
-                    os.unlink(p)
-                    left_out.append(os.path.relpath(p, dest))
-        marker = os.path.join(dest, LINKS_NOT_COLLECTED)
-        if os.path.lexists(marker):  # the student's own file of that name: the name is the collect's
-            shutil.rmtree(marker) if os.path.isdir(marker) and not os.path.islink(marker) else os.unlink(marker)
-        if left_out:
-            self.log.error("Not collecting the symbolic links of %s: %s", src, ", ".join(sorted(left_out)))
-            with open(marker, "w", encoding="utf-8", errors="backslashreplace") as f:
-                f.write("".join(f"{n}\n" for n in sorted(left_out)))
-        stamp = os.path.join(dest, "timestamp.txt")
-        if os.path.lexists(stamp) and nbgrader_file(dest, "timestamp.txt") is None:
-            # nbgrader reads timestamp.txt whole, following a link (collect --update, autograde): one linked to
-            # /dev/zero is read until memory runs out. Only a small regular file is kept; the time of the
-            # submission is in the exchange folder's name, which collect already used.
-            self.log.error("Not keeping %s: not a small regular file", stamp)
-            if os.path.isdir(stamp) and not os.path.islink(stamp):
-                shutil.rmtree(stamp)
-            else:
-                os.unlink(stamp)
-        if self.coursedir.groupshared:  # as nbgrader does, but never through a link (chmod would change its target)
-            for dirname, _, filenames in os.walk(dest):
-                for p, bits in [(dirname, 0o2770), *((os.path.join(dirname, f), 0o660) for f in filenames)]:
-                    if os.path.islink(p):
-                        continue
-                    mode = os.lstat(p).st_mode
-                    if mode & bits != bits:
-                        try:
-                            os.chmod(p, (mode | bits) & (0o2777 if bits == 0o2770 else 0o777))
-                        except PermissionError:
-                            self.log.warning("Could not update permissions of %s to make it groupshared", p)
+        """nbgrader's copy (its ignore and include patterns, file and folder size limits) by :func:`copy_plain`, built
+        beside ``dest`` and renamed into place when complete. What is left out is named in
+        ``links-not-collected.txt`` (coursekit.submissions.LINKS_NOT_COLLECTED). A submission that cannot be copied
+        is logged and skipped (nbgrader would stop the collect for every student after it)."""
+        cd = self.coursedir
+        parent = os.path.dirname(os.path.abspath(dest))
+        os.makedirs(parent, exist_ok=True)
+        work = tempfile.mkdtemp(prefix=".collecting-", dir=parent)
+        build = os.path.join(work, "copy")
+        try:
+            left_out = copy_plain(src, build, exclude=list(cd.ignore), include=list(cd.include or []),
+                                  max_file_bytes=1000 * cd.max_file_size if cd.max_file_size else None,
+                                  max_total_bytes=1000 * cd.max_dir_size if cd.max_dir_size else None, log=self.log)
+            marker = os.path.join(build, LINKS_NOT_COLLECTED)
+            if os.path.lexists(marker):  # the student's own entry of that name: the name is the collect's
+                shutil.rmtree(marker) if os.path.isdir(marker) and not os.path.islink(marker) else os.unlink(marker)
+            if left_out:
+                self.log.error("Not collecting what is not a regular file or folder in %s: %s", src, ", ".join(left_out))
+                with open(marker, "w", encoding="utf-8", errors="backslashreplace") as f:
+                    f.write("".join(f"{n}\n" for n in left_out))
+            stamp = os.path.join(build, "timestamp.txt")
+            if os.path.lexists(stamp) and nbgrader_file(build, "timestamp.txt") is None:
+                # nbgrader reads timestamp.txt whole (collect --update, autograde): only a small regular file is
+                # kept; the time of the submission is in the exchange folder's name, which collect already used.
+                self.log.error("Not keeping %s: not a small regular file", stamp)
+                shutil.rmtree(stamp) if os.path.isdir(stamp) else os.unlink(stamp)
+            if cd.groupshared:  # as nbgrader does (all of it is ours: no link was copied)
+                for dirname, _, filenames in os.walk(build):
+                    for p, bits in [(dirname, 0o2770), *((os.path.join(dirname, f), 0o660) for f in filenames)]:
+                        mode = os.lstat(p).st_mode
+                        if mode & bits != bits:
+                            try:
+                                os.chmod(p, (mode | bits) & (0o2777 if bits == 0o2770 else 0o777))
+                            except PermissionError:
+                                self.log.warning("Could not update permissions of %s to make it groupshared", p)
+            if os.path.lexists(dest):  # nbgrader removed an older copy before calling us; something else is there
+                raise CopyRefused(f"{dest} appeared while the submission was copied")
+            os.rename(build, dest)
+        except (CopyRefused, OSError) as e:
+            self.log.error("Not collecting %s: %s", src, e)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)

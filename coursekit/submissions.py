@@ -78,8 +78,8 @@ def refusal(folder: Path) -> str | None:
         except OSError:
             names = []
         said = f" ({shown(names, 3)})" if names else ""
-        return (f"it held a symbolic link{said}, which nbgrader collect did not copy: hand in the files themselves "
-                "(the notebook saved by Jupyter), not links to them.")
+        return (f"it held a symbolic link or another entry that is not a file{said}, which nbgrader collect did not "
+                "copy: hand in the files themselves (the notebook saved by Jupyter), not links to them.")
     total = entries = 0
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for name in sorted([*dirnames, *filenames]):

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -233,3 +234,37 @@ def test_the_value_count_ignores_what_strings_hold():
     assert unpack(text.encode())["n"] == [1, 2, 3]
     with pytest.raises(MessageRefused, match="about 40 values"):
         unpack(json.dumps([[]] * 20).encode())
+
+
+def test_an_unclosed_string_costs_one_pass_not_one_per_quote():
+    """A frame of escaped quotes that never closes: the count must not backtrack from every quote to the end (about an
+    hour at 1 MB with a backtracking pattern), and the frame, which is not JSON, is dropped, not raised."""
+    import json
+
+    from coursekit.guard import MessageRefused, bounded_unpack
+
+    unpack = bounded_unpack(json.loads)
+    for frame in (b'"' + b'\\"' * (1 << 19), b'"' * (1 << 20), b'[' * 5000 + b']' * 5000, b'{"a": \xff}'):
+        t0 = time.monotonic()
+        with pytest.raises(MessageRefused):
+            unpack(frame)
+        assert time.monotonic() - t0 < 5, len(frame)
+
+
+_UNCLOSED = textwrap.dedent("""
+    k = get_ipython().kernel
+    s = k.session
+    m = s.msg('stream', {'name': 'stdout', 'text': 'x'}, parent=k.get_parent('shell'))
+    s.send_raw(k.iopub_socket, [s.pack(m['header']), s.pack(m['parent_header']), s.pack({}), b'"' + b'\\\\"' * 400_000],
+               ident=k._topic('stream'))
+    print('sent')
+    """)
+
+
+@needs_sandbox
+def test_a_frame_built_to_stall_the_count_is_dropped_and_grading_goes_on(tmp_path):
+    """The same frame from a kernel: the grading process drops it at once, the cell ends within its limit and the next
+    cell runs (with a backtracking count the grader stalled for hours, every limit with it)."""
+    t0 = time.monotonic()
+    got = _graded_in_a_child(tmp_path, _UNCLOSED, answer_timeout=20)
+    assert got["next"] and time.monotonic() - t0 < 120, got

@@ -286,10 +286,73 @@ def test_collect_copies_no_link_and_names_each_one_it_left_out(tmp_path):
     assert (dest / LINKS_NOT_COLLECTED).read_text() == f"{AID}.ipynb\nsub/etc\n"
     assert (dest / "notes.txt").read_text() == "mine"
     why = refusal(dest)
-    assert why.startswith(f"it held a symbolic link ({AID}.ipynb, sub/etc), which nbgrader collect did not copy"), why
+    assert why.startswith(f"it held a symbolic link or another entry that is not a file ({AID}.ipynb, sub/etc), which"), why
     clean = tmp_path / "clean"
     clean.mkdir()
     (clean / f"{AID}.ipynb").write_bytes(BLANK)
     (clean / LINKS_NOT_COLLECTED).write_text("forged\n")
     LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator()).do_copy(str(clean), str(tmp_path / "d2"))
     assert not (tmp_path / "d2" / LINKS_NOT_COLLECTED).exists() and refusal(tmp_path / "d2") is None
+
+
+def test_collect_never_follows_a_file_swapped_for_a_link_after_it_was_listed(tmp_path, monkeypatch):
+    """A student can swap a listed file for a link before the copy opens it (a race nbgrader's copytree loses): the
+    course's collect opens every file without following a link, so the swap is left out and named, and the target's
+    contents never reach submitted/."""
+    import stat as stat_mod
+
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    from coursekit import exchange
+    from coursekit.submissions import LINKS_NOT_COLLECTED
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the grader's own")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / f"{AID}.ipynb").write_bytes(BLANK)
+    (src / "notes.txt").write_text("mine")
+    real_stat = os.stat
+
+    def stat_then_swap(path, *args, **kwargs):  # the student's swap lands right after the collect looked
+        st = real_stat(path, *args, **kwargs)
+        if path == "notes.txt" and stat_mod.S_ISREG(st.st_mode):
+            os.replace(src / "notes.txt", tmp_path / "old-notes.txt")
+            os.symlink(secret, src / "notes.txt")
+        return st
+
+    monkeypatch.setattr(exchange.os, "stat", stat_then_swap)
+    LinkSafeCollect = exchange.LinkSafeCollect
+    LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator()).do_copy(str(src), str(tmp_path / "dest"))
+    monkeypatch.undo()
+    dest = tmp_path / "dest"
+    assert not (dest / "notes.txt").exists() and (dest / LINKS_NOT_COLLECTED).read_text() == "notes.txt\n"
+    assert not any("the grader's own" in p.read_text(errors="replace") for p in dest.rglob("*") if p.is_file())
+
+
+def test_collect_skips_what_it_cannot_copy_and_goes_on(tmp_path):
+    """A pipe made a copy of nbgrader's raise after the links were copied as links, and stopped the collect for every
+    student after: the course's collect leaves the pipe out like a link, builds the copy beside its destination and
+    renames it into place only when complete; a folder it refuses leaves nothing behind."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    from coursekit.exchange import LinkSafeCollect
+    from coursekit.submissions import LINKS_NOT_COLLECTED, refusal
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / f"{AID}.ipynb").write_bytes(BLANK)
+    os.mkfifo(src / "pipe")
+    os.symlink("/etc/shadow", src / "notes.txt")
+    collect = LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator())
+    collect.do_copy(str(src), str(tmp_path / "submitted" / "ana" / AID))
+    dest = tmp_path / "submitted" / "ana" / AID
+    assert (dest / LINKS_NOT_COLLECTED).read_text() == "notes.txt\npipe\n"
+    assert sorted(p.name for p in dest.iterdir()) == sorted([f"{AID}.ipynb", LINKS_NOT_COLLECTED])
+    assert "it held" in refusal(dest)
+    os.symlink(src, tmp_path / "link-to-src")  # a submission folder that is itself a link: not collected, no trace
+    collect.do_copy(str(tmp_path / "link-to-src"), str(tmp_path / "submitted" / "ben" / AID))
+    assert not (tmp_path / "submitted" / "ben" / AID).exists()
+    assert [p.name for p in (tmp_path / "submitted" / "ben").iterdir()] == []
