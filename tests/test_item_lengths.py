@@ -21,6 +21,9 @@ LESSONS = course.lesson_ids(ROOT)
 #: At most this share of the items may have their key as the strictly longest option (a third: with four options of
 #: unrelated lengths a key is the longest about a quarter of the time).
 LONGEST_SHARE = 1 / 3
+#: ... and at least this share: keys that are never the longest give themselves away the other way (a student learns to
+#: drop the longest option).
+LEAST_SHARE = 1 / 8
 #: No key may be longer than this many times the longest other option.
 MOST_RATIO = 1.5
 
@@ -62,10 +65,17 @@ def test_the_items_are_found():
     assert len(ITEMS) >= 40, len(ITEMS)
 
 
-def test_the_key_is_seldom_the_longest_option():
+def test_the_key_is_the_longest_option_about_as_often_as_chance_makes_it():
     longest = [f"{nn}.{item}" for nn, item, key, opts in ITEMS if _ratio(key, opts) > 1]
-    assert len(longest) <= LONGEST_SHARE * len(ITEMS), (
+    assert LEAST_SHARE * len(ITEMS) <= len(longest) <= LONGEST_SHARE * len(ITEMS), (
         f"the key is the longest option in {len(longest)} of {len(ITEMS)} items: {', '.join(longest)}")
+
+
+def test_the_key_is_seldom_the_shortest_option():
+    shortest = [f"{nn}.{item}" for nn, item, key, opts in ITEMS
+                if len(opts[key]) < min(len(v) for k, v in opts.items() if k != key)]
+    assert len(shortest) <= LONGEST_SHARE * len(ITEMS), (
+        f"the key is the shortest option in {len(shortest)} of {len(ITEMS)} items: {', '.join(shortest)}")
 
 
 @pytest.mark.parametrize("nn, item, key, opts", ITEMS, ids=[f"{nn}.{item}" for nn, item, _, _ in ITEMS])
@@ -86,4 +96,5 @@ if __name__ == "__main__":  # a report for authors: python tests/test_item_lengt
         if not only or nn in only:
             flag = "TOO LONG" if _ratio(key, opts) > MOST_RATIO else ("longest" if _ratio(key, opts) > 1 else "")
             print(f"{nn}.{item:4s} key {key}  ratio {_ratio(key, opts):4.2f}  {flag}")
-    print(f"key strictly longest in {len(longest)} of {len(items)} (at most {int(LONGEST_SHARE * len(items))} allowed)")
+    print(f"key strictly longest in {len(longest)} of {len(items)} "
+          f"(from {LEAST_SHARE * len(items):.0f} to {int(LONGEST_SHARE * len(items))} allowed)")

@@ -158,7 +158,7 @@ ITEMS = {
         explain={
             "a": "Without double quantization each block of 64 keeps an fp32 absmax, 4 + 32/64 = 4.5 bits per parameter. Double quantization stores each absmax, minus one fp32 offset (their mean), as an 8-bit code in blocks of 256 that each keep one fp32 scale: 4 + 8/64 + 32/(64 · 256) ≈ 4.127 bits, with the 4-bit codes unchanged. (Lesson 15, 'Double quantization'.)",
             "b": "The 4-bit codes are already packed two per byte; there is nothing left to pack. Double quantization quantizes the per-block constants (absmax). (Lesson 15, 'Double quantization'.)",
-            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass are ordinary floating-point tensors, never 4-bit codes. (Lesson 15, 'Double quantization'.)",
+            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass are ordinary floating-point tensors, never quantized. (Lesson 15, 'Double quantization'.)",
             "d": "The adapter is what you train; it stays in full precision, and so does its optimizer state. (Lesson 15, 'Double quantization'.)",
         },
     ),
