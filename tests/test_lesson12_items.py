@@ -52,7 +52,7 @@ def own_base(base, adapter_dir):
     return PeftModel.from_pretrained(artifacts.TinyNet(seed=0), adapter_dir).eval()
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": 460_800, "p2": 1_843_200, "p3": right_reload,
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": 737_280, "p2": 2_949_120, "p3": right_reload,
          "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"a", "b", "c", "d"}, "p6": "b"}
 
 
@@ -89,8 +89,8 @@ def test_reload_right_answer_scores_full_with_hidden_cases_and_leaves_rng_alone(
 
 
 def test_expected_numbers_come_from_the_architecture():
-    assert lesson12.smol_qv_params() == 30 * (8 * 1152 + 8 * 768) == 460_800
-    assert ITEMS["p2"].expected() == 4 * 460_800
+    assert lesson12.smol_kv_params() == 30 * 2 * 16 * 768 == 737_280
+    assert ITEMS["p2"].expected() == 4 * 737_280
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -119,12 +119,12 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p1", 30 * 2 * 8 * 1152, "576 → 192"),
-        ("p1", 15_360, "one decoder layer"),
-        ("p1", 30 * 8 * 1152, "counts q_proj only"),
-        ("p2", 460_800, "4 bytes"),
-        ("p2", 921_600, "bf16"),
-        ("p2", 32 * 460_800, "bits"),
+        ("p1", 30 * 2 * 16 * 1152, "576 → 192"),
+        ("p1", 24_576, "one decoder layer"),
+        ("p1", 368_640, "one of the two projections"),
+        ("p2", 737_280, "4 bytes"),
+        ("p2", 1_474_560, "bf16"),
+        ("p2", 32 * 737_280, "bits"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):

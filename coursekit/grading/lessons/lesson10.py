@@ -106,22 +106,28 @@ def _p2_mistakes(kw: dict, got: dict) -> dict:
     ]}
 
 
-# --------------------------------------------------------------------------- P3: SmolLM2, Q/V, r = 8
+# --------------------------------------------------------------------------- P3: SmolLM2, q_proj and gate_proj, r = 8
+
+#: P3's configuration: one attention and one MLP projection, a count the lesson does not print (it prints Q/V and
+#: all seven at r = 8), and one where taking every projection as square is wrong (gate_proj is 576 → 1536).
+P3_TARGETS, P3_R = ["q_proj", "gate_proj"], 8
 
 
 def _p3_expected() -> float:
-    return float(SMOLLM2_LAYERS * lora_param_count(SMOLLM2_SHAPES, ["q_proj", "v_proj"], 8))
+    return float(SMOLLM2_LAYERS * lora_param_count(SMOLLM2_SHAPES, P3_TARGETS, P3_R))
 
 
 def _p3_mistakes() -> list[Mistake]:
-    L, r = SMOLLM2_LAYERS, 8
-    d = SMOLLM2_SHAPES["q_proj"][0]
-    per_layer = lora_param_count(SMOLLM2_SHAPES, ["q_proj", "v_proj"], r)
+    L, r = SMOLLM2_LAYERS, P3_R
+    per_layer = lora_param_count(SMOLLM2_SHAPES, P3_TARGETS, r)
+    d_gate, m_gate = SMOLLM2_SHAPES["gate_proj"]
     return [
-        Mistake("no GQA", L * 2 * r * (d + d), "v_proj is not 576 × 576 in SmolLM2: with 3 KV heads of 64 it projects 576 → 192 (grouped-query attention). " + READ_COUNT),
-        Mistake("one layer", per_layer, f"that is one layer; SmolLM2 has {L} layers, each with its own q and v adapters. " + READ_COUNT),
-        Mistake("q only", L * r * sum(SMOLLM2_SHAPES["q_proj"]), "that counts q_proj only; add v_proj's r(576 + 192). " + READ_COUNT),
-        Mistake("all-linear", L * lora_param_count(SMOLLM2_SHAPES, list(SMOLLM2_SHAPES), r), "that is all seven projections (all-linear); the question asks for Q/V only. " + READ_COUNT),
+        Mistake("square", L * sum(2 * r * SMOLLM2_SHAPES[t][0] for t in P3_TARGETS),
+                f"gate_proj is not square in SmolLM2: it maps {d_gate} → {m_gate}, so its adapter has r({d_gate} + {m_gate}) "
+                "entries. " + READ_COUNT),
+        Mistake("one layer", per_layer, f"that is one layer; SmolLM2 has {L} layers, each with its own q and gate adapters. " + READ_COUNT),
+        Mistake("q only", L * r * sum(SMOLLM2_SHAPES["q_proj"]), f"that counts q_proj only; add gate_proj's r({d_gate} + {m_gate}). " + READ_COUNT),
+        Mistake("all-linear", L * lora_param_count(SMOLLM2_SHAPES, list(SMOLLM2_SHAPES), r), "that is all seven projections (all-linear); the question asks for q_proj and gate_proj only. " + READ_COUNT),
         Mistake("r = 16", 2 * L * per_layer, "that is r = 16 (or both factors counted twice); use r = 8 and r(d + m) per module. " + READ_COUNT),
     ]
 
@@ -258,7 +264,7 @@ ITEMS = {
         atol=0,
     ),
     "p3": Numeric(
-        "trainable parameters, SmolLM2-135M, Q/V, r = 8",
+        "trainable parameters, SmolLM2-135M, q_proj and gate_proj, r = 8",
         2,
         name="trainable parameters",
         expected=_p3_expected,

@@ -20,13 +20,15 @@ READ_DIR = "Reread 'What is in an adapter directory' in Know this."
 
 # SmolLM2-135M (the course's base): hidden 576, 9 query heads and 3 KV heads of width 64, 30 decoder layers.
 SMOL = dict(hidden=576, head_dim=64, kv_heads=3, layers=30)
-P1_R = 8
+#: P1's rank; its modules are k_proj and v_proj, both 576 → 192 (grouped-query attention): a count lesson 10 does not
+#: print (it prints q_proj and v_proj at r = 8, and all seven projections).
+P1_R = 16
 
 
-def smol_qv_params(r: int = P1_R) -> int:
-    """Adapter parameters of LoRA rank r on q_proj (576 → 576) and v_proj (576 → 192) in every layer: r(d + m) each."""
+def smol_kv_params(r: int = P1_R) -> int:
+    """Adapter parameters of LoRA rank r on k_proj and v_proj (576 → 192 each) in every layer: r(d + m) each."""
     d, kv = SMOL["hidden"], SMOL["kv_heads"] * SMOL["head_dim"]
-    return SMOL["layers"] * (lora.param_count(d, d, r) + lora.param_count(d, kv, r))
+    return SMOL["layers"] * 2 * lora.param_count(d, kv, r)
 
 
 # --------------------------------------------------------------------------- p3: reload(base, adapter_dir)
@@ -247,29 +249,30 @@ ITEMS = {
         },
     ),
     "p1": Numeric(
-        f"adapter parameters of r = {P1_R} on q_proj and v_proj of SmolLM2-135M",
+        f"adapter parameters of r = {P1_R} on k_proj and v_proj of SmolLM2-135M",
         1,
         name="n_params",
-        expected=lambda: smol_qv_params(),
+        expected=lambda: smol_kv_params(),
         rtol=0,
         mistakes=lambda: [
-            Mistake("v as 576", SMOL["layers"] * 2 * lora.param_count(576, 576, P1_R),
-                    "you gave v_proj 576 outputs; with 3 KV heads of width 64 it maps 576 → 192 (grouped-query attention). " + READ_DIR),
-            Mistake("one layer", smol_qv_params() // SMOL["layers"], "that is one decoder layer; there are 30. " + READ_DIR),
-            Mistake("q only", SMOL["layers"] * lora.param_count(576, 576, P1_R), "that counts q_proj only; add v_proj (576 → 192). " + READ_DIR),
-            Mistake("dense", SMOL["layers"] * (576 * 576 + 576 * 192), "that is the dense q and v weights; the adapter has r(d + m) per module. " + READ_DIR),
+            Mistake("k, v as 576", SMOL["layers"] * 2 * lora.param_count(576, 576, P1_R),
+                    "you gave k_proj and v_proj 576 outputs; with 3 KV heads of width 64 each maps 576 → 192 (grouped-query "
+                    "attention). " + READ_DIR),
+            Mistake("one layer", smol_kv_params() // SMOL["layers"], "that is one decoder layer; there are 30. " + READ_DIR),
+            Mistake("one module", smol_kv_params() // 2, "that counts one of the two projections; add the other's r(576 + 192). " + READ_DIR),
+            Mistake("dense", SMOL["layers"] * 2 * 576 * 192, "that is the dense k and v weights; the adapter has r(d + m) per module. " + READ_DIR),
         ],
     ),
     "p2": Numeric(
         "bytes of tensor data in that adapter's adapter_model.safetensors (float32)",
         1,
         name="n_bytes",
-        expected=lambda: 4 * smol_qv_params(),
+        expected=lambda: 4 * smol_kv_params(),
         rtol=0,
         mistakes=lambda: [
-            Mistake("params", smol_qv_params(), "that is the parameter count; each float32 takes 4 bytes. " + READ_DIR),
-            Mistake("bf16", 2 * smol_qv_params(), "that is 2 bytes per value (bf16); PEFT saves the adapter in its dtype, float32 here. " + READ_DIR),
-            Mistake("bits", 32 * smol_qv_params(), "that is bits; divide by 8. " + READ_DIR),
+            Mistake("params", smol_kv_params(), "that is the parameter count; each float32 takes 4 bytes. " + READ_DIR),
+            Mistake("bf16", 2 * smol_kv_params(), "that is 2 bytes per value (bf16); PEFT saves the adapter in its dtype, float32 here. " + READ_DIR),
+            Mistake("bits", 32 * smol_kv_params(), "that is bits; divide by 8. " + READ_DIR),
         ],
     ),
     "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
