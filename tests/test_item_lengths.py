@@ -98,3 +98,42 @@ if __name__ == "__main__":  # a report for authors: python tests/test_item_lengt
             print(f"{nn}.{item:4s} key {key}  ratio {_ratio(key, opts):4.2f}  {flag}")
     print(f"key strictly longest in {len(longest)} of {len(items)} "
           f"(from {LEAST_SHARE * len(items):.0f} to {int(LONGEST_SHARE * len(items))} allowed)")
+
+
+# ----------------------------------------------------------------------------- no key printed above its question
+
+
+def _numeric_keys():
+    from coursekit.grading import Numeric
+
+    for lid in LESSONS:
+        table = importlib.import_module(f"coursekit.grading.lessons.lesson{lid[:2]}").ITEMS
+        for item, spec in table.items():
+            if isinstance(spec, Numeric):
+                try:
+                    value = spec.expected() if callable(spec.expected) else spec.expected
+                except TypeError:  # a key that depends on the student's own run (the machine's thread count)
+                    continue
+                yield lid, item, float(value)
+
+
+def _spellings(value: float) -> set[str]:
+    """How a lesson would write ``value`` if it gave it away: an integer of four or more digits with and without
+    thousands separators, a fraction to four significant digits (shorter spellings occur everywhere by chance)."""
+    if value == int(value) and abs(value) >= 1000:
+        return {f"{int(value):,}", f"{int(value)}", f"{int(value):_}"}
+    text = f"{value:.4g}"
+    digits = text.replace("-", "").replace(".", "").lstrip("0")
+    return {text} if len(digits) >= 4 and "e" not in text else set()
+
+
+@pytest.mark.parametrize("lid, item, value", list(_numeric_keys()), ids=lambda x: str(x)[:24])
+def test_no_numeric_key_is_written_above_its_question(lid, item, value):
+    """The number a numeric item asks for does not appear in the lesson (prose or code) before the item's question."""
+    nb = nbformat.read(ROOT / "lessons" / lid / f"{lid}.ipynb", as_version=4)
+    label = rf"\*\*{item[0].upper()}{item[1:]}\b"
+    at = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and re.search(label, c.source)), None)
+    assert at is not None, f"{lid}: no question for {item}"
+    above = "\n".join(c.source for c in nb.cells[:at])
+    shown = [s for s in _spellings(value) if re.search(rf"(?<![\d.,_]){re.escape(s)}(?![\d_]|[.,]\d)", above)]
+    assert not shown, f"{lid[:2]}.{item}: its key {shown[0]} is written above the question"
