@@ -244,7 +244,8 @@ def test_an_unclosed_string_costs_one_pass_not_one_per_quote():
     from coursekit.guard import MessageRefused, bounded_unpack
 
     unpack = bounded_unpack(json.loads)
-    for frame in (b'"' + b'\\"' * (1 << 19), b'"' * (1 << 20), b'[' * 5000 + b']' * 5000, b'{"a": \xff}'):
+    many_strings = (b'"":' * (3 << 20), b'"a",' * (1 << 21))  # a substitution over them took gigabytes
+    for frame in (b'"' + b'\\"' * (1 << 19), b'"' * (1 << 20), b'[' * 5000 + b']' * 5000, b'{"a": \xff}', *many_strings):
         t0 = time.monotonic()
         with pytest.raises(MessageRefused):
             unpack(frame)

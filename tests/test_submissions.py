@@ -356,3 +356,49 @@ def test_collect_skips_what_it_cannot_copy_and_goes_on(tmp_path):
     collect.do_copy(str(tmp_path / "link-to-src"), str(tmp_path / "submitted" / "ben" / AID))
     assert not (tmp_path / "submitted" / "ben" / AID).exists()
     assert [p.name for p in (tmp_path / "submitted" / "ben").iterdir()] == []
+
+
+def test_collect_is_bounded_by_what_a_student_can_build(tmp_path, monkeypatch):
+    """A folder swapped for a pipe after it was listed is not opened to wait on (the collect hung there), a deep tree
+    is cut at MAX_DEPTH (a thousand levels made a recursive walk raise and stop the collect), a file that is not
+    the student's (a hard link to another user's file, where the kernel allows one) is left out, and a link whose
+    name holds a line break is listed on one line."""
+    import stat as stat_mod
+
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    from coursekit import exchange
+    from coursekit.submissions import LINKS_NOT_COLLECTED
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / f"{AID}.ipynb").write_bytes(BLANK)
+    fd = os.open(src, os.O_RDONLY)
+    for _ in range(100):  # a tree deeper than MAX_DEPTH (a thousand levels broke a recursive walk)
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    (src / "not-mine.txt").write_text("someone else's")
+    os.chown(src / "not-mine.txt", 54321, 54321)
+    os.symlink("/etc/passwd", src / "odd\nname.txt")
+    real_stat = os.stat
+
+    def stat_then_swap(path, *args, **kwargs):  # "sub" becomes a pipe right after the collect looked at it
+        st = real_stat(path, *args, **kwargs)
+        if path == "sub" and stat_mod.S_ISDIR(st.st_mode):
+            os.rename(src / "sub", tmp_path / "sub-away")
+            os.mkfifo(src / "sub")
+        return st
+
+    monkeypatch.setattr(exchange.os, "stat", stat_then_swap)
+    collect = exchange.LinkSafeCollect(coursedir=CourseDirectory(), authenticator=Authenticator())
+    collect.do_copy(str(src), str(tmp_path / "dest"))
+    monkeypatch.undo()
+    dest = tmp_path / "dest"
+    left = (dest / LINKS_NOT_COLLECTED).read_text().splitlines()
+    assert "sub" in left and "not-mine.txt" in left and "odd\\x0aname.txt" in left, left
+    assert any(line.endswith(f"(deeper than {exchange.MAX_DEPTH} folders)") for line in left), left
+    assert (dest / f"{AID}.ipynb").is_file() and not (dest / "not-mine.txt").exists()
+    assert max(len(p.relative_to(dest).parts) for p in dest.rglob("*")) <= exchange.MAX_DEPTH + 1
