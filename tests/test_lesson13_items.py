@@ -23,7 +23,7 @@ def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": right_merge, "p2": right_unmerge,
-         "p3": 2**-7, "p4": 0.5625, "p5": "b", "p6": "b"}
+         "p3": 2**-7, "p4": 0.5625, "p5": "b", "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -101,8 +101,8 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("p5", "c", "already divides by (1 − p) while training"),
         ("p5", "d", "switched off by model.eval()"),
         ("p6", "a", "Re-quantizing W + sAB to NF4 rounds again"),
-        ("p6", "c", "tied to its base checkpoint"),
-        ("p6", "d", "re-quantizes"),
+        ("p6", "b", "is not what you trained"),
+        ("p6", "d", "tied to its base checkpoint"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):

@@ -22,7 +22,7 @@ FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
 RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix}
 CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["b", "c"], "p11": "c",
-           "p13": ["train", "save", "load_bf16", "attach", "merge", "verify"]}
+           "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
 
 def test_every_item_is_covered_here():

@@ -214,12 +214,12 @@ ITEMS = {
         1,
     ),
     "p8": Ordering(
-        "from a 4-bit-trained adapter to one deployable model",
+        "from a 4-bit-trained adapter to one deployable model that computes what was trained",
         2,
         labels={
-            "attach": "load the same checkpoint in bf16 and attach the saved adapter",
+            "attach": "dequantize the NF4 base to bf16 and attach the saved adapter",
             "export": "save the merged model, once it passes that comparison, as the deployable checkpoint",
-            "merge": "merge W + sAB into the bf16 weights (merge_and_unload)",
+            "merge": "merge sAB into those bf16 weights, Q(W) + sAB (merge_and_unload)",
             "save": "save the adapter (A, B, its config) with the base's identity",
             "train": "train the adapter against the NF4 base",
             "verify": "compare greedy outputs of the merged model with the adapter on its NF4 base",

@@ -1169,10 +1169,10 @@ ITEMS = {
     "p10": Numeric("gain over the tuned baseline on unseen symptoms, in percentage points", 1, name="gain_points",
                    expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
-    "p13": Ordering("from a 4-bit-trained adapter to one deployable model", 2, labels={
+    "p13": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
-        "load_bf16": "load the base in bf16",
-        "merge": "merge W + sAB and unload the adapter",
+        "dequantize": "load the NF4 base and dequantize it to bf16",
+        "merge": "merge sAB into those weights and unload the adapter",
         "save": "save the adapter with its base identity",
         "train": "train the adapter against the NF4 base",
         "verify": "verify greedily against the unmerged model on held-out tickets",
