@@ -104,6 +104,7 @@ if __name__ == "__main__":  # a report for authors: python tests/test_item_lengt
 
 
 def _numeric_keys():
+    from coursekit.capstone import CacheMiss
     from coursekit.grading import Numeric
 
     for lid in LESSONS:
@@ -112,8 +113,8 @@ def _numeric_keys():
             if isinstance(spec, Numeric):
                 try:
                     value = spec.expected() if callable(spec.expected) else spec.expected
-                except TypeError:  # a key that depends on the student's own run (the machine's thread count)
-                    continue
+                except (TypeError, CacheMiss):  # a key computed from the student's own run (the machine's thread
+                    continue                       # count, the capstone's results): no fixed number to give away
                 yield lid, item, float(value)
 
 
