@@ -77,7 +77,7 @@ def copy_plain(src: str, dest: str, exclude=(), include=(), max_file_bytes: floa
     stack: list[tuple[int, str]] = [(root, "")]
     os.makedirs(dest)
     try:
-        while stack:
+        while stack and entries <= MAX_ENTRIES:  # past the cap, the folders still listed are closed below
             dirfd, rel_dir = stack.pop()
             try:
                 with os.scandir(dirfd) as listing:
@@ -89,7 +89,7 @@ def copy_plain(src: str, dest: str, exclude=(), include=(), max_file_bytes: floa
                         entries += 1
                         if entries > MAX_ENTRIES:
                             left_out.append(f"(everything after the first {MAX_ENTRIES} entries)")
-                            raise StopIteration
+                            break
                         st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
                         if stat.S_ISDIR(st.st_mode):
                             if rel.count("/") + 1 > MAX_DEPTH:
@@ -137,8 +137,6 @@ def copy_plain(src: str, dest: str, exclude=(), include=(), max_file_bytes: floa
                             os.utime(os.path.join(dest, rel), ns=(seen.st_atime_ns, seen.st_mtime_ns))
             finally:
                 os.close(dirfd)
-    except StopIteration:
-        pass
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
