@@ -112,7 +112,26 @@ def _gqa_wrong(kind):
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 130816, "p4": "a",
-         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a", "p10": gqa_backward}
+         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a", "p10": gqa_backward, "p11": None}
+
+
+def rope_backward(dy, cos, sin):
+    """A student's closed form: the rotation by −θ, with their own rotate_half."""
+    h = dy.shape[-1] // 2
+    return dy * cos - np.concatenate((-dy[..., h:], dy[..., :h]), axis=-1) * sin
+
+
+def rope_backward_matrices(dy, cos, sin):
+    """Another right answer: build each R_t as a matrix from the forward and multiply by its transpose."""
+    d = dy.shape[-1]
+    h = d // 2
+    eye = np.eye(d)
+    rot = lambda x: x * cos + np.concatenate((-x[..., h:], x[..., :h]), axis=-1) * sin
+    R = np.transpose(rot(np.broadcast_to(eye[:, None, :], (d, cos.shape[0], d))), (1, 2, 0))
+    return np.einsum("tji,...tj->...ti", R, dy)
+
+
+RIGHT["p11"] = rope_backward
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -417,3 +436,47 @@ def test_p10_a_slip_in_dq_alone_is_not_blamed_on_ds(hidden):
     assert not fb.full and "sign" not in fb.mistakes and "dS is wrong" not in fb.text(), fb.text()
     fb2 = check("08.p2", lambda dC, Q, K, V, P: _head_with(dQ_sign=-1.0)(dC, Q, K, V, P), hidden=hidden)
     assert not fb2.full and "sign" not in fb2.mistakes and "dS is wrong" not in fb2.text(), fb2.text()
+
+
+# --------------------------------------------------------------------------- p11: RoPE's backward
+
+
+def test_p11_reference_is_the_vjp_of_transformers_rotary_code():
+    """The reference equals autograd through transformers' apply_rotary_pos_emb, on every public and hidden case."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    for case in lesson08._p11_public() + list(lesson08._p11_hidden(np.random.default_rng(3))):
+        kw = case.kwargs
+        x = torch.zeros(kw["dy"].shape, dtype=torch.float64, requires_grad=True)
+        cos, sin = torch.from_numpy(kw["cos"]), torch.from_numpy(kw["sin"])
+        y, _ = apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=0)
+        y.backward(torch.from_numpy(kw["dy"]).expand(y.shape))
+        np.testing.assert_allclose(lesson08.rope_backward(**kw), x.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_p11_other_right_answers_score_full():
+    assert check("08.p11", rope_backward_matrices, hidden=True).full
+
+
+def test_p11_hidden_cases_use_positions_beyond_zero_and_real_head_widths():
+    cases = list(lesson08._p11_hidden(np.random.default_rng(0)))
+    assert any(c.kwargs["dy"].shape[-1] == 64 for c in cases)
+    assert any(not np.allclose(c.kwargs["cos"][0], 1.0) for c in cases)   # a window that does not start at position 0
+
+
+@pytest.mark.parametrize("answer, says", [
+    (lambda dy, cos, sin: dy * cos + np.concatenate((-dy[..., dy.shape[-1] // 2:], dy[..., :dy.shape[-1] // 2]), -1) * sin,
+     "you rotated dy forward, by +θ"),
+    (lambda dy, cos, sin: dy, "you returned dy unchanged"),
+    (lambda dy, cos, sin: lesson08._interleaved(np.asarray(dy), cos, sin, -1.0), "neighbouring pairs"),
+    (lambda dy, cos, sin: dy * cos, "you kept only the cos term"),
+])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_p11_mistakes_are_named(answer, says, hidden):
+    fb = check("08.p11", answer, hidden=hidden)
+    assert not fb.full and says in fb.text(), fb.text()
+
+
+def test_p11_withholds_coursekits_rotation():
+    assert set(ITEMS["p11"].withheld) == {"coursekit.rope:rope_backward", "coursekit.rope:rope_forward"}

@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import attention as att
 from ... import lora
+from ... import rope
 from ..checkers import Case, Mistake, _quotes_numbers, worded
 from .. import Array, Choice, Function, Numeric
 
@@ -16,6 +17,7 @@ READ_SOFTMAX = "Reread 'The softmax step' in Know this."
 READ_MASK = "Reread 'Masked means zero: probability and gradient' in Know this."
 READ_LORA = "Reread 'Where LoRA fits' in Know this."
 READ_GQA = "Reread 'Grouped-query attention: shared keys, summed gradients' in Know this."
+READ_ROPE = "Reread 'Rotary positions: a rotation between the projection and the scores' in Know this."
 #: How a dQ or dK mistake that comes from a wrong dS begins (P2, and P10 through it).
 DS_WRONG = "{name} is off because dS is wrong (check softmax_backward, P1): "
 #: How P10 names a mistake of one head's backward (P2's list), made in every query head.
@@ -363,6 +365,67 @@ def _p10_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
     return _dS_only_if_both_off({k: _not_right(out[k], right[k]) for k in ("dQ", "dK", "dV")}, got, right)
 
 
+# --------------------------------------------------------------------------- p11: RoPE's backward
+
+
+def rope_backward(dy, cos, sin):
+    """Reference for p11: the gradient at RoPE's input, R_tᵀ dy = dy ⊙ cos − rotate_half(dy) ⊙ sin."""
+    return rope.rope_backward(np.asarray(dy, dtype=np.float64), np.asarray(cos, dtype=np.float64),
+                              np.asarray(sin, dtype=np.float64))
+
+
+def _rope_case(rng: np.random.Generator, lead: tuple, T: int, d: int, base: float, start: int = 0) -> dict:
+    cos, sin = rope.rope_cos_sin(T, d, base, start=start)
+    return dict(dy=rng.standard_normal(lead + (T, d)), cos=cos, sin=sin)
+
+
+def _p11_public() -> list[Case]:
+    rng = np.random.default_rng(811)
+    return [
+        Case(_rope_case(rng, (), 3, 2, 10.0), "one head, T = 3, d = 2 (a single pair), base 10"),
+        Case(_rope_case(rng, (2,), 4, 6, 100.0), "2 heads, T = 4, d = 6, base 100"),
+        Case(_rope_case(rng, (1, 9), 5, 64, 100000.0), "SmolLM2's query heads: (1, 9, T = 5, 64), rope_theta = 100,000"),
+    ]
+
+
+def _p11_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for lead, d in (((), 4), ((3,), 8), ((2, 3), 6), ((1, 3), 64)):
+        cases.append(Case(_rope_case(rng, lead, int(rng.integers(2, 7)), d, float(rng.choice([10.0, 1e4, 1e5])),
+                                     start=int(rng.integers(0, 50)))))
+    return cases
+
+
+def _interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, sign: float) -> np.ndarray:
+    """The rotation of neighbouring pairs (x[2i], x[2i+1]) by the angles of the half-split tables (sign −1: by −θ)."""
+    h = x.shape[-1] // 2
+    c, s = cos[..., :h], sign * sin[..., :h]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = even * c - odd * s, even * s + odd * c
+    return out
+
+
+def _p11_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    dy, cos, sin = (np.asarray(kw[k], dtype=np.float64) for k in ("dy", "cos", "sin"))
+    right = rope.rope_backward(dy, cos, sin)
+    wrong = [
+        Mistake("forward rotation", rope.rope_forward(dy, cos, sin), "you rotated dy forward, by +θ: that is R dy, the forward "
+                "map. The backward of a linear map is its transpose, and the transpose of a rotation is the rotation by −θ: "
+                "cos(−θ) = cos θ, sin(−θ) = −sin θ, so dx = dy ⊙ cos − rotate_half(dy) ⊙ sin. " + READ_ROPE),
+        Mistake("no rotation", dy, "you returned dy unchanged: the rotation sits between q_proj and the scores, so the gradient "
+                "at q_proj's output is Rᵀ dy, not dy. " + READ_ROPE),
+        Mistake("neighbouring pairs", _interleaved(dy, cos, sin, -1.0), "you rotated neighbouring pairs (x[2i], x[2i+1]), "
+                "the RoFormer paper's layout; Llama-style models (transformers' rotate_half) pair x[i] with x[i + d/2], "
+                "the first half against the second. " + READ_ROPE),
+        Mistake("neighbouring pairs, forward", _interleaved(dy, cos, sin, 1.0), "you rotated neighbouring pairs (x[2i], "
+                "x[2i+1]) and by +θ: Llama-style models pair x[i] with x[i + d/2], and the backward rotates by −θ. " + READ_ROPE),
+        Mistake("cos only", dy * cos, "you kept only the cos term: the rotation mixes each pair, so the sin term "
+                "−rotate_half(dy) ⊙ sin belongs to the backward too. " + READ_ROPE),
+    ]
+    return {"dx": _not_right(worded(wrong), right)}
+
+
 # --------------------------------------------------------------------------- items
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
@@ -467,6 +530,19 @@ ITEMS = {
         hidden=_p10_hidden,
         outputs=("dQ", "dK", "dV"),
         mistakes=_p10_mistakes,
+        rtol=1e-7,
+        atol=1e-10,
+    ),
+    "p11": Function(
+        "implement rope_backward: the gradient through the rotation before the scores",
+        2,
+        name="rope_backward",
+        reference=rope_backward,
+        public=_p11_public,
+        hidden=_p11_hidden,
+        outputs=("dx",),
+        mistakes=_p11_mistakes,
+        withheld=("coursekit.rope:rope_backward", "coursekit.rope:rope_forward"),  # forward with −sin is the backward
         rtol=1e-7,
         atol=1e-10,
     ),
