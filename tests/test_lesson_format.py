@@ -52,8 +52,9 @@ def test_opening_has_time_outcomes_and_links(kind, lid):
     first = _markdown(_nb(kind, lid))[0]
     lines = first.splitlines()
     problems = []
-    if not any(l.startswith("**Time:** about") for l in lines):
-        problems.append("no line starting with `**Time:** about ...`")
+    if not any(re.match(r"\*\*Time:\*\* \d+–\d+ (minutes|hours)", l) for l in lines):
+        problems.append("no line starting with a time range, `**Time:** 60–90 minutes`: one figure hides how much "
+                        "first-time students differ")
     starts = [i for i, l in enumerate(lines) if l.strip().startswith("**You will be able to**")]
     if not starts:
         problems.append("no `**You will be able to**` block")
