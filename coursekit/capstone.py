@@ -9,7 +9,8 @@ capstone`` runs it with coursekit's reference functions (:data:`REFERENCE`). The
    the system turn, zero-shot or with six solved tickets) with every reading (:data:`RULES`: generation, and
    four readings of label scoring) is scored on tickets of the **training** split; the best pair, and the best
    with generation, are then evaluated on both held-out splits. Held-out tickets never choose a prompt.
-2. :func:`train_run`: one adapter per entry of :data:`RUNS`: QLoRA (NF4 base), LoRA on the bf16 base with
+2. :func:`train_run`: one adapter per entry of :data:`RUNS`: QLoRA (NF4 base), LoRA on the bf16 base (the
+   bf16 decode of the Q4_1 GGUF file the model ships as, not a 16-bit original) with
    the same configuration and data, and one ablation (adapters on q_proj and v_proj only). Each records
    its loss curve, seconds per step and the resident memory its load-and-train added.
 3. :func:`heldout_results`: each adapter on both held-out splits, label scoring and (for QLoRA) greedy
@@ -769,7 +770,9 @@ def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool
 
 
 #: How tables name each run of :data:`RUNS` and each scoring rule (the console report and the README alike).
-RUN_LABELS = {"qlora": "QLoRA", "lora_bf16": "LoRA on the bf16 base", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
+#: How tables name each run. "bf16 base" is the bf16 decode of the Q4_1 file the model ships as (lesson 18), not a
+#: 16-bit original: the QLoRA-against-LoRA comparison is NF4(decoded Q4_1) against decoded Q4_1.
+RUN_LABELS = {"qlora": "QLoRA", "lora_bf16": "LoRA on the bf16 base (Q4_1 decoded)", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
 SCORING_LABELS = {"labels": "label scoring", "generate": "generation (first-word rule)"}
 
 

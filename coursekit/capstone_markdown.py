@@ -70,7 +70,7 @@ def markdown(report: dict[str, Any]) -> str:
             return "-" if mem.get(key) is None else f"{mem[key]:.0f} MB"
 
         when = "measured in the same run" if st["read"] == 0 else "as measured when each result was computed"
-        lines += ["", f"| cost, {when} | QLoRA (NF4 base) | LoRA (bf16 base) |", "|---|---:|---:|",
+        lines += ["", f"| cost, {when} | QLoRA (NF4 base) | LoRA (bf16 base, Q4_1 decoded) |", "|---|---:|---:|",
                   f"| seconds per step (8 tickets, {len(runs['qlora']['losses'])} steps) | "
                   f"{runs['qlora']['seconds_per_step']:.2f} | {runs['lora_bf16']['seconds_per_step']:.2f} |",
                   f"| peak resident memory, fresh process, freed blocks returned | {mb(qm, 'peak_rss_mb')} | {mb(lm, 'peak_rss_mb')} |",
