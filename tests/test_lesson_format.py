@@ -7,6 +7,7 @@ Each lesson, solution and release, is its own test case, so a failure names the 
 from __future__ import annotations
 
 import io
+import ast
 import re
 import tokenize
 from pathlib import Path
@@ -225,3 +226,27 @@ def test_an_announced_comparison_prints_its_evidence(lid):
     claims += [f"cell {i + 1}: {m.group(0)!r}" for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
                for m in re.finditer(r"\((?:checked|verified) above\)|the cell checks both", c.source, re.I)]
     assert not claims, "\n".join(claims)
+
+
+def _only_assertions(stmt: ast.stmt) -> bool:
+    """Whether a statement only asserts: ``assert``, a call of an ``assert…`` function (np.testing.assert_allclose), or
+    a loop or ``with`` block made of those. An assignment, a print or a plot computes something the student never sees."""
+    if isinstance(stmt, ast.Assert):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return ast.unparse(stmt.value.func).split(".")[-1].startswith("assert")
+    if isinstance(stmt, (ast.For, ast.With)):
+        return all(_only_assertions(s) for s in stmt.body) and not getattr(stmt, "orelse", [])
+    return False
+
+
+@pytest.mark.parametrize("lid", LESSONS)
+def test_a_dropped_cell_holds_only_assertions(lid):
+    """The release drops ``assert-numbers`` cells, so such a cell may only pin numbers that a cell before it computed and
+    printed: no assignment, print, figure or computation of its own (the student's notebook would silently lack it)."""
+    nb = _nb("solutions", lid)
+    wrong = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type == "code" and "assert-numbers" in c.metadata.get("tags", []):
+            wrong += [f"cell {i + 1}: {ast.unparse(s)[:100]}" for s in ast.parse(c.source).body if not _only_assertions(s)]
+    assert not wrong, "an assert-numbers cell does more than assert:\n" + "\n".join(wrong)
