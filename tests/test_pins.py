@@ -29,7 +29,7 @@ def test_constraints_and_environment_agree(root):
     only_conda = sorted(set(conda_pins) - set(pip_pins))
     differ = {k: (pip_pins[k], conda_pins[k]) for k in set(pip_pins) & set(conda_pins) if pip_pins[k] != conda_pins[k]}
     assert not only_pip and not only_conda and not differ, (only_pip, only_conda, differ)
-    assert "  - python=3.11" in env
+    assert "  - python>=3.11,<3.14" in env
 
 
 def test_course_packages_are_pinned(root):
@@ -50,4 +50,4 @@ def test_installed_versions_match_the_pins(root):
 
     pip_pins = pins((root / "constraints.txt").read_text().splitlines())
     for name in ("torch", "numpy", "bitsandbytes", "peft", "transformers", "nbgrader", "nbval"):
-        assert version(name).split("+")[0] == pip_pins[name], name
+        assert version(name).split("+")[0] == pip_pins[name], name   # a local build suffix (+cpu, +cu130) is no drift
