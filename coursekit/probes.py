@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 __all__ = ["OPS", "collect", "format_report", "versions", "cpu_facts", "dispatcher_kernels", "observe_op",
            "self_test", "repack_trap", "MODEL_SHAPES", "BAD_CASE", "LARGER_BLOCK_CASE", "SELF_TEST_VARIANTS",
-           "nibble_pack", "nibble_unpack", "SMOLLM2_GGUF"]
+           "nibble_pack", "nibble_unpack", "torch_default_dequantize_4bit", "SMOLLM2_GGUF"]
 
 #: The 4-bit ops of a QLoRA forward/backward (``quantize_4bit``, ``dequantize_4bit``, ``gemv_4bit``),
 #: ``gemm_4bit`` (what ``matmul_4bit`` calls in training) and the 8-bit blockwise pair that double
@@ -104,6 +104,27 @@ def nibble_unpack(packed: Any, n: int) -> Any:
     from .quant import unpack_nibbles
 
     return unpack_nibbles(torch.as_tensor(np.asarray(packed).astype(np.uint8)), n).numpy()
+
+
+def torch_default_dequantize_4bit(packed: Any, state: Any) -> Any:
+    """Dequantize with bitsandbytes' pure-torch default (the fallback), bypassing the native CPU kernel.
+
+    Args:
+        packed: the uint8 codes from ``bitsandbytes.functional.quantize_4bit`` (any shape; two codes per byte).
+        state: its ``QuantState`` without double quantization (``compress_statistics=False``, fp32 ``absmax``).
+    Returns:
+        tensor of shape ``state.shape`` and dtype ``state.dtype``: ``code[q] · absmax[flat index // blocksize]``.
+    Raises:
+        ValueError: a double-quantized (nested) state.
+    Source: ``bitsandbytes/backends/default/ops.py``, ``_dequantize_4bit_compute``, called uncompiled
+    (``__wrapped__``, skipping a torch.compile of several seconds; the arithmetic is the same).
+    """
+    from bitsandbytes.backends.default import ops as dops
+
+    if getattr(state, "nested", False):
+        raise ValueError("torch_default_dequantize_4bit takes a state without double quantization")
+    compute = getattr(dops._dequantize_4bit_compute, "__wrapped__", dops._dequantize_4bit_compute)
+    return compute(packed.reshape(-1), state.absmax, state.code, state.blocksize, state.shape, state.dtype)
 
 
 @contextlib.contextmanager

@@ -305,3 +305,22 @@ def test_self_test_catches_the_model_rows_at_blocksize_128(report):
         pytest.skip(f"bitsandbytes' AVX512 4-bit dequantize kernel does not run here: {st['bad_case']['reason']}")
     assert case["status"] == "DIFFERS" and case["n_differ"] > 0, case
     assert "at blocksize 128 the same model rows are hit" in probes.format_report(report)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_default_dequantize_matches_the_formula_and_refuses_a_nested_state(dtype):
+    """The pure-torch fallback lesson 00 times: code[q] · absmax[block], the same values as bitsandbytes' dequantize."""
+    import torch
+    import bitsandbytes.functional as F
+
+    W = torch.randn(48, 128, generator=torch.Generator().manual_seed(3)).to(getattr(torch, dtype))
+    q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    got = probes.torch_default_dequantize_4bit(q, st)
+    codes = torch.as_tensor(probes.nibble_unpack(q.numpy().reshape(-1), W.numel()))
+    by_formula = (st.code[codes] * st.absmax.repeat_interleave(64)).reshape(W.shape).to(W.dtype)
+    assert got.dtype == W.dtype and got.shape == W.shape
+    assert torch.equal(got, by_formula)
+    assert torch.equal(got, F.dequantize_4bit(q, st))
+    q2, st2 = F.quantize_4bit(W, blocksize=64, quant_type="nf4", compress_statistics=True)
+    with pytest.raises(ValueError, match="double quantization"):
+        probes.torch_default_dequantize_4bit(q2, st2)
