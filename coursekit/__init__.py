@@ -9,7 +9,8 @@ Modules (one idea each):
 - checks: ``gradcheck`` (finite differences that name the failing entry), ``probes`` (what is installed
   and which bitsandbytes implementation runs), ``memory`` (the memory ledger);
 - the real run: ``model`` (the embedded SmolLM2 checkpoint), ``data`` (the ticket data set and
-  batching), ``train`` (adapter, preflight, training loop, export), ``capstone``;
+  batching), ``train`` (adapter, preflight, training loop, export), ``capstone``, ``quantloss`` (a 4-bit data
+  type judged by the model's held-out loss with its base in that type);
 - grading: ``grading`` (the answer checkers nbgrader calls), ``course`` (the nbgrader pipeline),
   ``cli`` (``coursekit doctor``, ``release``, ``grade``, ``capstone``, ``keys``).
 

@@ -17,6 +17,9 @@ resamples whole clusters finds weak.
   groups (the tickets of one symptom) with both models' answers on them, so that it is paired and clustered at
   once (Efron and Tibshirani, "An Introduction to the Bootstrap", 1993). McNemar's test assumes independent
   tickets; three phrasings of one symptom are not, so the clustered interval is the more cautious of the two.
+* :func:`paired_loss_interval`: the same resampling for a mean loss instead of an accuracy: the difference of two
+  models' token-weighted mean losses (nats per token) on the same tickets, whole groups resampled with both
+  models' losses on them.
 * :func:`compare`: both, and a verdict. A direction is stated only when both agree: McNemar's p below ``alpha``
   and a clustered interval that excludes 0. Otherwise the comparison cannot tell the two apart at this n.
 """
@@ -29,7 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["MIN_GROUPS", "mcnemar_exact", "paired_bootstrap_interval", "correct_by_id", "compare", "describe"]
+__all__ = ["MIN_GROUPS", "mcnemar_exact", "paired_bootstrap_interval", "paired_loss_interval", "correct_by_id", "compare",
+           "describe"]
 
 #: Fewest groups (symptoms, or tickets when ungrouped) for which :func:`compare` states a direction. A bootstrap
 #: that resamples a handful of clusters has only a handful of distinct replicates, and its interval is too narrow
@@ -90,6 +94,45 @@ def paired_bootstrap_interval(a_correct: Sequence[bool], b_correct: Sequence[boo
         diff[index[g]] += int(x) - int(y)
         size[index[g]] += 1
     draws = np.random.default_rng(seed).integers(0, len(index), size=(n_boot, len(index)))
+    boot = diff[draws].sum(axis=1) / size[draws].sum(axis=1)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def paired_loss_interval(a_loss: Sequence[float], b_loss: Sequence[float], tokens: Sequence[int], groups: Sequence[Any],
+                         n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean loss(A) − mean loss(B) (nats per token) resampling whole groups.
+
+    a_loss, b_loss: each item's summed next-token loss (nats) under models A and B, on the same items in the same
+    order; tokens: the number of tokens each item's sums run over (the same tokens for both models, ≥ 1); groups: one
+    group per item (the items themselves for an unclustered interval). The mean loss over a set of items is
+    Σ loss / Σ tokens (token-weighted, as perplexity is), so the difference is Σ (a − b) / Σ tokens. Each of
+    ``n_boot`` replicates draws as many groups as there are, with replacement, and recomputes that ratio over the
+    drawn groups' items (Efron and Tibshirani, "An Introduction to the Bootstrap", 1993; the ratio of sums is their
+    ratio estimator). Deterministic for a ``seed``. Raises TypeError for groups None, and ValueError for unequal
+    lengths, no items, a non-finite loss, a token count below 1, a level outside (0, 1) or an n_boot that is not a
+    positive integer."""
+    if groups is None:
+        raise TypeError("groups must give one group per item (pass the item ids to resample single items), got None")
+    a, b = np.asarray(a_loss, dtype=np.float64).reshape(-1), np.asarray(b_loss, dtype=np.float64).reshape(-1)
+    n = np.asarray(tokens, dtype=np.float64).reshape(-1)
+    groups = list(groups)
+    if not (a.size == b.size == n.size == len(groups)) or a.size == 0:
+        raise ValueError(f"need one loss per item for both models, one token count and one group per item, and at least "
+                         f"one item; got {a.size}, {b.size}, {n.size} and {len(groups)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("a loss is NaN or infinite; a summed next-token loss is a finite number of nats")
+    if not (n >= 1).all() or not (n == np.round(n)).all():
+        raise ValueError("every item's token count must be a whole number ≥ 1 (the tokens its loss sums over)")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if isinstance(n_boot, (bool, np.bool_)) or not isinstance(n_boot, numbers.Integral) or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    at = np.array([index[g] for g in groups])
+    diff = np.bincount(at, weights=a - b, minlength=len(index))
+    size = np.bincount(at, weights=n, minlength=len(index))
+    draws = np.random.default_rng(seed).integers(0, len(index), size=(int(n_boot), len(index)))
     boot = diff[draws].sum(axis=1) / size[draws].sum(axis=1)
     lo, hi = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)

@@ -64,10 +64,18 @@ def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
 
 
-def test_notebook_loads_no_model():
+def test_notebook_loads_the_model_once_after_every_graded_item():
+    """The lesson reads single tensors (safe_open) for everything it teaches and grades; the whole model is loaded
+    once, in bf16, for the held-out loss comparison in Real-world reps, after the last graded cell."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "load_model(" not in src and "from_pretrained" not in src and "safe_open" in src
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    src = "\n".join(s for _, s in code)
+    assert "from_pretrained" not in src and "safe_open" in src
+    loads = [i for i, s in code if "load_model(" in s]
+    assert len(loads) == 1 and src.count("load_model(") == 1 and 'load_model("bf16")' in src
+    last_graded = max(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade"))
+    reps = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("## Real-world reps"))
+    assert loads[0] > reps > last_graded
 
 
 @pytest.mark.parametrize("hidden", [False, True])

@@ -169,3 +169,36 @@ def test_paired_bootstrap_names_its_argument_errors():
         paired.paired_bootstrap_interval([True], [False], [0], n_boot=True)
     with pytest.raises(ValueError, match="n_boot"):
         paired.paired_bootstrap_interval([True], [False], [0], n_boot=2.5)
+
+
+# --------------------------------------------------------------------------- the paired interval of a mean loss
+
+
+def test_paired_loss_interval_is_a_token_weighted_difference_resampling_groups():
+    tokens = [10, 30, 20, 40]
+    a = [5.0, 9.0, 8.0, 12.0]
+    b = [4.0, 6.0, 6.0, 8.0]                       # A costs 0.1 nats per token more on every item
+    lo, hi = paired.paired_loss_interval(a, b, tokens, groups=[0, 1, 2, 3], n_boot=300)
+    assert math.isclose(lo, 0.1) and math.isclose(hi, 0.1)   # the same per-token difference everywhere: no spread
+    # the whole difference sits on one group of four: the interval reaches 0 (a replicate without that group)
+    a2 = [4.0, 6.0, 6.0, 12.0]
+    lo, hi = paired.paired_loss_interval(a2, b, tokens, groups=["g0", "g1", "g2", "g3"], n_boot=2000)
+    assert lo == 0 and 0.04 < hi <= 4 / 40
+    # swapping the models mirrors the interval; resampling pairs of items as groups changes it
+    assert paired.paired_loss_interval(b, a2, tokens, ["g0", "g1", "g2", "g3"], n_boot=2000) == pytest.approx((-hi, -lo))
+    assert paired.paired_loss_interval(a2, b, tokens, ["x", "x", "y", "y"], n_boot=2000) != (lo, hi)
+
+
+def test_paired_loss_interval_refuses_bad_input():
+    with pytest.raises(TypeError):
+        paired.paired_loss_interval([1.0], [1.0], [3], None)
+    with pytest.raises(ValueError, match="one loss per item"):
+        paired.paired_loss_interval([1.0, 2.0], [1.0], [3, 3], [0, 1])
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        paired.paired_loss_interval([float("nan")], [1.0], [3], [0])
+    with pytest.raises(ValueError, match="token count"):
+        paired.paired_loss_interval([1.0], [1.0], [0], [0])
+    with pytest.raises(ValueError, match="level"):
+        paired.paired_loss_interval([1.0], [1.0], [3], [0], level=1.5)
+    with pytest.raises(ValueError, match="n_boot"):
+        paired.paired_loss_interval([1.0], [1.0], [3], [0], n_boot=0)
