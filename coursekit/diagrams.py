@@ -378,7 +378,7 @@ def mlp_backward_graph(n: int, d: int, f: int, adapted: Any = ("gate", "up", "do
     _link(ax, H, up, back=True, label="dU = dH ⊙ SiLU(G)", rad=-0.2)
     _link(ax, gate, plus_x, back=True, label="dG W_gateᵀ", rad=-0.25)
     _link(ax, up, plus_x, back=True, label="dU W_upᵀ", rad=0.25)
-    _link(ax, plus_x, X, back=True, label="dX = dG W_gateᵀ + dU W_upᵀ\n(+ the adapter paths)", side=-1, gap=30,
+    _link(ax, plus_x, X, back=True, label="dX = dG W_gateᵀ + dU W_upᵀ" + ("\n(+ the adapter paths)" if set(adapted) - {"down"} else ""), side=-1, gap=30,
           t=0.8)
     _legend(ax, (0.05, -1.7), _adapter_line(s))
     return fig
@@ -420,7 +420,7 @@ def attention_backward_graph(T: int, d: int, n_heads: int, adapted: Any = ("q", 
     for a, b in ((X, q), (X, k), (X, v), (q, S), (k, S), (S, P), (P, C), (v, C), (C, o), (o, Y)):
         _link(ax, a, b)
     _link(ax, Y, o, back=True, label="dY", rad=0.35)
-    _link(ax, o, C, back=True, label="dC = dY W_oᵀ", rad=-0.5)
+    _link(ax, o, C, back=True, label="dC = dY W_oᵀ" + (" (+ adapter path)" if "o" in adapted else ""), rad=-0.5)
     _link(ax, C, P, back=True, label="dP = dC Vᵀ", rad=-0.3)
     _link(ax, C, v, back=True, label="dV = Pᵀ dC", rad=-0.12)
     _link(ax, P, S, back=True, label="dS = P ⊙ (dP − rowsum(dP ⊙ P))", rad=-0.3)
@@ -429,7 +429,8 @@ def attention_backward_graph(T: int, d: int, n_heads: int, adapted: Any = ("q", 
     _link(ax, q, plus_x, back=True, label="dQ W_qᵀ", rad=0.3)
     _link(ax, k, plus_x, back=True, label="dK W_kᵀ", rad=0.3, t=0.6)
     _link(ax, v, plus_x, back=True, label="dV W_vᵀ", rad=0.25)
-    _link(ax, plus_x, X, back=True, label="dX = dQ W_qᵀ\n+ dK W_kᵀ + dV W_vᵀ\n(+ the adapter paths)", side=-1, gap=26)
+    _link(ax, plus_x, X, back=True, label="dX = dQ W_qᵀ\n+ dK W_kᵀ + dV W_vᵀ" + ("\n(+ the adapter paths)" if set(adapted) - {"o"} else ""),
+          side=-1, gap=26)
     _legend(ax, (-0.15, -1.75), _adapter_line(s))
     return fig
 
@@ -486,12 +487,13 @@ def block_backward_graph(T: int, d: int, f: int, adapted: Any = ("q", "k", "v", 
     _link(ax, H, up, back=True, label="dU", rad=-0.3)
     _link(ax, gate, plus_u2, back=True, label="dG W_gateᵀ", rad=0.2)
     _link(ax, up, plus_u2, back=True, label="dU W_upᵀ", rad=-0.2)
-    _link(ax, plus_u2, n2, back=True, label="du2 (+ the adapter paths)", side=-1)
+    _link(ax, plus_u2, n2, back=True, label="du2" + (" (+ the adapter paths)" if {"gate", "up"} & set(adapted) else ""),
+          side=-1)
     _link(ax, n2, plus_h, back=True, label="RMSNorm-backward(du2)", rad=-0.1, t=0.5)
     _link(ax, plus_h, h, back=True, label="dh = dy\n+ RMSNorm-backward(du2)", side=-1, t=0.3)
     _link(ax, h, o, back=True, label="dh", rad=0.1)
     _link(ax, h, plus_x, back=True, label="dh (identity)", rad=0.08)
-    _link(ax, o, att, back=True, label="dmh = dh W_oᵀ + …", rad=0.5)
+    _link(ax, o, att, back=True, label="dh W_oᵀ" + (" (+ adapter path)" if "o" in adapted else ""), rad=0.5)
     for p, b in proj.items():
         _link(ax, att, b, back=True, label=f"d{p.upper()}", rad={"q": 0.25, "k": 0.3, "v": -0.25}[p])
         _link(ax, b, plus_u1, back=True, label=f"d{p.upper()} W_{p}ᵀ", rad={"q": 0.2, "k": -0.3, "v": -0.2}[p])

@@ -187,6 +187,8 @@ def test_attention_backward_graph_sums_q_k_v_at_x(T, d, n_heads, adapted):
                  "dQ = dS K / √d_h", "dK = dSᵀ Q / √d_h", "dQ W_qᵀ", "dK W_kᵀ", "dV W_vᵀ"):
         assert grad in labels, grad
     assert "dX = dQ W_qᵀ\n+ dK W_kᵀ + dV W_vᵀ" in labels
+    assert ("(+ the adapter paths)" in labels) == bool({"q", "k", "v"} & set(adapted))   # the adapters' share of dX
+    assert ("dC = dY W_oᵀ (+ adapter path)" in labels) == ("o" in adapted)
     assert f"{n_heads} × {T} × {T}" in text and f"d_h = {d // n_heads}" in fig.axes[0].get_title()
     _, arrows = _graph(fig)
     adapter_grads = sorted(lab for k, lab, _, dst in arrows if k == "bwd" and dst[1] == "adapter")
@@ -205,6 +207,7 @@ def test_mlp_backward_graph_adds_gate_and_up_at_x(n, d, f, adapted):
                  "dX = dG W_gateᵀ + dU W_upᵀ"):
         assert grad in labels, grad
     assert f"H = SiLU(G) ⊙ U\n{n} × {f}" in text and f"X\n{n} × {d}" in text
+    assert ("(+ the adapter paths)" in labels) == bool({"gate", "up"} & set(adapted))
     assert "s = lora_alpha / r = 0.5" in text
     _, arrows = _graph(fig)
     adapters = {dst[0]: lab for k, lab, _, dst in arrows if k == "bwd" and dst[1] == "adapter"}
@@ -221,9 +224,10 @@ def test_block_backward_graph_shows_both_residuals_and_four_forks(T, d, f, adapt
     fig = diagrams.block_backward_graph(T, d, f, adapted=adapted, s=2.0)
     labels = _labels(fig)
     for grad in ("dy (identity)", "dh (identity)", "dh = dy\n+ RMSNorm-backward(du2)", "dx = dh\n+ RMSNorm-backward(du1)",
-                 "du2 (+ the adapter paths)", "du1", "dG W_gateᵀ", "dU W_upᵀ", "dQ W_qᵀ", "dK W_kᵀ", "dV W_vᵀ", "dQ",
+                 "du2", "du1", "dG W_gateᵀ", "dU W_upᵀ", "dQ W_qᵀ", "dK W_kᵀ", "dV W_vᵀ", "dQ",
                  "dK", "dV", "dH", "dG", "dU"):
         assert grad in labels, grad
+    assert ("du2 (+ the adapter paths)" in labels) == bool({"gate", "up"} & set(adapted))
     boxes, arrows = _graph(fig)
     assert sum(1 for _, kind, _ in boxes.values() if kind == "sum") == 4        # x, u1, h, u2
     inputs = {dst[0]: lab for k, lab, _, dst in arrows if k == "bwd" and dst[1] == "adapter"}
