@@ -378,8 +378,8 @@ def mlp_backward_graph(n: int, d: int, f: int, adapted: Any = ("gate", "up", "do
     _link(ax, H, up, back=True, label="dU = dH ⊙ SiLU(G)", rad=-0.2)
     _link(ax, gate, plus_x, back=True, label="dG W_gateᵀ", rad=-0.25)
     _link(ax, up, plus_x, back=True, label="dU W_upᵀ", rad=0.25)
-    _link(ax, plus_x, X, back=True, label="dX = dG W_gateᵀ + dU W_upᵀ" + ("\n(+ the adapter paths)" if set(adapted) - {"down"} else ""), side=-1, gap=30,
-          t=0.8)
+    adapter_paths = "\n(+ the adapter paths)" if set(adapted) - {"down"} else ""
+    _link(ax, plus_x, X, back=True, label="dX = dG W_gateᵀ + dU W_upᵀ" + adapter_paths, side=-1, gap=30, t=0.8)
     _legend(ax, (0.05, -1.7), _adapter_line(s))
     return fig
 
@@ -429,8 +429,8 @@ def attention_backward_graph(T: int, d: int, n_heads: int, adapted: Any = ("q", 
     _link(ax, q, plus_x, back=True, label="dQ W_qᵀ", rad=0.3)
     _link(ax, k, plus_x, back=True, label="dK W_kᵀ", rad=0.3, t=0.6)
     _link(ax, v, plus_x, back=True, label="dV W_vᵀ", rad=0.25)
-    _link(ax, plus_x, X, back=True, label="dX = dQ W_qᵀ\n+ dK W_kᵀ + dV W_vᵀ" + ("\n(+ the adapter paths)" if set(adapted) - {"o"} else ""),
-          side=-1, gap=26)
+    adapter_paths = "\n(+ the adapter paths)" if set(adapted) - {"o"} else ""
+    _link(ax, plus_x, X, back=True, label="dX = dQ W_qᵀ\n+ dK W_kᵀ + dV W_vᵀ" + adapter_paths, side=-1, gap=26)
     _legend(ax, (-0.15, -1.75), _adapter_line(s))
     return fig
 
