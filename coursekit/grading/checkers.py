@@ -244,7 +244,7 @@ def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequenc
     for o in sorted(wrong):
         lines.append(f"({o}) should not be chosen. " + hints.get(o, ""))
     for o in sorted(missed & set(hints)):  # a true statement left out, and why it is true
-        lines.append(f"({o}) is true and missing from your set. {hints[o]}")
+        lines.append(f"({o}) is missing from your set. {hints[o]}")
     unexplained = missed - set(hints)
     if unexplained:
         more = " more" if missed & set(hints) else ""
