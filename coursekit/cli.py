@@ -222,7 +222,7 @@ def _keys(args: argparse.Namespace) -> int:
         print("coursekit keys show: name a lesson, e.g. coursekit keys show 02", file=sys.stderr)
         return 2
     root = Path(args.root or ".").resolve()
-    if keys.key_dir() is None and not (root / "autograder" / "keys").is_dir():
+    if keys.env_dir() is None and not (root / "autograder" / "keys").is_dir():
         print(f"coursekit keys: {root} is not the course repository (it has no autograder/keys); "
               "run this from the repository root, pass --root, or set $COURSEKIT_KEYS", file=sys.stderr)
         return 2

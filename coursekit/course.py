@@ -92,7 +92,7 @@ def use_course_keys(root: Path) -> Path:
     kernels that nbgrader starts inherit it. Returns the folder in use."""
     from .grading import keys
 
-    if keys.key_dir() is None:
+    if keys.env_dir() is None:  # (not key_dir(): the repository's own keys are not found while autograding)
         os.environ[keys.ENV] = str(root / "autograder" / "keys")
     return keys.key_dir()
 

@@ -335,7 +335,8 @@ class GuardedExecute(Execute):
         from coursekit import sandbox
         from coursekit.grading import keys
 
-        hide = [Path(p).resolve() for p in (*self.hidden_paths, keys.key_dir()) if p]
+        repo_keys = keys.REPOSITORY / "autograder" / "keys"  # (found by a kernel in the repository outside an autograde run)
+        hide = list(dict.fromkeys(Path(p).resolve() for p in (*self.hidden_paths, keys.env_dir(), repo_keys if repo_keys.is_dir() else None) if p))
         cwd = cwd.resolve()
         aid = getattr(self, "_aid", "") or self._notebook
         allowed = set(self.release_files.get(aid, ())) or {f"{self._notebook or aid}.ipynb"}

@@ -243,10 +243,11 @@ def test_release_notebooks_hold_no_choice_hint():
     assert not found, "\n".join(found)
 
 
-def test_the_package_alone_cannot_read_a_key(monkeypatch):
-    """Without $COURSEKIT_KEYS (a student's kernel, or the grading kernel) no key can be loaded, and no
-    hidden case can be drawn unless the grader handed the kernel the lesson's seed."""
+def test_the_package_alone_cannot_read_a_key(monkeypatch, tmp_path):
+    """Without $COURSEKIT_KEYS and outside the course repository (a student's kernel, or the grading kernel) no key
+    can be loaded, and no hidden case can be drawn unless the grader handed the kernel the lesson's seed."""
     monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.setattr(keymod, "REPOSITORY", tmp_path)  # an installed package: no repository around it
     monkeypatch.delenv(keymod.SEED_ENV, raising=False)
     with pytest.raises(keymod.KeysUnavailable, match="COURSEKIT_KEYS"):
         keymod.load("02")
@@ -257,12 +258,13 @@ def test_the_package_alone_cannot_read_a_key(monkeypatch):
 
 
 @pytest.mark.parametrize("num", sorted(KEYS))
-def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, capsys):
+def test_a_student_machine_records_choices_without_an_oracle(num, monkeypatch, capsys, tmp_path):
     """While a student works, every option of every keyed item gets the same answer (recorded, 0 points),
     so trying the letters one by one reveals nothing; a malformed answer is still told what form to use."""
     from coursekit.grading import Choice, Ordering, grade
 
     monkeypatch.delenv(keymod.ENV, raising=False)
+    monkeypatch.setattr(keymod, "REPOSITORY", tmp_path)  # a student's machine: the lessons, no course repository
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     for item_id, item in lesson_items(num).items():
         if isinstance(item, Choice) and item.formative:

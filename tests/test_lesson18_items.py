@@ -275,7 +275,7 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     [({"a", "b", "c", "e"}, "token_embd.weight (49,152 × 576) is Q8_0"),
      ({"b", "c", "d", "e"}, "SmolLM2 ties its embeddings"),
      ({"b", "c", "e", "f"}, "about 31 % of the file's bytes"),
-     ({"b", "e"}, "One true statement is missing")],
+     ({"b", "e"}, "(c) is missing from your set. True: token_embd.weight is Q8_0")],
 )
 def test_multi_choice_partial_credit(answer, text):
     fb = check("18.p1", answer)

@@ -56,6 +56,7 @@ __all__ = [
     "autograding",
     "unanswered",
     "written",
+    "model_answer",
     "Choice",
     "Numeric",
     "Array",
@@ -194,7 +195,8 @@ class Ordering:
     """Put step labels in order. ``labels`` maps each label to a short description (listed alphabetically:
     the order is the answer). The key, in the instructor's key file, is the list of labels in order, or
     ``{"order": [...], "also": [[...], ...], "note": "..."}`` when several orders are right (the others
-    earn full points too; partial credit is counted against ``order``)."""
+    earn full points too; partial credit is counted against ``order``). The key file's ``"hints"`` give each
+    label the reason for its place; a wrong order's feedback names the step most out of place and its reason."""
 
     title: str
     points: float
@@ -209,7 +211,7 @@ class Ordering:
             fb = check_ordering(answer, alt, self.points, self.labels)
             if fb.points == self.points:
                 return Feedback(self.points, self.points, ["The order is right." + (f" {note}" if note else "")])
-        fb = check_ordering(answer, order, self.points, self.labels)
+        fb = check_ordering(answer, order, self.points, self.labels, hints, also)
         if fb.points == self.points and note:
             fb.lines.append(note)
         return fb
@@ -220,7 +222,7 @@ class Ordering:
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if not ctx.has_keys():
             return _recorded(self, answer)
-        return self._run(answer, ctx.key(), {})
+        return self._run(answer, ctx.key(), ctx.hints())
 
 
 @dataclass
@@ -329,8 +331,9 @@ def _recorded(item: Any, answer: Any, candidates: Sequence[Any] | None = None) -
 
 def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
     """Instructor check (``coursekit keys check``): one line per keyed item without a key, key naming no
-    item, bad option letter, or ordering key that does not use each label once, for ``lessons`` ("02", …;
-    default: every lesson). Empty when all is well."""
+    item, bad option letter, ordering key that does not use each label once, or missing explanation (every
+    wrong option of a single choice, every option of a multi-select, every label of an ordering needs its hint),
+    for ``lessons`` ("02", …; default: every lesson). Empty when all is well."""
     out = []
     every = [f.stem[-2:] for f in sorted(Path(__file__).with_name("lessons").glob("lesson[0-9][0-9].py"))]
     for lesson in every if lessons is None else sorted(set(lessons)):
@@ -343,20 +346,38 @@ def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
         needs_key = {i for i, it in items.items() if keyed(it)}
         out += [f"{lesson}.{i}: no key" for i in sorted(needs_key - set(data["keys"]))]
         out += [f"{lesson}.{i}: a key for an item that needs none or does not exist" for i in sorted(set(data["keys"]) - needs_key)]
-        out += [f"{lesson}.{i}: hints for an item that is not a choice" for i in sorted(set(data["hints"]) - {i for i in needs_key if isinstance(items[i], Choice)})]
+        out += [f"{lesson}.{i}: hints for an item that is not a choice or an ordering"
+                for i in sorted(set(data["hints"]) - {i for i in needs_key if isinstance(items[i], (Choice, Ordering))})]
         for i in sorted(needs_key & set(data["keys"])):
             it, k = items[i], data["keys"][i]
+            hints = data["hints"].get(i, {})
+            if not (isinstance(hints, Mapping) and all(isinstance(t, str) and t.strip() for t in hints.values())):
+                out.append(f"{lesson}.{i}: hints must map each option or label to a text")
+                hints = {}
             if isinstance(it, Choice):
                 letters = k if it.multi else [k]
                 if not (isinstance(letters, list) and letters and all(isinstance(x, str) and x in it.options for x in letters)):
                     out.append(f"{lesson}.{i}: key {k!r} is not {'a list of letters' if it.multi else 'one letter'} out of {it.options}")
-                bad = sorted(set(data["hints"].get(i, {})) - set(it.options))
+                    continue
+                bad = sorted(set(hints) - set(it.options))
                 if bad:
                     out.append(f"{lesson}.{i}: hints for options {bad} that do not exist")
+                # A multi-select explains every statement, true or false (a missed one is named with why it is
+                # true); a single choice every wrong option.
+                need = set(it.options) if it.multi else set(it.options) - set(letters)
+                missing = sorted(need - set(hints))
+                if missing:
+                    what = "why each statement is true or false" if it.multi else "why each wrong option is wrong"
+                    out.append(f"{lesson}.{i}: no explanation for options {missing} (the hints say {what})")
             elif isinstance(it, Ordering):
                 orders = [k["order"], *k.get("also", [])] if isinstance(k, Mapping) else [k]
                 if any(sorted(o) != sorted(it.labels) for o in orders):
                     out.append(f"{lesson}.{i}: an order that does not use each of the labels {sorted(it.labels)} exactly once")
+                bad, missing = sorted(set(hints) - set(it.labels)), sorted(set(it.labels) - set(hints))
+                if bad:
+                    out.append(f"{lesson}.{i}: hints for labels {bad} that do not exist")
+                if missing:
+                    out.append(f"{lesson}.{i}: no explanation for labels {missing} (the hints say why each step takes its place)")
     return out
 
 
@@ -460,6 +481,58 @@ def score_record(item_id: str, record: Mapping[str, Any], deadline: Any = None) 
 
     payload = {"fn": base64.b64decode(record["function"]), "lines": dict(record.get("lines") or {})}
     return remote.check_remotely(it, ctx, payload, str(record.get("name", "function")), record.get("params"), deadline)
+
+
+def _model_answer_text(item_id: str) -> str:
+    """The model answer of the free-text item ``item_id`` ("13.p7"): the source of the markdown cell of
+    ``solutions/NN-*/NN-*.ipynb`` whose nbgrader ``grade_id`` is the item's (``p7_explain``). Raises LookupError
+    with a message for the student: no solutions here (an installed course, a student's copy, the autograde
+    run), or no free-text item of that name (naming the lesson's free-text items)."""
+    import json
+
+    if not isinstance(item_id, str) or not re.fullmatch(r"\d\d\.p\d+", item_id.strip()):
+        raise LookupError(f"free-text items are named like '13.p7' (lesson, item); got {item_id!r}.")
+    lesson, item = item_id.strip().split(".")
+    sols = _keys.REPOSITORY / "solutions"
+    books = sorted(sols.glob(f"{lesson}-*/{lesson}-*.ipynb")) if not autograding() else []
+    if not books:
+        raise LookupError(f"The model answer of {item_id} is with the instructor: this copy of the course has no "
+                          "solutions (they come with the whole course repository, not with the lessons alone). "
+                          "Your instructor's feedback on your answer is the place to compare.")
+    cells = [c for c in json.loads(books[0].read_text(encoding="utf-8"))["cells"]
+             if c.get("cell_type") == "markdown" and (c.get("metadata", {}).get("nbgrader") or {}).get("solution")]
+    ids = {(c["metadata"]["nbgrader"].get("grade_id") or "").split("_")[0]: c for c in cells}
+    if item not in ids:
+        have = ", ".join(f"{lesson}.{i}" for i in sorted(ids, key=lambda i: int(i[1:]) if i[1:].isdigit() else 0)) or "none"
+        raise LookupError(f"lesson {lesson} has no free-text item {item!r} (its free-text items: {have}); "
+                          "a choice, number or function item is checked by its check cell instead.")
+    src = ids[item]["source"]
+    return ("".join(src) if isinstance(src, list) else src).strip()
+
+
+def model_answer(item_id: str) -> None:
+    """Show the model answer of a free-text item ("13.p7") after you have written your own: the instructor's answer
+    from the course's solution notebook, rendered as markdown in a notebook (printed elsewhere). Works where the
+    whole course repository is (self-study); elsewhere (a class's copy of the lessons, the autograde run) it says
+    that the model answer is with the instructor. Prints, never raises, returns None."""
+    try:
+        text = _model_answer_text(item_id)
+    except LookupError as e:
+        print(e.args[0])
+        return None
+    head = f"Model answer of {item_id} (compare it with yours):"
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            print(head)
+            display(Markdown(text))
+            return None
+    except ImportError:  # pragma: no cover  (IPython is installed with the course)
+        pass
+    print(head + "\n\n" + text)
+    return None
 
 
 NOT_ANSWERED = "Not answered yet: write your answer in the answer cell above, run it, then run this check again."

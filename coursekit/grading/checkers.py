@@ -215,6 +215,9 @@ def check_choice(answer: Any, key: str, points: float, options: Sequence[str], h
 def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequence[str], hints: Mapping[str, str] | None = None) -> Feedback:
     """Several options. Score = points × max(0, (right picks − wrong picks) / |key|); each error explained.
 
+    ``hints``: option → why the statement is true or false. A wrong pick is named with its hint; a true statement
+    left out is named with its hint (without one, only counted). Right picks are not commented on.
+
     Accepted: a set, list, tuple or 1-D array of letters ({"a", "c"}, ["a", "c"]), or one string: "a, c", "a c",
     or letters run together ("ac") when every character is an option letter. Case, the obvious punctuation around
     a letter and repeats are ignored. An empty answer earns 0 ("choose at least one").
@@ -240,9 +243,13 @@ def check_multi(answer: Any, key: Iterable[str], points: float, options: Sequenc
     lines = []
     for o in sorted(wrong):
         lines.append(f"({o}) should not be chosen. " + hints.get(o, ""))
-    if missed:
-        lines.append("One true statement is missing from your set." if len(missed) == 1
-                     else f"{len(missed)} true statements are missing from your set.")
+    for o in sorted(missed & set(hints)):  # a true statement left out, and why it is true
+        lines.append(f"({o}) is missing from your set. {hints[o]}")
+    unexplained = missed - set(hints)
+    if unexplained:
+        more = " more" if missed & set(hints) else ""
+        lines.append(f"One{more} true statement is missing from your set." if len(unexplained) == 1
+                     else f"{len(unexplained)}{more} true statements are missing from your set.")
     if not wrong and not missed:
         lines.append("All right.")
     score = points * max(0.0, (len(right) - len(wrong)) / len(key))
@@ -270,9 +277,15 @@ def _ordering_labels(answer: Any) -> list[str] | str:
     return f"{_type_name(answer)} {_show(answer)}"
 
 
-def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None) -> Feedback:
+def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None,
+                   reasons: Mapping[str, str] | None = None, accepted: Sequence[Sequence[str]] = ()) -> Feedback:
     """An order of step labels. Full points when exact; otherwise points × (pairs in the right order) / (all pairs),
     with the first misplaced step named.
+
+    ``reasons``: label → why that step takes its place. A wrong order then also names the step most out of place
+    (the one in the most pairs the answer inverts; a tie goes to the one the answer puts first) and its reason, one
+    step only: what this answer got wrong, not the whole order. ``accepted``: other right orders; the step is chosen
+    against the right order closest to the answer (the points are counted against ``key``).
 
     Accepted: a list or tuple of the labels, a 1-D NumPy array of them, or one string of them separated by commas,
     spaces or arrows ("train, save, attach"). A set (it has no order), a dict, a number, or a string that does not
@@ -299,11 +312,29 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
     first = next(i for i, (a, k) in enumerate(zip(ans, key)) if a != k)
     step = ans[first]
     name = f" ({labels[step]})" if step in labels else ""
-    return Feedback(
-        points * good / len(pairs) * 0.999,  # never full unless exact
-        points,
-        [f"{good} of {len(pairs)} pairs are in the right order. The first step out of place is position {first + 1}: '{step}'{name}."],
-    )
+    lines = [f"{good} of {len(pairs)} pairs are in the right order. The first step out of place is position {first + 1}: '{step}'{name}."]
+    worst = _most_out_of_place(ans, [key, *([str(k).strip().lower() for k in o] for o in accepted)])
+    if reasons and worst in reasons:
+        why = f" ({labels[worst]})" if worst in labels and worst != step else ""
+        lines.append(f"The step most out of place is '{worst}'{why}: {reasons[worst]}")
+    return Feedback(points * good / len(pairs) * 0.999, points, lines)  # never full unless exact
+
+
+def _most_out_of_place(ans: Sequence[str], orders: Sequence[Sequence[str]]) -> str:
+    """The label of ``ans`` that takes part in the most inverted pairs against the right order (of ``orders``, all
+    holding the same labels) with the fewest inversions; a tie goes to the label ``ans`` puts first."""
+    def inversions(order: Sequence[str]) -> dict[str, int]:
+        pos = {k: i for i, k in enumerate(order)}
+        count = dict.fromkeys(ans, 0)
+        for i in range(len(ans)):
+            for j in range(i + 1, len(ans)):
+                if pos[ans[i]] > pos[ans[j]]:
+                    count[ans[i]] += 1
+                    count[ans[j]] += 1
+        return count
+
+    best = min((inversions(o) for o in orders if sorted(o) == sorted(ans)), key=lambda c: sum(c.values()))
+    return max(ans, key=lambda a: (best[a], -ans.index(a)))
 
 
 # --------------------------------------------------------------------------- numbers and arrays

@@ -10,11 +10,15 @@ it sits in one JSON file per lesson in the instructor's key folder, ``autograder
      "keys": {ITEM: LETTER,         # one letter; a list of letters for a multi-choice item
               ITEM: [LABEL, ...],   # an ordering: the step labels in order, or several accepted orders:
               ITEM: {"order": [LABEL, ...], "also": [[LABEL, ...], ...], "note": TEXT}},
-     "hints": {ITEM: {LETTER: TEXT, ...}}}   # why an option is wrong, and what to reread
+     "hints": {ITEM: {LETTER: TEXT, ...},    # a choice: why an option is wrong (every wrong option of a
+                                            # single choice; every option, true or false, of a multi-select)
+               ITEM: {LABEL: TEXT, ...}}}   # an ordering: why each step takes its place (every label)
 
 The grading process finds the folder through the environment variable ``COURSEKIT_KEYS``:
 ``coursekit grade``, ``autograder/nbgrader_config.py`` and the test suite point it at
-``autograder/keys``. No kernel that runs a student's code holds the keys: a student's machine has
+``autograder/keys``. A kernel started in the course repository itself (self-study with the whole course) finds
+the repository's ``autograder/keys`` while the variable is unset, so its practice checks explain a wrong answer;
+``COURSEKIT_KEYS=`` (set, empty) says "no keys here" even there. No kernel that runs a student's code holds the keys: a student's machine has
 neither the variable nor the folder, and in the autograde run ``coursekit.guard.GuardedExecute``
 starts the kernel without the variable, in a sandbox that hides the folder. There a check only hands
 the answer over, and ``coursekit.guard.ScoreAnswers`` scores it in the grading process, which alone
@@ -41,10 +45,35 @@ class KeysUnavailable(LookupError):
     """No instructor key folder here (a student's machine), or it lacks this lesson."""
 
 
-def key_dir() -> Path | None:
-    """The instructor's key folder named by ``$COURSEKIT_KEYS``, or None when the variable is unset or empty."""
+#: The folder this ``coursekit`` was imported from belongs to: the course repository when it is a checkout of it
+#: (an editable install, or the repository on ``sys.path``); an installed package's is site-packages' parent.
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def env_dir() -> Path | None:
+    """The folder ``$COURSEKIT_KEYS`` names, or None when the variable is unset or empty."""
     d = os.environ.get(ENV, "").strip()
     return Path(d).expanduser() if d else None
+
+
+def repository_keys() -> Path | None:
+    """``autograder/keys`` of the course repository this package was imported from (:data:`REPOSITORY`), when it
+    has one and no autograde run is under way (``NBGRADER_EXECUTION=autograde``); else None. A self-study student
+    who works in the repository has the keys on disk anyway: their checks may as well explain."""
+    if os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        return None
+    d = REPOSITORY / "autograder" / "keys"
+    return d if d.is_dir() else None
+
+
+def key_dir() -> Path | None:
+    """The key folder in use: the one ``$COURSEKIT_KEYS`` names; when the variable is unset, the course repository's
+    own (:func:`repository_keys`, outside an autograde run); None when the variable is set but empty (an explicit
+    "no keys here") or neither exists. The kernel of the autograde run never gets the variable, runs with
+    ``NBGRADER_EXECUTION=autograde`` and in a sandbox that hides the repository (coursekit.guard): no keys there."""
+    if ENV not in os.environ:
+        return repository_keys()
+    return env_dir()
 
 
 def available(lesson: str) -> bool:

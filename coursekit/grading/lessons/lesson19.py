@@ -1165,7 +1165,7 @@ ITEMS = {
     "p7": Function("implement confusion_matrix", 1, name="confusion_matrix", reference=ceval.confusion_matrix,
                    public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
     "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
-    "p9": Choice("which splits show what the adapter learned", 1, multi=True),
+    "p9": Choice("which splits show what the adapter learned", 1, options="abc", multi=True),
     "p10": Numeric("gain over the tuned baseline on unseen symptoms, in percentage points", 1, name="gain_points",
                    expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
