@@ -92,8 +92,10 @@ def peak_rss_mb() -> float:
 
 def attach_adapter(model: torch.nn.Module, cfg: TrainConfig, quantized: bool | None = None):
     """Freeze the base and add LoRA adapters (PEFT). For a 4-bit base, run ``prepare_model_for_kbit_training`` first
-    (casts norms to fp32, enables input gradients; PEFT's quantization guide). Gradient checkpointing stays off: at these sequence
-    lengths on CPU it costs time and saves little.
+    (it freezes every parameter and casts the unquantized bf16/fp16 ones, embedding and norms, to fp32; peft/utils/other.py).
+    It is called with ``use_gradient_checkpointing=False``, so it installs no hook that makes the embedding output require
+    gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: at these
+    sequence lengths on CPU it costs time and saves little.
 
     Returns the ``PeftModel``. Raises ValueError if ``cfg.r`` is not positive.
     """
