@@ -46,18 +46,21 @@ def _threads():
 
 
 RIGHT = {
-    "w1": "c", "w2": "b", "w3": "a", "p1": "a", "p2": "b", "p5": "b",
+    "w1": "b", "w2": "a", "w3": "b", "p1": "a", "p2": "b", "p5": "b",
     "p3": None,  # filled at test time from the machine
     "p4": right_pack,
     "p6": 576 * 1536 // 2,
-    "p7": ["warmup", "know", "practice", "reps", "further"],
+    "p7": ["lookup", "default", "dequant", "linear", "again"],
 }
 
 # item, wrong answer, text the feedback must contain
 WRONG = [
-    ("w1", "a", "Warm-up is a short check"),
-    ("w2", "a", "hard-coding"),
-    ("w3", "b", "copied from a paper"),
+    ("w1", "a", "not an error"),
+    ("w1", "c", "Nothing moves to a GPU"),
+    ("w2", "b", "not 4"),
+    ("w2", "c", "two 4-bit codes, not four"),
+    ("w3", "a", "can be fewer than os.cpu_count()"),
+    ("w3", "c", "binds Python code, not torch's C++ kernels"),
     ("p1", "b", "C++ CPU kernel"),
     ("p1", "c", "LUT quantizer"),
     ("p2", "a", "not an error"),
@@ -67,7 +70,7 @@ WRONG = [
     ("p6", 576 * 1536 * 4, "number of bits"),
     ("p6", 576 * 1536 * 2, "bf16"),
     ("p6", "lots", "single number"),
-    ("p7", ["know", "warmup", "practice", "reps", "further"], "position 1"),
+    ("p7", ["default", "lookup", "dequant", "linear", "again"], "position 1"),
     ("p4", low_first_pack, "LOW nibble"),
     ("p4", no_pad_pack, "pad with one 0 code"),
     ("p4", int64_pack, "dtype is int64"),

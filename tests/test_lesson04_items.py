@@ -42,7 +42,7 @@ def _p4_right():
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 0.3,
-         "p4": None, "p5": 11, "p6": 8.002345485592187, "p7": "b"}
+         "p4": None, "p5": 11, "p6": 4.002345485592187, "p7": "b"}
 
 
 def _right(item_id):
@@ -59,9 +59,15 @@ def test_every_item_has_a_right_answer_here():
 def test_numbers_come_from_coursekit():
     assert ITEMS["p3"].expected() == pytest.approx(6.0 / 20)
     assert ITEMS["p5"].expected() == 11  # 3 + 3 + 2 + 3 supervised tokens: answer tokens and <|im_end|>
+    assert [int(p) for p in L.p4_positions()] == [47, 48, 49]  # row 0's prompt, two answer tokens, <|im_end|>
     aligned, twice = L._p6_losses()
     assert aligned == pytest.approx(np.log1p(7 * np.exp(-8.0)))
-    assert twice == pytest.approx(8.0 + aligned)
+    assert twice == pytest.approx(4.0 + aligned)  # two of the four scored positions are hit by the repeated token
+
+
+def test_p6_prediction_tolerance_accepts_the_reasoned_value_only():
+    assert check("04.p6", 4.0).full           # the prediction "half the margin" is within 3 significant digits
+    assert check("04.p6", 4.01).points == 0
 
 
 # --------------------------------------------------------------------------- right answers
@@ -76,7 +82,7 @@ def test_right_answers_score_full(item_id, hidden):
 
 def test_torch_tensors_and_floats_are_accepted():
     assert check("04.p4", torch.tensor(_p4_right())).full
-    assert check("04.p6", torch.tensor(8.002345485592187, dtype=torch.float64)).full
+    assert check("04.p6", torch.tensor(4.002345485592187, dtype=torch.float64)).full
 
     def float_loss(logits, labels):
         return float(masked_mean_loss(logits, labels))
@@ -274,10 +280,13 @@ def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
         ("p3", 0.375, "mean of the two micro-batch means"),
         ("p3", 0.75, "adds the two means"),
         ("p3", 6.0, "summed token loss"),
-        ("p5", 7, "left out the end-of-turn token"),
+        ("p5", 7, "end-of-turn token <|im_end|> is supervised"),
         ("p6", 0.0023454855921863655, "labels = input_ids"),
         ("p6", float(np.log(8)), "uniform guess"),
-        ("p6", 8.0, "Compute it with the cell's tensors"),
+        ("p6", 8.0, "every scored position misses"),
+        ("p6", 8.002345485592187, "every scored position misses"),
+        ("p6", 4.802345485592187, "you scored five positions"),
+        ("p5", 4, "one position per row"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -293,10 +302,10 @@ def test_p5_attention_count_is_recognised():
 
 @pytest.mark.parametrize(
     "shift, text",
-    [("drop_last", "<|im_end|>"), (-1, "one to the left"), (1, "one position to the right")],
+    [("drop_last", "<|im_end|>"), ("row 0", "row 0's positions"), (-1, "one to the left"), (1, "one position to the right")],
 )
 def test_p4_position_mistakes(shift, text):
     pos = np.array(_p4_right())
-    wrong = pos[:-1] if shift == "drop_last" else pos + shift
+    wrong = pos[:-1] if shift in ("drop_last", "row 0") else pos + shift
     fb = check("04.p4", list(wrong))
     assert fb.points < 1 and text in fb.text(), fb.text()

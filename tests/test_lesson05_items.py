@@ -90,7 +90,7 @@ def bwd_hard_coded(D, X, W, A, B, s):
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "d", "p3": 3.5, "p4": {"a", "c", "d"},
-         "p5": "b", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "c"}
+         "p5": "b", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -250,7 +250,9 @@ def test_stub_and_non_function():
         ("p2", "c", "A's shape"),
         ("p5", "a", "if W were trainable"),
         ("p5", "c", "W.grad is None"),
-        ("p7", "b", "with A = 0, Z = XA = 0"),
+        ("p7", "b", "The base path D Wᵀ does not contain s"),
+        ("p7", "c", "s enters once on each path"),
+        ("p7", "d", "A constant factor in the forward pass stays a factor"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -334,3 +336,20 @@ def test_the_named_mistake_is_the_one_made_and_no_other(fn):
         assert "float32" in fb.text() and not named, fb.text()
     else:
         assert _NAMES[fn] in named, fb.text()
+
+
+def test_p7_key_and_p9_identity_hold_for_the_reference_backward():
+    """P7's key: doubling s doubles ∇A, ∇B and the adapter path of ∇X, not the base path. P9's model answer:
+    ∇A = s G Bᵀ and ∇B = s Aᵀ G with G = Xᵀ D."""
+    from coursekit import lora
+
+    rng = np.random.default_rng(5)
+    X, W, A, B, D = (rng.standard_normal(sh) for sh in ((4, 6), (6, 5), (6, 2), (2, 5), (4, 5)))
+    dX1, dA1, dB1 = lora.lora_backward(D, lora.lora_forward(X, W, A, B, 1.5)[1])
+    dX2, dA2, dB2 = lora.lora_backward(D, lora.lora_forward(X, W, A, B, 3.0)[1])
+    np.testing.assert_allclose(dA2, 2 * dA1, rtol=1e-12)
+    np.testing.assert_allclose(dB2, 2 * dB1, rtol=1e-12)
+    np.testing.assert_allclose(dX2 - D @ W.T, 2 * (dX1 - D @ W.T), rtol=1e-10, atol=1e-12)
+    G = X.T @ D
+    np.testing.assert_allclose(dA1, 1.5 * G @ B.T, rtol=1e-12)
+    np.testing.assert_allclose(dB1, 1.5 * A.T @ G, rtol=1e-12)

@@ -6,6 +6,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+import torch
 
 from coursekit import walk
 from coursekit.grading import check
@@ -47,27 +48,21 @@ def log_softmax_backward(g, x):
     return g - e / e.sum(axis=1, keepdims=True) * g.sum(axis=1, keepdims=True)
 
 
-def a_after_three():
+def b_after_one_scaled(scale=1000.0):
+    """P4 worked out by a student: AdamW's first step is lr·g/(|g| + ε) per entry."""
     ex = walk.worked_example()
-    sa, sb = (dict(m=np.zeros_like(ex[k]), v=np.zeros_like(ex[k])) for k in "AB")
-    A, B = ex["A"], ex["B"]
-    for t in (1, 2, 3):
-        D = ce_grad(ex["X"] @ ex["W"] + (ex["X"] @ A) @ B, 1)
-        dA, dB = ex["X"].T @ (D @ B.T), (ex["X"] @ A).T @ D
-        A, sa["m"], sa["v"] = adamw_step(A, dA, sa["m"], sa["v"], t, 0.01, (0.9, 0.999), 1e-8, 0.0)
-        B, sb["m"], sb["v"] = adamw_step(B, dB, sb["m"], sb["v"], t, 0.01, (0.9, 0.999), 1e-8, 0.0)
-    return A
+    D = ce_grad(ex["X"] @ ex["W"], 1)
+    g = scale * (ex["X"] @ ex["A"]).T @ D
+    return -0.01 * g / (np.abs(g) + 1e-8)
 
 
-def sgd_loss_after_one():
-    ex = walk.worked_example()
-    A, B = sgd_walk_step(ex["X"], ex["W"], ex["A"], ex["B"], 1.0, 1, 0.1)
-    Y = ex["X"] @ ex["W"] + (ex["X"] @ A) @ B
-    return float(-np.log(np.exp(Y[0, 1]) / np.exp(Y).sum()))
+def a_move_at_step_two(b1=0.9, b2=0.99):
+    """P5 by hand: A's moments are zero when its first gradient arrives at t = 2."""
+    return 0.01 * ((1 - b1) / (1 - b1**2)) / np.sqrt((1 - b2) / (1 - b2**2))
 
 
 RIGHT = {"w1": "c", "w2": 0.616344, "w3": "a", "p1": ce_grad, "p2": adamw_step, "p3": sgd_walk_step,
-         "p4": sgd_loss_after_one(), "p5": a_after_three(), "p6": "d", "p7": log_softmax_backward}
+         "p4": b_after_one_scaled(), "p5": a_move_at_step_two(), "p6": "b", "p7": log_softmax_backward}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -82,8 +77,8 @@ def test_right_answers_score_full(item_id, hidden):
 
 
 def test_typed_six_decimals_are_accepted():
-    assert check("06.p4", 0.612542).full
-    assert check("06.p5", [[0.084269], [-0.215731]]).full
+    assert check("06.p4", [[0.01, -0.01]]).full
+    assert check("06.p5", 0.00742).full and check("06.p5", 0.0074).points == 0
     assert check("06.w2", -np.log(0.539915)).full
 
 
@@ -107,9 +102,9 @@ def _cells():
         ("w3", "b", "W is frozen"),
         ("w3", "c", "X is an input"),
         ("w3", "d", "its gradient happens to be zero"),
-        ("p6", "a", "runs through B, not through W"),
-        ("p6", "b", "D is not zero"),
-        ("p6", "c", "computed before the optimizer runs"),
+        ("p6", "a", "That is what decoupled decay does"),
+        ("p6", "c", "the gradient Adam sees is ∇A + λA"),
+        ("p6", "d", "No optimizer here multiplies θ by 1 − λ"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -124,10 +119,11 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("w2", 0.776343, "the target is class 1"),
         ("w2", -0.616344, "a loss of a probability below one is positive"),
         ("w2", 0.267677, "log base 10"),
-        ("p4", 0.616344, "the loss before the step"),
-        ("p4", 0.613588, "AdamW's loss after step 1"),
-        ("p4", 0.608616, "after two SGD steps"),
-        ("p4", 0.62, "not right (tolerance"),
+        ("p5", 0.01, "no longer cancel"),
+        ("p5", 0.007441, "the walk's betas (0.9, 0.999)"),
+        ("p5", 0.0526, "corrected m for t = 2 but not v"),
+        ("p5", 0.00141, "corrected v for t = 2 but not m"),
+        ("p5", 0.008, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -135,24 +131,34 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p2_lr_mistake_is_computed_not_typed():
-    lr01 = walk.run_walk(**walk.worked_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after
-    assert "lr 0.01" in check("06.p4", lr01).text()
+def test_p4_mistakes_name_a_step_that_grows_with_the_gradient():
+    dB = walk.run_walk(**walk.worked_example(), steps=1)[0].dB
+    for wrong, text in ((1000 * b_after_one_scaled(), "you scaled AdamW's step by 1000"),
+                        (-0.1 * 1000 * dB, "SGD's step"),
+                        (-0.01 * 1000 * dB, "an SGD step with AdamW's rate"),
+                        (-b_after_one_scaled(), "sign is flipped")):
+        fb = check("06.p4", wrong)
+        assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_p6_mistakes():
-    restarted = walk.worked_example()
-    for _ in range(3):  # a new optimizer each step: moments and t start over
-        rec = walk.run_walk(**restarted, steps=1)[0]
-        restarted |= dict(A=rec.A_after, B=rec.B_after)
-    fb = check("06.p5", restarted["A"])
-    assert 0 < fb.points < 2 and "restarted AdamW" in fb.text()
-    fb = check("06.p5", walk.run_walk(**walk.worked_example(), steps=2)[-1].A_after)
-    assert "after two steps" in fb.text()
-    fb = check("06.p5", walk.run_walk(**walk.worked_example(), steps=3, optimizer="sgd")[-1].A_after)
-    assert "SGD variant" in fb.text()
-    fb = check("06.p5", a_after_three().T)
-    assert fb.points == 0 and "transpose" in fb.text()
+def test_p4_and_p5_are_predictions_of_configurations_the_lesson_does_not_print():
+    rec = walk.run_walk(**walk.worked_example(), steps=2)
+    # P4's answer equals the printed B after step 1: the point is that a 1000 times larger gradient does not change it.
+    np.testing.assert_allclose(ITEMS["p4"].expected(), rec[0].B_after, atol=1e-9)
+    # P5's β₂ = 0.99 differs from the printed move at step 2 (β₂ = 0.999) by more than the tolerance.
+    printed = float(np.abs(rec[1].A_after - rec[1].A).max())
+    assert abs(ITEMS["p5"].expected() - printed) / printed > 2e-3
+    assert ITEMS["p5"].expected() == pytest.approx(a_move_at_step_two(), rel=1e-5)  # ε: |g| ≈ 0.009
+
+
+def test_p6_key_is_what_torch_adam_does_with_coupled_decay():
+    ex = walk.worked_example()
+    for opt_cls, want in ((torch.optim.Adam, [[0.09], [-0.19]]), (torch.optim.AdamW, [[0.0995], [-0.199]])):
+        A = torch.nn.Parameter(torch.tensor(ex["A"]))
+        opt = opt_cls([A], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.5)
+        A.grad = torch.zeros_like(A)  # B = 0: A's loss gradient is exactly zero at step 1
+        opt.step()
+        np.testing.assert_allclose(A.detach().numpy(), want, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- ce_grad
@@ -325,11 +331,3 @@ def test_adamw_mistakes_are_named_in_words_and_explain_themselves_on_hidden_case
     assert {m.label for m in found} == {"no bias correction", "coupled weight decay", "eps inside the root",
                                         "no weight decay", "step t − 1"}
     assert all(m.hint and "Reread" in m.hint for m in found)
-
-
-def test_torchs_default_weight_decay_in_p5_is_named():
-    from coursekit import walk
-
-    got = walk.run_walk(**walk.worked_example(), steps=3, weight_decay=0.01)[-1].A_after
-    fb = check("06.p5", got)
-    assert not fb.full and "default weight_decay = 0.01" in fb.text(), fb.text()

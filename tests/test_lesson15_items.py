@@ -57,7 +57,7 @@ def right_block_argmin(x, levels):
 
 
 RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
-         "p4": 179, "p5": 4.25, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": "c"}
+         "p4": 179, "p5": 0.4557, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": "c"}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -203,9 +203,11 @@ def test_block_mistakes(fn, text, partial):
         ("p4", 59, "HIGH nibble"),
         ("p4", 113, "decimal digits"),
         ("p4", 14, "added the two codes"),
-        ("p5", 4.0, "the code alone"),
-        ("p5", 4.5, "blocksize 64"),
-        ("p5", 4.125, "not fp16"),
+        ("p5", 0.4156, "the negative half has only 7 levels"),
+        ("p5", 0.9114, "at most half the gap"),
+        ("p5", 0.1519, "multiply by absmax"),
+        ("p5", 0.1194, "the narrowest gap"),
+        ("p5", 3.0 / 14, "int4 absmax's worst error"),
         ("p6", 5.00390625, "kept 32 bits for each block's absmax"),
         ("p6", 5.0, "without double quantization"),
         ("p6", 4.00390625, "forgot the 8-bit codes"),
@@ -241,7 +243,7 @@ def test_multi_choice_partial_credit():
 
 
 def test_numeric_expected_values_come_from_coursekit():
-    assert ITEMS["p5"].expected() == quant.bits_per_parameter(128) == 4.25
+    assert ITEMS["p5"].expected() == pytest.approx(0.4557108, abs=1e-6)  # 3 · (1 − 0.6961928) / 2
     assert ITEMS["p6"].expected() == quant.bits_per_parameter(32, compress_statistics=True) == 4.25390625
     assert ITEMS["p4"].expected() == 0xB3
 
@@ -312,3 +314,15 @@ def test_notebook_guards_the_native_library_comparison():
     assert "ErrorHandlerMockBNBNativeLibrary" in src
     lut_cell = next(c.source for c in nb.cells if "nearest_code_blockwise(A)" in c.source)
     assert "if bnb_native:" in lut_cell and "torch.equal(q_bnb.long(), q_near)" in lut_cell
+
+
+def test_p5_worst_error_is_what_the_round_trip_leaves():
+    """P5's key is a bound that a real round trip reaches: values swept across [−3, 3] in blocks whose absmax is 3."""
+    import torch
+
+    x = torch.linspace(-3.0, 3.0, 64 * 4000, dtype=torch.float32).reshape(-1, 64)
+    x[:, 0] = 3.0
+    err = (x - quant.round_trip_4bit(x.reshape(-1), 64).reshape(x.shape)).abs()
+    assert float(err.max()) == pytest.approx(ITEMS["p5"].expected(), rel=1e-3)
+    worst = x.reshape(-1)[int(err.reshape(-1).argmax())]
+    assert -3.0 < float(worst) < -2.0  # in the negative tail, between the levels −1 and −0.6962 (times 3)

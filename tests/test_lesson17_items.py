@@ -27,7 +27,8 @@ def by_hand(n_params, n_adapter, method, double_quant=True):
     return total / 1e9
 
 
-RIGHT = {"w1": "c", "w2": 0.5, "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"), "p2": 8 / 128 + 32 / (128 * 256),
+RIGHT = {"w1": "c", "w2": "c", "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"),
+         "p2": (24 * 2**30 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9,
          "p3": "b", "p4": {"a", "c", "e", "f"}, "p5": by_hand, "p6": "b"}
 
 
@@ -87,6 +88,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w1", "a", "no optimizer state"),
         ("w1", "b", "0.24 GB"),
         ("w1", "d", "stores no gradient"),
+        ("w2", "a", "stored once"),
+        ("w2", "b", "a fixed cost of the adapter"),
+        ("w2", "d", "belong to the weights"),
         ("w3", "a", "not their precision"),
         ("w3", "c", "optimizer state is untouched"),
         ("w3", "d", "weights stay where they are"),
@@ -114,14 +118,11 @@ def test_multi_choice_partial_credit_and_hints():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w2", 4.5, "whole cost per weight"),
-        ("w2", 8 / 64 + 32 / (64 * 256), "*with* double quantization"),
-        ("w2", 32, "one fp32 absmax"),
-        ("w2", 0.0625, "bytes per parameter"),
-        ("p2", 8 / 64 + 32 / (64 * 256), "blocksize 64"),
-        ("p2", 0.25, "fp32 absmax"),
-        ("p2", 8 / 128, "forgot the second level"),
-        ("p2", 4 + 8 / 128 + 32 / (128 * 256), "includes the 4-bit code"),
+        ("p2", (24e9 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9, "24 GiB is 24 · 2³⁰"),
+        ("p2", (24 * 2**30 - 12 * 20e6) / (0.5 + 4 / 64) / 1e9, "one fp32 absmax per block"),
+        ("p2", (24 * 2**30 - 12 * 20e6) / 0.5 / 1e9, "left out the NF4 metadata"),
+        ("p2", 24 * 2**30 / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9, "left out the adapter"),
+        ("p2", 49.49e9, "asks for billions"),
         ("p1", by_hand(34e9, 50e6, "qlora") + 3.5 * 34, "each 4-bit code as 4 bytes"),
         ("p1", by_hand(34e9, 50e6, "qlora") - 4 * 50e6 / 1e9, "Adam's second moment"),
         ("p1", by_hand(34e9, 50e6, "qlora") + 2 * 34, "gradients for the frozen base"),
@@ -221,6 +222,6 @@ def test_function_that_misreads_the_method_or_rounds_is_told_so():
 
 @pytest.mark.parametrize("junk", [None, "3.74", float("nan"), [1, 2]])
 def test_junk_answers_score_zero_without_raising(junk):
-    for item in ("w2", "p1", "p2", "p5"):
+    for item in ("p1", "p2", "p5"):
         assert check(f"17.{item}", junk).points == 0
     assert check("17.p5", lambda n_params, n_adapter, method, double_quant=True: junk).points == 0

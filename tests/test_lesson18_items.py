@@ -34,7 +34,7 @@ def right_input_grad(D, packed):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": 5.0, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 30_081_024, "p7": "c"}
+         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 49152 * 960 // 32 * 34, "p7": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -297,15 +297,16 @@ def test_ordering_names_the_first_misplaced_step():
         ("w3", 160, "bits per block"),
         ("w3", 4.127, "double quantization"),
         ("w3", 5.5, "not right (tolerance"),
-        ("p6", 49152 * 576 * 5 // 8, "Measure, don't assume"),
-        ("p6", 49152 * 576 * 2, "bf16"),
-        ("p6", 49152 * 576 * 4, "float32"),
-        ("p6", 49152 * 576, "34 bytes per block"),
-        ("p6", 49152 * 576 // 2, "not even 4-bit"),
-        ("p6", 49152 * 576 * 9 // 8, "scale as float32"),
-        ("p6", 49152 * 576 * 9 // 16, "4.5 bits per weight"),
-        ("p6", 28.6875, "in MiB"),
-        ("p6", 30.081024, "in MB"),
+        ("p6", 49152 * 960 * 5 // 8, "Measure, don't assume"),
+        ("p6", 30_081_024, "576 wide"),
+        ("p6", 49152 * 960 * 2, "bf16"),
+        ("p6", 49152 * 960 * 4, "float32"),
+        ("p6", 49152 * 960, "34 bytes per block"),
+        ("p6", 49152 * 960 // 2, "not even 4-bit"),
+        ("p6", 49152 * 960 * 9 // 8, "scale as float32"),
+        ("p6", 49152 * 960 * 9 // 16, "4.5 bits per weight"),
+        ("p6", 49152 * 960 * 17 / 16 / 2**20, "in MiB"),
+        ("p6", 49152 * 960 * 17 / 16 / 1e6, "in MB"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -315,4 +316,4 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
 
 def test_numeric_expected_values():
     assert ITEMS["w3"].expected() == 5.0
-    assert ITEMS["p6"].expected() == 30_081_024
+    assert ITEMS["p6"].expected() == 50_135_040  # 49,152 × 960 / 32 blocks of 34 bytes

@@ -115,33 +115,33 @@ COST_S = 7
 ITEMS = {
     # Warm-up
     "w1": Choice(
-        "Where do the implement-a-kernel and compute-a-value items of a lesson sit?", 0,
-        key="c",
+        "What runs when a bitsandbytes op with no CPU kernel is called on a CPU tensor?", 0,
+        key="b",
         explain={
-            "a": "Warm-up is a short check of what you bring in (about 3 questions), not where you build things.",
-            "b": "Know this is exposition with runnable cells; nothing there is graded.",
-            "c": "Practice is the graded part of a lesson: it holds the autograded items (implement a function, compute a value, choose an option, order steps) plus a few free-text answers an instructor grades by hand. Warm-up only checks what you bring in, and Know this is ungraded exposition. (Lesson 00, 'How this course works'.)",
-            "d": "Going further lists primary sources to read; it is not graded.",
+            "a": "A missing CPU kernel is not an error: the dispatcher falls through to the op's default registration. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
+            "b": "The dispatcher picks the kernel registered for the tensor's device; when the CPU has none, the op's default registration runs: generic torch code that computes the same result, usually more slowly, and possibly different in the last bits. That is a fallback. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
+            "c": "Nothing moves to a GPU behind your back (there is none here); the op runs on the CPU, in its default implementation. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
+            "d": "The op does its work: the default implementation computes the same result as a native kernel would. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
         },
     ),
     "w2": Choice(
-        "What does the autograder add to the cases a grade cell runs while you work?", 0,
-        key="b",
+        "How many levels does a 4-bit code address, and how many codes fit in a byte?", 0,
+        key="a",
         explain={
-            "a": "If it ran only the public cases, hard-coding their answers would earn full marks. Reread 'How to get feedback'.",
-            "b": "When your instructor autogrades the submission, the same grade cell also runs hidden, randomized cases, so an answer that only fits the visible cases earns less. A function that is right in general passes them as well. (Lesson 00, 'How to get feedback'.)",
-            "c": "Nothing is compared with your classmates; every answer is checked against coursekit's reference.",
-            "d": "The autograder does not grade style or timing; it runs the same checks plus hidden cases.",
+            "a": "Four bits hold 2⁴ = 16 different values, so a code indexes a table of 16 levels, and a byte (8 bits) holds two codes, one per nibble: a packed 4-bit weight takes half a byte per value. (Lesson 00, 'Reading the bytes'.)",
+            "b": "Four bits hold 2⁴ = 16 values, not 4: the 4 is the number of bits. (Lesson 00, 'Reading the bytes'.)",
+            "c": "A byte has 8 bits, room for two 4-bit codes, not four. (Lesson 00, 'Reading the bytes'.)",
+            "d": "A 4-bit code has no separate sign bit: it is an index, and the table it indexes holds negative and positive levels. Two codes share a byte. (Lesson 00, 'Reading the bytes'.)",
         },
     ),
     "w3": Choice(
-        "A lesson's prose says 'the maximum error is 0.07'. Where does that number come from?", 0,
-        key="a",
+        "How many threads do torch's CPU kernels use when os.cpu_count() and torch.get_num_threads() disagree?", 0,
+        key="b",
         explain={
-            "a": "Every number quoted in the prose is computed by a code cell and checked by an assert against what the cell computes. When CI re-runs the notebook, a stale number fails the build instead of drifting silently. (Lesson 00, 'How this course works'.)",
-            "b": "A number copied from a paper or a document is exactly what this course avoids; versions change.",
-            "c": "Nothing is typed in by hand; if it were, nbval could not catch a stale number.",
-            "d": "The grader checks your answers, not the prose; the prose is checked by asserts when nbval runs the notebook.",
+            "a": "torch sizes its intra-op pool from the cores this process may use (CPU affinity, cgroup limits) and from OMP_NUM_THREADS; that can be fewer than os.cpu_count(). Ask torch.get_num_threads(). (Lesson 00, 'What is installed here'.)",
+            "b": "torch runs its CPU kernels (matmuls, elementwise ops) on an intra-op thread pool whose size torch.get_num_threads() reports. It can be smaller than os.cpu_count(): the process may be pinned to fewer cores, or OMP_NUM_THREADS may set it. That is why the probe asks torch, not the OS. (Lesson 00, 'What is installed here'.)",
+            "c": "The global interpreter lock binds Python code, not torch's C++ kernels, which release it and run on torch's own thread pool. (Lesson 00, 'What is installed here'.)",
+            "d": "The pool's size is what torch.get_num_threads() reports, not a sum; and torch never uses more threads than that for one kernel. (Lesson 00, 'What is installed here'.)",
         },
     ),
     # Practice
@@ -168,13 +168,13 @@ ITEMS = {
         name="answer_p6", expected=_packed_bytes, rtol=0, atol=0, mistakes=_packed_mistakes, unit="bytes",
     ),
     "p7": Ordering(
-        "Put the five parts of a lesson in order", 1,
+        "Order what happens when a training step multiplies by a frozen 4-bit weight on this CPU", 1,
         labels={
-            "further": "Going further",
-            "know": "Know this",
-            "practice": "Practice",
-            "reps": "Real-world reps",
-            "warmup": "Warm-up",
+            "again": "in backward, the weight is dequantized once more to form the input's gradient",
+            "default": "bitsandbytes' generic pure-torch gemm_4bit runs",
+            "dequant": "dequantize_4bit's native C++ CPU kernel rebuilds the weight",
+            "linear": "F.linear multiplies the activation by the rebuilt weight",
+            "lookup": "the dispatcher looks for a CPU kernel of gemm_4bit and finds none",
         },
     ),
 }

@@ -249,33 +249,52 @@ def _p3_expected() -> float:
     return window_loss([c * m for c, m in zip(P3_COUNTS, P3_MEANS)], list(P3_COUNTS))
 
 
-P4_TICKET = "Operator reports that a hydraulic hose burst at the fitting."
-P4_LABEL = "hydraulic"
+# P4 asks for a configuration the lesson does not print: row 0's ticket of 'Two masks, two jobs' ("thermal", one token,
+# supervised at [47, 48] of 49) relabelled "mechanical" (two tokens). The student predicts from the template's layout.
+P4_TICKET = "The drive motor overheats on the case packer."
+P4_LABEL = "mechanical"
+P4_SHOWN_LABEL = "thermal"
 
 
-@lru_cache(maxsize=1)
-def _p4_encoded() -> dict:
+@lru_cache(maxsize=2)
+def _p4_encoded(label: str = P4_LABEL) -> dict:
     from ... import data, model
 
-    return data.encode_example(data.chat_example(P4_TICKET, P4_LABEL), model.load_tokenizer())
+    return data.encode_example(data.chat_example(P4_TICKET, label), model.load_tokenizer())
+
+
+def _supervised(label: str) -> np.ndarray:
+    return np.array([i for i, l in enumerate(_p4_encoded(label)["labels"]) if l != IGNORE_INDEX], dtype=np.float64)
 
 
 def p4_positions() -> np.ndarray:
-    """Positions whose label is not -100 in the rendered P4 example (the course's tokenizer)."""
-    return np.array([i for i, l in enumerate(_p4_encoded()["labels"]) if l != IGNORE_INDEX], dtype=np.float64)
+    """Positions whose label is not -100 when the lesson's row 0 ticket is labelled "mechanical" (the course's tokenizer)."""
+    return _supervised(P4_LABEL)
 
 
 def _p4_mistakes() -> list[Mistake]:
     pos = p4_positions()
-    return [
-        Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> that closes the answer is supervised too: it "
-                "teaches the model to stop. " + READ_PAD),
+    shown = _supervised(P4_SHOWN_LABEL)
+    out = [
         Mistake("shifted", pos - 1, "these are the positions one to the left: labels are aligned with input_ids and the model "
                 "shifts them once itself. " + READ_SHIFT),
-        Mistake("shifted right", pos + 1, "these are one position to the right of the answer tokens; labels sit on the tokens themselves."),
+        Mistake("shifted right", pos + 1, "these are one position to the right: the prompt is the same tokens as row 0's, so the "
+                "answer still starts right after it; labels sit on the answer tokens themselves."),
     ]
+    if np.array_equal(shown, pos[:-1]):  # row 0's positions are also this answer without its end token
+        out.insert(0, Mistake("no end token", shown, "those are row 0's positions, the answer tokens alone here: the "
+                              "end-of-turn token <|im_end|> after a two-token answer is supervised too (it teaches the model "
+                              "to stop), one position further right. " + READ_PAD))
+    else:
+        out[:0] = [Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> that closes the answer is supervised "
+                           "too: it teaches the model to stop. " + READ_PAD),
+                   Mistake("one answer token", shown, "those are row 0's positions, for a one-token answer: count the new "
+                           "answer's tokens and add its <|im_end|>. " + READ_MASKS)]
+    return out
 
 
+# P5: the student predicts N from the answers' token counts (printed by the lesson's cell) and the rule: each row scores
+# its answer tokens and its <|im_end|>; prompt and padding score nothing.
 P5_ROWS = (("The 24 V power supply output has dropped to 18 V on the case packer.", "electrical"),
            ("Oil is dripping from the hydraulic manifold of the stamping press.", "hydraulic"),
            ("The scheduling software skips queued jobs.", "software"),
@@ -298,16 +317,23 @@ def _p5_expected() -> float:
 def _p5_mistakes() -> list[Mistake]:
     b = _p5_batch()
     n = count_supervised(b["labels"])
+    B = b["labels"].shape[0]
     return [
         Mistake("attention", int(b["attention_mask"].sum()), "that is attention_mask.sum(): every real token, prompt included. "
                 "The loss counts only positions whose label is not -100. " + READ_MASKS),
         Mistake("numel", b["labels"].numel(), "that is every position of the padded batch; count labels != -100."),
-        Mistake("no eos", n - b["labels"].shape[0], "you left out the end-of-turn token <|im_end|> of each answer; it is supervised "
-                "(masking every id equal to pad_id drops it, because pad == eos here). " + READ_PAD),
+        Mistake("no eos", n - B, "you counted the answer tokens only: each row's end-of-turn token <|im_end|> is supervised "
+                "too (masking every id equal to pad_id drops it, because pad == eos here). " + READ_PAD),
+        Mistake("one per row", B, "one position per row would be a one-token answer and no end token: count each answer's "
+                "tokens (the cell prints them) and add its <|im_end|>. " + READ_MASKS),
+        Mistake("eos only", 2 * B, "that is two positions per row, as for a one-token answer: count each answer's tokens (the "
+                "cell prints them) and add its <|im_end|>."),
     ]
 
 
-P6_IDS = (0, 3, 4, 5, 6, EOS)  # "<s> a b c d EOS" in the toy vocabulary
+# P6: a row with a repeated token. After the double shift logit t is scored against token t + 2; where token t + 1 equals
+# token t + 2 the oracle is right anyway. Positions 0 and 1 (a → a) cost log(1 + 7e^-8); 2 and 3 cost the margin more.
+P6_IDS = (0, 3, 3, 3, 4, EOS)  # "<s> a a a b EOS" in the toy vocabulary
 P6_VOCAB = 8
 P6_MARGIN = 8.0
 
@@ -316,6 +342,26 @@ def _p6_losses() -> tuple[float, float]:
     ids = torch.tensor([P6_IDS])
     logits = objective.oracle_logits(ids, P6_VOCAB, P6_MARGIN)
     return float(objective.token_weighted_loss(logits, ids)), float(objective.token_weighted_loss(logits, objective.shift_left(ids)))
+
+
+def _p6_mistakes() -> list[Mistake]:
+    aligned, _ = _p6_losses()
+    miss = P6_MARGIN + aligned          # a position the double shift gets wrong
+    n_scored = len(P6_IDS) - 2          # hand-shifted labels end in -100, and the model's shift drops position 0
+    n_hit = sum(P6_IDS[t + 1] == P6_IDS[t + 2] for t in range(n_scored))
+    return [
+        Mistake("aligned", aligned, "that is the loss with labels = input_ids (shifted once, by the model): ≈ 0. The question "
+                "asks for the labels you shifted by hand before the model shifts again. " + READ_SHIFT),
+        # 8 and 8.0023 agree to 3 significant digits: one mistake, the margin paid at every position.
+        Mistake("every position wrong", miss, "that is about the margin, the loss when every scored position misses, as on a "
+                "row without repeats. Here logit t is scored against token t + 2, and where token t + 2 equals token t + 1 (a a) the "
+                "oracle is right anyway. " + READ_SHIFT),
+        Mistake("uniform", math.log(P6_VOCAB), "log V is the loss of a uniform guess; the oracle is confident, right on some "
+                "positions and wrong on others. " + READ_SHIFT),
+        Mistake("five positions", (n_hit * aligned + (n_scored + 1 - n_hit) * miss) / (n_scored + 1),
+                "you scored five positions: hand-shifted labels end in -100, so after the model's shift only "
+                f"{n_scored} positions are scored. " + READ_SHIFT),
+    ]
 
 
 # --------------------------------------------------------------------------- items
@@ -398,7 +444,7 @@ ITEMS = {
         ],
     ),
     "p4": Array(
-        "supervised positions of a rendered example",
+        "predict the supervised positions of a relabelled example",
         1,
         name="positions",
         expected=p4_positions,
@@ -407,7 +453,7 @@ ITEMS = {
         mistakes=_p4_mistakes,
     ),
     "p5": Numeric(
-        "supervised tokens in a collated batch",
+        "predict the supervised tokens of a collated batch",
         1,
         name="n_supervised",
         expected=_p5_expected,
@@ -415,19 +461,12 @@ ITEMS = {
         mistakes=_p5_mistakes,
     ),
     "p6": Numeric(
-        "the loss after a double shift",
+        "predict the loss after a double shift on a row with a repeated token",
         1,
         name="loss_double_shift",
         expected=lambda: _p6_losses()[1],
-        rtol=1e-4,  # the prompt asks for 4 significant digits
-        mistakes=lambda: [
-            Mistake("aligned", _p6_losses()[0], "that is the loss with labels = input_ids (shifted once, by the model): ≈ 0. The "
-                    "question asks for the labels you shifted by hand before the model shifts again. " + READ_SHIFT),
-            Mistake("uniform", math.log(P6_VOCAB), "log V is the loss of a uniform guess; the oracle is confident, but about the wrong "
-                    "position. " + READ_SHIFT),
-            Mistake("margin", P6_MARGIN, f"close: the margin {P6_MARGIN:g} is the dominant term, but each position also pays "
-                    "log(1 + (V - 1)·e^(-margin)). Compute it with the cell's tensors rather than by hand."),
-        ],
+        rtol=1e-3,  # the prompt asks for 3 significant digits: a prediction of 4 is close enough, 8 is not
+        mistakes=_p6_mistakes,
     ),
     "p7": Choice(
         "pad == eos",

@@ -203,7 +203,7 @@ ITEMS = {
         mistakes=_dW_mistakes,
     ),
     "p7": Choice(
-        "A = 0 and B = 0 at initialisation",
+        "what doubling s does to the gradients",
         1,
     ),
 }

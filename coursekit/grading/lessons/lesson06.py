@@ -254,6 +254,61 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
     return {"dx": out, "result": out}
 
 
+# --------------------------------------------------------------------------- predictions (p4, p5)
+
+# P4: the walk's loss multiplied by 1000 (a sum over 1000 copies of the token instead of their mean), so ∇B is 1000 times
+# larger. AdamW's first step is lr·g/(|g| + ε) per entry: B lands where the lesson's printed B did.
+P4_SCALE = 1000.0
+LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8
+
+
+def _p4_B(scale: float) -> np.ndarray:
+    rec = _seed_records(1)[0]
+    return walk.adamw_step(rec.B, scale * rec.dB, walk.AdamWState.zeros_like(rec.B), LR, BETAS, EPS, 0.0)[0]
+
+
+def _p4_mistakes() -> list[Mistake]:
+    rec = _seed_records(1)[0]
+    return [
+        Mistake("step scaled", P4_SCALE * _p4_B(1.0), "you scaled AdamW's step by 1000 with the gradient: its first step is "
+                "lr·m̂/(√v̂ + ε) = lr·g/(|g| + ε), and a gradient 1000 times larger is divided by a √v̂ 1000 times larger. "
+                + READ_ADAMW),
+        Mistake("sgd", -0.1 * P4_SCALE * rec.dB, "that is SGD's step (lr 0.1) on the scaled gradient: SGD moves in proportion "
+                "to the gradient, AdamW does not. " + READ_ADAMW),
+        Mistake("sgd lr 0.01", -LR * P4_SCALE * rec.dB, "that is −lr·g, an SGD step with AdamW's rate: AdamW divides the "
+                "first moment by √v̂, so the gradient's size cancels. " + READ_ADAMW),
+        Mistake("sign", -_p4_B(P4_SCALE), "the sign is flipped: each entry moves against the sign of its gradient. " + READ_ADAMW),
+    ]
+
+
+# P5: A's gradient is zero at step 1, so its moments are still zero when its first gradient g arrives at step t = 2:
+# m = (1 − β₁)g, v = (1 − β₂)g², and the bias corrections divide by 1 − β₁² and 1 − β₂², which no longer cancel:
+# |ΔA| = lr·((1 − β₁)/(1 − β₁²)) / √((1 − β₂)/(1 − β₂²)) = lr·(1/(1 + β₁))·√(1 + β₂). The lesson prints it for β₂ = 0.999.
+P5_BETAS = (0.9, 0.99)
+
+
+def _p5_move(betas: tuple[float, float], t_before: int = 1) -> float:
+    rec = _seed_records(2)[1]   # step 2: A's first nonzero gradient, its moments still zero
+    new, _ = walk.adamw_step(rec.A, rec.dA, walk.AdamWState(np.zeros_like(rec.A), np.zeros_like(rec.A), t_before),
+                             LR, tuple(betas), EPS, 0.0)
+    return float(np.abs(new - rec.A).max())
+
+
+def _p5_mistakes() -> list[Mistake]:
+    b1, b2 = P5_BETAS
+    return [
+        Mistake("as at step 1", _p5_move(P5_BETAS, t_before=0), "that is the size of a first step, lr, where the bias "
+                "corrections cancel (or of a step without them). A's first gradient arrives at step t = 2, when its moments "
+                "are still zero but the corrections divide by 1 − β₁² and 1 − β₂²: they no longer cancel. " + READ_ADAMW),
+        Mistake("walk's betas", _p5_move(BETAS), "that is the move with the walk's betas (0.9, 0.999), which the lesson prints; "
+                "the question asks for β₂ = 0.99. " + READ_ADAMW),
+        Mistake("only m corrected", LR * ((1 - b1) / (1 - b1**2)) / math.sqrt(1 - b2), "you corrected m for t = 2 but not v: "
+                "v̂ = v/(1 − β₂²) as well. " + READ_ADAMW),
+        Mistake("only v corrected", LR * (1 - b1) / math.sqrt((1 - b2) / (1 - b2**2)), "you corrected v for t = 2 but not m: "
+                "m̂ = m/(1 − β₁²) as well. " + READ_ADAMW),
+    ]
+
+
 # --------------------------------------------------------------------------- items
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
@@ -333,40 +388,25 @@ ITEMS = {
         rtol=1e-9,
         atol=1e-12,
     ),
-    "p4": Numeric(
-        "the loss after one SGD step (lr 0.1) of the walk",
+    "p4": Array(
+        "predict B after AdamW's first step when the loss is 1000 times larger",
         1,
-        name="loss_after",
-        expected=lambda: _seed_records(1, "sgd")[0].loss_after,
+        name="B_1",
+        expected=lambda: _p4_B(P4_SCALE),
         rtol=0,
         atol=1e-6,
-        mistakes=lambda: [
-            Mistake("before", _seed_records(1)[0].loss, "that is the loss before the step (0.616344); recompute it with the updated A and B."),
-            Mistake("adamw", _seed_records(1)[0].loss_after, "that is AdamW's loss after step 1; the question asks for SGD with lr 0.1."),
-            Mistake("two steps", _seed_records(2, "sgd")[1].loss_after, "that is the loss after two SGD steps; one step is asked."),
-            Mistake("lr 0.01", walk.run_walk(**walk.worked_example(), steps=1, optimizer="sgd", lr=0.01)[0].loss_after,
-                    "that is SGD with lr 0.01 (AdamW's rate); the SGD variant uses lr 0.1."),
-        ],
+        mistakes=_p4_mistakes,
     ),
-    "p5": Array(
-        "A after three AdamW steps",
+    "p5": Numeric(
+        "predict how far A moves at its first nonzero step, with betas (0.9, 0.99)",
         2,
-        name="A_3",
-        expected=lambda: _seed_records(3)[-1].A_after,
-        rtol=0,
-        atol=1e-6,
-        mistakes=lambda: [
-            Mistake("restart", _restarted_adamw(3), "you restarted AdamW at every step (fresh m, v and t): keep one optimizer state "
-                                                   "across steps, as one torch.optim.AdamW instance does. " + READ_ADAMW),
-            Mistake("two", _seed_records(2)[-1].A_after, "that is A after two steps; take one more."),
-            Mistake("sgd", _seed_records(3, "sgd")[-1].A_after, "that is the SGD variant; the question asks for AdamW (lr 0.01)."),
-            Mistake("default decay", walk.run_walk(**walk.worked_example(), steps=3, weight_decay=0.01)[-1].A_after,
-                    "that is AdamW with torch's default weight_decay = 0.01: the walk uses no weight decay "
-                    "(torch.optim.AdamW(..., weight_decay=0.0)). " + READ_ADAMW),
-        ],
+        name="step_A",
+        expected=lambda: _p5_move(P5_BETAS),
+        rtol=1e-3,  # the prompt asks for 3 significant digits
+        mistakes=_p5_mistakes,
     ),
     "p6": Choice(
-        "why ∇A = 0 at step one",
+        "Adam with L2 (coupled decay) on an entry whose loss gradient is zero",
         1,
     ),
     "p7": Function(

@@ -238,14 +238,14 @@ ITEMS = {
         },
     ),
     "w3": Choice(
-        "outputs of a freshly attached adapter",
+        "which reload gives the base model's logits bit for bit",
         0,
-        key="d",
+        key="b",
         explain={
-            "a": "lora_A is random, but lora_B starts at zero, so (XA)B = 0 exactly.",
-            "b": "A new LoraConfig gives a new adapter, initialised; the same r and lora_alpha do not bring the trained factors back. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
-            "c": "The adapter adds zero to the base layer's output; the output itself is the base model's.",
-            "d": "PEFT's default initialisation draws lora_A at random but sets lora_B to zero, so the adapter's contribution s (XA)B is exactly zero and every adapted layer returns its base output, bit for bit. That is also the symptom of a 'trained' model rebuilt with get_peft_model instead of loaded: it answers exactly like the base. (Lesson 12, 'Reloading: load the saved adapter, do not create a new one'.)",
+            "a": "from_pretrained copies the saved factors into the rebuilt layers and switches to eval mode: the logits equal the trained model's exactly, not the base's. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
+            "b": "get_peft_model creates a new adapter: lora_A random, lora_B zero (PEFT's default initialisation), so s(XA)B is exactly zero and every adapted layer returns its base output, bit for bit. The same r and lora_alpha do not bring the trained factors back, and nothing warns you. (Lesson 12, 'Reloading: load the saved adapter, do not create a new one'.)",
+            "c": "is_trainable=True loads the trained factors but leaves the model in training mode: dropout makes two calls differ from each other, not equal to the base. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
+            "d": "A dtype mismatch rounds the trained update to bfloat16: the logits move a little away from the trained ones, but the update is still there, so they do not equal the base's bit for bit. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
         },
     ),
     "p1": Numeric(

@@ -224,8 +224,33 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 P3_LITERALS = (0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018)   # as printed in the task
 P3_SCALED = np.array(P3_LITERALS, dtype=np.float32)
 P4_CODES = (11, 3)  # codes of elements 6 and 7 (2i and 2i+1, i = 3)
-P5_BLOCKSIZE = 128
+P5_ABSMAX = 3.0  # P5: the worst round-trip error of a block with this absmax
 P6_BLOCKSIZE = 32
+
+
+def _p5_gaps() -> tuple[float, np.ndarray]:
+    """P5: (the worst round-trip error for absmax P5_ABSMAX, the gaps between neighbouring NF4 levels). A value is rounded
+    to its nearest level, so its error is at most half the gap it falls in, times absmax; the widest gap is at the negative
+    end, because the negative half has 7 levels to the positive half's 8."""
+    gaps = np.diff(quant.nf4_code().double().numpy())
+    return float(P5_ABSMAX * gaps.max() / 2), gaps
+
+
+def _p5_mistakes() -> list[Mistake]:
+    worst, gaps = _p5_gaps()
+    return [
+        Mistake("positive end", P5_ABSMAX * gaps[-1] / 2, "that is half the gap between the two largest positive levels; the "
+                "negative half has only 7 levels for the same range, so its outermost gap (−1 to −0.6962) is wider. "
+                + READ_LEVELS),
+        Mistake("whole gap", P5_ABSMAX * gaps.max(), "that is the whole widest gap: a value is rounded to the nearer of its two "
+                "levels, so it is off by at most half the gap. " + READ_BLOCK),
+        Mistake("not scaled", gaps.max() / 2, "that is the error in the scaled units x / absmax; the dequantized value is "
+                "level · absmax, so multiply by absmax. " + READ_BLOCK),
+        Mistake("narrowest gap", P5_ABSMAX * gaps.min() / 2, "that is half the narrowest gap, near 0 where the levels are "
+                "densest; the question asks for the worst case, in the sparse tail. " + READ_LEVELS),
+        Mistake("evenly spaced", P5_ABSMAX / 7 / 2, "that is int4 absmax's worst error (15 evenly spaced levels, step absmax/7); "
+                "NF4's levels are not evenly spaced. " + READ_LEVELS),
+    ]
 
 
 def _p3_mistakes() -> list[Mistake]:
@@ -374,20 +399,12 @@ ITEMS = {
         ],
     ),
     "p5": Numeric(
-        f"bits per parameter, NF4 with blocksize {P5_BLOCKSIZE}, no double quantization",
+        f"predict the worst NF4 round-trip error in a block of absmax {P5_ABSMAX:g}",
         1,
-        name="bits",
-        expected=lambda: _bits(P5_BLOCKSIZE, False),
-        rtol=1e-4,
-        mistakes=lambda: [
-            Mistake("codes only", 4.0, f"4 bits is the code alone: every block of {P5_BLOCKSIZE} also stores an fp32 absmax, "
-                                       f"32 bits shared by {P5_BLOCKSIZE} weights. {READ_BITS}"),
-            Mistake("blocksize 64", 4.5, f"4.5 is the figure for blocksize 64; with {P5_BLOCKSIZE} the absmax is shared by "
-                                         f"twice as many weights. {READ_BITS}"),
-            Mistake("8-bit absmax", 4 + 8 / P5_BLOCKSIZE, "without double quantization the absmax is fp32 (32 bits), not "
-                                                          f"an 8-bit code. {READ_BITS}"),
-            Mistake("fp16 absmax", 4 + 16 / P5_BLOCKSIZE, f"bitsandbytes stores absmax in fp32 (32 bits), not fp16. {READ_BITS}"),
-        ],
+        name="max_error",
+        expected=lambda: _p5_gaps()[0],
+        rtol=1e-3,  # the prompt asks for 3 significant digits
+        mistakes=_p5_mistakes,
     ),
     "p6": Numeric(
         f"bits per parameter, NF4 with blocksize {P6_BLOCKSIZE}, with double quantization (blocks of 256)",

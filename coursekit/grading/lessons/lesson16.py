@@ -206,7 +206,7 @@ ITEMS = {
         1,
     ),
     "p6": Choice(
-        "is 'NF4 requires an NVIDIA GPU' still correct?",
+        "is 'on a CPU, NF4 is for inference only' still correct?",
         1,
     ),
     "p7": Choice(

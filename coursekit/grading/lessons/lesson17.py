@@ -154,27 +154,40 @@ def _p1_expected() -> float:
     return ledger_gb(P1["n"], P1["a"], "qlora", True)
 
 
-def _w2_mistakes() -> list[Mistake]:
-    return [
-        Mistake("total", 4.5, f"4.5 bits is the whole cost per weight (4-bit code + 0.5); the question asks for the metadata alone. {READ_META}"),
-        Mistake("double quant", 8 / 64 + 32 / (64 * 256), f"≈0.127 bits is the overhead *with* double quantization; here the absmax stays fp32. {READ_META}"),
-        Mistake("one absmax", 32, f"32 bits is one fp32 absmax, shared by a whole block of 64 weights: divide by the block size. {READ_META}"),
-        Mistake("bytes", 0.5 / 8, f"0.0625 is bytes per parameter (4 bytes / 64); the question asks for bits. {READ_META}"),
-    ]
+# P2: the ledger read backwards. The largest base whose QLoRA partial total plus double-quantized NF4 metadata fits a card
+# of 24 GiB, with a 20M adapter. The total grows by 0.5 + 1/64 + 4/(64·256) bytes per base parameter (codes, 8-bit absmax,
+# one fp32 constant per 256 blocks) on top of the adapter's 12 bytes per parameter.
+P2_CARD_BYTES = 24 * 2**30
+P2_ADAPTER = 20e6
 
 
-def _p2_expected() -> float:
-    return 8 / 128 + 32 / (128 * 256)
+def _largest_base(card_bytes: float = P2_CARD_BYTES, a: float = P2_ADAPTER, double_quant: bool = True,
+                  metadata: bool = True) -> float:
+    """The largest base (billions of parameters) whose ledger total fits ``card_bytes``, found by bisection on
+    :func:`coursekit.memory` (the metadata's block counts round up, so the total is a step function of n)."""
+    def total(n: float) -> float:
+        b = memory.total(memory.ledger(n, a, "qlora"))
+        return b + (memory.nf4_metadata_bytes(n, double_quant=double_quant) if metadata else 0.0)
+
+    lo, hi = 0.0, 1e12
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if total(mid) <= card_bytes else (lo, mid)
+    return lo / 1e9
 
 
 def _p2_mistakes() -> list[Mistake]:
     return [
-        Mistake("blocksize 64", 8 / 64 + 32 / (64 * 256), f"≈0.127 is the overhead for blocksize 64; this question uses blocksize 128. {READ_META}"),
-        Mistake("no double quant", 32 / 128, f"0.25 is the overhead with fp32 absmax (no double quantization). {READ_META}"),
-        Mistake("no second level", 8 / 128, "you forgot the second level: every 256 8-bit absmax values share one fp32 constant, "
-                                             f"adding 32 / (128 · 256) bits per weight. {READ_META}"),
-        Mistake("total", 4 + _p2_expected(), f"that includes the 4-bit code itself; the question asks for the metadata alone. {READ_META}"),
-        Mistake("bytes", _p2_expected() / 8, f"that is bytes per parameter; the question asks for bits. {READ_META}"),
+        Mistake("GB for GiB", _largest_base(card_bytes=24e9), "you took the card as 24 · 10⁹ bytes: 24 GiB is 24 · 2³⁰ "
+                f"bytes ≈ 25.77 GB, 7.4 % more. Convert before comparing. {READ_UNITS}"),
+        Mistake("no double quant", _largest_base(double_quant=False), "you counted the metadata as one fp32 absmax per block "
+                f"(0.5 bits per weight): with double quantization each block keeps an 8-bit code, plus one fp32 constant per "
+                f"256 blocks. {READ_META}"),
+        Mistake("no metadata", _largest_base(metadata=False), "you left out the NF4 metadata: the QLoRA column's 0.5 bytes per "
+                f"parameter are the codes alone, and each block of 64 also stores its scale. {READ_META}"),
+        Mistake("no adapter", _largest_base(a=0.0), "you left out the adapter: its weights, gradients and two AdamW moments "
+                f"take 12 bytes per trainable parameter on the same card. {READ_LEDGER}"),
+        Mistake("parameters", _largest_base() * 1e9, "that is the number of parameters; the question asks for billions."),
     ]
 
 
@@ -197,14 +210,16 @@ ITEMS = {
             "d": "A frozen base stores no gradient: under QLoRA that bucket is 0. (Lesson 17, 'The ledger, bucket by bucket'.)",
         },
     ),
-    "w2": Numeric(
-        "NF4 metadata without double quantization, bits per parameter",
+    "w2": Choice(
+        "which memory term grows with the batch",
         0,
-        name="bits_per_param",
-        expected=lambda: memory.nf4_metadata_bytes(64 * 10**6, double_quant=False) * 8 / (64 * 10**6),
-        rtol=1e-3,
-        mistakes=_w2_mistakes,
-        unit="bits",
+        key="c",
+        explain={
+            "a": "The frozen base's 4-bit codes are stored once, whatever you feed the model: their size depends on the parameter count only. (Lesson 17, 'Measured: activations saved for backward'.)",
+            "b": "AdamW keeps two moments per trainable parameter, a fixed cost of the adapter's size, the same for one token or a million. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "c": "Autograd saves, for every layer, the tensors its backward needs (inputs of the matmuls, attention probabilities, the loss's log-softmax), and each of them has one row per token: batch × sequence length. That is why the ledger's persistent buckets leave activations out and the lesson measures them separately. (Lesson 17, 'Measured: activations saved for backward'.)",
+            "d": "The NF4 scales belong to the weights: one per block of 64 weights, a fixed cost of the base's size. (Lesson 17, 'The metadata the QLoRA column leaves out'.)",
+        },
     ),
     "w3": Choice(
         "what gradient checkpointing trades",
@@ -228,13 +243,12 @@ ITEMS = {
         unit="GB",
     ),
     "p2": Numeric(
-        "NF4 metadata with double quantization at blocksize 128, bits per parameter",
+        "the largest base whose QLoRA total fits a 24 GiB card (20M adapter, double-quantized metadata)",
         1,
-        name="bits_per_param",
-        expected=_p2_expected,
-        rtol=1e-3,
+        name="billions",
+        expected=_largest_base,
+        rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p2_mistakes,
-        unit="bits",
     ),
     "p3": Choice(
         "why checkpointing saved less than the layer count suggests",

@@ -15,6 +15,9 @@ READ_ROUTE_TWO = "(Lesson 18, 'Route two: a packed kernel with its own backward'
 
 # The embedding of the shipped file: 49,152 tokens × 576, stored as Q8_0 (32 int8 codes + one fp16 scale = 34 bytes per 32).
 EMBED_SHAPE = (49152, 576)
+# P6 asks for a configuration the file does not hold: the same vocabulary, a hidden size of 960, stored as this file stores
+# its embedding (Q8_0). The shipped embedding's bytes are printed in the lesson; these must be worked out from the layout.
+P6_SHAPE = (49152, 960)
 
 
 # --------------------------------------------------------------------------- references
@@ -229,8 +232,8 @@ def _w3_mistakes():
     ]
 
 
-def _embed_bytes(bits: float) -> float:
-    return EMBED_SHAPE[0] * EMBED_SHAPE[1] * bits / 8
+def _embed_bytes(bits: float, shape: tuple[int, int] = P6_SHAPE) -> float:
+    return shape[0] * shape[1] * bits / 8
 
 
 def _p6_mistakes():
@@ -238,6 +241,8 @@ def _p6_mistakes():
         Mistake("assumed Q4_1", _embed_bytes(5.0), "that is the size if the embedding were Q4_1, like the projections. Measure, "
                                                   "don't assume: the file stores token_embd.weight as Q8_0 (34 bytes per 32). "
                                                   + READ_CONTAINER),
+        Mistake("shipped size", _embed_bytes(8.5, EMBED_SHAPE), "that is the shipped embedding, 576 wide, as the table prints it; "
+                                                               "the question asks for a hidden size of 960. " + READ_BITS),
         Mistake("bf16", _embed_bytes(16.0), "that is the embedding in bf16 (2 bytes per weight), as in route one's checkpoint; "
                                             "the question asks about the GGUF file. " + READ_CONTAINER),
         Mistake("fp32", _embed_bytes(32.0), "that is the embedding in float32; the file stores it as Q8_0. " + READ_CONTAINER),
@@ -338,7 +343,7 @@ ITEMS = {
         1,
     ),
     "p6": Numeric(
-        "bytes of token_embd.weight in the shipped file",
+        "predict the bytes of a 49,152 × 960 embedding stored as the file stores its own",
         1,
         name="embed_bytes",
         expected=lambda: _embed_bytes(gguf_file.bits_per_weight("Q8_0")),
