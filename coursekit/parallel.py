@@ -34,6 +34,7 @@ plain serial autograde.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
 import socket
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -392,8 +393,12 @@ def local_cluster(workers: int):
 
     Its processes ignore SIGINT: Ctrl-C in the terminal reaches the whole foreground process group, and the worker
     processes would each die with a traceback of their own; the grading process alone decides what a Ctrl-C stops,
-    and closes the cluster (coursekit.course.grade_class)."""
-    import logging
+    and closes the cluster (coursekit.course.grade_class).
+
+    Its workers (whose stderr is the grader's) print only distributed's CRITICAL messages: closing a cluster while a
+    result is on its way makes a worker print a traceback ("failed during get data"), which reads as a crash after a
+    clean Ctrl-C. What goes wrong with a task is the grader's to say, and it says it (:class:`Failure`: the reason
+    and each attempt). :class:`Autograder` quiets this process's side while it holds a cluster."""
     import signal
     import threading
 
@@ -410,7 +415,7 @@ def local_cluster(workers: int):
             # it serves the dashboard where bokeh is installed.
             # Loopback only, and TLS with a certificate made for this run: no other process can join or command it
             # (coursekit.cluster).
-            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.ERROR,
+            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, silence_logs=logging.CRITICAL,
                                 host="127.0.0.1", dashboard_address="127.0.0.1:0", security=cluster.local_security())
     finally:
         if main:
@@ -445,6 +450,7 @@ class Autograder:
         self.api = api
         self._certs = certs
         self._client = self._cluster = self._tmp = None
+        self._quiet = ExitStack()
         self._lock = lock_course(Path(api.coursedir.root)) if lock else None
         try:
             self._start(jobs, workers, scheduler, task_timeout, ahead, log)
@@ -504,6 +510,14 @@ class Autograder:
 
     def _connect(self, scheduler: str | None) -> None:
         from distributed import Client
+
+        # Until close(): distributed logs only CRITICAL messages here. A Ctrl-C closes the client while a result is
+        # on its way, and the scheduler (in this process, for a local cluster) or the client logs "Couldn't gather
+        # keys" and tracebacks; the grader says itself what went wrong with a task (Failure).
+        for name in ("distributed", "distributed.client", "tornado.application"):  # the ones distributed configures
+            quiet = logging.getLogger(name)
+            self._quiet.callback(quiet.setLevel, quiet.level)
+            quiet.setLevel(logging.CRITICAL)
 
         if scheduler:
             security = cluster.client_security(scheduler, self._certs)
@@ -646,6 +660,7 @@ class Autograder:
                 if self._cluster is not None:
                     self._cluster.close()
             self._client = self._cluster = None
+        self._quiet.close()
         if self._tmp is not None:
             _RECORDS.pop(self._token, None)
             self._tmp.cleanup()

@@ -341,6 +341,39 @@ def test_the_local_cluster_listens_on_loopback_with_tls():
             Client(lc.scheduler_address.replace("tls://", "tcp://"), timeout="5s").close()
 
 
+def _prints_errors(name: str) -> bool:
+    """Whether logger ``name``'s ERROR messages reach a handler that prints them (a stream; logging's last resort
+    included), not only one that keeps them in memory (distributed's own log deque)."""
+    import logging
+
+    lg = logging.getLogger(name)
+    if not lg.isEnabledFor(logging.ERROR):
+        return False
+    found, c = False, lg
+    while c is not None:
+        streams = [h for h in c.handlers if isinstance(h, logging.StreamHandler)]
+        found = found or bool(streams)
+        if any(h.level <= logging.ERROR for h in streams):
+            return True
+        c = c.parent if c.propagate else None
+    return not found and logging.lastResort is not None
+
+
+def test_grading_on_a_local_cluster_prints_no_errors_of_distributed(release, tmp_path):
+    """Closing a cluster while a result is on its way logs "Couldn't gather keys" (the scheduler, in this process) and
+    a worker's traceback; a Ctrl-C must end with the grader's one line (tests/test_same_score.py). So while the
+    Autograder holds its cluster, distributed's errors are printed neither here nor by a worker; after, as before."""
+    work = _class(tmp_path / "course", release, ["ex-blank", "ex-perfect"])
+    a = course.api(ROOT, work, release)
+    assert a.generate_assignment(AID, force=True, create=True)["success"]
+    assert _prints_errors("distributed.scheduler")  # the check can fail: outside a grading run they are printed
+    with parallel.Autograder(a, [(AID, "ex-blank"), (AID, "ex-perfect")], workers=2, lock=False) as grader:
+        assert grader._cluster is not None
+        assert not any(map(_prints_errors, ("distributed.scheduler", "distributed.client", "tornado.application")))
+        assert set(grader._client.run(_prints_errors, "distributed.worker").values()) == {False}
+    assert _prints_errors("distributed.scheduler")
+
+
 def test_a_worker_without_the_sandbox_refuses_the_task_and_says_why(monkeypatch, release, tmp_path):
     from coursekit import sandbox
 
