@@ -11,13 +11,15 @@ STAMP  := $(VENV)/.installed
 LESSON0 := 00-setup-and-probes/00-setup-and-probes.ipynb
 # The reproducible set (every package pinned); `make test-latest` leaves it out.
 CONSTRAINTS ?= -c constraints.txt
+# How `make constraints` resolves it (tests/test_pins.py runs the same).
+UV_COMPILE := pyproject.toml --extra dev --universal --python-version 3.11 --no-annotate --custom-compile-command "make constraints"
 
 # The venv's console scripts (nbgrader calls `alembic`) and its python3 kernelspec come first.
 export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test test-lesson test-targeted test-latest grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
+.PHONY: setup lab test test-lesson test-targeted test-latest constraints grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
 
 setup: $(STAMP)
 
@@ -70,6 +72,13 @@ test-targeted: $(STAMP)
 test-latest:
 	$(MAKE) test-targeted VENV=.venv-latest CONSTRAINTS=
 	$(CURDIR)/.venv-latest/bin/python .ci/what_moved.py constraints.txt
+
+# The reproducible set, resolved by uv for every supported Python and platform at once (markers where they differ),
+# keeping every pin that still resolves; `make constraints UPGRADE=1` moves every package to its newest release.
+# tests/test_pins.py fails when the file is not what this resolves.
+UPGRADE ?=
+constraints: $(STAMP)
+	$(BIN)/python -m uv pip compile $(UV_COMPILE) --quiet -o constraints.txt $(if $(UPGRADE),--upgrade,)
 
 # Notebooks executed at once while grading (default: one per CPU core); `make grade WORKERS=1` grades
 # one submission after the other. Either way only one process writes nbgrader's gradebook.

@@ -6,6 +6,7 @@ of a torch build is not a move)."""
 import sys
 from importlib.metadata import distributions
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 
@@ -14,8 +15,9 @@ def main(path: str) -> int:
     for line in open(path, encoding="utf-8"):
         line = line.split("#")[0].strip()
         if "==" in line:
-            name, version = line.split("==", 1)
-            pins[canonicalize_name(name)] = version.strip()
+            r = Requirement(line)  # a pin that differs by Python or platform carries a marker
+            if r.marker is None or r.marker.evaluate():
+                pins[canonicalize_name(r.name)] = str(r.specifier).removeprefix("==")
     here = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
     moved = sorted((n, pins[n], v) for n, v in here.items() if n in pins and v.split("+")[0] != pins[n])
     print(f"{len(moved)} of {len(pins)} pinned packages moved since {path}:")
