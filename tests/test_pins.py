@@ -85,8 +85,12 @@ def test_course_packages_are_pinned(root):
 
 
 def test_installed_versions_match_the_pins(root):
-    """The environment the tests run in is the pinned one (a drifted venv would test something else)."""
+    """The environment the tests run in is the pinned one (a drifted venv would test something else), except under
+    `make test-latest`, which installs the newest releases on purpose and reports what moved."""
     from importlib.metadata import version
+
+    if os.environ.get("COURSEKIT_UNPINNED") == "1":
+        pytest.skip("make test-latest: the newest release of every package, not the pins")
 
     pip_pins = pins((root / "constraints.txt").read_text().splitlines())
     for name in ("torch", "numpy", "bitsandbytes", "peft", "transformers", "nbgrader", "nbval"):
