@@ -6,7 +6,9 @@ function gets that function's results computed again; one whose code equals cour
 
 :func:`code_fingerprint` hashes the function's syntax tree (``ast``) with its name and every docstring removed,
 so comments, blank lines, the docstring, the function's name and where it sits in its file do not count, and
-every change to what it does (a statement, an argument's default, a constant) does. The functions it calls by a
+every change to what it does (a statement, an argument's default, a constant) does. So does a change that does
+nothing: a local variable or an argument renamed is a different syntax tree, and its results are computed again
+(the safe direction: a fingerprint that missed a real change would hand back another code's results). The functions it calls by a
 global name that are defined beside it (in the same notebook or module) are part of it: a student's train_steps
 that calls the student's own helper changes when the helper does. Functions defined elsewhere (torch,
 coursekit) count by their qualified name only: the installed versions are part of the store's other keys.
@@ -26,7 +28,8 @@ __all__ = ["code_fingerprint"]
 
 
 def code_fingerprint(fn: Callable[..., Any]) -> str:
-    """16 hex digits that change exactly when what ``fn`` does as code changes (see the module docstring).
+    """16 hex digits that change whenever what ``fn`` does as code changes, and also when a local variable or an
+    argument is renamed; not for comments, docstrings, blank lines or the function's own name (module docstring).
 
     fn: a function, lambda, bound method, ``functools.partial`` or any other callable. A function whose source
     cannot be read (defined with ``exec`` and no file) is hashed by its compiled code instead; a callable without

@@ -52,6 +52,14 @@ def test_every_change_to_what_it_does_counts(change):
     assert code_fingerprint(_define(BASE, "total")) != code_fingerprint(_define(BASE.replace(*change), "total"))
 
 
+@pytest.mark.parametrize("rename", [("out", "acc"), ("xs", "values")])
+def test_a_renamed_local_or_argument_counts_as_a_change(rename):
+    """What the docstrings say: a rename does nothing, and still recomputes (the syntax tree differs)."""
+    renamed = _define(BASE.replace(*rename), "total")
+    assert renamed([1, 2]) == _define(BASE, "total")([1, 2])
+    assert code_fingerprint(renamed) != code_fingerprint(_define(BASE, "total"))
+
+
 def test_a_helper_defined_beside_it_is_part_of_it():
     src = '''
 def helper(x):
