@@ -66,7 +66,8 @@ def run_costs(names: Sequence[str], accuracy: Sequence[Mapping], seconds_per_ste
     """Three panels for the runs ``names``: accuracy with its 95 % interval (``accuracy``: one result per run, with
     ``accuracy`` and ``interval`` as fractions), seconds per training step, and peak resident memory in MB as
     stacked parts (``memory``: part name → one value per run, bottom part first), with the legend beside the
-    panel, listed top part first like the stack, so that it covers no bar.
+    panel, listed top part first like the stack, so that it covers no bar. The accuracy axis runs from 0 to 100;
+    the speed panel says that each bar is one timing, taken when that run trained.
     Raises ValueError when a sequence does not have one value per run."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -81,8 +82,12 @@ def run_costs(names: Sequence[str], accuracy: Sequence[Mapping], seconds_per_ste
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), gridspec_kw={"width_ratios": [1, 1, 1.2]})
     axes[0].bar(names, acc, yerr=[acc - lo, hi - acc], capsize=4)
     axes[0].set_ylabel(accuracy_label)
+    axes[0].set_ylim(0, 100)  # an accuracy ends at 100 %, whatever the interval's cap
     axes[1].bar(names, list(seconds_per_step))
     axes[1].set_ylabel("seconds per step")
+    # Each run's training was timed once, at its own moment: on a busy machine two such timings can differ more than
+    # the runs do (`make bench` times them back to back).
+    axes[1].set_title("each bar: one run, timed at its own moment", fontsize=8)
     bottom = np.zeros(len(names))
     for label, values in memory.items():
         axes[2].bar(names, list(values), bottom=bottom, label=label)

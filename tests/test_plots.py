@@ -71,6 +71,13 @@ def test_the_memory_legend_covers_no_bar():
         assert not legend.overlaps(other.get_window_extent(renderer))
 
 
+def test_run_costs_ends_accuracy_at_100_and_says_each_timing_is_one_measurement():
+    near_top = _result(0.97, 0.93, 0.99)
+    fig = plots.run_costs(["QLoRA", "LoRA"], [near_top, near_top], [1.4, 1.1], {"x": [1, 2]})
+    assert fig.axes[0].get_ylim() == (0, 100)
+    assert "one run, timed at its own moment" in fig.axes[1].get_title()
+
+
 @pytest.mark.parametrize("call, says", [
     (lambda: plots.accuracy_intervals({}, N, 1 / 6), "at least one row"),
     (lambda: plots.accuracy_intervals(ROWS, {}, 1 / 6), "at least one row"),
