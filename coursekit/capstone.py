@@ -686,12 +686,13 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
     (N × 49,152 values), the share of tickets whose greedy first answer token gives the reference's label (every
     label starts with its own token), the accuracy read off that token, the share whose greedy first token starts
     no label at all, and the share whose greedy first token is exactly the untrained base's (which answers
-    "The …"). Returns ``{"reload_max_abs_diff", "n", "base_accuracy", "reference_accuracy", "nf4_codes_changed",
-    "merges": {name: {"max_abs_diff", "mean_abs_diff", "agreement", "accuracy", "no_label",
-    "same_token_as_base"}}}``."""
+    "The …"). The untrained NF4 base, read the same way, is the row ``"base"`` beside them: what a merge that
+    changed nothing would give. Returns ``{"reload_max_abs_diff", "n", "base_accuracy", "reference_accuracy",
+    "nf4_codes_changed", "base": row, "merges": {name: row}}``, each row ``{"max_abs_diff", "mean_abs_diff",
+    "agreement", "accuracy", "no_label", "same_token_as_base"}``."""
     record, recipe = run.record, run.recipe
     key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split, "matmul": _matmul(),
-           "code": recipe_key(recipe, store, "merges")}
+           "code": recipe_key(recipe, store, "merges"), "rows": "untrained base and three merges"}
 
     def compute() -> dict:
         examples = cdata.load_split(split)
@@ -712,8 +713,17 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
         base_logits = ceval.next_token_logits(for_this_cpu(cmodel.load_model("nf4")), tokenizer, prompts)
         base_pred, base_tokens = labels_of(base_logits), base_logits.argmax(dim=-1)
         ref_pred = labels_of(ref)
+
+        def row(logits: torch.Tensor) -> dict:
+            pred, diff = labels_of(logits), (logits - ref).abs()
+            return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+                    "agreement": sum(a == b for a, b in zip(pred, ref_pred)) / len(pred), "accuracy": accuracy(pred),
+                    "same_token_as_base": float((logits.argmax(dim=-1) == base_tokens).float().mean()),
+                    "no_label": sum(p == "(other)" for p in pred) / len(pred)}
+
         out = {"reload_max_abs_diff": float((trained - ref).abs().max()), "n": len(examples),
-               "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred), "merges": {}}
+               "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred), "base": row(base_logits),
+               "merges": {}}
         path = cmodel.prepare_model(progress=False)
         builders = {MERGES[0][0]: lambda: recipe.merge_for_deployment(adapter_dir, path),
                     MERGES[1][0]: lambda: ctrain.merge_into_dequantized(adapter_dir),
@@ -723,14 +733,7 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
             if name == MERGES[2][0]:
                 out["nf4_codes_changed"] = _changed_codes(codes, _codes(merged))
             for_this_cpu(merged)  # after the merge: the merged weights are the recipe's, only the arithmetic widens
-            logits = ceval.next_token_logits(merged, tokenizer, prompts)
-            pred = labels_of(logits)
-            diff = (logits - ref).abs()
-            out["merges"][name] = {
-                "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-                "agreement": sum(a == b for a, b in zip(pred, ref_pred)) / len(pred), "accuracy": accuracy(pred),
-                "same_token_as_base": float((logits.argmax(dim=-1) == base_tokens).float().mean()),
-                "no_label": sum(p == "(other)" for p in pred) / len(pred)}
+            out["merges"][name] = row(ceval.next_token_logits(merged, tokenizer, prompts))
             del merged
         return out
 
@@ -830,7 +833,7 @@ def format_report(report: dict) -> str:
     lines += ["", f"reload on a fresh NF4 base: largest |logit difference| {m['reload_max_abs_diff']:.3g}",
               f"merged models against the trained function (NF4 + adapter, accuracy {100 * m['reference_accuracy']:.1f} %) "
               f"on {m['n']} unseen-symptom tickets; first answer token"]
-    for name, r in m["merges"].items():
+    for name, r in [("untrained base, no merge", m["base"]), *m["merges"].items()]:
         lines.append(f"  {name:26s} max |Δlogit| {r['max_abs_diff']:6.2f}  mean {r['mean_abs_diff']:.3f}  "
                      f"same greedy label {100 * r['agreement']:5.1f} %  accuracy {100 * r['accuracy']:5.1f} %  "
                      f"no label {100 * r['no_label']:5.1f} %  same first token as the untrained base "

@@ -80,7 +80,9 @@ def markdown(report: dict[str, Any]) -> str:
     if m:
         lines += ["", f"| merged model against the trained function (NF4 + adapter, {100 * m['reference_accuracy']:.1f} %) "
                       f"| same greedy label | accuracy |", "|---|---:|---:|",
-                  f"| reload on a fresh NF4 base: largest logit difference {m['reload_max_abs_diff']:g} | | |"]
+                  f"| reload on a fresh NF4 base: largest logit difference {m['reload_max_abs_diff']:g} | | |",
+                  f"| the untrained base, no adapter (what a merge that changed nothing gives) | "
+                  f"{100 * m['base']['agreement']:.1f} % | {100 * m['base']['accuracy']:.1f} % |"]
         for name, r in m["merges"].items():
             extra = (f" ({100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes change)"
                      if name.startswith("into NF4") else "")

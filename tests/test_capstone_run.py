@@ -161,6 +161,10 @@ def test_reload_is_exact_and_the_merges_rank_as_the_lesson_says(report):
     # "The merged model answers like the untrained base: no label on (almost) any ticket, the base's first token on most"
     assert m["nf4_codes_changed"] < 1e-3 and m["base_accuracy"] == 0.0
     assert nf4["accuracy"] < 0.05 and nf4["no_label"] > 0.95 and nf4["same_token_as_base"] > 0.5
+    # the row beside it: the untrained base read the same way, which the NF4 merge resembles
+    base = m["base"]
+    assert base["same_token_as_base"] == 1.0 and base["accuracy"] == m["base_accuracy"] and base["no_label"] > 0.95
+    assert abs(nf4["no_label"] - base["no_label"]) < 0.05 and nf4["mean_abs_diff"] > 10 * dq["mean_abs_diff"]
 
 
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):
