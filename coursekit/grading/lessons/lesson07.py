@@ -280,12 +280,16 @@ ITEMS = {
         mistakes=_p2_mistakes,
     ),
     "p3": Choice(
-        "the case that exposes a backward without s",
+        "the cases that expose a backward without s",
         1,
+        options="abcd",
+        multi=True,
     ),
     "p4": Choice(
-        "the case that exposes dB = s · outer(Z.sum(0), D.sum(0))",
+        "the cases that expose dB = s · outer(Z.sum(0), D.sum(0))",
         1,
+        options="abcd",
+        multi=True,
     ),
     "p5": Choice(
         "the band of a float64 relative error of 3e-6",
