@@ -94,7 +94,7 @@ def rel_error(a, n):
 
 
 RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"a", "c"}, "p4": {"b", "c", "d"},
-         "p5": "b", "p6": ["truncation", "balance", "roundoff", "collapse"], "p7": 4e-3, "p8": {"a", "c"}}
+         "p5": "b", "p6": ["truncation", "balance", "roundoff", "collapse"], "p7": 0.0193, "p8": {"a", "c"}}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -226,16 +226,23 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("w2", 38, "two, f(x + ε) and f(x − ε)"),
         ("w2", 40, "also checks every entry of X"),
         ("w2", 124, "W is frozen"),
-        ("p7", 2e-3, "you divided by 2ε"),
-        ("p7", 4e-9, "not multiplied"),
-        ("p7", 4e-12, "float64's rounding"),
-        ("p7", 1e-3**2 / 6, "truncation term"),
+        ("p7", (1.5 * 2.0**-24 * 40) ** (1 / 3), "round-off of u·|f|/(2ε)"),
+        ("p7", 5.63e-3, "for |f| ≈ |f‴|"),
+        ("p7", 40 * 5.63e-3, "you scaled ε* by |f| itself"),
+        ("p7", 3 * 2.0**-24 * 40, "take its cube root"),
+        ("p7", (3 * 2.0**-53 * 40) ** (1 / 3), "float64's u"),
+        ("p7", (3 * 1e-7 * 40) ** (1 / 3), "unit round-off u = 2⁻²⁴"),
         ("p7", 1.0, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
     fb = check(f"07.{item_id}", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p7_accepts_the_printed_float32_step_scaled_by_the_cube_root_of_f():
+    assert check("07.p7", 5.6e-3 * 40 ** (1 / 3)).full and check("07.p7", (3 * 6.0e-8 * 40) ** (1 / 3)).full
+    assert check("07.p7", ITEMS["p7"].expected() * 1.02).points == 0
 
 
 def test_ordering_partial_credit_names_the_first_misplaced_regime():
