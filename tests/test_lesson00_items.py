@@ -46,10 +46,10 @@ def _threads():
 
 
 RIGHT = {
-    "w1": "b", "w2": "a", "w3": "b", "p1": "a", "p2": "b", "p5": "b",
+    "w1": "b", "w2": "a", "w3": "b", "p1": {"a", "c"}, "p2": "b", "p5": {"a"},
     "p3": None,  # filled at test time from the machine
     "p4": right_pack,
-    "p6": 576 * 1536 // 2,
+    "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,
     "p7": ["lookup", "default", "dequant", "linear", "again"],
 }
 
@@ -61,12 +61,17 @@ WRONG = [
     ("w2", "c", "two 4-bit codes, not four"),
     ("w3", "a", "can be fewer than os.cpu_count()"),
     ("w3", "c", "binds Python code, not torch's C++ kernels"),
-    ("p1", "b", "C++ CPU kernel"),
-    ("p1", "c", "LUT quantizer"),
-    ("p2", "a", "not an error"),
-    ("p5", "a", "63 is odd"),
-    ("p5", "c", "does have a CPU registration"),
-    ("p6", 576 * 1536, "half a byte"),
+    ("p1", {"a", "b"}, "C++ CPU kernel"),
+    ("p1", {"a", "c", "d"}, "LUT quantizer"),
+    ("p1", {"c"}, "whatever the weight's shape"),
+    ("p2", "a", "same shape and dtype"),
+    ("p2", "d", "may round the last bits differently"),
+    ("p5", {"a", "b"}, "575 rows change nothing"),
+    ("p5", {"c"}, "575, is odd"),
+    ("p6", 576 * 1536 // 2, "add one fp32 absmax"),
+    ("p6", 576 * 1536 + 576 * 1536 // 64 * 4, "half a byte"),
+    ("p6", 576 * 1536 // 2 + 576 * 1536 // 64, "as double quantization does"),
+    ("p6", 576 * 1536 // 2 + 576 * 1536 // 128 * 4, "one absmax per 64 bytes"),
     ("p6", 576 * 1536 * 4, "number of bits"),
     ("p6", 576 * 1536 * 2, "bf16"),
     ("p6", "lots", "single number"),

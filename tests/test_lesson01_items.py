@@ -17,7 +17,7 @@ def right_ledger(n_params, n_adapter, method):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "d", "p2": {"b", "d", "f"},
-         "p3": ["baseline", "data", "base", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
+         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -88,7 +88,7 @@ def test_ordering_partial_credit_names_the_first_misplaced_step():
     fb = check("01.p3", ["data", "baseline", "base", "method", "compare"])
     assert 0 < fb.points < 2
     assert "position 1: 'data'" in fb.text()
-    fb = check("01.p3", ["compare", "method", "base", "data", "baseline"])
+    fb = check("01.p3", ["compare", "method", "baseline", "data", "base"])
     assert fb.points == 0
     fb = check("01.p3", ["baseline", "data", "base", "method"])
     assert fb.points == 0 and "exactly once" in fb.text()

@@ -48,7 +48,7 @@ def log_softmax_backward(g, x):
     return g - e / e.sum(axis=1, keepdims=True) * g.sum(axis=1, keepdims=True)
 
 
-def b_after_one_scaled(scale=1000.0):
+def b_after_one_scaled(scale=1e-8):
     """P4 worked out by a student: AdamW's first step is lr·g/(|g| + ε) per entry."""
     ex = walk.worked_example()
     D = ce_grad(ex["X"] @ ex["W"], 1)
@@ -77,7 +77,7 @@ def test_right_answers_score_full(item_id, hidden):
 
 
 def test_typed_six_decimals_are_accepted():
-    assert check("06.p4", [[0.01, -0.01]]).full
+    assert check("06.p4", [[0.001213, -0.001213]]).full and not check("06.p4", [[0.0012, -0.0012]]).full
     assert check("06.p5", 0.00742).full and check("06.p5", 0.0074).points == 0
     assert check("06.w2", -np.log(0.539915)).full
 
@@ -131,11 +131,12 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p4_mistakes_name_a_step_that_grows_with_the_gradient():
+def test_p4_mistakes_name_a_step_that_ignores_eps_or_vanishes():
     dB = walk.run_walk(**walk.worked_example(), steps=1)[0].dB
-    for wrong, text in ((1000 * b_after_one_scaled(), "you scaled AdamW's step by 1000"),
-                        (-0.1 * 1000 * dB, "SGD's step"),
-                        (-0.01 * 1000 * dB, "an SGD step with AdamW's rate"),
+    g = 1e-8 * dB
+    for wrong, text in ((-0.01 * np.sign(dB), "ε in the denominator shrinks it"),
+                        (-0.01 * g, "your step is about zero"),
+                        (-0.01 * g / np.sqrt(g * g + 1e-8), "your step is about zero"),
                         (-b_after_one_scaled(), "sign is flipped")):
         fb = check("06.p4", wrong)
         assert not fb.full and text in fb.text(), fb.text()
@@ -143,8 +144,14 @@ def test_p4_mistakes_name_a_step_that_grows_with_the_gradient():
 
 def test_p4_and_p5_are_predictions_of_configurations_the_lesson_does_not_print():
     rec = walk.run_walk(**walk.worked_example(), steps=2)
-    # P4's answer equals the printed B after step 1: the point is that a 1000 times larger gradient does not change it.
-    np.testing.assert_allclose(ITEMS["p4"].expected(), rec[0].B_after, atol=1e-9)
+    # P4's answer is not the printed B after step 1: a gradient below ε shrinks AdamW's first step to about lr/8.
+    assert np.abs(ITEMS["p4"].expected() - rec[0].B_after).max() > 0.008
+    B = torch.nn.Parameter(torch.zeros(1, 2, dtype=torch.float64))
+    opt = torch.optim.AdamW([B], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    B.grad = torch.tensor(1e-8 * rec[0].dB)
+    opt.step()
+    np.testing.assert_allclose(ITEMS["p4"].expected(), B.detach().numpy(), rtol=1e-9)
+    np.testing.assert_allclose(ITEMS["p4"].expected(), [[0.00121285, -0.00121285]], atol=5e-9)
     # P5's β₂ = 0.99 differs from the printed move at step 2 (β₂ = 0.999) by more than the tolerance.
     printed = float(np.abs(rec[1].A_after - rec[1].A).max())
     assert abs(ITEMS["p5"].expected() - printed) / printed > 2e-3

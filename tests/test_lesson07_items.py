@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from coursekit import gradcheck as gc
+from coursekit import lora
 from coursekit.grading import check
 from coursekit.grading.lessons import lesson07
 from coursekit.grading.lessons.lesson07 import ITEMS
@@ -92,8 +93,8 @@ def rel_error(a, n):
     return float(np.max(np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), 1e-12)))
 
 
-RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": "b", "p4": "c",
-         "p5": "b", "p6": ["truncation", "balance", "roundoff", "collapse"], "p7": 4e-3, "p8": {"a", "c"}}
+RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"a", "c"}, "p4": {"b", "c", "d"},
+         "p5": "b", "p6": ["truncation", "balance", "roundoff", "collapse"], "p7": 0.0193, "p8": {"a", "c"}}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -209,10 +210,6 @@ def test_rel_error_without_tiny_guard_fails_the_zero_case():
         ("w1", "a", "forward difference"),
         ("w1", "c", "2ε apart"),
         ("w3", "a", "Speed is not the reason"),
-        ("p3", "a", "missing factor 1"),
-        ("p3", "c", "factor 1"),
-        ("p4", "a", "With one token"),
-        ("p4", "d", "B = 0 does not change dB"),
         ("p5", "a", "Below 1e-7"),
         ("p5", "c", "above 1e-4"),
         ("p5", "d", "float32 boundary"),
@@ -229,16 +226,23 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("w2", 38, "two, f(x + ε) and f(x − ε)"),
         ("w2", 40, "also checks every entry of X"),
         ("w2", 124, "W is frozen"),
-        ("p7", 2e-3, "you divided by 2ε"),
-        ("p7", 4e-9, "not multiplied"),
-        ("p7", 4e-12, "float64's rounding"),
-        ("p7", 1e-3**2 / 6, "truncation term"),
+        ("p7", (1.5 * 2.0**-24 * 40) ** (1 / 3), "round-off of u·|f|/(2ε)"),
+        ("p7", 5.63e-3, "for |f| ≈ |f‴|"),
+        ("p7", 40 * 5.63e-3, "you scaled ε* by |f| itself"),
+        ("p7", 3 * 2.0**-24 * 40, "take its cube root"),
+        ("p7", (3 * 2.0**-53 * 40) ** (1 / 3), "float64's u"),
+        ("p7", (3 * 1e-7 * 40) ** (1 / 3), "unit round-off u = 2⁻²⁴"),
         ("p7", 1.0, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
     fb = check(f"07.{item_id}", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p7_accepts_the_printed_float32_step_scaled_by_the_cube_root_of_f():
+    assert check("07.p7", 5.6e-3 * 40 ** (1 / 3)).full and check("07.p7", (3 * 6.0e-8 * 40) ** (1 / 3)).full
+    assert check("07.p7", ITEMS["p7"].expected() * 1.02).points == 0
 
 
 def test_ordering_partial_credit_names_the_first_misplaced_regime():
@@ -249,9 +253,54 @@ def test_ordering_partial_credit_names_the_first_misplaced_regime():
 
 
 def test_multi_choice_partial_credit_and_hints():
+    fb = check("07.p3", {"b", "d"})
+    assert fb.points == 0 and "a missing factor 1 changes nothing" in fb.text() and "8 / √64 = 1" in fb.text()
+    fb = check("07.p3", {"c"})
+    assert 0 < fb.points < 1 and "dB = s Zᵀ D does not contain B" in fb.text()
+    fb = check("07.p4", {"a", "b", "c", "d"})
+    assert 0 < fb.points < 1 and "With one token" not in fb.text() and "the single product" in fb.text()
+    fb = check("07.p4", {"c"})
+    assert 0 < fb.points < 1 and "three times as large" in fb.text() and "other tokens' z" in fb.text()
     fb = check("07.p8", {"a", "b", "c"})
     assert fb.points == pytest.approx(1.0) and "compares 0 with 0" in fb.text()
     fb = check("07.p8", {"a"})
     assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
     fb = check("07.p8", {"b", "d"})
     assert fb.points == 0 and "dZ Aᵀ" in fb.text()
+
+
+def _case(n, r, s, zero_B=False, same_rows=False, one_row_D=False, seed=0):
+    rng = np.random.default_rng(seed)
+    X, A, D = rng.standard_normal((n, 5)), rng.standard_normal((5, r)), rng.standard_normal((n, 4))
+    W, B = rng.standard_normal((5, 4)), np.zeros((r, 4)) if zero_B else rng.standard_normal((r, 4))
+    if same_rows:
+        X = np.repeat(X[:1], n, axis=0)
+    if one_row_D:
+        D[1:] = 0.0
+    return X, W, A, B, s, D
+
+
+def _check_fails(backward, case):
+    X, W, A, B, s, D = case
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    return not gc.check_vjp(lambda X, A, B: lora.lora_forward(X, W, A, B, s)[0], dict(X=X, A=A, B=B),
+                            dict(zip("XAB", backward(D, cache))), D).ok
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_p3_and_p4_keys_are_the_cases_whose_check_fails(seed):
+    """P3's and P4's keys measured: the gradient check of each broken backward fails in exactly the keyed cases."""
+    def without_s(D, cache):
+        return lora.lora_backward(D, {**cache, "s": 1.0})
+
+    def tokens_summed_first(D, cache):
+        dX, dA, _ = lora.lora_backward(D, cache)
+        return dX, dA, cache["s"] * np.outer(cache["Z"].sum(axis=0), D.sum(axis=0))
+
+    p3 = {"a": _case(3, 2, lora.scaling(4, 2), zero_B=True, seed=seed), "b": _case(3, 8, lora.scaling(8, 8), seed=seed),
+          "c": _case(3, 16, lora.scaling(16, 16, use_rslora=True), seed=seed),
+          "d": _case(3, 64, lora.scaling(8, 64, use_rslora=True), seed=seed)}
+    assert {k for k, c in p3.items() if _check_fails(without_s, c)} == {"a", "c"}
+    p4 = {"a": _case(1, 2, 2.0, seed=seed), "b": _case(3, 2, 2.0, same_rows=True, seed=seed),
+          "c": _case(3, 2, 2.0, zero_B=True, seed=seed), "d": _case(3, 2, 2.0, one_row_D=True, seed=seed)}
+    assert {k for k, c in p4.items() if _check_fails(tokens_summed_first, c)} == {"b", "c", "d"}

@@ -283,8 +283,9 @@ def test_attention_backward_wrong_arity_is_explained():
         ("w2", "b", "look at the future"),
         ("w2", "c", "keeps the diagonal"),
         ("w3", "a", "leaves its softmax unchanged"),
-        ("p4", "b", "axis=-2 sums over the queries"),
-        ("p4", "d", "Without keepdims"),
+        ("p4", "b", "the subtraction takes it back"),
+        ("p4", "c", "no change reaches a row of dS uniformly"),
+        ("p4", "d", "stays 0 whatever dP holds"),
         ("p7", "b", "gradient at o_proj's input"),
         ("p7", "c", "v_proj's D"),
     ],
@@ -292,6 +293,23 @@ def test_attention_backward_wrong_arity_is_explained():
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     fb = check(f"08.{item_id}", answer)
     assert fb.points == 0 and text in fb.text() and "Reread" in fb.text(), fb.text()
+
+
+def test_p4s_key_adding_a_constant_to_a_row_of_dP_leaves_dS_unchanged():
+    """P4's key (a) measured: c added to one row of dP (masked entries included) changes no entry of dS, while option
+    b's c·P[t] would be a visible change."""
+    rng = np.random.default_rng(4)
+    T = 7
+    _, cache = att.attention_forward(*(rng.standard_normal((T, 5)) for _ in range(3)))
+    P, dP = cache["P"], rng.standard_normal((T, T))
+    dS = att.softmax_backward(P, dP)
+    for t in range(T):
+        for c in (1.0, -3.5, 1e3):
+            shifted = dP.copy()
+            shifted[t] += c
+            change = np.abs(att.softmax_backward(P, shifted) - dS).max()
+            assert change < 1e-12 * max(1.0, abs(c)), (t, c, change)
+            assert np.abs(c * P[t]).max() > 0.1 * abs(c)   # what option b predicts is no rounding error
 
 
 def test_multi_choice_partial_credit_and_hints():

@@ -93,18 +93,22 @@ def _pack_dtype(fn, case: Case) -> list[str] | None:
 
 def _packed_bytes() -> float:
     d, m = 576, 1536  # SmolLM2-135M: hidden 576, intermediate 1536 (an up_proj weight)
-    return float(nibble_pack(np.zeros(d * m, dtype=np.int64)).nbytes)
+    # bitsandbytes' QuantState: packed codes, two per byte, and one fp32 absmax per block of 64 weights.
+    return float(nibble_pack(np.zeros(d * m, dtype=np.int64)).nbytes + (d * m // 64) * 4)
 
 
 def _packed_mistakes() -> list[Mistake]:
     n = 576 * 1536
     return [
-        Mistake("one-byte", n, "that is one byte per weight; a 4-bit code takes half a byte."),
-        Mistake("bits", n * 4, "that is the number of bits (and also the fp32 size in bytes); a byte holds 8 bits, "
-                               "two 4-bit codes."),
+        Mistake("codes only", n // 2, "that is the packed codes alone; add one fp32 absmax (4 bytes) per block of 64 weights."),
+        Mistake("one-byte", n + (n // 64) * 4, "that counts one byte per weight; a 4-bit code takes half a byte."),
+        Mistake("absmax per 64 bytes", n // 2 + (n // 2 // 64) * 4, "that is one absmax per 64 bytes of codes; a block "
+                                                                    "is 64 weights, 32 bytes of codes."),
+        Mistake("8-bit absmax", n // 2 + n // 64, "that stores each absmax in one byte, as double quantization does; "
+                                                  "without it each absmax is fp32, 4 bytes."),
+        Mistake("bits", n * 4, "that is the number of bits of the codes (and also the fp32 size in bytes); a byte holds "
+                               "8 bits, two 4-bit codes."),
         Mistake("bf16", n * 2, "that is the bf16 size (2 bytes per weight)."),
-        Mistake("with absmax", n // 2 + (n // 64) * 4, "that adds the fp32 absmax (one per block of 64); the question "
-                                                      "asks for the packed codes alone."),
     ]
 
 
@@ -146,10 +150,10 @@ ITEMS = {
     ),
     # Practice
     "p1": Choice(
-        "Which op has no CPU kernel in bitsandbytes 0.50.2 and so runs the pure-torch default on CPU?", 1,
+        "Which of four calls run bitsandbytes' pure-torch code on this machine?", 1, options="abcd", multi=True,
     ),
     "p2": Choice(
-        "In 'dequantize_4bit falls back to pure torch', what does 'fall back' mean?", 1,
+        "What may still differ between the pure-torch fallback and the native kernel?", 1,
     ),
     "p3": Numeric(
         "How many CPU threads does torch use for its kernels on this machine?", 1, name="answer_p3",
@@ -161,10 +165,11 @@ ITEMS = {
         rtol=0, atol=0,
     ),
     "p5": Choice(
-        "On this machine, which implementation dequantizes an NF4 weight of shape (4, 63), blocksize 64?", 1,
+        "Which dequantize_4bit calls, by stored shape, hand the work to the pure-torch code?", 1, options="abcd",
+        multi=True,
     ),
     "p6": Numeric(
-        "How many bytes do the packed 4-bit codes of a 576 × 1536 weight take (absmax not counted)?", 1,
+        "How many bytes do the packed codes and fp32 absmax of a 576 × 1536 NF4 weight take (blocksize 64)?", 1,
         name="answer_p6", expected=_packed_bytes, rtol=0, atol=0, mistakes=_packed_mistakes, unit="bytes",
     ),
     "p7": Ordering(

@@ -175,10 +175,10 @@ ITEMS = {
         2,
         labels={
             "base": "choose a supported base model",
-            "baseline": "save a baseline on a small, representative evaluation set",
-            "compare": "compare task quality, peak memory and speed",
-            "data": "build clean training examples and keep evaluation examples out of them",
-            "method": "LoRA if the 16-bit base fits the budget, QLoRA if base memory is the limit",
+            "baseline": "tune a prompt for that base on the training examples only, then score it on the held-out evaluation set",
+            "compare": "compare the trained adapter with that baseline: task quality, peak memory and speed",
+            "data": "build clean training examples in the chosen base's chat format, and hold evaluation examples out of them",
+            "method": "if the baseline falls short, pick the adapter: LoRA if the base's 16-bit weights fit the budget, QLoRA if base memory is the limit",
         },
     ),
     "p4": Numeric(

@@ -258,7 +258,7 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 
 # P4: the walk's loss multiplied by 1000 (a sum over 1000 copies of the token instead of their mean), so ∇B is 1000 times
 # larger. AdamW's first step is lr·g/(|g| + ε) per entry: B lands where the lesson's printed B did.
-P4_SCALE = 1000.0
+P4_SCALE = 1e-8
 LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8
 
 
@@ -268,15 +268,13 @@ def _p4_B(scale: float) -> np.ndarray:
 
 
 def _p4_mistakes() -> list[Mistake]:
-    rec = _seed_records(1)[0]
     return [
-        Mistake("step scaled", P4_SCALE * _p4_B(1.0), "you scaled AdamW's step by 1000 with the gradient: its first step is "
-                "lr·m̂/(√v̂ + ε) = lr·g/(|g| + ε), and a gradient 1000 times larger is divided by a √v̂ 1000 times larger. "
-                + READ_ADAMW),
-        Mistake("sgd", -0.1 * P4_SCALE * rec.dB, "that is SGD's step (lr 0.1) on the scaled gradient: SGD moves in proportion "
-                "to the gradient, AdamW does not. " + READ_ADAMW),
-        Mistake("sgd lr 0.01", -LR * P4_SCALE * rec.dB, "that is −lr·g, an SGD step with AdamW's rate: AdamW divides the "
-                "first moment by √v̂, so the gradient's size cancels. " + READ_ADAMW),
+        Mistake("eps ignored", -LR * np.sign(_seed_records(1)[0].dB), "that is lr against the sign of each gradient, the "
+                "step when |g| is large next to ε. Here |g| ≈ 1.4e-9 is smaller than ε = 1e-8: the first step is "
+                "lr·g/(|g| + ε), and ε in the denominator shrinks it. " + READ_ADAMW),
+        Mistake("vanishing step", _p4_B(P4_SCALE) * 0.0, "your step is about zero, as if it shrank with the gradient (an SGD "
+                "step, or ε under the square root). AdamW divides m̂ = g by √v̂ + ε = |g| + ε: with |g| ≈ 1.4e-9 and "
+                "ε = 1e-8 that is still a step of about lr/8. " + READ_ADAMW),
         Mistake("sign", -_p4_B(P4_SCALE), "the sign is flipped: each entry moves against the sign of its gradient. " + READ_ADAMW),
     ]
 
@@ -389,7 +387,7 @@ ITEMS = {
         atol=1e-12,
     ),
     "p4": Array(
-        "predict B after AdamW's first step when the loss is 1000 times larger",
+        "predict B after AdamW's first step when the loss is 1e-8 times as large",
         1,
         name="B_1",
         expected=lambda: _p4_B(P4_SCALE),

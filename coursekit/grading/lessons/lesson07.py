@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 
+from ... import gradcheck as gc
 from ... import lora
 from ...gradcheck import entry_name, numeric_gradient, relative_errors
 from ..checkers import Case, Mistake, worded
@@ -14,6 +15,7 @@ from .. import Choice, Function, Numeric, Ordering
 READ_CD = "Reread 'Central differences, entry by entry' in Know this."
 READ_REL = "Reread 'Relative error and its bands' in Know this."
 READ_F32 = "Reread 'float32 needs other tolerances' in Know this."
+READ_SWEEP = "Reread 'The ε sweep' in Know this."
 
 
 # --------------------------------------------------------------------------- references
@@ -189,7 +191,7 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 # --------------------------------------------------------------------------- numbers
 
 W2_SHAPE = dict(n=3, d=6, m=4, r=2)
-P7 = dict(f=40.0, eps=1e-3, rounding=1e-7)
+P7 = dict(f=40.0, f3=1.0)   # |f| and |f‴| near the checked point, in float32
 
 
 def _w2_expected() -> float:
@@ -207,16 +209,25 @@ def _w2_mistakes() -> list[Mistake]:
 
 
 def _p7_expected() -> float:
-    return P7["rounding"] * P7["f"] / P7["eps"]
+    # ε* = (3u|f| / |f‴|)^(1/3) with float32's u = 2⁻²⁴ (gradcheck.optimal_step; Nocedal & Wright, section 8.1).
+    return gc.optimal_step("float32", f_scale=P7["f"], d3_scale=P7["f3"])
 
 
 def _p7_mistakes() -> list[Mistake]:
-    f, eps, u = P7["f"], P7["eps"], P7["rounding"]
+    f, f3, u = P7["f"], P7["f3"], gc.unit_roundoff("float32")
     return [
-        Mistake("2eps", u * f / (2 * eps), "you divided by 2ε. Each of f(x ± ε) is off by up to 1e-7·|f|, so their difference is off by up to 2·1e-7·|f|; divided by 2ε that is 1e-7·|f| / ε. " + READ_F32),
-        Mistake("times eps", u * f * eps, "round-off is divided by ε, not multiplied: a smaller step divides the same rounding by a smaller number. " + READ_F32),
-        Mistake("float64", 1e-16 * f / eps, "1e-16 is float64's rounding; the question is about float32, whose relative rounding is about 1e-7. " + READ_F32),
-        Mistake("truncation", eps**2 / 6, "that is the truncation term ε²/6 (for |f‴| ≈ 1); the question asks for the round-off term. " + READ_F32),
+        Mistake("2eps", (1.5 * u * f / f3) ** (1 / 3), "you balanced the truncation against a round-off of u·|f|/(2ε). Each "
+                "of f(x ± ε) is off by up to u·|f|, so their difference is off by up to 2u·|f|; divided by 2ε that is u·|f|/ε, "
+                "and ε* = (3u·|f|/|f‴|)^(1/3). " + READ_SWEEP),
+        Mistake("unscaled", gc.optimal_step("float32"), "that is float32's ε* for |f| ≈ |f‴|; here |f| = 40 makes the "
+                "round-off 40 times larger, and ε* grows with its cube root. " + READ_SWEEP),
+        Mistake("linear in f", f * gc.optimal_step("float32"), "you scaled ε* by |f| itself; it grows with the cube root of "
+                "|f| / |f‴|. " + READ_SWEEP),
+        Mistake("no cube root", 3 * u * f / f3, "that is 3u·|f|/|f‴|, ε*³: take its cube root. " + READ_SWEEP),
+        Mistake("float64", gc.optimal_step("float64", f_scale=f, d3_scale=f3), "that uses float64's u = 2⁻⁵³; the loss "
+                "is evaluated in float32, whose u = 2⁻²⁴ ≈ 6.0e-8. " + READ_F32),
+        Mistake("u = 1e-7", (3 * 1e-7 * f / f3) ** (1 / 3), "1e-7 is the rough bound on float32's relative rounding; ε* "
+                "uses the unit round-off u = 2⁻²⁴ ≈ 6.0e-8. " + READ_F32),
     ]
 
 
@@ -280,12 +291,16 @@ ITEMS = {
         mistakes=_p2_mistakes,
     ),
     "p3": Choice(
-        "the case that exposes a backward without s",
+        "the cases that expose a backward without s",
         1,
+        options="abcd",
+        multi=True,
     ),
     "p4": Choice(
-        "the case that exposes dB = s · outer(Z.sum(0), D.sum(0))",
+        "the cases that expose dB = s · outer(Z.sum(0), D.sum(0))",
         1,
+        options="abcd",
+        multi=True,
     ),
     "p5": Choice(
         "the band of a float64 relative error of 3e-6",
@@ -302,11 +317,11 @@ ITEMS = {
         },
     ),
     "p7": Numeric(
-        f"the float32 round-off in a central difference (|f| = {P7['f']:g}, ε = {P7['eps']:g})",
+        f"float32's best central-difference step ε* (|f| = {P7['f']:g}, |f‴| = {P7['f3']:g})",
         1,
-        name="roundoff",
+        name="eps_star",
         expected=_p7_expected,
-        rtol=1e-6,
+        rtol=1e-2,  # the prompt says within 1 %: u = 6.0e-8 for 2⁻²⁴, or the printed 5.6e-3 scaled by 40^(1/3), both pass
         mistakes=_p7_mistakes,
     ),
     "p8": Choice(

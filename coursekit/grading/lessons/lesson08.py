@@ -499,7 +499,7 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Choice(
-        "the NumPy expression for rowsum(dP ⊙ P)",
+        "what adding a constant to a row of dP does to dS",
         1,
     ),
     "p5": Choice(
