@@ -9,6 +9,7 @@ import pytest
 
 from coursekit import quant, walk
 from coursekit.grading import check
+from coursekit.grading.lessons import lesson14
 from coursekit.grading.lessons.lesson14 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def right_walk_D(X, W, A, B, s, target, step):
 
 
 RIGHT = {"w1": 85, "w2": "b", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
-         "p4": [[-0.10630311, 0.10630311]], "p5": 0.43536600, "p6": "c", "p7": "d", "p8": 0.6}
+         "p4": [[-0.10630311, 0.10630311]], "p5": 1.034, "p6": [0.9, 0.6], "p7": "d", "p8": 0.6}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -125,9 +126,6 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w2", "a", "for accuracy, not speed"),
         ("w2", "c", "address levels"),
         ("w2", "d", "codes are frozen"),
-        ("p6", "a", "error growing with blocksize"),
-        ("p6", "b", "absmax / 7 per block"),
-        ("p6", "d", "metadata"),
         ("p7", "a", "quantization-aware training"),
         ("p7", "b", "no gradient for an integer code"),
         ("p7", "c", "DŴᵀ + s D Bᵀ Aᵀ"),
@@ -266,8 +264,18 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("w3", [[3, -3], [1, 4]], "floor"),
         ("w3", [[0.6, -0.4], [0.2, 1.0]], "the reconstruction"),
         ("p4", [[-0.138026, 0.138026]], "unquantized walk's value"),
-        ("p5", 0.613588, "unquantized walk's value"),
-        ("p5", 0.437488, "loss before the step"),
+        ("p5", 0.7731, "unquantized walk's value"),
+        ("p5", 1.037488, "loss before the update"),
+        ("p5", 1.041, "B moved the wrong way"),
+        ("p5", 0.4354, "target class 1"),
+        ("p6", [0.9, 0.9], "outlier's absmax for both blocks"),
+        ("p6", [1, 6], "int4 codes"),
+        ("p6", [0.0, 0.6], "truncated"),
+        ("p6", [0.7875, 0.6125], "Q = 7, not 8"),
+        ("p6", [0.5953, 0.6173], "int8"),
+        ("p6", [0.9, 0.1], "steps absmax / 7"),
+        ("p6", [0.28, 0.02], "rounding errors"),
+        ("p6", [0.6, 0.9], "other order"),
         ("p8", 1.2, "whole step"),
         ("p8", 8.4 / 254, "int8's half step"),
         ("p8", 0.525, "Q = 7, not 8"),
@@ -275,8 +283,8 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p4", [[0.10630311, -0.10630311]], "wrong sign"),
         ("p4", [[0.35434369, -0.35434369]], "that is D"),
         ("p4", [[-0.10589166, 0.10589166]], "second step"),
-        ("p5", 0.43293864, "second step"),
-        ("p5", 0.43726199, "plain gradient-descent step"),
+        ("p5", 1.029183, "second step"),
+        ("p5", 1.036738, "plain gradient-descent step"),
     ],
 )
 def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
@@ -330,3 +338,32 @@ def test_the_unsigned_range_as_q_is_named(hidden):
 
     fb = check("14.p2", unsigned_q, hidden=hidden)
     assert not fb.full and "2^bits − 1" in fb.text(), fb.text()
+
+
+def test_p5_key_is_the_hand_prediction():
+    """P5 asks for a prediction by hand: AdamW's first step moves each entry of B by lr against the sign of its gradient, A stays,
+    XA = −0.3. That prediction (B = [−0.01, 0.01], Y = [1.003, 1.597]) must be run_walk's loss to float precision, and the
+    wrong-sign prediction must be the mistake the item names."""
+    ex = walk.worked_example()
+    W_hat = quant.toy_int4(ex["W"])[1]
+    Z = ex["X"] @ ex["A"]
+    np.testing.assert_allclose(Z, [[-0.3]])
+    Y0 = ex["X"] @ W_hat
+    D0 = np.exp(Y0) / np.exp(Y0).sum() - np.eye(2)[[0]]
+    dB = ex["s"] * Z.T @ D0
+    np.testing.assert_allclose(dB, [[0.193697, -0.193697]], atol=1e-6)
+    for sign, want in ((1.0, ITEMS["p5"].expected()), (-1.0, lesson14._loss_after_b(+1))):
+        Y1 = Y0 + ex["s"] * Z @ (-0.01 * sign * np.sign(dB))
+        np.testing.assert_allclose(float(np.log(np.exp(Y1).sum()) - Y1[0, 0]), want, rtol=1e-7)
+    np.testing.assert_allclose(ITEMS["p5"].expected(), 1.033618, atol=1e-6)
+    assert check("14.p5", 1.034).full and not check("14.p5", 1.041).full
+
+
+def test_p6_key_is_each_blocks_own_grid():
+    """0.62 on int4 grids with steps 6.3 / 7 = 0.9 and 0.7 / 7 = 0.1: codes 1 and 6, no rounding ties."""
+    np.testing.assert_allclose(ITEMS["p6"].expected(), [0.9, 0.6], rtol=1e-12)
+    x = lesson14.p6_blocks()
+    assert x.size == 128 and np.abs(x[:64]).max() == 6.3 and np.abs(x[64:]).max() == 0.7
+    for absmax in (6.3, 0.7):
+        frac = (0.62 / absmax * 7) % 1
+        assert abs(frac - 0.5) > 0.1

@@ -57,7 +57,7 @@ def right_block_argmin(x, levels):
 
 
 RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
-         "p4": 179, "p5": 0.4557, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": "c"}
+         "p4": 179, "p5": 0.4557, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": [0, -1_769_472]}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -228,7 +228,6 @@ def test_value_mistakes_are_recognised(item_id, answer, text):
         ("w1", "c", "positive one"),
         ("w2", "a", "absmax values"),
         ("w3", "c", "no 4-bit arithmetic"),
-        ("p8", "a", "storage does not change"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -326,3 +325,47 @@ def test_p5_worst_error_is_what_the_round_trip_leaves():
     assert float(err.max()) == pytest.approx(ITEMS["p5"].expected(), rel=1e-3)
     worst = x.reshape(-1)[int(err.reshape(-1).argmax())]
     assert -3.0 < float(worst) < -2.0  # in the negative tail, between the levels −1 and −0.6962 (times 3)
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [([-248_832, -1_769_472], "does not touch what the layer stores"), ([-27_648, -1_769_472], "absmax is stored in fp32"),
+     ([0, 0], "dequantizes the whole weight"), ([0, 1_769_472], "its change is negative"),
+     ([0, -3_538_944], "whole fp32 temporary"), ([0, -14_155_776], "in bits")],
+)
+def test_p8_mistakes_are_named(answer, text):
+    fb = check("15.p8", answer)
+    assert not fb.full and text in fb.text(), fb.text()
+
+
+def test_p8_key_is_what_bitsandbytes_does():
+    """Build gate_proj's shape as a Linear4bit (NF4, blocksize 64, fp32 absmax) with each compute dtype, run one forward with
+    gradients on, and measure the stored bytes and the weight F.linear receives (gemm_4bit dequantizes to the input's dtype)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    W = (0.02 * torch.randn(1536, 576, generator=torch.Generator().manual_seed(15))).to(torch.bfloat16)
+    seen, linear = [], torch.nn.functional.linear
+
+    def spy(a, w, b=None):
+        seen.append(w)
+        return linear(a, w, b)
+
+    stored, temporary = {}, {}
+    for cd in (torch.float32, torch.bfloat16):
+        layer = bnb.nn.Linear4bit(576, 1536, bias=False, compute_dtype=cd, compress_statistics=False, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(W, requires_grad=False, blocksize=64, compress_statistics=False, quant_type="nf4")
+        layer = layer.to("cpu")
+        qs = layer.weight.quant_state
+        stored[cd] = layer.weight.data.numel() * layer.weight.data.element_size() + qs.absmax.numel() * qs.absmax.element_size()
+        seen.clear()
+        torch.nn.functional.linear = spy
+        try:
+            layer(torch.randn(4, 576, requires_grad=True))
+        finally:
+            torch.nn.functional.linear = linear
+        (w,) = [t for t in seen if tuple(t.shape) == (1536, 576)]
+        assert w.dtype == cd
+        temporary[cd] = w.numel() * w.element_size()
+    assert stored[torch.float32] == stored[torch.bfloat16] == L.p8_stored_bytes() == 497_664
+    want = [stored[torch.bfloat16] - stored[torch.float32], temporary[torch.bfloat16] - temporary[torch.float32]]
+    np.testing.assert_array_equal(ITEMS["p8"].expected(), want)
+    assert check("15.p8", want).full

@@ -34,7 +34,7 @@ def right_input_grad(D, packed):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": 5.0, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 49152 * 960 // 32 * 34, "p7": "c"}
+         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 49152 * 960 // 32 * 34, "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -260,9 +260,9 @@ def test_function_stub_and_non_function():
         ("p5", "a", "Nothing in the format forbids gradients"),
         ("p5", "b", "the Q4_1 rounding is kept"),
         ("p5", "d", "quantization-aware training"),
-        ("p7", "a", "NF4 quantizes what it is given"),
-        ("p7", "b", "adds an error about as large"),
-        ("p7", "d", "their squares add"),
+        ("p7", "b", "add in quadrature, not linearly"),
+        ("p7", "c", "a full fresh rounding"),
+        ("p7", "d", "essentially NF4's own error"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -317,3 +317,23 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
 def test_numeric_expected_values():
     assert ITEMS["w3"].expected() == 5.0
     assert ITEMS["p6"].expected() == 50_135_040  # 49,152 × 960 / 32 blocks of 34 bytes
+
+
+def test_p7_key_is_measured():
+    """P7 asks for NF4(Q8_0(W)) against W on the lesson's Gaussian weight (seed 18, N(0, 0.05²), 1536 × 576). Measure it
+    and check that the keyed option (a, about 0.092) is the nearest of the four numbers the options quote."""
+    import json
+
+    from coursekit import gguf_file as gf
+
+    W = (0.05 * np.random.default_rng(18).standard_normal((1536, 576))).astype(np.float32)
+    t = gguf.GGMLQuantizationType.Q8_0
+    W_q8 = gguf.quants.dequantize(gguf.quants.quantize(W, t), t).reshape(W.shape)
+    q8 = gf.relative_error(W_q8, W)
+    both = gf.relative_error(gf.nf4_round_trip(W_q8), W)
+    np.testing.assert_allclose(q8, 0.005, atol=0.001)                      # the 0.005 the question quotes
+    quoted = {"a": 0.092, "b": 0.097, "c": 0.005, "d": 0.12}
+    nearest = min(quoted, key=lambda k: abs(quoted[k] - both))
+    key = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())["keys"]["p7"]
+    assert nearest == key == RIGHT["p7"], (both, nearest, key)
+    assert abs(both - quoted["a"]) < 0.001 < abs(both - quoted["b"])

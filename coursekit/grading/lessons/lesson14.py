@@ -259,12 +259,15 @@ def p3_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 # --------------------------------------------------------------------------- lesson 06's worked walk on Ŵ
 
 
-def seed_walk(rounding=np.round, steps: int = 1):
-    """Lesson 06's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W."""
+def seed_walk(rounding=np.round, steps: int = 1, target: int | None = None, **kw):
+    """Lesson 06's walk (AdamW, lr 0.01) on Ŵ = 0.2 · rounding(W / 0.2); ``rounding=None`` keeps W. ``target``
+    replaces the walk's target class (1); ``kw`` goes to :func:`coursekit.walk.run_walk` (e.g. ``optimizer="sgd"``)."""
     ex = walk.worked_example()
     if rounding is not None:
         ex["W"] = _w_hat(ex["W"], 0.2, rounding)
-    return walk.run_walk(**ex, steps=steps)
+    if target is not None:
+        ex["target"] = target
+    return walk.run_walk(**ex, steps=steps, **kw)
 
 
 def _seed_mistakes(attr: str) -> list[Mistake]:
@@ -280,6 +283,79 @@ def _seed_mistakes(attr: str) -> list[Mistake]:
 
 
 ABSMAX_OUTLIER = 8.4
+
+# P6: two neighbouring int4 blocks of 64 hold the same value; one block's absmax is an outlier, the other's is ordinary.
+P6_VALUE, P6_OUTLIER, P6_ORDINARY = 0.62, 6.3, 0.7
+
+
+def p6_blocks() -> np.ndarray:
+    """The two blocks of P6 as one weight of 128 values: each holds P6_VALUE at position 0 and its absmax at position 1;
+    the other 62 values are smaller than both (they change nothing the question asks)."""
+    rest = 0.5 * P6_ORDINARY * np.sin(np.arange(62))
+    return np.concatenate([[P6_VALUE, P6_OUTLIER], rest, [P6_VALUE, -P6_ORDINARY], rest])
+
+
+def p6_reconstructions(bits: int = 4, one_absmax: bool = False) -> np.ndarray:
+    """What P6_VALUE dequantizes to in the outlier's block and in the ordinary block (float64, shape (2,)), with
+    coursekit.quant's absmax quantizer (code = round(x / absmax · Q), x̂ = code / Q · absmax); ``one_absmax`` uses
+    one absmax for both blocks (per tensor)."""
+    x = p6_blocks()
+    bs = x.size if one_absmax else 64
+    codes, absmax = quant.absmax_quantize(x, bits=bits, blocksize=bs)
+    return quant.absmax_dequantize(codes, absmax, bits=bits, blocksize=bs)[[0, 64]]
+
+
+def _p6_mistakes() -> list[Mistake]:
+    v, q = P6_VALUE, _q(4)
+    steps = np.array([P6_OUTLIER, P6_ORDINARY]) / q
+    return [
+        Mistake("one absmax", p6_reconstructions(one_absmax=True),
+                f"you used the outlier's absmax for both blocks: that is per-tensor scaling. Each block of 64 has its own "
+                f"absmax, so only the outlier's block gets the coarse step. {READ_OUTLIERS}"),
+        Mistake("codes", np.round(v / steps),
+                f"those are the int4 codes; the question asks what 0.62 dequantizes to: code · absmax / 7. {READ_ABSMAX}"),
+        Mistake("truncated", np.trunc(v / steps) * steps,
+                f"you truncated x / step toward zero (int(...) or floor); a code is the nearest integer. {READ_ABSMAX}"),
+        Mistake("16 levels", np.round(v / (steps * q / 8)) * steps * q / 8,
+                f"signed absmax int4 uses codes −7..7, Q = 7, not 8: the step is absmax / 7. {READ_ABSMAX}"),
+        Mistake("int8", p6_reconstructions(bits=8),
+                f"that is int8 (Q = 127); the blocks are int4, Q = 7. {READ_ABSMAX}"),
+        Mistake("steps", steps, f"those are the two blocks' steps absmax / 7; the question asks what 0.62 dequantizes to "
+                                f"on each grid. {READ_OUTLIERS}"),
+        Mistake("errors", np.abs(p6_reconstructions() - v),
+                f"those are the rounding errors |x̂ − x|; the question asks for the reconstructions x̂. {READ_OUTLIERS}"),
+        Mistake("swapped", p6_reconstructions()[::-1],
+                f"your two values are in the other order: first the outlier's block, then the ordinary one. {READ_OUTLIERS}"),
+    ]
+
+
+def _p5_mistakes() -> list[Mistake]:
+    after = lambda recs: recs[0].loss_after  # noqa: E731
+    return [
+        Mistake("sign", _loss_after_b(+1),
+                f"B moved the wrong way: AdamW's first step moves each entry by lr against the sign of its own gradient, and "
+                f"with target class 0, D = p − onehot(0) = [p₀ − 1, p₁], so ∇B = s(XA)ᵀD = [+, −] (XA = −0.3 is negative): "
+                f"B becomes [−0.01, 0.01]. {READ_WALK}"),
+        Mistake("before", seed_walk(target=0)[0].loss,
+                f"that is the loss before the update (B = 0); the question asks for the loss after AdamW's first step. {READ_WALK}"),
+        Mistake("SGD", after(seed_walk(target=0, optimizer="sgd", lr=0.01)),
+                f"that is a plain gradient-descent step (B −= lr·∇B); AdamW's first step moves every entry with a nonzero "
+                f"gradient by lr (m̂/√v̂ = ±1). {READ_WALK}"),
+        Mistake("target 1", after(seed_walk(target=1)),
+                f"that is the walk with target class 1, the lesson's; the question asks for target class 0. {READ_WALK}"),
+        Mistake("W", after(seed_walk(None, target=0)),
+                f"that is the unquantized walk's value: run the same step with W replaced by Ŵ. {READ_WALK}"),
+        Mistake("two steps", seed_walk(target=0, steps=2)[1].loss_after,
+                f"that is the loss after the second step; the question asks for the first. {READ_WALK}"),
+    ]
+
+
+def _loss_after_b(sign: float) -> float:
+    """The target-0 loss on Ŵ after B moves to sign · [0.01, −0.01] (A unchanged): P5's wrong-sign answer for sign = +1."""
+    ex = walk.worked_example()
+    W_hat = _w_hat(ex["W"], 0.2)
+    Y = ex["X"] @ W_hat + ex["s"] * (ex["X"] @ ex["A"]) @ (sign * np.array([[0.01, -0.01]]))
+    return float(np.log(np.exp(Y).sum()) - Y[0, 0])
 
 
 class RowArray(Array):
@@ -391,22 +467,21 @@ ITEMS = {
         ],
     ),
     "p5": Numeric(
-        "loss after the first AdamW step of the walk on Ŵ",
+        "predict the loss after AdamW's first step of the walk on Ŵ with target class 0",
         1,
         name="loss_after",
-        expected=lambda: seed_walk()[0].loss_after,
-        rtol=1e-4,
-        mistakes=lambda: _seed_mistakes("loss_after") + [
-            Mistake("before", seed_walk()[0].loss, f"that is the loss before the step (step 1); the question asks for step 8's recomputed loss. {READ_WALK}"),
-            Mistake("SGD", walk.run_walk(**(walk.worked_example() | dict(W=_w_hat(walk.worked_example()["W"], 0.2))), steps=1,
-                                         optimizer="sgd", lr=0.01)[0].loss_after,
-                    f"that is a plain gradient-descent step (B −= lr·∇B); the walk uses AdamW, whose first step moves every "
-                    f"entry with a nonzero gradient by about lr. {READ_WALK}"),
-        ],
+        expected=lambda: seed_walk(target=0)[0].loss_after,
+        rtol=5e-4,  # "4 significant digits": 1.034 for 1.033618; the nearest listed mistake is 0.3 % away
+        mistakes=_p5_mistakes,
     ),
-    "p6": Choice(
-        "which block size gives the lower int4 error on a weight with a few outliers",
+    "p6": Array(
+        "what 0.62 dequantizes to in an int4 block with an outlier (absmax 6.3) and in one with absmax 0.7",
         1,
+        name="reconstructions",
+        expected=p6_reconstructions,
+        rtol=1e-4,
+        atol=1e-9,
+        mistakes=_p6_mistakes,
     ),
     "p7": Choice(
         "what QLoRA's backward needs from the quantized base",

@@ -314,6 +314,52 @@ class _BlockFunction(Function):
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
 COST_S = 9
 
+# P8: gate_proj of SmolLM2's first layer, NF4 with blocksize 64 and fp32 absmax (no double quantization).
+P8_SHAPE = (1536, 576)
+READ_DTYPE = "(Lesson 15, 'Storage dtype and compute dtype'.)"
+
+
+def p8_stored_bytes(shape: tuple[int, int] = P8_SHAPE, blocksize: int = 64) -> int:
+    """Bytes a Linear4bit stores for an NF4 weight without double quantization: two 4-bit codes per uint8 byte plus one
+    fp32 absmax per block (bitsandbytes' Params4bit and QuantState). compute_dtype appears nowhere in it."""
+    n = shape[0] * shape[1]
+    return n // 2 + n // blocksize * 4
+
+
+def p8_temporary_bytes(compute_dtype: torch.dtype, shape: tuple[int, int] = P8_SHAPE) -> int:
+    """Bytes of the dequantized weight one forward matmul creates: gemm_4bit dequantizes to the input's dtype, which
+    Linear4bit has cast to compute_dtype (bitsandbytes/backends/default/ops.py, _gemm_4bit_default_impl)."""
+    return shape[0] * shape[1] * torch.tensor([], dtype=compute_dtype).element_size()
+
+
+def p8_byte_changes() -> np.ndarray:
+    """[Δ stored, Δ temporary] in bytes, from compute_dtype float32 to bfloat16 (negative: fewer bytes)."""
+    stored = p8_stored_bytes()          # the same for either compute dtype
+    return np.array([stored - stored, p8_temporary_bytes(torch.bfloat16) - p8_temporary_bytes(torch.float32)], dtype=np.float64)
+
+
+def _p8_mistakes() -> list[Mistake]:
+    stored, d_tmp = p8_stored_bytes(), p8_byte_changes()[1]
+    n = P8_SHAPE[0] * P8_SHAPE[1]
+    return [
+        Mistake("halved storage", [-stored / 2, d_tmp],
+                f"compute_dtype does not touch what the layer stores: the codes stay uint8 (two per byte) and absmax stays fp32, "
+                f"{stored:,} bytes either way. Only the temporary dequantized weight follows compute_dtype. {READ_DTYPE}"),
+        Mistake("halved absmax", [-n // 64 * 2, d_tmp],
+                f"absmax is stored in fp32 whatever compute_dtype is (or as 8-bit codes with double quantization): the stored "
+                f"bytes do not change. {READ_DTYPE}"),
+        Mistake("no temporary", [0, 0],
+                f"the stored bytes do not change, but every forward dequantizes the whole weight, code[q] · absmax, to "
+                f"compute_dtype before F.linear: {n:,} values at 4 bytes in fp32, at 2 in bf16. {READ_DTYPE}"),
+        Mistake("sign or size", [0, -d_tmp],
+                f"the bf16 temporary is smaller than the fp32 one, so its change is negative; {-d_tmp:,.0f} bytes is also the "
+                f"bf16 temporary's own size, not the change. {READ_DTYPE}"),
+        Mistake("whole fp32 temporary", [0, -2 * -d_tmp],
+                f"that removes the whole fp32 temporary; the bf16 weight still takes 2 bytes per value. {READ_DTYPE}"),
+        Mistake("bits", [0, 8 * d_tmp], f"that is the change in bits; the question asks for bytes. {READ_DTYPE}"),
+    ]
+
+
 ITEMS = {
     "w1": Choice(
         "how many NF4 levels, and where",
@@ -437,8 +483,13 @@ ITEMS = {
         options="abcde",
         multi=True,
     ),
-    "p8": Choice(
-        "what changes with compute_dtype bf16 instead of fp32",
+    "p8": Array(
+        "bytes that change when gate_proj's Linear4bit computes in bf16 instead of fp32: [stored, temporary weight]",
         1,
+        name="byte_changes",
+        expected=lambda: p8_byte_changes(),
+        rtol=1e-6,
+        atol=0.5,
+        mistakes=_p8_mistakes,
     ),
 }

@@ -352,7 +352,7 @@ ITEMS = {
         unit="bytes",
     ),
     "p7": Choice(
-        "NF4 of a Q4_1 weight, measured against the original",
+        "NF4 of a Q8_0 weight, measured against the original",
         1,
     ),
 }
