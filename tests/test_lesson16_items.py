@@ -23,7 +23,7 @@ def right_backward(D, codes, absmax, code, blocksize):
 
 
 RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b", "c", "d"},
-         "p4": "c", "p5": "b", "p6": "b", "p7": "c", "p8": ["train", "save", "attach", "merge", "verify", "export"]}
+         "p4": "b", "p5": "b", "p6": "b", "p7": "c", "p8": ["train", "save", "attach", "merge", "verify", "export"]}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -206,9 +206,9 @@ def test_stub_and_non_function():
         ("w3", "a", "0.16 GB"),
         ("w3", "b", "0.04 GB"),
         ("w3", "c", "0.11 GB"),
-        ("p4", "a", "It does not run"),
-        ("p4", "b", "*no* adapter is connected"),
-        ("p4", "d", "requires_grad=False"),
+        ("p4", "a", "the loss get a grad_fn"),
+        ("p4", "c", "stops at lm_head's input"),
+        ("p4", "d", "checkpointed like the others"),
         ("p5", "a", "agree bit for bit"),
         ("p5", "c", "already run its default"),
         ("p5", "d", "NVIDIA unified memory"),
