@@ -198,11 +198,11 @@ ITEMS = {
         multi=True,
     ),
     "p4": Choice(
-        "reentrant checkpointing without the input-require-grads hook",
+        "reentrant checkpointing without the hook, lm_head adapted too: which adapters get a gradient",
         1,
     ),
     "p5": Choice(
-        "the CUDA-specific part of QLoRA",
+        "what a bitsandbytes without its native CPU library changes in training",
         1,
     ),
     "p6": Choice(
