@@ -6,6 +6,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+import torch
 
 from coursekit.grading import check
 from coursekit.grading.lessons.lesson13 import ITEMS
@@ -22,8 +23,8 @@ def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
     return weight_merged - (lora_alpha / r) * (lora_B @ lora_A)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": right_merge, "p2": right_unmerge,
-         "p3": 2**-7, "p4": 0.5625, "p5": "b", "p6": "c"}
+RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": right_merge, "p2": right_unmerge,
+         "p3": 2.0, "p4": 0.5625, "p5": "b", "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -91,9 +92,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w1", "a", "not the m × d update"),
         ("w1", "c", "part of the merge too"),
         ("w1", "d", "m × d already"),
-        ("w2", "a", "switches nn.Dropout off"),
-        ("w2", "b", "*non*-inverted dropout"),
-        ("w2", "d", "before lora_A"),
+        ("w2", "b", "one factor only"),
+        ("w2", "c", "the whole base weight, and it stays"),
+        ("w2", "d", "That is merge(), which keeps A and B"),
         ("w3", "a", "rounds twice"),
         ("w3", "c", "PEFT keeps them"),
         ("w3", "d", "does not need a zero B"),
@@ -173,11 +174,12 @@ def test_function_stub_and_non_function():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p3", 2**-8, "spacing just *below* 1.0"),
-        ("p3", 2**-10, "float16"),
-        ("p3", 2**-23, "float32"),
-        ("p3", 2**-16, "8 significant bits"),
-        ("p3", 0.01, "not right (tolerance"),
+        ("p3", 2**-7, "the spacing at 1.0. The spacing is one unit in the last place"),
+        ("p3", 300 * 2**-7, "you multiplied the spacing at 1.0 by 300"),
+        ("p3", 4, "from 512 on"),
+        ("p3", 1, "half the spacing"),
+        ("p3", 2**-2, "float16's spacing at 300"),
+        ("p3", 3, "not right (tolerance"),
         ("p4", 1.0, "1.005 is not rounded back to 1.0"),
         ("p4", 0.0, "exact arithmetic"),
         ("p4", 2**-7, "the update the merged entry carries"),
@@ -191,7 +193,28 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
 
 
 def test_numeric_expected_values_come_from_coursekit():
-    assert ITEMS["p3"].expected() == 2**-7
+    assert ITEMS["p3"].expected() == 2.0
+    x = torch.tensor(300.0).bfloat16()                         # 300 = 2⁸ · 1.171875 is a bfloat16 number; the next one is 302
+    assert x.item() == 300.0 and torch.nextafter(x, torch.tensor(1e4).bfloat16()).item() - 300.0 == ITEMS["p3"].expected()
+
+
+def test_w2_key_counts_what_merge_and_unload_removes():
+    """W2's 9,216: a 576 × 576 projection with an r = 8 adapter stores that many fewer numbers after merge_and_unload."""
+    from peft import LoraConfig, get_peft_model
+
+    class OneProjection(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(576, 576, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    model = get_peft_model(OneProjection(), LoraConfig(r=8, lora_alpha=16, target_modules=["proj"]))
+    before = sum(p.numel() for p in model.parameters())
+    after = sum(p.numel() for p in model.merge_and_unload().parameters())
+    assert before - after == 9216
+    assert ITEMS["w2"].key == "a" and "9,216" in ITEMS["w2"].explain["a"]
     # 0.005 is 0.0050048828125 in bfloat16; 1.0050049 rounds up to 1 + 2**-7.
     assert ITEMS["p4"].expected() == pytest.approx(abs(2**-7 - 0.005) / 0.005)
     assert check("13.p4", "0.5625").points == 0  # a string is not a number

@@ -27,9 +27,9 @@ def by_hand(n_params, n_adapter, method, double_quant=True):
     return total / 1e9
 
 
-RIGHT = {"w1": "c", "w2": "c", "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"),
+RIGHT = {"w1": "a", "w2": "c", "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"),
          "p2": (24 * 2**30 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9,
-         "p3": "b", "p4": {"a", "c", "e", "f"}, "p5": by_hand, "p6": "b"}
+         "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": by_hand, "p6": "b"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -85,9 +85,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w1", "a", "no optimizer state"),
-        ("w1", "b", "0.24 GB"),
-        ("w1", "d", "stores no gradient"),
+        ("w1", "b", "the new weights alone"),
+        ("w1", "c", "not part of the quantized base"),
+        ("w1", "d", "the two fp32 moments only"),
         ("w2", "a", "stored once"),
         ("w2", "b", "a fixed cost of the adapter"),
         ("w2", "d", "belong to the weights"),
@@ -107,12 +107,39 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_multi_choice_partial_credit_and_hints():
-    fb = check("17.p4", {"a", "b", "c", "e", "f"})
-    assert 0 < fb.points < 2 and "main row" in fb.text()
-    fb = check("17.p4", {"a", "c", "d"})
-    assert fb.points == pytest.approx(2 * (2 - 1) / 4) and "adapter row" in fb.text()
-    assert "(e) is missing from your set. Left out: mixed-precision" in fb.text() and "(f) is missing from your set. Left out: a 4-bit layer" in fb.text()
+def test_p4_names_each_slip_in_the_checkpointed_activations():
+    right = 4 * 512 * (49152 + 30 * 576) * 4
+    assert check("17.p4", right / 1e6).points == 2
+    assert check("17.p4", round(right / 1e6, 0)).points == 2                # 3 significant digits: 544 MB
+    for answer, text in [(4 * 512 * 49152 * 4 / 1e6, "only the loss's log-softmax"),
+                         (4 * 512 * 30 * 576 * 4 / 1e6, "only the layer inputs"),
+                         (right / 2 / 1e6, "2 bytes per number"),
+                         (right / 4 / 1e6, "one sequence of 512 tokens"),
+                         (right / 2**20, "MiB"),
+                         (right, "in bytes")]:
+        fb = check("17.p4", answer)
+        assert fb.points == 0 and text in fb.text(), (answer, fb.text())
+
+
+def test_p4_sizes_are_smollm2s_and_the_loss_saves_a_tokens_by_vocabulary_fp32_tensor():
+    """P4's prompt quotes the model's vocabulary, hidden size and layer count: they are the converted checkpoint's; and
+    cross_entropy keeps one fp32 tensor of tokens × vocabulary for backward (what the lesson's count found)."""
+    import json
+
+    import torch
+
+    from coursekit import model as cmodel
+    from coursekit.grading.lessons.lesson17 import P4
+
+    cfg = json.loads((cmodel.default_checkpoint_dir() / "config.json").read_text())
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]) == (P4["vocab"], P4["hidden"], P4["layers"])
+    saved = []
+    logits = torch.randn(8, P4["vocab"], requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        torch.nn.functional.cross_entropy(logits, torch.randint(0, P4["vocab"], (8,)))
+    big = {t.untyped_storage().data_ptr(): t for t in saved if t.numel() >= 8 * P4["vocab"]}   # distinct storages
+    assert [(tuple(t.shape), t.dtype) for t in big.values()] == [((8, P4["vocab"]), torch.float32)]
+    assert all(t.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr() for t in big.values())
 
 
 @pytest.mark.parametrize(

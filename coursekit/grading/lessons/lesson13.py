@@ -155,14 +155,14 @@ ITEMS = {
         },
     ),
     "w2": Choice(
-        "what lora_dropout does in eval mode",
+        "how many fewer numbers a 576 × 576 projection stores after merge_and_unload (r = 8)",
         0,
-        key="c",
+        key="a",
         explain={
-            "a": "model.eval() switches nn.Dropout off: nothing is dropped. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
-            "b": "That is what *non*-inverted dropout would need at test time. torch's Dropout scales by 1 / (1 − p) while training instead, so at eval time it is the identity. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
-            "c": "torch's nn.Dropout is inverted dropout: in training it zeroes each entry with probability p and multiplies the survivors by 1/(1 − p), so E[dropout(x)] = x, and in eval mode it returns x unchanged. After model.eval() the adapter path is exactly s(XA)B, which is why a merge is checked in eval mode and takes no (1 − p) factor. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
-            "d": "Dropout sits on the input of the adapter path (before lora_A), and in eval mode it is the identity. (Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)",
+            "a": "Before, the layer stores W (576 × 576), lora_A (8 × 576) and lora_B (576 × 8); merge_and_unload() folds sAB into W and deletes both factors, so the 576 × 576 weight stays and 8 · 576 + 576 · 8 = 9,216 numbers go. A merge changes the weight's values, not its size. (Lesson 13, 'merge_and_unload on the real model, checked greedily'.)",
+            "b": "4,608 = 8 · 576 is one factor only. Both lora_A (r × d) and lora_B (m × r) are deleted: 8 · 576 + 576 · 8 = 9,216. (Lesson 13, 'The merge in PEFT's layout'.)",
+            "c": "331,776 = 576 · 576 is the whole base weight, and it stays: W + sAB has the same m × d shape as W. What goes is the adapter's two factors, 9,216 numbers. (Lesson 13, 'The merge in PEFT's layout'.)",
+            "d": "That is merge(), which keeps A and B so that unmerge() can subtract sAB again. merge_and_unload() removes the LoRA modules and leaves a plain model, so the 9,216 numbers of A and B go. (Lesson 13, 'merge_and_unload on the real model, checked greedily'.)",
         },
     ),
     "w3": Choice(
@@ -197,18 +197,22 @@ ITEMS = {
         mistakes=p2_mistakes,
     ),
     "p3": Numeric(
-        "the spacing of bfloat16 numbers at 1.0",
+        "the spacing of bfloat16 numbers at 300",
         1,
         name="spacing",
-        expected=lambda: merging.spacing(1.0, "bfloat16"),
+        expected=lambda: merging.spacing(300.0, "bfloat16"),
         rtol=1e-2,  # the prompt: graded to 2 significant digits
         mistakes=lambda: [
-            Mistake("below one", 2.0**-8, "2⁻⁸ is the spacing just *below* 1.0 (and half the spacing above it, the largest "
-                                          f"update that rounds away). At 1.0 the exponent steps up, and the spacing with it. {READ_PRECISION}"),
-            Mistake("float16", 2.0**-10, f"2⁻¹⁰ is float16's spacing at 1.0 (11 significant bits); bfloat16 keeps 8. {READ_PRECISION}"),
-            Mistake("float32", 2.0**-23, f"2⁻²³ is float32's spacing at 1.0; bfloat16 keeps only 8 significant bits. {READ_PRECISION}"),
-            Mistake("16 bits", 2.0**-16, f"bfloat16 has 16 bits in all, but 8 are the exponent and 1 the sign: 8 significant bits "
-                                         f"(7 stored + the implicit 1). {READ_PRECISION}"),
+            Mistake("at one", 2.0**-7, "2⁻⁷ is the spacing at 1.0. The spacing is one unit in the last place of the number, so it "
+                                       f"grows with its binade: 300 lies in [2⁸, 2⁹), where it is 2⁸ · 2⁻⁷. {READ_PRECISION}"),
+            Mistake("scaled", 300 * 2.0**-7, "you multiplied the spacing at 1.0 by 300. The spacing is constant across a binade and "
+                                             "doubles at each power of two: 300 lies in [2⁸, 2⁹), so it is 2⁸ · 2⁻⁷, not 300 · 2⁻⁷. "
+                                             f"{READ_PRECISION}"),
+            Mistake("next binade", 4.0, "4 is the spacing in [2⁹, 2¹⁰), from 512 on. 300 is below 512: its binade is [2⁸, 2⁹). "
+                                        f"{READ_PRECISION}"),
+            Mistake("half", 1.0, "1 is half the spacing (the largest update that rounds away); the question asks for the gap to the "
+                                 f"next bfloat16 number. {READ_PRECISION}"),
+            Mistake("float16", 2.0**-2, f"2⁻² is float16's spacing at 300 (11 significant bits); bfloat16 keeps 8. {READ_PRECISION}"),
         ],
     ),
     "p4": Numeric(

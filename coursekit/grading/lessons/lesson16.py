@@ -152,14 +152,14 @@ ITEMS = {
         },
     ),
     "w2": Choice(
-        "what double quantization compresses",
+        "why the absmax values are centred before double quantization",
         0,
         key="a",
         explain={
-            "a": "Without double quantization each block of 64 keeps an fp32 absmax, 4 + 32/64 = 4.5 bits per parameter. Double quantization stores each absmax, minus one fp32 offset (their mean), as an 8-bit code in blocks of 256 that each keep one fp32 scale: 4 + 8/64 + 32/(64 · 256) ≈ 4.127 bits, with the 4-bit codes unchanged. (Lesson 15, 'Double quantization'.)",
-            "b": "The 4-bit codes are already packed two per byte; there is nothing left to pack. Double quantization quantizes the per-block constants (absmax). (Lesson 15, 'Double quantization'.)",
-            "c": "bitsandbytes quantizes weights, not activations: the activations saved for the backward pass are ordinary floating-point tensors, never quantized. (Lesson 15, 'Double quantization'.)",
-            "d": "The adapter is what you train; it stays in full precision, and so does its optimizer state. (Lesson 15, 'Double quantization'.)",
+            "a": "Every absmax is the largest |w| of its block, so all of them are positive, and the 8-bit dynamic map that quantizes them is signed (−0.99297 to 1): raw absmax values would land on its positive half only. Subtracting their mean (one fp32 offset, added back when the absmax is rebuilt) centres them around 0, so both halves of the code carry levels. (Lesson 15, 'Double quantization'.)",
+            "b": "The offset is added back exactly when the absmax is rebuilt (dynamic_map[code] · absmax₂ + offset), so it removes no bias from anything; and the 4-bit codes were computed with the exact absmax. The subtraction is about the range of the 8-bit code. (Lesson 15, 'Double quantization'.)",
+            "c": "The stored codes are uint8 indices, but the dynamic map they index is signed, from −0.99297 to 1; that signed range is why centring helps. With an unsigned map of levels there would be no negative half to waste. (Lesson 15, 'Double quantization'.)",
+            "d": "The number of second-level blocks is the number of absmax values divided by 256, rounded up; subtracting one constant from every value does not change how many there are. (Lesson 15, 'Double quantization'.)",
         },
     ),
     "w3": Choice(
@@ -198,11 +198,11 @@ ITEMS = {
         multi=True,
     ),
     "p4": Choice(
-        "reentrant checkpointing without the input-require-grads hook",
+        "reentrant checkpointing without the hook, lm_head adapted too: which adapters get a gradient",
         1,
     ),
     "p5": Choice(
-        "the CUDA-specific part of QLoRA",
+        "what a bitsandbytes without its native CPU library changes in training",
         1,
     ),
     "p6": Choice(

@@ -191,6 +191,38 @@ def _p2_mistakes() -> list[Mistake]:
     ]
 
 
+# P4: what a checkpointed forward keeps for backward, scaled to a bigger micro-batch. The lesson measured it as the loss's
+# fp32 log-softmax (tokens × vocabulary) plus one fp32 hidden state (tokens × hidden size) per checkpointed decoder layer,
+# and a little more. SmolLM2-135M's config: vocabulary 49,152, hidden size 576, 30 decoder layers.
+P4 = dict(batch=4, seq=512, vocab=49152, hidden=576, layers=30)
+READ_CKPT = "(Lesson 17, 'Measured: gradient checkpointing'.)"
+
+
+def _p4_bytes(batch=P4["batch"], seq=P4["seq"], vocab=P4["vocab"], hidden=P4["hidden"], layers=P4["layers"],
+              nbytes=4) -> float:
+    """Bytes of the loss's log-softmax (batch · seq × vocab) plus ``layers`` layer inputs (batch · seq × hidden)."""
+    return batch * seq * (vocab + layers * hidden) * nbytes
+
+
+def _p4_expected() -> float:
+    return _p4_bytes() / 1e6
+
+
+def _p4_mistakes() -> list[Mistake]:
+    return [
+        Mistake("log-softmax only", _p4_bytes(layers=0) / 1e6, "you counted only the loss's log-softmax: with checkpointing "
+                f"each decoder layer still keeps its input, one fp32 hidden state per token, for its recomputation. {READ_CKPT}"),
+        Mistake("layer inputs only", _p4_bytes(vocab=0) / 1e6, "you counted only the layer inputs: the loss's log-softmax sits "
+                f"after the last checkpointed layer, so its full-vocabulary fp32 tensor is kept as well. {READ_CKPT}"),
+        Mistake("2 bytes", _p4_bytes(nbytes=2) / 1e6, "you counted 2 bytes per number: the log-softmax and the saved hidden "
+                f"states are fp32 in this run, 4 bytes each. {READ_CKPT}"),
+        Mistake("one sequence", _p4_bytes(batch=1) / 1e6, "you counted one sequence of 512 tokens: the micro-batch holds 4, "
+                f"and every saved tensor has one row per token. {READ_CKPT}"),
+        Mistake("MiB", _p4_bytes() / 2**20, f"that is in MiB (2²⁰ bytes); the question asks for decimal MB, 10⁶ bytes. {READ_UNITS}"),
+        Mistake("bytes", _p4_bytes(), "that is in bytes; the question asks for MB (10⁶ bytes)."),
+    ]
+
+
 # --------------------------------------------------------------------------- items
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
@@ -200,14 +232,14 @@ COST_S = 18
 ITEMS = {
     # ------------------------------------------------------------------ warm-up
     "w1": Choice(
-        "the largest bucket of the QLoRA partial total (7B base, 20M adapter)",
+        "which bucket grows, and by how much, when the adapter goes from 20M to 200M parameters (7B base, QLoRA)",
         0,
-        key="c",
+        key="a",
         explain={
-            "a": "A frozen base has no optimizer state: under QLoRA that bucket is 0. (Lesson 17, 'The ledger, bucket by bucket'.)",
-            "b": "The adapter bucket is 20M × 12 bytes = 0.24 GB, a small share of 3.74 GB. (Lesson 17, 'The ledger, bucket by bucket'.)",
-            "c": "The codes take 7e9 × 0.5 byte = 3.5 GB, 94 % of 3.74 GB. The rest is the adapter, 20M × 12 bytes (2 weight + 2 gradient + 8 for two fp32 moments) = 0.24 GB, and the frozen base adds no gradients and no Adam moments. (Lesson 17, 'The ledger, bucket by bucket'.)",
-            "d": "A frozen base stores no gradient: under QLoRA that bucket is 0. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "a": "Only the adapter's bucket depends on the adapter's size: 12 bytes per trainable parameter (2 weight + 2 gradient + 8 for two fp32 Adam moments), so 180M more parameters add 180e6 × 12 bytes = 2.16 GB, from 0.24 to 2.4 GB. The base's codes, gradients and moments do not change. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "b": "0.36 GB is 180M × 2 bytes: the new weights alone. Each trainable parameter also gets a bf16 gradient and two fp32 Adam moments, 12 bytes in all, so the bucket grows by 2.16 GB. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "c": "The adapter is not part of the quantized base: its parameters are trained, in 16 bits, with gradients and Adam moments. The base's codes stay 7e9 × 0.5 bytes = 3.5 GB whatever the adapter's size. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "d": "1.44 GB is 180M × 8 bytes, the two fp32 moments only. The adapter's bucket holds its weights and gradients too (2 + 2 bytes), 12 bytes per parameter, so it grows by 2.16 GB. (Lesson 17, 'The ledger, bucket by bucket'.)",
         },
     ),
     "w2": Choice(
@@ -254,11 +286,14 @@ ITEMS = {
         "why checkpointing saved less than the layer count suggests",
         1,
     ),
-    "p4": Choice(
-        "what the ledger's partial totals leave out",
+    "p4": Numeric(
+        "the checkpointed activations of 4 × 512 tokens: the loss's log-softmax and 30 layer inputs",
         2,
-        options="abcdef",
-        multi=True,
+        name="saved_mb",
+        expected=_p4_expected,
+        rtol=2e-3,  # the prompt asks for 3 significant digits
+        mistakes=_p4_mistakes,
+        unit="MB",
     ),
     "p5": Function(
         "implement ledger_gb (partial total plus NF4 metadata)",

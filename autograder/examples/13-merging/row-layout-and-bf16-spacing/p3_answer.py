@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p3`.
-answer_p3 = 2**-8
+answer_p3 = 300 * 2**-7
