@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import threading
 from contextlib import contextmanager
@@ -81,10 +82,7 @@ def served(folder: Path):
 
 
 def test_the_book_in_chromium(book, tmp_path):
-    from test_browser import ARTIFACTS, TIMEOUT_MS, browser as _unused, local_page  # noqa: F401
-    from test_browser import CHROMIUM, NO_CHROMIUM
-
-    import os
+    from test_browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, TIMEOUT_MS, local_page
 
     if CHROMIUM is None:
         if os.environ.get("CI") == "true":
