@@ -19,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 export PYTHONNOUSERSITE := 1
 
-.PHONY: setup lab test test-lesson test-targeted test-latest constraints grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
+.PHONY: setup lab book test test-lesson test-targeted test-latest constraints grade grade-class formgrader formgrader-examples release doctor bench capstone report report-class clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,14 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 lab: $(STAMP)
 	cd lessons && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/lessons $(ALLOW_ROOT) $(LAB_ARGS) $(LESSON0)
+
+# The course as a static web book (docs/conf.py): the guides, the glossary and notation, and the release notebooks as
+# committed, built from nothing each time into build/book/; a broken link or reference fails it (-W --keep-going).
+BOOK ?= build/book
+book: $(STAMP)
+	rm -rf $(BOOK) $(BOOK)-doctrees
+	$(BIN)/sphinx-build -b html -c docs -W --keep-going -q -d $(BOOK)-doctrees . $(BOOK)
+	@echo "The web book: $(CURDIR)/$(BOOK)/index.html"
 
 test: $(STAMP)
 	$(BIN)/pytest

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "what differs and exit 1 (check a new deployment)")
             s.add_argument("--readme", default=None, metavar="FILE",
                            help="with --examples --check: write the checked table into FILE's example-class block "
-                                "(maintainers: README.md)")
+                                "(docs/instructors.md; docs/maintainers.md)")
             s.add_argument("--course", default=None, metavar="DIR",
                            help="the course folder to grade (default: the configured one, autograder/course/, or "
                                 "autograder/example-class/ with --examples); submissions in DIR/submitted/")
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--markdown", metavar="FILE", default=None,
                    help="also write the tables, the paired comparisons and this run's time as markdown to FILE")
     c.add_argument("--readme", metavar="FILE", default=None,
-                   help="also put that markdown into FILE's capstone results block (maintainers: README.md)")
+                   help="also put that markdown into FILE's capstone results block (docs/capstone.md; docs/maintainers.md)")
     c.set_defaults(func=_capstone)
     cc = sub.add_parser("cluster-certs", help="instructors: make the TLS certificates a Dask grading cluster on several "
                                                "machines needs (a certificate authority and one node certificate)")

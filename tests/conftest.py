@@ -18,3 +18,11 @@ os.environ.setdefault("COURSEKIT_KEYS", str(ROOT / "autograder" / "keys"))
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def book(testrun_uid):
+    """The web book of this test run (tests/book.py): built once, whichever worker asks first."""
+    from book import built_book
+
+    return built_book(testrun_uid)

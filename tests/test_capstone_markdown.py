@@ -1,4 +1,4 @@
-"""coursekit.capstone_markdown: the README's capstone numbers are the command's own output. Each README block equals
+"""coursekit.capstone_markdown: the capstone page's numbers (docs/capstone.md) are the command's own output. Each block equals
 the results file the command wrote, and the writer renders a report's numbers (a stand-in report here)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_each_readme_block_is_the_file_the_command_wrote(dtype):
     written = (ROOT / "docs" / f"capstone-results-{dtype}.md").read_text()
-    assert cm.block((ROOT / "README.md").read_text(), dtype) == written
+    assert cm.block((ROOT / "docs" / "capstone.md").read_text(), dtype) == written
     assert written.startswith("`coursekit capstone`, matmuls in " + dtype)
 
 
@@ -81,5 +81,5 @@ def test_the_cost_table_says_when_its_times_were_measured():
 def test_readme_is_written_only_by_a_cold_run(capsys):
     from coursekit.cli import main
 
-    assert main(["capstone", "--readme", "README.md"]) == 2  # refused before anything runs
+    assert main(["capstone", "--readme", "docs/capstone.md"]) == 2  # refused before anything runs
     assert "add --retrain" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """No answer key and no hidden-case seed can be read from what a student gets: the release notebooks
-(lessons/), the installed coursekit package, and the feedback of a graded class. Feedback reports
+(lessons/), the installed coursekit package, the feedback of a graded class, and the course's web book
+(`make book`: every HTML and text file of the built site). Feedback reports
 hidden cases' outcomes, never the generator of their inputs.
 
 The keys of the items that count, the hints that explain their wrong choices and the seeds live in the
@@ -219,6 +220,117 @@ def test_lessons_folder_holds_no_key():
     pats = [p for num in KEYS for p in key_patterns(num)]
     found = scan(((w, t) for w, t in lessons_texts() if not w.endswith(".ipynb") and ".ipynb " not in w), pats)
     assert not found, "\n".join(found)
+
+
+def book_texts(html_dir: Path) -> Iterator[tuple[str, str]]:
+    """Every page and text file of the built web book as a reader gets it: HTML unescaped, and its text without tags
+    (as feedback pages are read); the search index and the other text files as they are. MathJax's own files (a
+    third-party copy, shipped as is by sphinx-mathjax-offline) are left out."""
+    for p in sorted(html_dir.rglob("*")):
+        rel = p.relative_to(html_dir)
+        if not p.is_file() or rel.parts[:2] == ("_static", "mathjax"):
+            continue
+        if p.suffix == ".html":
+            yield from feedback_texts(p, f"book {rel}")
+        elif p.suffix in (".js", ".txt", ".css", ".json", ".md", ".inv", ".ipynb", ".py"):
+            yield f"book {rel}", p.read_bytes().decode("utf-8", "replace")
+
+
+def _cell_text(cell) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def solution_patterns() -> list[Pattern]:
+    """The model answers of solutions/ that the release does not hold: each line (25+ characters) of a code cell's
+    ``### BEGIN SOLUTION`` part and of a free-text answer cell, and every line of a hidden-test part, absent from
+    the lesson's release notebook (whitespace-tolerant; the release's ``# YOUR CODE HERE`` stands where they were)."""
+    pats = []
+    for lid in LESSONS:
+        sol = json.loads((ROOT / "solutions" / lid / f"{lid}.ipynb").read_text())
+        release = "\n".join(_cell_text(c) for c in json.loads((ROOT / "lessons" / lid / f"{lid}.ipynb").read_text())["cells"])
+        for i, cell in enumerate(sol["cells"]):
+            src, nbg = _cell_text(cell), cell.get("metadata", {}).get("nbgrader", {})
+            parts = re.findall(r"### BEGIN (SOLUTION|HIDDEN TESTS)\n(.*?)### END \1", src, re.S)
+            if cell["cell_type"] == "markdown" and nbg.get("solution"):
+                parts.append(("SOLUTION", src))
+            for kind, part in parts:
+                for line in part.splitlines():
+                    line = line.strip()
+                    if (len(line) >= 25 or kind == "HIDDEN TESTS" and line) and line not in release:
+                        rx = r"\s*".join(re.escape(tok) for tok in line.split())
+                        pats.append((f"{lid} cell {i}: a line of its {kind.lower()}", re.compile(rx)))
+    return pats
+
+
+def _literal_piece(rx: re.Pattern) -> str | None:
+    """The longest literal run of a pattern made of escaped text joined by whitespace (a solution or generator line):
+    every match contains it. None for a pattern with any other regex syntax (a key's character classes)."""
+    pieces = re.split(r"\\s[*+]", rx.pattern)
+    if not all(re.fullmatch(r"(?:\\.|[^\\.^$*+?()[\]{}|])*", p) for p in pieces):
+        return None
+    return max((re.sub(r"\\(.)", r"\1", p) for p in pieces), key=len)
+
+
+def _searcher(rx: re.Pattern):
+    """``rx.search`` as a function that finds the same matches, faster for a pattern that opens with a negative
+    lookbehind (a key or a seed: ``(?<![\\w.])1234``), which keeps Python's engine from jumping to the literal that
+    follows: the rest is searched for, and each place it is found is tried with the whole pattern (a lookbehind sees
+    the characters before ``pos``)."""
+    m = re.match(r"\(\?<!(?:\\.|\[[^\]]*\]|[^()\\])*\)", rx.pattern)
+    if not m:
+        return rx.search
+    rest = re.compile(rx.pattern[m.end():], rx.flags)
+
+    def search(text: str):
+        pos = 0
+        while (c := rest.search(text, pos)) is not None:
+            if (hit := rx.match(text, c.start())) is not None:
+                return hit
+            pos = c.start() + 1
+        return None
+    return search
+
+
+def scan_with_prefilter(texts: list[tuple[str, str]], patterns: list[Pattern]) -> list[str]:
+    """:func:`scan`'s result, faster (the site is megabytes of HTML, and the solution lines are hundreds of
+    patterns): a pattern whose literal part is in none of a text's characters is not tried on it, and one that opens
+    with a lookbehind is searched by :func:`_searcher`."""
+    found = []
+    for what, rx in patterns:
+        lit, search = _literal_piece(rx), _searcher(rx)
+        found += [f"{where}: {what}" for where, text in texts if (lit is None or lit in text) and search(text)]
+    return list(dict.fromkeys(found))
+
+
+def test_the_web_book_holds_no_key_hint_seed_solution_or_hidden_case(book):
+    """The site `make book` builds (the release notebooks rendered, the guides, the search index): no counted key,
+    choice hint or hidden-case seed of any lesson, no line of a solution or hidden test, and no line of a hidden-case
+    generator. Warm-up keys ship with coursekit by design and are not in the notebooks either."""
+    texts = list(book_texts(book["html"]))
+    assert any(w.startswith("book lessons/05-") for w, _ in texts), f"the scan does not see the book's lessons: {book['html']}"
+    code = solution_patterns() + [p for num in KEYS for p in source_line_patterns(hidden_generator_sources(num))]
+    # A line the release notebooks hold themselves (a function's signature the student fills in, a common
+    # `x = rng.standard_normal((T, d))` of a lesson's own demo) gives nothing away on the site either.
+    release = "\n".join(text for lid in LESSONS for _, text in notebook_texts(ROOT / "lessons" / lid / f"{lid}.ipynb"))
+    pats = [p for num in KEYS for p in key_patterns(num)] + hint_patterns() + [p for p in code if not p[1].search(release)]
+    found = scan_with_prefilter(texts, pats)
+    assert not found, "the web book gives away:\n" + "\n".join(found[:40])
+
+
+def test_the_book_scan_finds_a_planted_solution_and_key(tmp_path):
+    """The scan above, on a copy of one page with a solution line and a key planted in it: both are found."""
+    sol_pats = solution_patterns()
+    assert len(sol_pats) > 100, "the solution lines are not read"
+    what, rx = sol_pats[0]
+    planted = rx.pattern.replace("\\s*", " ").replace("\\", "")
+    num, (item, value) = "02", next((i, v) for i, v in KEYS["02"].items() if i != "seed")
+    page = tmp_path / "lessons" / "page.html"
+    page.parent.mkdir()
+    page.write_text(f"<p>{html.escape(planted)}</p><pre>answer_{item} = {json.dumps(value)}</pre>")
+    found = scan_with_prefilter(list(book_texts(tmp_path)), sol_pats + key_patterns(num))
+    assert _literal_piece(rx) and _literal_piece(key_patterns(num)[1][1]) is None
+    assert any(what in f for f in found), (what, found)
+    assert any(f"key of {num}.{item}" in f for f in found), found
 
 
 def test_installed_package_holds_no_key():
