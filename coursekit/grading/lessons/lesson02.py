@@ -121,8 +121,22 @@ def _fmt(x: float) -> str:
 
 # --------------------------------------------------------------------------- items
 
-P3_SHAPE = dict(d=2048, m=8192, r=8)  # an MLP up projection, rank 8
-P7_SIDE = 24
+# P3 and P4: rank-8 adapters on a layer's q_proj (2048 × 2048) and its grouped-query v_proj (2048 × 512), d × m.
+P3_R = 8
+P3_SHAPES = {"q_proj": (2048, 2048), "v_proj": (2048, 512)}
+P7_SHAPE = (576, 192)  # d × m of SmolLM2's k_proj
+
+
+def _p3_count(shapes: dict = P3_SHAPES, r: int = P3_R) -> int:
+    return sum(lora.param_count(d, m, r) for d, m in shapes.values())
+
+
+def _p3_dense(shapes: dict = P3_SHAPES) -> int:
+    return sum(lora.dense_param_count(d, m) for d, m in shapes.values())
+
+
+def _p7_key(d: int = P7_SHAPE[0], m: int = P7_SHAPE[1]) -> int:
+    return max(r for r in range(1, min(d, m) + 1) if lora.param_count(d, m, r) < lora.dense_param_count(d, m))
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
@@ -184,27 +198,34 @@ ITEMS = {
         mistakes=merge_mistakes,
     ),
     "p3": Numeric(
-        f"trainable parameters of a rank-{P3_SHAPE['r']} adapter on a {P3_SHAPE['d']} × {P3_SHAPE['m']} projection",
+        "trainable parameters of rank-8 adapters on a 2048 × 2048 q_proj and a 2048 × 512 v_proj",
         1,
         name="n_trainable",
-        expected=lambda: lora.param_count(**P3_SHAPE),
+        expected=_p3_count,
         rtol=0,
         mistakes=lambda: [
-            Mistake("dense", P3_SHAPE["d"] * P3_SHAPE["m"], "that is the dense d × m count; the adapter has r (d + m)."),
-            Mistake("A only", P3_SHAPE["r"] * P3_SHAPE["d"], "that counts A (d × r) only; add B (r × m)."),
-            Mistake("B only", P3_SHAPE["r"] * P3_SHAPE["m"], "that counts B (r × m) only; add A (d × r)."),
-            Mistake("rdm", P3_SHAPE["r"] * P3_SHAPE["d"] * P3_SHAPE["m"], "r·d·m multiplies where the two factors' sizes add: r (d + m)."),
+            Mistake("v square", 2 * lora.param_count(2048, 2048, P3_R),
+                    "that counts v_proj as 2048 × 2048; it maps 2048 features to 512, so its adapter has r (2048 + 512)."),
+            Mistake("q only", lora.param_count(2048, 2048, P3_R), "that is q_proj's adapter alone; add v_proj's, r (2048 + 512)."),
+            Mistake("v only", lora.param_count(2048, 512, P3_R), "that is v_proj's adapter alone; add q_proj's, r (2048 + 2048)."),
+            Mistake("dense", _p3_dense(), "that is the two dense matrices' count; each adapter has r (d + m)."),
         ],
     ),
     "p4": Numeric(
-        "that adapter's size as a percentage of the dense matrix",
+        "those adapters' parameters as a percentage of the two dense matrices' entries",
         1,
         name="percent",
-        expected=lambda: 100 * lora.adapter_fraction(**P3_SHAPE),
+        expected=lambda: 100 * _p3_count() / _p3_dense(),
         rtol=1e-4,
         unit="%",
         mistakes=lambda: [
-            Mistake("fraction", lora.adapter_fraction(**P3_SHAPE), "that is the fraction; the question asks for percent (× 100)."),
+            Mistake("fraction", _p3_count() / _p3_dense(), "that is the fraction; the question asks for percent (× 100)."),
+            Mistake("mean of percentages",
+                    50 * sum(lora.param_count(d, m, P3_R) / lora.dense_param_count(d, m) for d, m in P3_SHAPES.values()),
+                    "that averages the two layers' percentages, which weighs the small v_proj like the large q_proj; divide "
+                    "the total adapter count by the total dense count."),
+            Mistake("v square", 100 * 2 * lora.param_count(2048, 2048, P3_R) / (2 * 2048 * 2048),
+                    "that treats v_proj as 2048 × 2048; it is 2048 × 512."),
         ],
     ),
     "p5": Function(
@@ -218,17 +239,20 @@ ITEMS = {
         mistakes=torch_layout_mistakes,
     ),
     "p6": Choice(
-        "merged vs unmerged in floating point",
+        "merged vs unmerged once X is scaled by 1024",
         1,
     ),
     "p7": Numeric(
-        f"largest rank whose adapter is smaller than a dense {P7_SIDE} × {P7_SIDE} matrix",
+        "largest rank whose adapter is smaller than a dense 576 × 192 matrix",
         1,
         name="r_max",
-        expected=lambda: max(r for r in range(1, P7_SIDE + 1) if lora.param_count(P7_SIDE, P7_SIDE, r) < lora.dense_param_count(P7_SIDE, P7_SIDE)),
+        expected=_p7_key,
         rtol=0,
         mistakes=lambda: [
-            Mistake("equal", P7_SIDE * P7_SIDE // (2 * P7_SIDE), "at that rank r (d + m) equals d·m exactly: not smaller. Take the next rank down."),
+            Mistake("equal", _p7_key() + 1, "at that rank r (d + m) equals d·m exactly: not smaller. Take the next rank down."),
+            Mistake("square d", _p7_key(576, 576), "that is the answer for a 576 × 576 matrix; here m = 192, so r < d·m / (d + m)."),
+            Mistake("square m", _p7_key(192, 192), "that is the answer for a 192 × 192 matrix; here d = 576, so r < d·m / (d + m)."),
+            Mistake("half the side", 576 // 2, "half the side is the break-even of a square matrix only; here r < d·m / (d + m)."),
         ],
     ),
 }
