@@ -16,7 +16,7 @@ def right_ledger(n_params, n_adapter, method):
     return memory.ledger(n_params, n_adapter, method)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "d", "p2": {"b", "d", "f"},
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
          "p3": ["base", "data", "baseline", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
 
 
@@ -39,8 +39,8 @@ def test_right_answers_score_full(item_id, hidden):
 
 def test_letters_are_forgiving_about_case_and_format():
     assert check("01.w1", "B)").full
-    assert check("01.p2", "b, d f").full
-    assert check("01.p2", ["F", "b", "d"]).full
+    assert check("01.p2", "c, f").full
+    assert check("01.p2", ["F", "c"]).full
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -55,9 +55,9 @@ def test_letters_are_forgiving_about_case_and_format():
         ("w2", "d", "shape of an answer"),
         ("w3", "a", "not a persistent tensor"),
         ("w3", "b", "four times"),
-        ("p1", "b", "wrong labels, not malformed"),
-        ("p1", "a", "no information is missing"),
-        ("p1", "c", "not the first step"),
+        ("p1", "a", "only the answer's form is wrong"),
+        ("p1", "c", "no fact is missing"),
+        ("p1", "d", "nothing here calls for training"),
         ("p6", "b", "140 GB"),
         ("p6", "c", "840 GB"),
     ],
@@ -76,12 +76,37 @@ def test_blank_or_malformed_choice_scores_zero(blank):
 
 
 def test_multi_partial_credit_and_hints():
-    fb = check("01.p2", {"b", "d"})
+    fb = check("01.p2", {"c"})
     assert 0 < fb.points < 3 and "missing" in fb.text()
-    fb = check("01.p2", {"a", "b", "d", "f"})
-    assert fb.points == pytest.approx(2.0) and "re-quantizes the 4-bit base" in fb.text()
-    fb = check("01.p2", {"c", "e"})
-    assert fb.points == 0 and "not a guarantee" in fb.text() and "not a dependable store" in fb.text()
+    fb = check("01.p2", {"c", "d", "f"})
+    assert 0 < fb.points < 3 and "the adapter bucket not at all" in fb.text()
+    fb = check("01.p2", {"a", "e"})
+    assert fb.points == 0 and "under LoRA and QLoRA alike" in fb.text() and "10 of the 12 bytes" in fb.text()
+
+
+def test_p2_key_is_what_the_ledger_gives_for_any_sizes():
+    """P2's key, computed: each statement evaluated with coursekit.memory.ledger over bases from 10⁶ to 10¹¹
+    parameters and adapters on both sides of N / 24; a statement is true only if it holds for every pair."""
+    import json
+    import math
+
+    def statements(n, a):
+        full, lora, qlora = (memory.ledger(n, a, m) for m in ("full", "lora", "qlora"))
+        return {
+            "a": qlora["adapter"] * 4 == lora["adapter"],
+            "b": False,  # a reason, not a number: LoRA's bf16 base has no gradient bucket either
+            "c": math.isclose(memory.total(full), 6 * lora["base_weights"]),
+            "d": memory.total(qlora) < memory.total(lora) / 4,
+            "e": full["base_weights"] - lora["base_weights"] > memory.total(full) - memory.total(lora) - (
+                full["base_weights"] - lora["base_weights"]),
+            "f": (qlora["adapter"] > qlora["base_weights"]) == (a > n / 24),
+        }
+
+    pairs = [(n, n * f) for n in (1e6, 1.35e8, 7e9, 7e10) for f in (1e-4, 1 / 48, 1 / 23, 0.5)]
+    assert memory.ledger(7e9, 0, "lora")["base_grads"] == 0  # (b): no base-gradient bucket with a bf16 base either
+    true = {k for k in "abcdef" if all(statements(n, a)[k] for n, a in pairs)}
+    keys = json.loads((ROOT / "autograder" / "keys" / "01.json").read_text())["keys"]
+    assert true == set(keys["p2"]) == RIGHT["p2"] == {"c", "f"}
 
 
 def test_ordering_partial_credit_names_the_first_misplaced_step():

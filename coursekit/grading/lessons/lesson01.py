@@ -160,12 +160,12 @@ ITEMS = {
     ),
     # ------------------------------------------------------------------ practice
     "p1": Choice(
-        "Ticket labels: what to try first",
+        "Right labels in the wrong form: what to try first",
         2,
         options="abcd",
     ),
     "p2": Choice(
-        "True statements about adapting a model",
+        "True statements about the ledger for any N and a",
         3,
         options="abcdef",
         multi=True,
