@@ -12,8 +12,13 @@ from coursekit.grading.lessons.lesson01 import ITEMS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def right_ledger(n_params, n_adapter, method):
-    return memory.ledger(n_params, n_adapter, method)
+def right_ledger(n_params, n_adapter, method, n_unfrozen):
+    """The solution's arithmetic, written out: the unfrozen part of the base is bf16 and trained (2 + 2 + 8 bytes)."""
+    if method == "full":
+        return memory.ledger(n_params, 0, "full")
+    frozen = n_params - n_unfrozen
+    return {"base_weights": frozen * (0.5 if method == "qlora" else 2) + 2 * n_unfrozen,
+            "base_grads": 2 * n_unfrozen, "base_moments": 8 * n_unfrozen, "adapter": 12 * n_adapter}
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
@@ -145,15 +150,33 @@ def test_numeric_expected_comes_from_coursekit():
 # --------------------------------------------------------------------------- the ledger function
 
 
-def hard_coded(n_params, n_adapter, method):
-    # The seed's columns, whatever the sizes: passes the public cases, fails the hidden ones.
-    return memory.ledger(7_000_000_000, 20_000_000, method)
+PUBLIC = {(7_000_000_000, 20_000_000, m, 0) for m in ("full", "lora", "qlora")} | {
+    (134_515_008, 4_884_480, m, 49_152 * 576) for m in ("lora", "qlora")}
+
+
+def hard_coded(n_params, n_adapter, method, n_unfrozen):
+    # A table of the public cases' answers: passes them, fails the hidden ones.
+    key = next(k for k in PUBLIC if k[2] == method and (k[0] == 7_000_000_000) == (n_unfrozen == 0))
+    return right_ledger(*key)
+
+
+def test_the_unfrozen_ledger_builds_on_coursekit_memory():
+    """The reference (lesson01._ledger_buckets) agrees with the arithmetic above, reduces to memory.ledger with nothing
+    unfrozen, and gives SmolLM2 with its embedding unfrozen the numbers worked out by hand."""
+    from coursekit.grading.lessons.lesson01 import _SMOL, _ledger_buckets
+
+    for m in ("full", "lora", "qlora"):
+        assert _ledger_buckets(7e9, 20e6, m, 0) == memory.ledger(7e9, 20e6, m)
+        assert _ledger_buckets(**_SMOL, method=m) == pytest.approx(right_ledger(**_SMOL, method=m))
+    n, a, u = _SMOL["n_params"], _SMOL["n_adapter"], _SMOL["n_unfrozen"]
+    assert u == 28_311_552 and _ledger_buckets(**_SMOL, method="qlora") == pytest.approx(
+        {"base_weights": (n - u) / 2 + 2 * u, "base_grads": 2 * u, "base_moments": 8 * u, "adapter": 12 * a})
 
 
 def test_hidden_cases_defeat_a_hard_coded_answer():
     assert check("01.p5", hard_coded, hidden=False).full
     fb = check("01.p5", hard_coded, hidden=True)
-    assert fb.points == pytest.approx(4 * 3 / 9) and "hidden case" in fb.text()
+    assert fb.points == pytest.approx(4 * 5 / 11) and "hidden case" in fb.text()
 
 
 def test_hidden_cases_are_deterministic():
@@ -163,11 +186,11 @@ def test_hidden_cases_are_deterministic():
 
 
 def _with(method_, bucket, f):
-    """The reference ledger with one bucket of one method wrong: a typical student mistake."""
-    def fn(n_params, n_adapter, method):
-        out = memory.ledger(n_params, n_adapter, method)
+    """The right ledger with one bucket of one method wrong: a typical student mistake."""
+    def fn(n_params, n_adapter, method, n_unfrozen):
+        out = right_ledger(n_params, n_adapter, method, n_unfrozen)
         if method == method_:
-            out[bucket] = f(n_params, n_adapter)
+            out[bucket] = f(n_params, n_adapter, n_unfrozen)
         return out
     return fn
 
@@ -175,13 +198,16 @@ def _with(method_, bucket, f):
 @pytest.mark.parametrize(
     "fn, text",
     [
-        (_with("qlora", "base_weights", lambda n, a: 2 * n), "4-bit codes"),
-        (_with("lora", "base_grads", lambda n, a: 2 * n), "no base gradient is stored"),
-        (_with("lora", "base_moments", lambda n, a: 8 * n), "frozen base has no optimizer state"),
-        (_with("full", "base_moments", lambda n, a: 4 * n), "two moments per trainable parameter"),
-        (_with("full", "adapter", lambda n, a: 12 * a), "it has no adapter"),
-        (_with("qlora", "adapter", lambda n, a: 4 * a), "add its two fp32 Adam moments"),
-        (_with("lora", "adapter", lambda n, a: 16 * a), "only the Adam moments are fp32"),
+        (_with("qlora", "base_weights", lambda n, a, u: 2 * n), "frozen base is stored as 4-bit codes"),
+        (_with("qlora", "base_weights", lambda n, a, u: n / 2), "cannot stay 4-bit codes"),
+        (_with("lora", "base_grads", lambda n, a, u: 2 * n), "the frozen rest stores no gradient"),
+        (_with("lora", "base_grads", lambda n, a, u: 0), "each stores a bf16 gradient"),
+        (_with("qlora", "base_moments", lambda n, a, u: 0), "two fp32 Adam moments (8 bytes)"),
+        (_with("lora", "base_moments", lambda n, a, u: 8 * n), "a frozen weight has no optimizer state"),
+        (_with("full", "base_moments", lambda n, a, u: 4 * n), "two moments per trainable parameter"),
+        (_with("full", "adapter", lambda n, a, u: 12 * a), "it has no adapter"),
+        (_with("qlora", "adapter", lambda n, a, u: 4 * a), "add its two fp32 Adam moments"),
+        (_with("lora", "adapter", lambda n, a, u: 16 * a), "only the Adam moments are fp32"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -192,27 +218,27 @@ def test_ledger_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
 
 
 def test_ledger_stub_missing_key_and_wrong_type():
-    def stub(n_params, n_adapter, method):
+    def stub(n_params, n_adapter, method, n_unfrozen):
         raise NotImplementedError()
 
     fb = check("01.p5", stub)
     assert fb.points == 0 and "NotImplementedError" in fb.text()
 
-    def missing(n_params, n_adapter, method):
-        out = memory.ledger(n_params, n_adapter, method)
+    def missing(n_params, n_adapter, method, n_unfrozen):
+        out = right_ledger(n_params, n_adapter, method, n_unfrozen)
         del out["adapter"]
         return out
 
     fb = check("01.p5", missing)
     assert fb.points == 0 and "no key(s) ['adapter']" in fb.text()
 
-    def as_list(n_params, n_adapter, method):
-        return list(memory.ledger(n_params, n_adapter, method).values())
+    def as_list(n_params, n_adapter, method, n_unfrozen):
+        return list(right_ledger(n_params, n_adapter, method, n_unfrozen).values())
 
     assert check("01.p5", as_list).full  # four values in bucket order are accepted too
 
-    def total_only(n_params, n_adapter, method):
-        return memory.total(memory.ledger(n_params, n_adapter, method))
+    def total_only(n_params, n_adapter, method, n_unfrozen):
+        return memory.total(right_ledger(n_params, n_adapter, method, n_unfrozen))
 
     fb = check("01.p5", total_only)
     assert fb.points == 0 and "should return 4 values" in fb.text()
