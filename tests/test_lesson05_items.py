@@ -89,7 +89,7 @@ def bwd_hard_coded(D, X, W, A, B, s):
     return np.array([[0.45, -0.2, 0.65]]), np.array([[0.1], [-0.05], [0.15]]), np.array([[1.0, -0.5]])
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "d", "p3": 3.5, "p4": {"b", "c", "d"},
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 3.5, "p4": {"b", "c", "d"},
          "p5": "a", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "a"}
 
 
@@ -246,8 +246,9 @@ def test_stub_and_non_function():
         ("w2", "d", "W.grad stays None"),
         ("w3", "a", "inner sizes m and r disagree"),
         ("w3", "d", "Z's shape n × r"),
-        ("p2", "b", "shape of Y and D"),
-        ("p2", "c", "A's shape"),
+        ("p2", "b", "a gradient always has its own tensor's shape"),
+        ("p2", "c", "its gradient is one r × d matrix"),
+        ("p2", "d", "the shape of dZ, the gradient at the activation"),
         ("p5", "b", "Detaching W cuts only W's branch"),
         ("p5", "c", "shares W's numbers but not its place in the graph"),
         ("p5", "d", "stays None, not zeros"),
@@ -398,3 +399,21 @@ def test_p7_key_and_p9_identity_hold_for_the_reference_backward():
     G = X.T @ D
     np.testing.assert_allclose(dA1, 1.5 * G @ B.T, rtol=1e-12)
     np.testing.assert_allclose(dB1, 1.5 * A.T @ G, rtol=1e-12)
+
+
+def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
+    """P2's key, computed: an nn.Linear A (r × d weight) on a b × n × d batch gets an r × d gradient equal to dZᵀ X
+    with the b · n tokens flattened, and not Xᵀ dZ's d × r."""
+    import json
+
+    torch.manual_seed(0)
+    b, n, d, r = 2, 3, 5, 2
+    lin = torch.nn.Linear(d, r, bias=False, dtype=torch.float64)
+    X = torch.randn(b, n, d, dtype=torch.float64)
+    G = torch.randn(b, n, r, dtype=torch.float64)  # dZ, the gradient arriving at Z = X Aᵀ
+    (lin(X) * G).sum().backward()
+    grad = lin.weight.grad
+    assert tuple(grad.shape) == (r, d)
+    torch.testing.assert_close(grad, G.reshape(-1, r).T @ X.reshape(-1, d))
+    keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
+    assert keys["p2"] == RIGHT["p2"] == "a"

@@ -171,7 +171,7 @@ ITEMS = {
         mistakes=backward_mistakes,
     ),
     "p2": Choice(
-        "the shape of dZ",
+        "the shape and product of PEFT's lora_A.weight.grad for a batch",
         1,
     ),
     "p3": Numeric(
