@@ -321,6 +321,11 @@ def test_p7_key_is_what_the_id_mask_does_to_smollm2_batches():
     tok = model.load_tokenizer()
     assert tok.bos_token == "<|im_start|>" and tok.pad_token_id == tok.eos_token_id
     rows = [data.encode_example(data.chat_example(t, lab), tok) for t, lab in L.P5_ROWS]
+    for row in rows:  # P9's model answer: three <|im_end|> per row, only the answer's supervised; no <|im_start|> is
+        pairs = list(zip(row["input_ids"], row["labels"]))
+        assert sum(i == tok.eos_token_id for i, _ in pairs) == 3
+        assert sum(i == tok.eos_token_id and lab != -100 for i, lab in pairs) == 1
+        assert not any(i == tok.bos_token_id and lab != -100 for i, lab in pairs)
     for pad_id, unchanged in ((tok.bos_token_id, True), (tok.eos_token_id, False)):
         batch = data.collate(rows, pad_id=pad_id)
         by_id = batch["labels"].masked_fill(batch["input_ids"] == pad_id, -100)
