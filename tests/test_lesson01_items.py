@@ -12,11 +12,16 @@ from coursekit.grading.lessons.lesson01 import ITEMS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def right_ledger(n_params, n_adapter, method):
-    return memory.ledger(n_params, n_adapter, method)
+def right_ledger(n_params, n_adapter, method, n_unfrozen):
+    """The solution's arithmetic, written out: the unfrozen part of the base is bf16 and trained (2 + 2 + 8 bytes)."""
+    if method == "full":
+        return memory.ledger(n_params, 0, "full")
+    frozen = n_params - n_unfrozen
+    return {"base_weights": frozen * (0.5 if method == "qlora" else 2) + 2 * n_unfrozen,
+            "base_grads": 2 * n_unfrozen, "base_moments": 8 * n_unfrozen, "adapter": 12 * n_adapter}
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "d", "p2": {"b", "d", "f"},
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
          "p3": ["base", "data", "baseline", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
 
 
@@ -39,8 +44,8 @@ def test_right_answers_score_full(item_id, hidden):
 
 def test_letters_are_forgiving_about_case_and_format():
     assert check("01.w1", "B)").full
-    assert check("01.p2", "b, d f").full
-    assert check("01.p2", ["F", "b", "d"]).full
+    assert check("01.p2", "c, f").full
+    assert check("01.p2", ["F", "c"]).full
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -55,9 +60,9 @@ def test_letters_are_forgiving_about_case_and_format():
         ("w2", "d", "shape of an answer"),
         ("w3", "a", "not a persistent tensor"),
         ("w3", "b", "four times"),
-        ("p1", "b", "wrong labels, not malformed"),
-        ("p1", "a", "no information is missing"),
-        ("p1", "c", "not the first step"),
+        ("p1", "a", "only the answer's form is wrong"),
+        ("p1", "c", "no fact is missing"),
+        ("p1", "d", "nothing here calls for training"),
         ("p6", "b", "140 GB"),
         ("p6", "c", "840 GB"),
     ],
@@ -76,12 +81,37 @@ def test_blank_or_malformed_choice_scores_zero(blank):
 
 
 def test_multi_partial_credit_and_hints():
-    fb = check("01.p2", {"b", "d"})
+    fb = check("01.p2", {"c"})
     assert 0 < fb.points < 3 and "missing" in fb.text()
-    fb = check("01.p2", {"a", "b", "d", "f"})
-    assert fb.points == pytest.approx(2.0) and "re-quantizes the 4-bit base" in fb.text()
-    fb = check("01.p2", {"c", "e"})
-    assert fb.points == 0 and "not a guarantee" in fb.text() and "not a dependable store" in fb.text()
+    fb = check("01.p2", {"c", "d", "f"})
+    assert 0 < fb.points < 3 and "the adapter bucket not at all" in fb.text()
+    fb = check("01.p2", {"a", "e"})
+    assert fb.points == 0 and "under LoRA and QLoRA alike" in fb.text() and "10 of the 12 bytes" in fb.text()
+
+
+def test_p2_key_is_what_the_ledger_gives_for_any_sizes():
+    """P2's key, computed: each statement evaluated with coursekit.memory.ledger over bases from 10⁶ to 10¹¹
+    parameters and adapters on both sides of N / 24; a statement is true only if it holds for every pair."""
+    import json
+    import math
+
+    def statements(n, a):
+        full, lora, qlora = (memory.ledger(n, a, m) for m in ("full", "lora", "qlora"))
+        return {
+            "a": qlora["adapter"] * 4 == lora["adapter"],
+            "b": False,  # a reason, not a number: LoRA's bf16 base has no gradient bucket either
+            "c": math.isclose(memory.total(full), 6 * lora["base_weights"]),
+            "d": memory.total(qlora) < memory.total(lora) / 4,
+            "e": full["base_weights"] - lora["base_weights"] > memory.total(full) - memory.total(lora) - (
+                full["base_weights"] - lora["base_weights"]),
+            "f": (qlora["adapter"] > qlora["base_weights"]) == (a > n / 24),
+        }
+
+    pairs = [(n, n * f) for n in (1e6, 1.35e8, 7e9, 7e10) for f in (1e-4, 1 / 48, 1 / 23, 0.5)]
+    assert memory.ledger(7e9, 0, "lora")["base_grads"] == 0  # (b): no base-gradient bucket with a bf16 base either
+    true = {k for k in "abcdef" if all(statements(n, a)[k] for n, a in pairs)}
+    keys = json.loads((ROOT / "autograder" / "keys" / "01.json").read_text())["keys"]
+    assert true == set(keys["p2"]) == RIGHT["p2"] == {"c", "f"}
 
 
 def test_ordering_partial_credit_names_the_first_misplaced_step():
@@ -120,15 +150,33 @@ def test_numeric_expected_comes_from_coursekit():
 # --------------------------------------------------------------------------- the ledger function
 
 
-def hard_coded(n_params, n_adapter, method):
-    # The seed's columns, whatever the sizes: passes the public cases, fails the hidden ones.
-    return memory.ledger(7_000_000_000, 20_000_000, method)
+PUBLIC = {(7_000_000_000, 20_000_000, m, 0) for m in ("full", "lora", "qlora")} | {
+    (134_515_008, 4_884_480, m, 49_152 * 576) for m in ("lora", "qlora")}
+
+
+def hard_coded(n_params, n_adapter, method, n_unfrozen):
+    # A table of the public cases' answers: passes them, fails the hidden ones.
+    key = next(k for k in PUBLIC if k[2] == method and (k[0] == 7_000_000_000) == (n_unfrozen == 0))
+    return right_ledger(*key)
+
+
+def test_the_unfrozen_ledger_builds_on_coursekit_memory():
+    """The reference (lesson01._ledger_buckets) agrees with the arithmetic above, reduces to memory.ledger with nothing
+    unfrozen, and gives SmolLM2 with its embedding unfrozen the numbers worked out by hand."""
+    from coursekit.grading.lessons.lesson01 import _SMOL, _ledger_buckets
+
+    for m in ("full", "lora", "qlora"):
+        assert _ledger_buckets(7e9, 20e6, m, 0) == memory.ledger(7e9, 20e6, m)
+        assert _ledger_buckets(**_SMOL, method=m) == pytest.approx(right_ledger(**_SMOL, method=m))
+    n, a, u = _SMOL["n_params"], _SMOL["n_adapter"], _SMOL["n_unfrozen"]
+    assert u == 28_311_552 and _ledger_buckets(**_SMOL, method="qlora") == pytest.approx(
+        {"base_weights": (n - u) / 2 + 2 * u, "base_grads": 2 * u, "base_moments": 8 * u, "adapter": 12 * a})
 
 
 def test_hidden_cases_defeat_a_hard_coded_answer():
     assert check("01.p5", hard_coded, hidden=False).full
     fb = check("01.p5", hard_coded, hidden=True)
-    assert fb.points == pytest.approx(4 * 3 / 9) and "hidden case" in fb.text()
+    assert fb.points == pytest.approx(4 * 5 / 11) and "hidden case" in fb.text()
 
 
 def test_hidden_cases_are_deterministic():
@@ -138,11 +186,11 @@ def test_hidden_cases_are_deterministic():
 
 
 def _with(method_, bucket, f):
-    """The reference ledger with one bucket of one method wrong: a typical student mistake."""
-    def fn(n_params, n_adapter, method):
-        out = memory.ledger(n_params, n_adapter, method)
+    """The right ledger with one bucket of one method wrong: a typical student mistake."""
+    def fn(n_params, n_adapter, method, n_unfrozen):
+        out = right_ledger(n_params, n_adapter, method, n_unfrozen)
         if method == method_:
-            out[bucket] = f(n_params, n_adapter)
+            out[bucket] = f(n_params, n_adapter, n_unfrozen)
         return out
     return fn
 
@@ -150,13 +198,16 @@ def _with(method_, bucket, f):
 @pytest.mark.parametrize(
     "fn, text",
     [
-        (_with("qlora", "base_weights", lambda n, a: 2 * n), "4-bit codes"),
-        (_with("lora", "base_grads", lambda n, a: 2 * n), "no base gradient is stored"),
-        (_with("lora", "base_moments", lambda n, a: 8 * n), "frozen base has no optimizer state"),
-        (_with("full", "base_moments", lambda n, a: 4 * n), "two moments per trainable parameter"),
-        (_with("full", "adapter", lambda n, a: 12 * a), "it has no adapter"),
-        (_with("qlora", "adapter", lambda n, a: 4 * a), "add its two fp32 Adam moments"),
-        (_with("lora", "adapter", lambda n, a: 16 * a), "only the Adam moments are fp32"),
+        (_with("qlora", "base_weights", lambda n, a, u: 2 * n), "frozen base is stored as 4-bit codes"),
+        (_with("qlora", "base_weights", lambda n, a, u: n / 2), "cannot stay 4-bit codes"),
+        (_with("lora", "base_grads", lambda n, a, u: 2 * n), "the frozen rest stores no gradient"),
+        (_with("lora", "base_grads", lambda n, a, u: 0), "each stores a bf16 gradient"),
+        (_with("qlora", "base_moments", lambda n, a, u: 0), "two fp32 Adam moments (8 bytes)"),
+        (_with("lora", "base_moments", lambda n, a, u: 8 * n), "a frozen weight has no optimizer state"),
+        (_with("full", "base_moments", lambda n, a, u: 4 * n), "two moments per trainable parameter"),
+        (_with("full", "adapter", lambda n, a, u: 12 * a), "it has no adapter"),
+        (_with("qlora", "adapter", lambda n, a, u: 4 * a), "add its two fp32 Adam moments"),
+        (_with("lora", "adapter", lambda n, a, u: 16 * a), "only the Adam moments are fp32"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -167,27 +218,27 @@ def test_ledger_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
 
 
 def test_ledger_stub_missing_key_and_wrong_type():
-    def stub(n_params, n_adapter, method):
+    def stub(n_params, n_adapter, method, n_unfrozen):
         raise NotImplementedError()
 
     fb = check("01.p5", stub)
     assert fb.points == 0 and "NotImplementedError" in fb.text()
 
-    def missing(n_params, n_adapter, method):
-        out = memory.ledger(n_params, n_adapter, method)
+    def missing(n_params, n_adapter, method, n_unfrozen):
+        out = right_ledger(n_params, n_adapter, method, n_unfrozen)
         del out["adapter"]
         return out
 
     fb = check("01.p5", missing)
     assert fb.points == 0 and "no key(s) ['adapter']" in fb.text()
 
-    def as_list(n_params, n_adapter, method):
-        return list(memory.ledger(n_params, n_adapter, method).values())
+    def as_list(n_params, n_adapter, method, n_unfrozen):
+        return list(right_ledger(n_params, n_adapter, method, n_unfrozen).values())
 
     assert check("01.p5", as_list).full  # four values in bucket order are accepted too
 
-    def total_only(n_params, n_adapter, method):
-        return memory.total(memory.ledger(n_params, n_adapter, method))
+    def total_only(n_params, n_adapter, method, n_unfrozen):
+        return memory.total(right_ledger(n_params, n_adapter, method, n_unfrozen))
 
     fb = check("01.p5", total_only)
     assert fb.points == 0 and "should return 4 values" in fb.text()

@@ -42,7 +42,7 @@ def _p4_right():
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 0.3,
-         "p4": None, "p5": 11, "p6": 4.002345485592187, "p7": "b"}
+         "p4": None, "p5": 11, "p6": 4.002345485592187, "p7": "a"}
 
 
 def _right(item_id):
@@ -113,7 +113,8 @@ def test_hidden_cases_are_deterministic_and_cover_pad_eq_eos():
         ("w2", "b", "could not read the question"),
         ("w3", "d", "shifting first makes it happen twice"),
         ("w3", "a", "copy its input"),
-        ("p7", "a", "an id test cannot tell them apart"),
+        ("p7", "b", "every end-of-turn token keeps its label"),
+        ("p7", "c", "never of the token after it"),
         ("p7", "d", "N > 0"),
     ],
 )
@@ -309,3 +310,26 @@ def test_p4_position_mistakes(shift, text):
     wrong = pos[:-1] if shift in ("drop_last", "row 0") else pos + shift
     fb = check("04.p4", list(wrong))
     assert fb.points < 1 and text in fb.text(), fb.text()
+
+
+def test_p7_key_is_what_the_id_mask_does_to_smollm2_batches():
+    """P7's key, computed: with pad = bos (<|im_start|>) masking padding by id leaves every label as collate builds it
+    (the id occurs only in the prompt), while with pad = eos the same mask drops each row's supervised <|im_end|>
+    (the option the key file's hint for "b" answers)."""
+    from coursekit import data, model
+
+    tok = model.load_tokenizer()
+    assert tok.bos_token == "<|im_start|>" and tok.pad_token_id == tok.eos_token_id
+    rows = [data.encode_example(data.chat_example(t, lab), tok) for t, lab in L.P5_ROWS]
+    for row in rows:  # P9's model answer: three <|im_end|> per row, only the answer's supervised; no <|im_start|> is
+        pairs = list(zip(row["input_ids"], row["labels"]))
+        assert sum(i == tok.eos_token_id for i, _ in pairs) == 3
+        assert sum(i == tok.eos_token_id and lab != -100 for i, lab in pairs) == 1
+        assert not any(i == tok.bos_token_id and lab != -100 for i, lab in pairs)
+    for pad_id, unchanged in ((tok.bos_token_id, True), (tok.eos_token_id, False)):
+        batch = data.collate(rows, pad_id=pad_id)
+        by_id = batch["labels"].masked_fill(batch["input_ids"] == pad_id, -100)
+        assert data.count_supervised(by_id) > 0
+        assert bool(torch.equal(by_id, batch["labels"])) is unchanged
+        if not unchanged:
+            assert data.count_supervised(batch["labels"]) - data.count_supervised(by_id) == len(rows)

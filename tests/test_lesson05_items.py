@@ -89,8 +89,8 @@ def bwd_hard_coded(D, X, W, A, B, s):
     return np.array([[0.45, -0.2, 0.65]]), np.array([[0.1], [-0.05], [0.15]]), np.array([[1.0, -0.5]])
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "d", "p3": 3.5, "p4": {"a", "c", "d"},
-         "p5": "b", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "a"}
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 3.5, "p4": {"b", "c", "d"},
+         "p5": "a", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -246,10 +246,12 @@ def test_stub_and_non_function():
         ("w2", "d", "W.grad stays None"),
         ("w3", "a", "inner sizes m and r disagree"),
         ("w3", "d", "Z's shape n × r"),
-        ("p2", "b", "shape of Y and D"),
-        ("p2", "c", "A's shape"),
-        ("p5", "a", "if W were trainable"),
-        ("p5", "c", "W.grad is None"),
+        ("p2", "b", "a gradient always has its own tensor's shape"),
+        ("p2", "c", "its gradient is one r × d matrix"),
+        ("p2", "d", "the shape of dZ, the gradient at the activation"),
+        ("p5", "b", "Detaching W cuts only W's branch"),
+        ("p5", "c", "shares W's numbers but not its place in the graph"),
+        ("p5", "d", "stays None, not zeros"),
         ("p7", "b", "The base path D Wᵀ does not contain s"),
         ("p7", "c", "s enters once on each path"),
         ("p7", "d", "A constant factor in the forward pass stays a factor"),
@@ -263,12 +265,56 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 
 
 def test_multi_choice_partial_credit_and_hints():
-    fb = check("05.p4", {"a", "c"})
+    fb = check("05.p4", {"b", "c"})
     assert 0 < fb.points < 2 and "missing" in fb.text()
     fb = check("05.p4", {"a", "b", "c", "d"})
-    assert 0 < fb.points < 2 and "A is random, so Z ≠ 0" in fb.text()
-    fb = check("05.p4", {"b", "e"})
+    assert 0 < fb.points < 2 and "B is random now, so A is the factor that moves" in fb.text()
+    fb = check("05.p4", {"a", "c", "d"})  # PEFT's initialisation carried over unchanged
+    assert fb.points < 2 and "B is random now" in fb.text()
+    fb = check("05.p4", {"a", "e"})
     assert fb.points == 0 and "as large as without LoRA" in fb.text()
+
+
+def test_p4_key_is_what_the_kernels_give_for_the_swapped_initialisation():
+    """P4's key, computed: with A = 0 and B random, the reference kernels give exactly zero ∇B, adapter output and
+    adapter path of ∇X, and nonzero ∇A and base path (each option's letter is matched to its term)."""
+    import json
+
+    rng = np.random.default_rng(0)
+    n, d, m, r, s = 4, 5, 3, 2, 2.0
+    X, W, D = rng.standard_normal((n, d)), rng.standard_normal((d, m)), rng.standard_normal((n, m))
+    A, B = np.zeros((d, r)), rng.standard_normal((r, m))
+    Y, cache = lora.lora_forward(X, W, A, B, s)
+    dX, dA, dB = lora.lora_backward(D, cache)
+    dZ = s * D @ B.T
+    terms = {"a": dA, "b": dB, "c": Y - X @ W, "d": dZ @ A.T, "e": D @ W.T}
+    np.testing.assert_allclose(dX, terms["d"] + terms["e"])
+    zero = {k for k, t in terms.items() if not np.any(t)}
+    keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
+    assert zero == set(keys["p4"]) == RIGHT["p4"] == {"b", "c", "d"}
+
+
+def test_p5_key_is_what_autograd_does_with_a_detached_weight():
+    """P5's key, computed: X @ W.detach() leaves W.grad None even with W.requires_grad=True, and X.grad still holds
+    the base path D Wᵀ (plus the adapter path); (X @ W).detach() is the variant that loses it."""
+    import json
+
+    g = torch.Generator().manual_seed(0)
+    X0, W, A, B, D = (torch.randn(*sh, generator=g, dtype=torch.float64)
+                      for sh in ((4, 5), (5, 3), (5, 2), (2, 3), (4, 3)))
+    s = 2.0
+    out = {}
+    for variant in ("weight", "product"):
+        X, Wt, At, Bt = (t.clone().requires_grad_() for t in (X0, W, A, B))
+        base = X @ Wt.detach() if variant == "weight" else (X @ Wt).detach()
+        ((base + s * (X @ At) @ Bt) * D).sum().backward()
+        out[variant] = (Wt.grad, X.grad)
+    adapter_path = s * D @ B.T @ A.T
+    assert out["weight"][0] is None and out["product"][0] is None
+    torch.testing.assert_close(out["weight"][1], D @ W.T + adapter_path)
+    torch.testing.assert_close(out["product"][1], adapter_path)
+    keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
+    assert keys["p5"] == RIGHT["p5"] == "a"
 
 
 @pytest.mark.parametrize(
@@ -353,3 +399,21 @@ def test_p7_key_and_p9_identity_hold_for_the_reference_backward():
     G = X.T @ D
     np.testing.assert_allclose(dA1, 1.5 * G @ B.T, rtol=1e-12)
     np.testing.assert_allclose(dB1, 1.5 * A.T @ G, rtol=1e-12)
+
+
+def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
+    """P2's key, computed: an nn.Linear A (r × d weight) on a b × n × d batch gets an r × d gradient equal to dZᵀ X
+    with the b · n tokens flattened, and not Xᵀ dZ's d × r."""
+    import json
+
+    torch.manual_seed(0)
+    b, n, d, r = 2, 3, 5, 2
+    lin = torch.nn.Linear(d, r, bias=False, dtype=torch.float64)
+    X = torch.randn(b, n, d, dtype=torch.float64)
+    G = torch.randn(b, n, r, dtype=torch.float64)  # dZ, the gradient arriving at Z = X Aᵀ
+    (lin(X) * G).sum().backward()
+    grad = lin.weight.grad
+    assert tuple(grad.shape) == (r, d)
+    torch.testing.assert_close(grad, G.reshape(-1, r).T @ X.reshape(-1, d))
+    keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
+    assert keys["p2"] == RIGHT["p2"] == "a"

@@ -1,13 +1,10 @@
 """Graded items of lesson 00, "Setup and probes" (solutions/00-setup-and-probes).
 
-Choice and ordering keys live encoded in ``keys/00.key``; numeric answers are computed here from the
-machine at grade time (a probe answer must match the machine it is graded on); the implement item
+Choice and ordering keys live encoded in ``keys/00.key``; numeric answers are computed here; the implement item
 ``p4`` is checked against :func:`coursekit.probes.nibble_pack`.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
@@ -15,25 +12,33 @@ from ...probes import nibble_pack
 from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric, Ordering
 
-# --------------------------------------------------------------------------- p3: cores torch uses
+# --------------------------------------------------------------------------- p3: dequantizations in one step
 
 
-def _torch_threads(seen: dict) -> float:
-    """What torch.get_num_threads() returned in the student's own kernel (coursekit.grading.seen_here): the answer
-    depends on the machine and the thread settings the notebook ran under, not on the grader's."""
-    return float(seen["torch_threads"])
+def _dequant_count(n_weights: int = 2, first_input_needs_grad: bool = False) -> float:
+    """How many times ``dequantize_4bit`` rebuilds a frozen 4-bit weight in one forward and one backward pass through
+    ``n_weights`` frozen NF4 projections in a row, each with a trainable LoRA adapter beside it.
+
+    bitsandbytes' ``MatMul4Bit`` (``bitsandbytes/autograd/_functions.py``) dequantizes once in forward (inside the
+    default ``gemm_4bit``) and once more in backward only when its input needs a gradient (``ctx.needs_input_grad``):
+    the adapter's gradients never need W. Every input after the first needs one (the adapters below train through
+    it); the first is data. tests/test_lesson00_items.py counts the native calls on this machine and compares."""
+    return float(n_weights + (n_weights - 1) + int(first_input_needs_grad))
 
 
-def _thread_mistakes(seen: dict) -> list[Mistake]:
-    out = []
-    n, cores = seen["torch_threads"], seen["cpu_count"]
-    if cores != n:
-        out.append(Mistake("os", cores, "that is os.cpu_count(), every core the OS reports; torch may use "
-                                        "fewer (affinity, OMP_NUM_THREADS). Ask torch.get_num_threads()."))
-    if n != 1:
-        out.append(Mistake("one", 1, "1 is what a single Python thread looks like; torch runs its CPU kernels on a "
-                                     "thread pool. Ask torch.get_num_threads()."))
-    return out
+def _dequant_mistakes() -> list[Mistake]:
+    return [
+        Mistake("every weight twice", 4, "that dequantizes W₁ in backward too. Backward rebuilds a weight only to pass "
+                                         "the gradient on to its input; x is data and needs none, and adapter₁'s own "
+                                         "gradients need x and the gradient at h, never W₁ (Know this: 'Which "
+                                         "implementation runs each 4-bit op, and why it matters')."),
+        Mistake("forward only", 2, "that counts the forward pass only. The float weight is not kept between the passes, "
+                                   "and adapter₁ trains through h, so backward must rebuild W₂ to form h's gradient "
+                                   "(Know this: 'Which implementation runs each 4-bit op, and why it matters')."),
+        Mistake("backward only", 1, "the forward pass rebuilds both weights first (the default gemm_4bit dequantizes, "
+                                    "then calls F.linear); add those two (Know this: 'Which implementation runs each "
+                                    "4-bit op, and why it matters')."),
+    ]
 
 
 # --------------------------------------------------------------------------- p4: nibble_pack
@@ -156,8 +161,9 @@ ITEMS = {
         "What may still differ between the pure-torch fallback and the native kernel?", 1,
     ),
     "p3": Numeric(
-        "How many CPU threads does torch use for its kernels on this machine?", 1, name="answer_p3",
-        expected=_torch_threads, rtol=0, atol=0, mistakes=_thread_mistakes, unit="threads", machine=True,
+        "How many times is a frozen 4-bit weight dequantized in one step through two adapted layers?", 1,
+        name="answer_p3", expected=_dequant_count, rtol=0, atol=0, mistakes=_dequant_mistakes,
+        unit="dequantizations",
     ),
     "p4": Function(
         "Implement nibble_pack(codes): two 4-bit codes per byte, as bitsandbytes packs them", 3, name="nibble_pack",

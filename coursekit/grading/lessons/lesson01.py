@@ -1,7 +1,7 @@
 """Graded items of lesson 01, "When to adapt" (solutions/01-when-to-adapt).
 
-Choice and ordering keys live encoded in ``keys/01.key``; the numeric item and the ledger function
-are checked against :mod:`coursekit.memory`.
+Choice and ordering keys live in ``autograder/keys/01.json``; the numeric item and the ledger function
+are checked against :mod:`coursekit.memory` (p5 through :func:`_ledger_buckets`, which builds on it).
 """
 
 from __future__ import annotations
@@ -66,14 +66,33 @@ class _BucketFunction(Function):
         return super().check(answer, ctx)
 
 
-def _ledger_reference(n_params: int, n_adapter: int, method: str) -> tuple[float, ...]:
-    b = memory.ledger(n_params, n_adapter, method)
+#: SmolLM2-135M (Real-world reps): parameters, the rank-16 adapter on all seven projections, and its tied embedding.
+_SMOL = {"n_params": 134_515_008, "n_adapter": 4_884_480, "n_unfrozen": 49_152 * 576}
+
+
+def _ledger_buckets(n_params: float, n_adapter: float, method: str, n_unfrozen: float = 0) -> dict[str, float]:
+    """The ledger with ``n_unfrozen`` of the base's own parameters trained alongside the adapter: they are stored in
+    bf16 under every method (a trained weight cannot stay as 4-bit codes; bitsandbytes quantizes the linear layers only)
+    and carry bf16 gradients and two fp32 Adam moments, like full fine-tuning's parameters. Full fine-tuning already
+    trains everything, so ``n_unfrozen`` changes nothing there. Built from :func:`coursekit.memory.ledger`."""
+    if method == "full":
+        return memory.ledger(n_params, 0, "full")
+    frozen = memory.ledger(n_params - n_unfrozen, n_adapter, method)
+    trained = memory.ledger(n_unfrozen, 0, "full")
+    return {k: frozen[k] + trained[k] for k in memory.BUCKETS}
+
+
+def _ledger_reference(n_params: int, n_adapter: int, method: str, n_unfrozen: int) -> tuple[float, ...]:
+    b = _ledger_buckets(n_params, n_adapter, method, n_unfrozen)
     return tuple(b[k] for k in memory.BUCKETS)
 
 
 def _ledger_public() -> list[Case]:
-    return [Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": m}, f"the lesson's example: 7B base, 20M adapter, {m}")
-            for m in memory.METHODS]
+    cases = [Case({"n_params": 7_000_000_000, "n_adapter": 20_000_000, "method": m, "n_unfrozen": 0},
+                  f"the lesson's example: 7B base, 20M adapter, {m}, nothing unfrozen") for m in memory.METHODS]
+    cases += [Case({**_SMOL, "method": m}, f"SmolLM2-135M, r = 16 on every projection, its embedding unfrozen, {m}")
+              for m in ("lora", "qlora")]
+    return cases
 
 
 def _ledger_hidden(rng: np.random.Generator) -> list[Case]:
@@ -82,18 +101,24 @@ def _ledger_hidden(rng: np.random.Generator) -> list[Case]:
         for _ in range(2):
             n = int(rng.integers(10**8, 10**11))
             a = int(rng.integers(10**5, 10**8))
-            cases.append(Case({"n_params": n, "n_adapter": a, "method": m}))
+            u = int(rng.integers(10**6, n // 3))
+            cases.append(Case({"n_params": n, "n_adapter": a, "method": m, "n_unfrozen": u}))
     return cases
 
 
 def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
-    n, a, m = kwargs["n_params"], kwargs["n_adapter"], kwargs["method"]
+    n, a, m, u = kwargs["n_params"], kwargs["n_adapter"], kwargs["method"], kwargs["n_unfrozen"]
     out: dict[str, list[Mistake]] = {"base_weights": [], "base_grads": [], "base_moments": [], "adapter": []}
     if m == "qlora":
-        out["base_weights"].append(Mistake("bf16 base", 2 * n, "under QLoRA the base is stored as 4-bit codes: n_params / 2 bytes. " + _SEC_LEDGER))
+        out["base_weights"].append(Mistake("bf16 base", 2 * n, "under QLoRA the frozen base is stored as 4-bit codes: "
+                                                               "half a byte per frozen weight. " + _SEC_LEDGER))
+        if u:
+            out["base_weights"].append(Mistake("unfrozen in 4 bits", n / 2, (
+                "you stored the unfrozen parameters as 4-bit codes too. A weight the optimizer updates cannot stay "
+                "4-bit codes: keep it in bf16 (2 bytes), and only the frozen rest as half a byte. ") + _SEC_METHODS))
     out["base_weights"].append(Mistake("fp32 base", 4 * n, (
-        "the base weights are not fp32: under QLoRA they are stored as 4-bit codes, n_params / 2 bytes. " if m == "qlora"
-        else "the base weights are bf16, 2 bytes each, not fp32. ") + _SEC_LEDGER))
+        "the base weights are not fp32: under QLoRA the frozen ones are stored as 4-bit codes (half a byte), the trained "
+        "ones in bf16. " if m == "qlora" else "the base weights are bf16, 2 bytes each, not fp32. ") + _SEC_LEDGER))
     if m == "full":
         out["base_moments"] += [
             Mistake("one moment", 4 * n, "Adam keeps two moments per trainable parameter (m and v), each fp32: 8 bytes. " + _SEC_LEDGER),
@@ -102,9 +127,15 @@ def _ledger_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
         out["adapter"].append(Mistake("adapter in full FT", 12 * a, "full fine-tuning trains the base itself; it has no adapter, "
                                                                     "so that bucket is 0. " + _SEC_METHODS))
     else:
-        out["base_grads"].append(Mistake("frozen grads", 2 * n, "the base is frozen under LoRA and QLoRA: the optimizer never "
-                                                                "updates it, so no base gradient is stored. " + _SEC_METHODS))
-        out["base_moments"].append(Mistake("frozen moments", 8 * n, "a frozen base has no optimizer state. " + _SEC_METHODS))
+        out["base_grads"].append(Mistake("frozen grads", 2 * n, "only the unfrozen part of the base is trained under LoRA and "
+                                                                "QLoRA: the frozen rest stores no gradient. " + _SEC_METHODS))
+        out["base_moments"].append(Mistake("frozen moments", 8 * n, "a frozen weight has no optimizer state; only the "
+                                                                    "unfrozen parameters carry Adam moments. " + _SEC_METHODS))
+        if u:
+            out["base_grads"].append(Mistake("unfrozen not trained", 0, (
+                "the unfrozen parameters are trained: each stores a bf16 gradient (2 bytes) in the base buckets. ") + _SEC_METHODS))
+            out["base_moments"].append(Mistake("unfrozen not trained", 0, (
+                "the unfrozen parameters are trained: each carries two fp32 Adam moments (8 bytes). ") + _SEC_METHODS))
         out["adapter"] += [
             Mistake("no moments", 4 * a, "the adapter is trained: add its two fp32 Adam moments (8 bytes per parameter). " + _SEC_LEDGER),
             Mistake("moments only", 8 * a, "count the adapter's bf16 weights and gradients too (2 + 2 bytes), not only its moments. " + _SEC_LEDGER),
@@ -160,12 +191,12 @@ ITEMS = {
     ),
     # ------------------------------------------------------------------ practice
     "p1": Choice(
-        "Ticket labels: what to try first",
+        "Right labels in the wrong form: what to try first",
         2,
         options="abcd",
     ),
     "p2": Choice(
-        "True statements about adapting a model",
+        "True statements about the ledger for any N and a",
         3,
         options="abcdef",
         multi=True,
@@ -191,7 +222,7 @@ ITEMS = {
         unit="GB",
     ),
     "p5": _BucketFunction(
-        "Implement the memory ledger",
+        "Implement the memory ledger with part of the base unfrozen",
         4,
         name="ledger",
         reference=_ledger_reference,

@@ -469,7 +469,7 @@ ITEMS = {
         mistakes=_p6_mistakes,
     ),
     "p7": Choice(
-        "pad == eos",
+        "pad = <|im_start|> (bos) and an id mask: what happens to the labels?",
         1,
     ),
 }

@@ -171,7 +171,7 @@ ITEMS = {
         mistakes=backward_mistakes,
     ),
     "p2": Choice(
-        "the shape of dZ",
+        "the shape and product of PEFT's lora_A.weight.grad for a batch",
         1,
     ),
     "p3": Numeric(
@@ -184,13 +184,13 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Choice(
-        "what is zero right after the usual initialisation",
+        "what is zero at the first step when A = 0 and B is random",
         2,
         options="abcde",
         multi=True,
     ),
     "p5": Choice(
-        "W.grad after backward with W frozen",
+        "W.grad and X.grad when the base path is X @ W.detach()",
         1,
     ),
     "p6": Array(

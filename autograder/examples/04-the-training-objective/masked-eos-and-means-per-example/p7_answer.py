@@ -1,1 +1,1 @@
-answer_p7 = "a"
+answer_p7 = "c"
