@@ -2,6 +2,7 @@
 (SiLU′ as σ or σ′, dG without U, dU with G, one branch of dX, a forgotten residual) lose points with a
 diagnosis that names them, and the notebook's test cells agree with the item registry."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -287,6 +288,40 @@ def test_stub_and_non_function():
     assert fb.points == 0 and "should return 4 values" in fb.text()
 
 
+def test_p5s_key_a_token_with_a_closed_gate_trains_none_of_the_three_adapters():
+    """P5's key (c) measured with autograd: a gated MLP with trained adapters on gate, up and down, one ordinary token
+    and one whose row of G (adapter included) is −20 everywhere: the closed token's share of every factor's gradient is
+    below a ten-thousandth of the ordinary token's (its U and dY being the ordinary token's)."""
+    gen = torch.Generator().manual_seed(9)
+    d, f, r, s = 12, 4, 2, 2.0
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    W = {n: rnd(*shape) / 2 for n, shape in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))}
+    ad = {n: (rnd(W[n].shape[0], r), rnd(r, W[n].shape[1])) for n in W}
+    eff = {n: W[n] + s * ad[n][0] @ ad[n][1] for n in W}
+    x0 = rnd(d)
+    # the closed token: G = −20 in every column, and the same U as the ordinary token
+    target = torch.cat([torch.full((f,), -20.0, dtype=torch.float64), x0 @ eff["up"]])
+    x_closed = torch.linalg.lstsq(torch.cat([eff["gate"], eff["up"]], 1).T, target).solution
+    X = torch.stack([x0, x_closed])
+    dY = rnd(2, d)
+
+    def grads(t):
+        ps = {n: tuple(p.clone().requires_grad_() for p in ad[n]) for n in ad}
+        proj = lambda n, x: x @ W[n] + s * (x @ ps[n][0]) @ ps[n][1]
+        G = proj("gate", X[t:t + 1])
+        assert t == 0 or torch.allclose(G, torch.full_like(G, -20.0))
+        U = proj("up", X[t:t + 1])
+        assert torch.allclose(U, proj("up", X[:1]))  # an ordinary U
+        Y = proj("down", torch.nn.functional.silu(G) * U)
+        Y.backward(dY[t:t + 1])
+        return {n: max(float(p.grad.abs().max()) for p in ps[n]) for n in ps}
+
+    ordinary, closed = grads(0), grads(1)
+    assert all(closed[n] < 1e-4 * ordinary[n] for n in ad), (closed, ordinary)
+    keys = json.loads((ROOT / "autograder" / "keys" / "09.json").read_text())["keys"]
+    assert keys["p5"] == RIGHT["p5"] == "c"
+
+
 # --------------------------------------------------------------------------- wrong answers: other items
 
 
@@ -297,8 +332,9 @@ def test_stub_and_non_function():
         ("w1", "d", "W_gate's (and W_up's) shape"),
         ("w3", "a", "drops the up branch"),
         ("w3", "c", "Averaging halves"),
-        ("p5", "a", "down_proj's adapter consumes what down_proj consumes"),
-        ("p5", "d", "not what it consumes"),
+        ("p5", "a", "This token is not like the others"),
+        ("p5", "b", "A closed gate silences what down_proj reads"),
+        ("p5", "d", "Their input X is ordinary, but their D is not"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):

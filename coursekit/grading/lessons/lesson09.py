@@ -350,7 +350,7 @@ ITEMS = {
         mistakes=residual_mistakes,
     ),
     "p5": Choice(
-        "the input of the down projection's adapter",
+        "which adapters a token with a closed gate trains",
         1,
     ),
     "p6": Numeric(
