@@ -341,26 +341,38 @@ def test_p4s_key_adding_a_constant_to_a_row_of_dP_leaves_dS_unchanged():
 def test_multi_choice_partial_credit_and_hints():
     fb = check("08.p5", {"a", "b", "e"})
     assert fb.points == pytest.approx(1.0)
-    assert "dP = dC Vᵀ is dense" in fb.text()
+    assert "value u now receives gradient from queries t < u" in fb.text()
     fb = check("08.p5", {"a"})
     assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
     fb = check("08.p5", {"c", "d"})
-    assert fb.points == 0 and "Every query attends key 0" in fb.text()
+    assert fb.points == 0 and "flattens each row of P" in fb.text()
 
 
-def test_p5_facts_hold_numerically():
-    """The statements P5 declares exactly zero are exactly zero; the others are not."""
+def test_p5s_key_measured_dv_under_each_change():
+    """P5's key ({a, b}) measured: one causal head, T = 5, and dV = Pᵀ dC recomputed after each change of the forward:
+    exactly equal after a and b, different after c, d and e."""
     rng = np.random.default_rng(5)
-    T = 5
-    Q, K, V, dC = (rng.standard_normal((T, 3)) for _ in range(4))
-    C, cache = att.attention_forward(Q, K, V)
-    dQ, dK, dV = att.attention_backward(dC, cache)
-    P = cache["P"]
-    dP = dC @ V.T
-    dS = att.softmax_backward(P, dP)
-    upper = ~att.causal_mask(T)
-    assert np.all(dS[upper] == 0) and np.all(dQ[0] == 0)
-    assert np.all(dK[0] != 0) and np.all(dV[T - 1] != 0) and np.all(dP[upper] != 0)
+    T, d_h = 5, 4
+    Q, K, V, dC = (rng.standard_normal((T, d_h)) for _ in range(4))
+    causal = att.causal_mask(T)
+    padded = causal.copy()
+    padded[:, 2] = False
+
+    def dV(Q=Q, K=K, V=V, scale=1 / math.sqrt(d_h), mask=causal):
+        S = np.where(mask, Q @ K.T * scale, -np.inf)
+        P = np.exp(S - S.max(-1, keepdims=True))
+        P /= P.sum(-1, keepdims=True)
+        return P.T @ dC
+
+    ref = dV()
+    np.testing.assert_allclose(ref, att.attention_backward(dC, att.attention_forward(Q, K, V)[1])[2], rtol=1e-12)
+    changed = {"a": dV(Q=-Q, K=-K), "b": dV(V=10 * V), "c": dV(scale=1 / d_h), "d": dV(mask=padded),
+               "e": dV(mask=np.ones((T, T), dtype=bool))}
+    same = {k for k, v in changed.items() if np.array_equal(v, ref)}
+    assert same == {"a", "b"} == RIGHT["p5"]
+    assert all(np.abs(changed[k] - ref).max() > 1e-3 for k in "cde")
+    keys = json.loads((ROOT / "autograder" / "keys" / "08.json").read_text())["keys"]
+    assert set(keys["p5"]) == RIGHT["p5"]
 
 
 @pytest.mark.parametrize(

@@ -516,7 +516,7 @@ ITEMS = {
         1,
     ),
     "p5": Choice(
-        "what is exactly zero after a causal head's backward",
+        "which changes to the forward leave dV unchanged",
         2,
         options="abcde",
         multi=True,
