@@ -1,6 +1,7 @@
 """Lesson 08 ("Attention backward"): graded items score right answers fully, typical wrong answers less, with
 the diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
+import json
 import math
 from pathlib import Path
 
@@ -111,8 +112,8 @@ def _gqa_wrong(kind):
     return fn
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 130816, "p4": "a",
-         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "a", "p10": gqa_backward, "p11": None}
+RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 131326, "p4": "a",
+         "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "c", "p10": gqa_backward, "p11": None}
 
 
 def rope_backward(dy, cos, sin):
@@ -286,13 +287,38 @@ def test_attention_backward_wrong_arity_is_explained():
         ("p4", "b", "the subtraction takes it back"),
         ("p4", "c", "no change reaches a row of dS uniformly"),
         ("p4", "d", "stays 0 whatever dP holds"),
-        ("p7", "b", "gradient at o_proj's input"),
-        ("p7", "c", "v_proj's D"),
+        ("p7", "a", "a softmax over one entry is the constant 1"),
+        ("p7", "b", "dV = Pᵀ dC = dC"),
+        ("p7", "d", "nothing reaches the queries"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     fb = check(f"08.{item_id}", answer)
     assert fb.points == 0 and text in fb.text() and "Reread" in fb.text(), fb.text()
+
+
+def test_p7s_key_a_one_token_sequence_trains_only_the_v_and_o_adapters():
+    """P7's key (c) measured with autograd: one causal layer, T = 1, trained adapters (A, B ≠ 0) on q, k, v and o, and
+    RoPE at position 0: the q and k adapters' gradients are exactly zero, the v and o adapters' are not."""
+    from coursekit import rope
+
+    gen = torch.Generator().manual_seed(7)
+    d, H, T = 8, 2, 1
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    X, dY = rnd(T, d), rnd(T, d)
+    W = {n: rnd(d, d) / math.sqrt(d) for n in "qkvo"}
+    ad = {n: (rnd(d, 2).requires_grad_(), rnd(2, d).requires_grad_()) for n in "qkvo"}
+    proj = lambda n, x: x @ W[n] + 2.0 * (x @ ad[n][0]) @ ad[n][1]
+    heads = lambda Z: Z.view(T, H, d // H).transpose(0, 1)
+    cos, sin = (torch.from_numpy(t) for t in rope.rope_cos_sin(T, d // H, 10_000.0))
+    rot = lambda Z: Z * cos + torch.cat((-Z[..., d // H // 2:], Z[..., : d // H // 2]), -1) * sin
+    C = torch.nn.functional.scaled_dot_product_attention(rot(heads(proj("q", X))), rot(heads(proj("k", X))),
+                                                         heads(proj("v", X)), is_causal=True)
+    proj("o", C.transpose(0, 1).reshape(T, d)).backward(dY)
+    trained = {n for n in "qkvo" if any(t.grad is not None and bool(torch.any(t.grad != 0)) for t in ad[n])}
+    assert trained == {"v", "o"}
+    keys = json.loads((ROOT / "autograder" / "keys" / "08.json").read_text())["keys"]
+    assert keys["p7"] == RIGHT["p7"] == "c"
 
 
 def test_p4s_key_adding_a_constant_to_a_row_of_dP_leaves_dS_unchanged():
@@ -315,41 +341,67 @@ def test_p4s_key_adding_a_constant_to_a_row_of_dP_leaves_dS_unchanged():
 def test_multi_choice_partial_credit_and_hints():
     fb = check("08.p5", {"a", "b", "e"})
     assert fb.points == pytest.approx(1.0)
-    assert "dP = dC Vᵀ is dense" in fb.text()
+    assert "value u now receives gradient from queries t < u" in fb.text()
     fb = check("08.p5", {"a"})
     assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
     fb = check("08.p5", {"c", "d"})
-    assert fb.points == 0 and "Every query attends key 0" in fb.text()
+    assert fb.points == 0 and "flattens each row of P" in fb.text()
 
 
-def test_p5_facts_hold_numerically():
-    """The statements P5 declares exactly zero are exactly zero; the others are not."""
+def test_p5s_key_measured_dv_under_each_change():
+    """P5's key ({a, b}) measured: one causal head, T = 5, and dV = Pᵀ dC recomputed after each change of the forward:
+    exactly equal after a and b, different after c, d and e."""
     rng = np.random.default_rng(5)
-    T = 5
-    Q, K, V, dC = (rng.standard_normal((T, 3)) for _ in range(4))
-    C, cache = att.attention_forward(Q, K, V)
-    dQ, dK, dV = att.attention_backward(dC, cache)
-    P = cache["P"]
-    dP = dC @ V.T
-    dS = att.softmax_backward(P, dP)
-    upper = ~att.causal_mask(T)
-    assert np.all(dS[upper] == 0) and np.all(dQ[0] == 0)
-    assert np.all(dK[0] != 0) and np.all(dV[T - 1] != 0) and np.all(dP[upper] != 0)
+    T, d_h = 5, 4
+    Q, K, V, dC = (rng.standard_normal((T, d_h)) for _ in range(4))
+    causal = att.causal_mask(T)
+    padded = causal.copy()
+    padded[:, 2] = False
+
+    def dV(Q=Q, K=K, V=V, scale=1 / math.sqrt(d_h), mask=causal):
+        S = np.where(mask, Q @ K.T * scale, -np.inf)
+        P = np.exp(S - S.max(-1, keepdims=True))
+        P /= P.sum(-1, keepdims=True)
+        return P.T @ dC
+
+    ref = dV()
+    np.testing.assert_allclose(ref, att.attention_backward(dC, att.attention_forward(Q, K, V)[1])[2], rtol=1e-12)
+    changed = {"a": dV(Q=-Q, K=-K), "b": dV(V=10 * V), "c": dV(scale=1 / d_h), "d": dV(mask=padded),
+               "e": dV(mask=np.ones((T, T), dtype=bool))}
+    same = {k for k, v in changed.items() if np.array_equal(v, ref)}
+    assert same == {"a", "b"} == RIGHT["p5"]
+    assert all(np.abs(changed[k] - ref).max() > 1e-3 for k in "cde")
+    keys = json.loads((ROOT / "autograder" / "keys" / "08.json").read_text())["keys"]
+    assert set(keys["p5"]) == RIGHT["p5"]
 
 
 @pytest.mark.parametrize(
     "answer, text",
     [
-        (512 * 513 // 2, "counts the allowed entries"),
-        (512 * 512 // 2, "the diagonal is allowed"),
-        (512 * 512, "every entry of P"),
-        (512 * 511, "both triangles"),
+        (512 * 511 // 2, "the causal mask's zeros alone"),
+        (512 * 511 // 2 + 512, "already counted"),
+        (512 * 511 // 2 + 509, "P[2, 2] = 0 too"),
+        (512 * 512 - 131326, "stay positive"),
         (1000, "not right (tolerance"),
     ],
 )
 def test_p3_mistakes_are_recognised(answer, text):
     fb = check("08.p3", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p3_key_is_the_count_of_exact_zeros_of_a_real_padded_head():
+    """P3's key measured: a causal head of T = 512 with key 2 padded, random Q, K, V: the entries of P that are exactly
+    0 (not small) are the key, and every other entry is positive."""
+    T = 512
+    rng = np.random.default_rng(3)
+    keep = np.ones((T, T), dtype=bool)
+    keep[:, 2] = False
+    _, cache = att.attention_forward(*(rng.standard_normal((T, 8)) for _ in range(3)), mask=keep)
+    P = cache["P"]
+    zeros = int((P == 0.0).sum())
+    assert zeros == ITEMS["p3"].expected() == RIGHT["p3"] == 512 * 511 // 2 + 510
+    assert np.all(P[P != 0.0] > 0) and check("08.p3", zeros).points == ITEMS["p3"].points
 
 
 @pytest.mark.parametrize(

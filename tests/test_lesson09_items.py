@@ -2,6 +2,7 @@
 (SiLU′ as σ or σ′, dG without U, dU with G, one branch of dX, a forgotten residual) lose points with a
 diagnosis that names them, and the notebook's test cells agree with the item registry."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from coursekit import lora, mlp
+from coursekit import mlp
 from coursekit.grading import check
 from coursekit.grading.lessons import lesson09
 from coursekit.grading.lessons.lesson09 import ITEMS
@@ -146,7 +147,7 @@ def residual_gate_only(dY, X, W_gate, W_up, W_down):
 
 
 RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": silu_grad_right, "p2": swiglu_right, "p3": mlp_right,
-         "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 101_376}
+         "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 2_654_208}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -180,7 +181,7 @@ def test_p6_and_p7_expected_values_by_hand():
     dG = 2 * -1 * mlp.silu_grad(0.5)
     dU = 2 * mlp.silu(0.5)
     assert ITEMS["p6"].expected() == pytest.approx(1 + 0.5 * dG - dU, rel=1e-12) == pytest.approx(RIGHT["p6"])
-    assert ITEMS["p7"].expected() == 3 * lora.param_count(576, 1536, 16) == 101_376
+    assert ITEMS["p7"].expected() == 3 * 576 * 1536 == 2_654_208
 
 
 def test_p6_mistakes_are_distinct_from_each_other_and_the_answer():
@@ -287,6 +288,55 @@ def test_stub_and_non_function():
     assert fb.points == 0 and "should return 4 values" in fb.text()
 
 
+def test_p7s_key_is_the_backward_matmul_count_through_frozen_weights():
+    """P7's key measured: torch's FlopCounterMode over the backward of SmolLM2's MLP shapes with frozen weights and an
+    input that needs its gradient (the layers below carry adapters): 2 FLOPs per multiply-add, matmuls only."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    d, f = 576, 1536
+    gen = torch.Generator().manual_seed(7)
+    Wg, Wu, Wd = (0.02 * torch.randn(a, b, generator=gen) for a, b in ((d, f), (d, f), (f, d)))  # frozen: no grad
+    x = torch.randn(1, d, generator=gen, requires_grad=True)
+    y = (torch.nn.functional.silu(x @ Wg) * (x @ Wu)) @ Wd
+    with FlopCounterMode(display=False) as counter:
+        y.backward(torch.randn(1, d, generator=gen))
+    assert counter.get_total_flops() == 2 * ITEMS["p7"].expected() == 2 * RIGHT["p7"]
+
+
+def test_p5s_key_a_token_with_a_closed_gate_trains_none_of_the_three_adapters():
+    """P5's key (c) measured with autograd: a gated MLP with trained adapters on gate, up and down, one ordinary token
+    and one whose row of G (adapter included) is −20 everywhere: the closed token's share of every factor's gradient is
+    below a ten-thousandth of the ordinary token's (its U and dY being the ordinary token's)."""
+    gen = torch.Generator().manual_seed(9)
+    d, f, r, s = 12, 4, 2, 2.0
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    W = {n: rnd(*shape) / 2 for n, shape in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))}
+    ad = {n: (rnd(W[n].shape[0], r), rnd(r, W[n].shape[1])) for n in W}
+    eff = {n: W[n] + s * ad[n][0] @ ad[n][1] for n in W}
+    x0 = rnd(d)
+    # the closed token: G = −20 in every column, and the same U as the ordinary token
+    target = torch.cat([torch.full((f,), -20.0, dtype=torch.float64), x0 @ eff["up"]])
+    x_closed = torch.linalg.lstsq(torch.cat([eff["gate"], eff["up"]], 1).T, target).solution
+    X = torch.stack([x0, x_closed])
+    dY = rnd(2, d)
+
+    def grads(t):
+        ps = {n: tuple(p.clone().requires_grad_() for p in ad[n]) for n in ad}
+        proj = lambda n, x: x @ W[n] + s * (x @ ps[n][0]) @ ps[n][1]
+        G = proj("gate", X[t:t + 1])
+        assert t == 0 or torch.allclose(G, torch.full_like(G, -20.0))
+        U = proj("up", X[t:t + 1])
+        assert torch.allclose(U, proj("up", X[:1]))  # an ordinary U
+        Y = proj("down", torch.nn.functional.silu(G) * U)
+        Y.backward(dY[t:t + 1])
+        return {n: max(float(p.grad.abs().max()) for p in ps[n]) for n in ps}
+
+    ordinary, closed = grads(0), grads(1)
+    assert all(closed[n] < 1e-4 * ordinary[n] for n in ad), (closed, ordinary)
+    keys = json.loads((ROOT / "autograder" / "keys" / "09.json").read_text())["keys"]
+    assert keys["p5"] == RIGHT["p5"] == "c"
+
+
 # --------------------------------------------------------------------------- wrong answers: other items
 
 
@@ -297,8 +347,9 @@ def test_stub_and_non_function():
         ("w1", "d", "W_gate's (and W_up's) shape"),
         ("w3", "a", "drops the up branch"),
         ("w3", "c", "Averaging halves"),
-        ("p5", "a", "down_proj's adapter consumes what down_proj consumes"),
-        ("p5", "d", "not what it consumes"),
+        ("p5", "a", "This token is not like the others"),
+        ("p5", "b", "A closed gate silences what down_proj reads"),
+        ("p5", "d", "Their input X is ordinary, but their D is not"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -317,9 +368,11 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("p6", RIGHT["p6"] - 1, "forgot the residual"),
         ("p6", lesson09._p6_mistakes()[3].value, "gate branch"),
         ("p6", 1.0, "skip path"),
-        ("p7", lora.param_count(576, 1536, 16), "that is one adapter"),
-        ("p7", 3 * lora.param_count(576, 576, 16), "576 × 576"),
-        ("p7", 30 * 101_376, "all 30 layers"),
+        ("p7", 6 * 576 * 1536, "A frozen weight needs no ∇W"),
+        ("p7", 2 * 576 * 1536, "X feeds both gate and up"),
+        ("p7", 576 * 1536, "that is one product"),
+        ("p7", 9 * 576 * 1536, "the forward plus a full backward"),
+        ("p7", 0, "a frozen weight is not a detached one"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):

@@ -257,5 +257,44 @@ def test_multi_choice_partial_credit_and_hints():
     fb = check("10.p6", {"a", "b"})
     assert 0 < fb.points < 2 and "missing" in fb.text()
     fb = check("10.p6", {"a", "b", "c", "d"})
-    assert 0 < fb.points < 2 and "all-linear adapts it" in fb.text()
+    assert 0 < fb.points < 2 and "o is the only road from the loss to their outputs" in fb.text()
     assert check("10.p6", {"d", "e"}).points == 0
+
+
+def test_p6s_key_measured_with_the_first_norm_computed_under_no_grad():
+    """P6's key ({a, b, c}) measured with autograd: the block of torch_block_forward with adapters on all seven
+    projections, once as it is and once with u1 = RMSNorm(x; g1) computed under torch.no_grad(): every adapter's
+    gradient is the same, ∇x differs, y is bit for bit the same."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(10)
+    T, d, H, f, s = 5, 8, 2, 12, 2.0
+    weights, adapters = block.init_block(rng, d=d, n_heads=H, f=f, targets=block.PROJECTIONS, r=2)
+    x0, dy = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+    W = {k: torch.tensor(v) for k, v in weights.items()}
+
+    def run(no_grad_u1):
+        x = torch.tensor(x0, requires_grad=True)
+        ad = {p: tuple(torch.tensor(m, requires_grad=True) for m in pair) for p, pair in adapters.items()}
+        rms = lambda z, g: z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+        P = lambda p, X: X @ W[f"W_{p}"] + s * (X @ ad[p][0]) @ ad[p][1]
+        heads = lambda z: z.reshape(T, H, d // H).transpose(0, 1)
+        with torch.no_grad() if no_grad_u1 else torch.enable_grad():
+            u1 = rms(x, W["g1"])
+        C = F.scaled_dot_product_attention(heads(P("q", u1)), heads(P("k", u1)), heads(P("v", u1)), is_causal=True)
+        h = x + P("o", C.transpose(0, 1).reshape(T, d))
+        u2 = rms(h, W["g2"])
+        y = h + P("down", F.silu(P("gate", u2)) * P("up", u2))
+        y.backward(torch.tensor(dy))
+        return y.detach(), x.grad, {f"{m}_{p}": t.grad for p, pair in ad.items() for m, t in zip("AB", pair)}
+
+    y_ref, dx_ref, g_ref = run(False)
+    y_cut, dx_cut, g_cut = run(True)
+    assert torch.equal(y_ref, y_cut)                                                     # e is false
+    assert all(torch.allclose(g_ref[k], g_cut[k], rtol=1e-12, atol=1e-14) for k in g_ref)  # a and b are true, d false
+    assert all(bool(torch.any(g_cut[k] != 0)) for k in g_cut)
+    assert not torch.allclose(dx_ref, dx_cut)                                            # c is true
+    keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
+    assert set(keys["p6"]) == RIGHT["p6"] == {"a", "b", "c"}

@@ -1,6 +1,7 @@
 """Lesson 11 ("Optimizers and preflight"): graded items score right answers fully, typical wrong answers less, with
 the diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -30,6 +31,18 @@ def rescaled_grads(X, W, A, B, s, D, c):
     return X.T @ (s * D @ Bc.T), s * (X @ Ac).T @ D
 
 
+def adamw_by_torch(p, grads, lr=0.05, wd=0.2):
+    """The entry after one torch.optim.AdamW step per gradient (float64): P3's key, measured."""
+    import torch
+
+    x = torch.nn.Parameter(torch.tensor([p], dtype=torch.float64))
+    opt = torch.optim.AdamW([x], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    for g in grads:
+        x.grad = torch.tensor([g], dtype=torch.float64)  # a tensor of zeros is a gradient, not None
+        opt.step()
+    return x.item()
+
+
 def ratios(c=10.0, lr=0.01):
     rng = np.random.default_rng(0)
     X, W, A, B, D = (rng.standard_normal(sh) for sh in [(3, 4), (4, 5), (4, 2), (2, 5), (3, 5)])
@@ -45,7 +58,7 @@ def ratios(c=10.0, lr=0.01):
 
 
 RIGHT = {"w1": "b", "w2": 262144, "w3": "c", "p1": factor_update, "p2": trainable_params,
-         "p3": 2.5 * 0.99**3, "p4": "b", "p5": rescaled_grads, "p6": ratios()}
+         "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "b", "p5": rescaled_grads, "p6": ratios()}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -60,7 +73,7 @@ def test_right_answers_score_full(item_id, hidden):
 
 
 def test_typed_decimals_are_accepted():
-    assert check("11.p3", 2.425748).full
+    assert check("11.p3", round(RIGHT["p3"], 6)).full
     assert check("11.p6", [0.01, 0.1]).full
 
 
@@ -109,20 +122,60 @@ def test_trainable_params_hidden_cases_vary():
 
 
 @pytest.mark.parametrize("answer,text", [
-    (2.5, "a zero gradient is a tensor, not None"),
-    (2.5 * 0.99, "that is one step"),
-    (2.5 * 0.8**3, "not (1 − λ)"),
-    (2.5 - 3 * 0.05 * 0.2, "multiplies"),
+    (adamw_by_torch(2.5, (4.0,)) * 0.99**2, "m̂ / (√v̂ + ε) is still about 0.67 and 0.52"),
+    (adamw_by_torch(2.5, (4.0,)), "that is the entry after step 1"),
+    (adamw_by_torch(2.5, (4.0, 0.0, 0.0), wd=0.0), "left out the decoupled decay"),
+    (2.5 * 0.99**3 - 0.15, "moved the entry by a full lr at every step"),
+    (2.5 * 0.99**3, "not right"),
 ])
-def test_decay_mistakes_are_named(answer, text):
+def test_p3_mistakes_are_named(answer, text):
     fb = check("11.p3", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-@pytest.mark.parametrize("letter,text", [("a", "None"), ("c", "0 / (0 + ε)"), ("d", "param groups")])
+def test_p3_zero_gradients_after_a_real_one_move_the_entry_beyond_the_decay():
+    """What P3 asks the student to predict, measured with torch: steps 2 and 3 (gradient zeros) move the entry by more
+    than their decay alone, in step 1's direction; and the key is torch's number."""
+    after_one = adamw_by_torch(2.5, (4.0,))
+    decay_only = after_one * (1 - 0.05 * 0.2) ** 2
+    assert RIGHT["p3"] < decay_only - 0.05
+    assert ITEMS["p3"].expected() == pytest.approx(RIGHT["p3"], abs=1e-12)
+
+
+@pytest.mark.parametrize("letter,text", [("a", "get_peft_model creates lora_A and lora_B afterwards"),
+                                         ("c", "check 3 passes"), ("d", "AdamW skips them")])
 def test_p4_wrong_letters_teach(letter, text):
     fb = check("11.p4", letter)
     assert fb.points == 0 and text in fb.text()
+
+
+def test_p4s_key_an_optimizer_built_before_get_peft_model_moves_nothing_and_preflight_names_the_adapters():
+    """P4's key (b) measured: the optimizer built before get_peft_model; after a few steps the adapters have nonzero
+    gradients but have not moved, the base weights have not moved either, and preflight's ownership check fails."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from coursekit import train
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
+    model = get_peft_model(net, LoraConfig(r=2, lora_alpha=4, target_modules=["0", "2"]))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    batch = {"x": torch.randn(16, 8, generator=gen), "y": torch.randint(0, 4, (16,), generator=gen)}
+    loss_fn = lambda m, b: torch.nn.functional.cross_entropy(m(b["x"]), b["y"])
+    for _ in range(3):
+        opt.zero_grad()
+        loss_fn(model, batch).backward()
+        opt.step()
+    adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert adapters and all(p.grad is not None and bool(p.grad.abs().sum() > 0) for n, p in adapters.items() if "lora_B" in n)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())     # nothing moved, base included
+    with pytest.raises(train.PreflightError, match="not in the optimizer"):
+        train.preflight(model, batch, loss_fn=loss_fn, optimizer=opt)
+    keys = json.loads((ROOT / "autograder" / "keys" / "11.json").read_text())["keys"]
+    assert keys["p4"] == RIGHT["p4"] == "b"
 
 
 def test_rescaled_grads_mistakes_are_named():

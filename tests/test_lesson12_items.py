@@ -52,7 +52,7 @@ def own_base(base, adapter_dir):
     return PeftModel.from_pretrained(artifacts.TinyNet(seed=0), adapter_dir).eval()
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": 737_280, "p2": 2_949_120, "p3": right_reload,
+RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": 737_280, "p2": 8_847_840, "p3": right_reload,
          "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"a", "b", "c", "d"}, "p6": "b"}
 
 
@@ -90,7 +90,31 @@ def test_reload_right_answer_scores_full_with_hidden_cases_and_leaves_rng_alone(
 
 def test_expected_numbers_come_from_the_architecture():
     assert lesson12.smol_kv_params() == 30 * 2 * 16 * 768 == 737_280
-    assert ITEMS["p2"].expected() == 4 * 737_280
+    assert ITEMS["p2"].expected() == 12 * 737_280 + 4 * 120
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' own deprecation notice inside get_peft_model
+def test_p2s_key_is_what_a_real_adapter_and_adamw_hold_after_a_step():
+    """P2's key measured: PEFT's r = 16 adapter on k_proj and v_proj of a Llama model with SmolLM2's attention shapes
+    (576 wide, 9 query and 3 key/value heads of 64; a tiny MLP and vocabulary, which the adapter does not touch), one
+    torch.optim.AdamW step, and the bytes of every adapter tensor and every optimizer-state tensor. Two layers, to stay
+    fast: every layer adds the same tensors, so SmolLM2's 30 layers hold 15 times as many bytes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64, num_hidden_layers=2,
+                      intermediate_size=8, vocab_size=16)
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=16, target_modules=["k_proj", "v_proj"]))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-3)
+    for p in trainable:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state_dict()["state"]
+    nbytes = sum(p.numel() * p.element_size() for p in trainable)
+    nbytes += sum(t.numel() * t.element_size() for st in state.values() for t in st.values() if torch.is_tensor(t))
+    assert {t.dtype for st in state.values() for t in st.values()} == {torch.float32}
+    assert len(trainable) == 2 * 4 and 15 * nbytes == ITEMS["p2"].expected() == RIGHT["p2"]
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -123,9 +147,11 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("p1", 30 * 2 * 16 * 1152, "576 → 192"),
         ("p1", 24_576, "one decoder layer"),
         ("p1", 368_640, "one of the two projections"),
-        ("p2", 737_280, "4 bytes"),
-        ("p2", 1_474_560, "bf16"),
-        ("p2", 32 * 737_280, "bits"),
+        ("p2", 4 * 737_280, "that is the adapter export"),
+        ("p2", 8 * 737_280 + 480, "two float32 copies"),
+        ("p2", 12 * 737_280, "you left out the step counters"),
+        ("p2", 16 * 737_280, "one per tensor, not one per value"),
+        ("p2", 3 * 737_280 + 120, "each float32 takes 4 bytes"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):

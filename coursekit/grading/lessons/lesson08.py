@@ -227,24 +227,37 @@ def _dS_only_if_both_off(mistakes: dict[str, list[Mistake]], got: dict | None, r
     return out
 
 
-# --------------------------------------------------------------------------- p3: masked entries
+# --------------------------------------------------------------------------- p3: zeros of P under causal + padding
 
 P3_T = 512
+#: The key masked for every query (a padding key), on top of the causal mask.
+P3_PAD = 2
+
+
+def _p3_allowed() -> np.ndarray:
+    """True where query t may attend key u: u ≤ t, and u is not the padding key."""
+    allowed = att.causal_mask(P3_T).copy()
+    allowed[:, P3_PAD] = False
+    return allowed
 
 
 def _p3_expected() -> float:
-    return float((~att.causal_mask(P3_T)).sum())
+    return float((~_p3_allowed()).sum())
 
 
 def _p3_mistakes() -> list[Mistake]:
-    T = P3_T
+    T, u = P3_T, P3_PAD
+    causal = T * (T - 1) // 2
     return [
-        Mistake("allowed", T * (T + 1) // 2, "that counts the allowed entries (the lower triangle with its diagonal); the question "
-                "asks for the masked ones, above the diagonal. " + READ_MASK),
-        Mistake("half", T * T // 2, "T²/2 splits the square down the middle, but the diagonal is allowed (query t sees itself): count the "
-                "entries strictly above it. " + READ_MASK),
-        Mistake("all", T * T, "that is every entry of P; only the entries above the diagonal (key u > query t) are masked. " + READ_MASK),
-        Mistake("double", T * (T - 1), "that counts both triangles; only the upper one (key u > query t) is masked. " + READ_MASK),
+        Mistake("causal only", causal, "that counts the causal mask's zeros alone (the entries above the diagonal); the padding "
+                "key's column adds the entries the causal mask left open: queries t ≥ 2 each lose key 2 too. " + READ_MASK),
+        Mistake("whole padding column", causal + T, "you added the padding key's whole column of T entries, but its entries "
+                "above the diagonal (queries 0 and 1, which could not see key 2 anyway) are already counted: a zero is one "
+                "entry of P, whichever mask put it there. " + READ_MASK),
+        Mistake("padding diagonal", causal + T - u - 1, "you left out the padding column's diagonal entry: query 2 may see "
+                "itself under the causal mask, but key 2 is padding, so P[2, 2] = 0 too. " + READ_MASK),
+        Mistake("allowed", T * T - causal - (T - u), "that counts the entries that stay positive; the question asks for the "
+                "ones that are exactly zero. " + READ_MASK),
     ]
 
 
@@ -491,7 +504,7 @@ ITEMS = {
         atol=1e-10,
     ),
     "p3": Numeric(
-        f"masked entries of P for one causal head with T = {P3_T}",
+        f"exactly-zero entries of P for one causal head with T = {P3_T} and key {P3_PAD} padded",
         1,
         name="n_masked",
         expected=_p3_expected,
@@ -503,7 +516,7 @@ ITEMS = {
         1,
     ),
     "p5": Choice(
-        "what is exactly zero after a causal head's backward",
+        "which changes to the forward leave dV unchanged",
         2,
         options="abcde",
         multi=True,
@@ -518,7 +531,7 @@ ITEMS = {
         mistakes=_p6_mistakes,
     ),
     "p7": Choice(
-        "the upstream gradient D of an adapter on o_proj",
+        "which adapters of a layer a one-token sequence trains",
         1,
     ),
     "p10": Function(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import lora, mlp
+from ... import mlp
 from ..checkers import Case, Mistake, worded
 from .. import Choice, Function, Numeric
 
@@ -15,10 +15,10 @@ READ_GATE = "Reread 'Through the gate' in Know this."
 READ_BRANCH = "Reread 'Branches add' in Know this."
 READ_RESID = "Reread 'Residuals pass the gradient to both operands' in Know this."
 READ_LORA = "Reread 'Where LoRA fits' in Know this."
+READ_COST = "Reread 'Through the gate', 'Branches add' and 'Where LoRA fits' in Know this."
 
-# SmolLM2-135M's MLP (config.json of the embedded checkpoint: hidden_size, intermediate_size, num_hidden_layers).
-SMOL_D, SMOL_F, SMOL_LAYERS = 576, 1536, 30
-P7_R = 16
+# SmolLM2-135M's MLP (config.json of the embedded checkpoint: hidden_size, intermediate_size).
+SMOL_D, SMOL_F = 576, 1536
 
 
 # --------------------------------------------------------------------------- references (coursekit.mlp)
@@ -251,17 +251,27 @@ def _p6_mistakes() -> list[Mistake]:
 
 
 def _p7_expected() -> float:
-    return float(sum(lora.param_count(d, m, P7_R) for d, m in ((SMOL_D, SMOL_F), (SMOL_D, SMOL_F), (SMOL_F, SMOL_D))))
+    """Multiply-adds per token in the frozen base weights during the backward pass: only the input gradients
+    dH = dY W_downᵀ (f·d), and dX = dG W_gateᵀ + dU W_upᵀ (2·d·f); no ∇W = Xᵀ D is formed for a frozen weight."""
+    return float(3 * SMOL_D * SMOL_F)
 
 
 def _p7_mistakes() -> list[Mistake]:
-    one = lora.param_count(SMOL_D, SMOL_F, P7_R)
+    df = SMOL_D * SMOL_F
     return [
-        Mistake("one projection", one, f"that is one adapter, r(d + m) = {one:,}; the question asks for gate, up and down together. " + READ_LORA),
-        Mistake("square", 3 * lora.param_count(SMOL_D, SMOL_D, P7_R),
-                "you used 576 × 576 for every projection: gate and up are 576 → 1536 and down is 1536 → 576. " + READ_LORA),
-        Mistake("all layers", SMOL_LAYERS * _p7_expected(), "that counts all 30 layers; the question asks for one layer's MLP. " + READ_LORA),
-        Mistake("dense", 3 * SMOL_D * SMOL_F, "that is the MLP's dense weight count 3·d·f, not the adapters' r(d + m) per projection. " + READ_LORA),
+        Mistake("weight gradients", 6 * df, "that is twice the answer: it is what a backward that also forms ∇W = Xᵀ D for "
+                "every projection spends (full fine-tuning), or the right count in FLOPs (two per multiply-add). A frozen "
+                "weight needs no ∇W; the gradient still passes through it: dH = dY W_downᵀ, dX = dG W_gateᵀ + dU W_upᵀ. "
+                + READ_COST),
+        Mistake("one branch", 2 * df, "two products are missing one: X feeds both gate and up, so dX = dG W_gateᵀ + dU W_upᵀ "
+                "needs both, and dH = dY W_downᵀ comes first. " + READ_COST),
+        Mistake("one projection", df, "that is one product; the backward passes through all three frozen weights: "
+                "dH = dY W_downᵀ, then dG W_gateᵀ and dU W_upᵀ for dX. " + READ_COST),
+        Mistake("forward and full backward", 9 * df, "that is the forward plus a full backward with ∇W; the question asks "
+                "for the backward through frozen weights only: three input-gradient products. " + READ_COST),
+        Mistake("nothing", 0, "a frozen weight is not a detached one: the gradient must pass through W_down to reach the "
+                "gate and up adapters and through W_gate and W_up to reach the layers below, one product each. "
+                + READ_COST),
     ]
 
 
@@ -350,7 +360,7 @@ ITEMS = {
         mistakes=residual_mistakes,
     ),
     "p5": Choice(
-        "the input of the down projection's adapter",
+        "which adapters a token with a closed gate trains",
         1,
     ),
     "p6": Numeric(
@@ -363,9 +373,9 @@ ITEMS = {
         mistakes=_p6_mistakes,
     ),
     "p7": Numeric(
-        "LoRA parameters on one SmolLM2 MLP, r = 16",
+        "multiply-adds per token of the backward through one SmolLM2 MLP's frozen weights",
         1,
-        name="trainable parameters",
+        name="multiply-adds",
         expected=_p7_expected,
         rtol=0,
         atol=0.5,

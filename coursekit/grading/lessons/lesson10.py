@@ -288,7 +288,7 @@ ITEMS = {
         atol=1e-10,
     ),
     "p6": Choice(
-        "what all-linear leaves out on SmolLM2",
+        "what computing the first RMSNorm under no_grad changes",
         2,
         options="abcde",
         multi=True,

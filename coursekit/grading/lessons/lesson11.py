@@ -35,13 +35,23 @@ def rescaled_grads(X, W, A, B, s, D, c):
     return dA, dB
 
 
-def _decay_only(p: float, lr: float, wd: float, steps: int) -> float:
-    """AdamW on an entry whose gradient is 0 at every step: the moments stay 0, only the decay acts."""
+def _adamw_entry(p: float, grads: tuple[float, ...], lr: float, wd: float, bias_correction: bool = True) -> float:
+    """One entry through AdamW (``walk.adamw_step``, torch's algorithm), one step per gradient in ``grads``;
+    ``bias_correction=False`` gives the value of a student who leaves out m̂ and v̂ (a mistake's value)."""
     x = np.array([[p]])
     st = walk.AdamWState.zeros_like(x)
-    for _ in range(steps):
-        x, st = walk.adamw_step(x, np.zeros_like(x), st, lr=lr, weight_decay=wd)
-    return float(x[0, 0])
+    if bias_correction:
+        for g in grads:
+            x, st = walk.adamw_step(x, np.full_like(x, g), st, lr=lr, weight_decay=wd)
+        return float(x[0, 0])
+    m = v = 0.0
+    x = float(p)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for g in grads:
+        x *= 1 - lr * wd
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        x -= lr * m / (np.sqrt(v) + eps)
+    return float(x)
 
 
 def _a_term_ratios(c: float = 10.0, lr: float = 0.01) -> np.ndarray:
@@ -299,7 +309,8 @@ def _rg_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 # --------------------------------------------------------------------------- items
 
-P3 = dict(p=2.5, lr=0.05, wd=0.2, steps=3)
+#: P3: an entry whose gradient is 4 at step 1 and a tensor of zeros at steps 2 and 3 (kept, not None).
+P3 = dict(p=2.5, grads=(4.0, 0.0, 0.0), lr=0.05, wd=0.2)
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
@@ -359,26 +370,34 @@ ITEMS = {
     ),
     "p2": ParamSelection("implement trainable_params", 3),
     "p3": Numeric(
-        "an entry with a zero gradient after three AdamW steps",
+        "an entry after a real gradient and two zero gradients under AdamW",
         1,
         name="p",
-        expected=lambda: _decay_only(**P3),
+        expected=lambda: _adamw_entry(**P3),
         rtol=0,
         atol=1e-6,
         mistakes=lambda: [
-            Mistake("unchanged", P3["p"], "a zero gradient is a tensor, not None: AdamW applies the decoupled decay "
-                                          "θ ← θ(1 − lr·λ) at every step. " + READ_ZERO),
-            Mistake("one step", _decay_only(P3["p"], P3["lr"], P3["wd"], 1), "that is one step; the question asks for three, "
-                                                                           "each multiplying by (1 − lr·λ). " + READ_ZERO),
-            Mistake("no lr", P3["p"] * (1 - P3["wd"]) ** 3, "the decay factor per step is (1 − lr·λ), not (1 − λ). " + READ_ZERO),
-            Mistake("subtract", P3["p"] - 3 * P3["lr"] * P3["wd"], "decoupled decay multiplies: θ(1 − lr·λ), it does not "
-                                                                   "subtract lr·λ. " + READ_ZERO),
-            Mistake("adam step", _decay_only(**P3) - 3 * P3["lr"], "the Adam part is m̂ / (√v̂ + ε) = 0 / (0 + ε) = 0 when "
-                                                                  "every gradient is zero; only the decay acts. " + READ_ZERO),
+            Mistake("zeros move nothing", _adamw_entry(P3["p"], P3["grads"][:1], P3["lr"], P3["wd"])
+                    * (1 - P3["lr"] * P3["wd"]) ** 2,
+                    "you let steps 2 and 3 only decay the entry, as for a tensor whose gradient was always zero; this one "
+                    "had a gradient at step 1, so its m is not zero: m̂ / (√v̂ + ε) is still about 0.67 and 0.52 at steps "
+                    "2 and 3, and the entry keeps moving in step 1's direction. " + READ_ZERO),
+            Mistake("one step", _adamw_entry(P3["p"], P3["grads"][:1], P3["lr"], P3["wd"]),
+                    "that is the entry after step 1; a zero gradient is a tensor, not None, so steps 2 and 3 run too: "
+                    "the decay and the moments both act. " + READ_ZERO),
+            Mistake("no decay", _adamw_entry(P3["p"], P3["grads"], P3["lr"], 0.0),
+                    "you left out the decoupled decay: every step, whatever the gradient, first multiplies the entry by "
+                    "(1 − lr·λ). " + READ_ZERO),
+            Mistake("no bias correction", _adamw_entry(**P3, bias_correction=False),
+                    "you left out the bias correction m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ) (lesson 06): without it "
+                    "the first steps are far too small or too large. " + READ_ZERO),
+            Mistake("three full steps", P3["p"] * (1 - P3["lr"] * P3["wd"]) ** 3 - 3 * P3["lr"],
+                    "you moved the entry by a full lr at every step; after step 1 the gradient is zero, so m decays "
+                    "by β₁ each step while √v̂ decays more slowly: m̂ / (√v̂ + ε) falls below 1. " + READ_ZERO),
         ],
     ),
     "p4": Choice(
-        "which parameter does opt.step() change",
+        "an optimizer built before get_peft_model",
         1,
     ),
     "p5": Function(

@@ -17,6 +17,7 @@ from ..checkers import (PUBLIC_ONLY_NOTE, Feedback, Mistake, _consistent, compar
 
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
+READ_CKPT = "Reread 'Two artifacts' and 'A resumable checkpoint' in Know this."
 
 # SmolLM2-135M (the course's base): hidden 576, 9 query heads and 3 KV heads of width 64, 30 decoder layers.
 SMOL = dict(hidden=576, head_dim=64, kv_heads=3, layers=30)
@@ -29,6 +30,17 @@ def smol_kv_params(r: int = P1_R) -> int:
     """Adapter parameters of LoRA rank r on k_proj and v_proj (576 → 192 each) in every layer: r(d + m) each."""
     d, kv = SMOL["hidden"], SMOL["kv_heads"] * SMOL["head_dim"]
     return SMOL["layers"] * 2 * lora.param_count(d, kv, r)
+
+
+def kv_tensors() -> int:
+    """P1's adapter as tensors: lora_A and lora_B of k_proj and v_proj in every layer."""
+    return SMOL["layers"] * 2 * 2
+
+
+def checkpoint_tensor_bytes() -> int:
+    """P2: the bytes of tensor data a resumable checkpoint holds for P1's float32 adapter and its AdamW: the values, m
+    and v (one float32 each per value) and one float32 step counter per tensor (torch.optim.AdamW's ``state``)."""
+    return 3 * 4 * smol_kv_params() + 4 * kv_tensors()
 
 
 # --------------------------------------------------------------------------- p3: reload(base, adapter_dir)
@@ -264,15 +276,22 @@ ITEMS = {
         ],
     ),
     "p2": Numeric(
-        "bytes of tensor data in that adapter's adapter_model.safetensors (float32)",
+        "bytes of tensor data that P1's adapter and its AdamW state put in a resumable checkpoint",
         1,
         name="n_bytes",
-        expected=lambda: 4 * smol_kv_params(),
+        expected=lambda: checkpoint_tensor_bytes(),
         rtol=0,
         mistakes=lambda: [
-            Mistake("params", smol_kv_params(), "that is the parameter count; each float32 takes 4 bytes. " + READ_DIR),
-            Mistake("bf16", 2 * smol_kv_params(), "that is 2 bytes per value (bf16); PEFT saves the adapter in its dtype, float32 here. " + READ_DIR),
-            Mistake("bits", 32 * smol_kv_params(), "that is bits; divide by 8. " + READ_DIR),
+            Mistake("export only", 4 * smol_kv_params(), "that is the adapter export, the values alone; a resumable checkpoint "
+                    "adds AdamW's two moments (m and v, float32, one per value) and a step counter per tensor. " + READ_CKPT),
+            Mistake("two copies", 8 * smol_kv_params() + 4 * kv_tensors(), "you counted two float32 copies of the adapter; "
+                    "a resumable checkpoint holds three: the values themselves, which step k + 1 reads, and both of AdamW's "
+                    "moments, m (exp_avg) and v (exp_avg_sq). " + READ_CKPT),
+            Mistake("no step counters", 12 * smol_kv_params(), "you left out the step counters: AdamW keeps one per parameter "
+                    "tensor (lora_A and lora_B of every adapted module), and the bias correction reads it. " + READ_CKPT),
+            Mistake("step per value", 16 * smol_kv_params(), "the step counter is one per tensor, not one per value: every "
+                    "entry of a tensor has taken the same number of steps. " + READ_CKPT),
+            Mistake("params", 3 * smol_kv_params() + kv_tensors(), "that counts numbers; each float32 takes 4 bytes. " + READ_CKPT),
         ],
     ),
     "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
