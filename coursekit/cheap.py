@@ -360,8 +360,13 @@ def ladder(tokenizer, store, base: torch.nn.Module | None = None, progress: bool
            "matmul": capstone._matmul(), "code": code_key()}
 
     def compute() -> dict:
+        import warnings
+
         model = base if base is not None else capstone.for_this_cpu(cmodel.load_model("nf4"))
         splits = {s: cdata.load_split(s) for s in ("train",) + tuple(cdata.HELDOUT_SPLITS)}
-        return {**compute_ladder(model, tokenizer, splits, progress), "base_mb": cmodel.footprint(model) / 1e6}
+        with warnings.catch_warnings():  # a notebook writes nothing to stderr: scikit-learn's convergence notes
+            warnings.simplefilter("ignore")  # (an lbfgs that stops at max_iter) are no part of the lesson
+            out = compute_ladder(model, tokenizer, splits, progress)
+        return {**out, "base_mb": cmodel.footprint(model) / 1e6}
 
     return store.result("cheap", key, compute, "coursekit.cheap")
