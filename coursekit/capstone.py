@@ -744,7 +744,8 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
 
 
 def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool = True, log: Callable = print) -> dict:
-    """Every step above, in order; returns ``{"ladder", "runs": {name: record}, "heldout": {name: results},
+    """Every step above, in order, with the cheap rungs (``coursekit.cheap.ladder``) after the baselines; returns
+    ``{"ladder", "cheap", "runs": {name: record}, "heldout": {name: results},
     "merge", "store": {"computed", "read"} (results this run computed and read), "matmul", "threads",
     "usable_cpus", "wall_seconds"}``. What ``coursekit capstone`` and ``coursekit grade`` (before grading lesson 19) run."""
     recipe = recipe or reference_recipe()
@@ -754,6 +755,10 @@ def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool
     log(f"matmuls in {_matmul()}, {cmodel.use_usable_cpus()} torch threads ({cmodel.usable_cpus()} usable CPUs)")
     log("baselines: a prompt search on training tickets, then the chosen prompts on the held-out splits …")
     ladder = baseline_ladder(tok, store, recipe, progress=progress)
+    from . import cheap
+
+    log("cheap alternatives: bag of words, kNN and a probe on the frozen base, chosen by grouped CV on training tickets …")
+    cheap_rungs = cheap.ladder(tok, store, progress=progress)
     runs, heldout, merge = {}, {}, None
     for name, (_, _, what) in RUNS.items():
         log(f"{what} …")
@@ -767,7 +772,8 @@ def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool
             log("reload and merges …")
             merge = merge_comparison(trained, tok, store)
         trained.release()
-    return {"ladder": ladder, "runs": runs, "heldout": heldout, "merge": merge, "store": dict(store.counts),
+    return {"ladder": ladder, "cheap": cheap_rungs, "runs": runs, "heldout": heldout, "merge": merge,
+            "store": dict(store.counts),
             "matmul": _matmul(), "threads": cmodel.use_usable_cpus(), "usable_cpus": cmodel.usable_cpus(),
             "wall_seconds": time.perf_counter() - t0}
 
@@ -777,11 +783,14 @@ def run(recipe: Recipe | None = None, store: Store | None = None, progress: bool
 #: 16-bit original: the QLoRA-against-LoRA comparison is NF4(decoded Q4_1) against decoded Q4_1.
 RUN_LABELS = {"qlora": "QLoRA", "lora_bf16": "LoRA on the bf16 base (Q4_1 decoded)", "qlora_qv": "QLoRA, adapters on q_proj, v_proj"}
 SCORING_LABELS = {"labels": "label scoring", "generate": "generation (first-word rule)"}
+#: How tables name the cheap rungs of ``coursekit.cheap`` (no gradient through the model).
+CHEAP_LABELS = {"bow": "bag of words", "knn": "kNN on base states", "probe": "probe on base states"}
 
 
 def paired_comparisons(report: dict) -> list[tuple[str, str, str, dict]]:
     """The paired comparisons a :func:`run` report supports, on each held-out split: QLoRA (label scoring) against
-    the tuned prompt (:func:`tuned_baseline`), against LoRA on bf16 and against the q,v ablation (when those ran).
+    the tuned prompt (:func:`tuned_baseline`), against LoRA on bf16, the q,v ablation and each cheap rung
+    (``coursekit.cheap``; when those ran).
     Returns ``[(split, name A, name B, coursekit.paired.compare result)]``, symptoms as the groups."""
     from . import paired
 
@@ -791,6 +800,7 @@ def paired_comparisons(report: dict) -> list[tuple[str, str, str, dict]]:
     pairs += [("QLoRA", label, report["heldout"][name]["labels"])
               for name, label in (("lora_bf16", "LoRA on bf16"), ("qlora_qv", "the q,v ablation"))
               if name in report["heldout"]]
+    pairs += [("QLoRA", CHEAP_LABELS[name], rung) for name, rung in (report.get("cheap") or {}).get("rungs", {}).items()]
     return [(split, a, b, paired.compare(q[split], rb[split], symptom))
             for a, b, rb in pairs for split in cdata.HELDOUT_SPLITS]
 
@@ -809,6 +819,8 @@ def format_report(report: dict) -> str:
     splits = cdata.HELDOUT_SPLITS
     n = {s: len(cdata.load_split(s)) for s in splits}
     rows = [(f"untrained, {name}", *(_pct(res[s]) for s in splits)) for name, res in report["ladder"].items()]
+    cheap = (report.get("cheap") or {}).get("rungs", {})
+    rows += [(f"cheap: {CHEAP_LABELS[name]}", *(_pct(r[s]) for s in splits)) for name, r in cheap.items()]
     for name, res in report["heldout"].items():
         for scoring, by_split in res.items():
             rows.append((f"{RUN_LABELS.get(name, name)}, {SCORING_LABELS[scoring]}", *(_pct(by_split[s]) for s in splits)))
@@ -829,6 +841,15 @@ def format_report(report: dict) -> str:
         saved = "-" if mem.get("saved_activations_mb") is None else f"{mem['saved_activations_mb']:.0f}"
         lines.append(f"{name:12s} {rec['seconds_per_step']:7.2f} {peak:>12s} {rec['footprint_mb']:18.0f} {saved:>21s}  "
                      f"{rec['by']}{' (stored)' if rec.get('cached') else ''}")
+    if cheap:
+        c = report["cheap"]
+        lines += ["", f"cheap rungs: one feature pass of the frozen NF4 base over every ticket ({c['features_cpu_seconds']:.0f} "
+                      f"CPU s), chosen by grouped CV on training tickets; what each keeps besides the base"]
+        for name, r in cheap.items():
+            chosen = ", ".join(f"{k} {v}" for k, v in r["chosen"].items() if k != "cv_accuracy")
+            lines.append(f"  {CHEAP_LABELS[name]:22s} chosen: {chosen} (CV {100 * r['chosen']['cv_accuracy']:.1f} %); "
+                         f"search {r['cost']['search_seconds']:.1f} s, fit and predict {r['cost']['fit_predict_cpu_seconds']:.2f} "
+                         f"CPU s, keeps {r['cost']['kept_mb']:.2f} MB{' + the base' if r['cost']['needs_base'] else ''}")
     m = report["merge"]
     lines += ["", f"reload on a fresh NF4 base: largest |logit difference| {m['reload_max_abs_diff']:.3g}",
               f"merged models against the trained function (NF4 + adapter, accuracy {100 * m['reference_accuracy']:.1f} %) "

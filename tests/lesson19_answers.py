@@ -350,3 +350,33 @@ def merge_kept_in_float32(adapter_dir, path):
     from transformers import AutoModelForCausalLM
 
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter_dir).merge_and_unload()
+
+
+# --------------------------------------------------------------------------- P14: the probe's features
+
+
+def probe_features(hidden_states, attention_mask, layer):
+    m = attention_mask.to(hidden_states[layer].dtype).unsqueeze(-1)
+    return (hidden_states[layer] * m).sum(1) / m.sum(1)
+
+
+def probe_features_layer_off_by_one(hidden_states, attention_mask, layer):
+    return probe_features(hidden_states, attention_mask, layer - 1)
+
+
+def probe_features_padding_pooled(hidden_states, attention_mask, layer):
+    return hidden_states[layer].mean(1)
+
+
+def probe_features_last_column(hidden_states, attention_mask, layer):
+    return hidden_states[layer][:, -1]
+
+
+def probe_features_summed(hidden_states, attention_mask, layer):
+    return (hidden_states[layer] * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def probe_features_by_the_reference(hidden_states, attention_mask, layer):
+    from coursekit import cheap
+
+    return cheap.probe_features(hidden_states, attention_mask, layer)

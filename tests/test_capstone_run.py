@@ -198,3 +198,23 @@ def test_p10_names_the_split_or_the_unit_an_answer_got_wrong(report, mistake, sa
     else:
         assert not fb.full and says in fb.text(), fb.text()
         assert ("unseen-phrasing" in fb.text()) == mistake.startswith("other split"), fb.text()
+
+
+def test_the_cheap_rungs_are_in_the_run_and_a_read_only_store_reads_them(report):
+    """coursekit capstone (and so the grader's fill) computes the cheap rungs; a store that may not compute (inside
+    nbgrader autograde) reads the same result; each rung's choice is its search's best on training tickets, and the
+    console report pairs every rung with QLoRA on both splits."""
+    from coursekit import cheap
+
+    rungs = report["cheap"]["rungs"]
+    assert set(rungs) == {"bow", "knn", "probe"}
+    again = cheap.ladder(None, capstone.Store(compute=False))
+    assert again["cached"] and again["rungs"] == json.loads(json.dumps(rungs))
+    for name, r in rungs.items():
+        assert r["chosen"]["cv_accuracy"] == max(row["cv_accuracy"] for row in r["search"])
+        for split in data.HELDOUT_SPLITS:
+            assert {p["id"] for p in r[split]["predictions"]} == {ex["id"] for ex in data.load_split(split)}
+    pairs = [(split, b) for split, a, b, _ in capstone.paired_comparisons(report)]
+    for label in capstone.CHEAP_LABELS.values():
+        assert {(s, label) for s in data.HELDOUT_SPLITS} <= set(pairs)
+    assert "cheap: probe on base states" in capstone.format_report(report)

@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-real-qlora-run.ipynb"
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
-             "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment}
+             "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment,
+             "p14": A.probe_features}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
-RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix}
+RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p14": A.probe_features}
 CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["b", "c"], "p11": "c",
            "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
@@ -73,6 +74,10 @@ def test_right_choices_score_full(item):
     ("p8", A.merge_into_nf4, "you merged into the NF4 weights"),
     ("p8", A.merge_a_fresh_adapter, "computes the bare base model"),
     ("p8", A.merge_without_unloading, "still has LoRA layers"),
+    ("p14", A.probe_features_layer_off_by_one, "index 0 of hidden_states is the embedding output"),
+    ("p14", A.probe_features_padding_pooled, "padding included"),
+    ("p14", A.probe_features_last_column, "the last column's state"),
+    ("p14", A.probe_features_summed, "without dividing by their number"),
 ])
 def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     fb = check(f"19.{item}", fn, hidden=False)
@@ -97,6 +102,10 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p8", A.merge_into_nf4, ["merged into NF4"]),
     ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
     ("p8", A.merge_without_unloading, ["not unloaded"]),
+    ("p14", A.probe_features_layer_off_by_one, ["layer off by one"]),
+    ("p14", A.probe_features_padding_pooled, ["padding pooled"]),
+    ("p14", A.probe_features_last_column, ["last column"]),
+    ("p14", A.probe_features_summed, ["sum"]),
 ])
 def test_the_mistake_is_stored_by_name_for_the_class_report(item, fn, labels):
     """Feedback.mistakes, which the grading process stores and coursekit report counts, names each known mistake
@@ -265,3 +274,19 @@ def test_the_model_preflight_names_a_missing_gradient_as_missing(fault, says):
     with pytest.raises(RuntimeError, match=says) as e:
         _solution("preflight")(model, batch, opt)
     assert "finite" not in str(e.value)
+
+
+def test_the_probe_features_by_the_reference_earn_nothing_when_graded():
+    """coursekit.cheap.probe_features is the item's reference: withheld in the grader's runner."""
+    fb = _graded_in_the_runner("p14", A.probe_features_by_the_reference)
+    assert fb.points == 0 and "withheld while this item is graded" in fb.text(), fb.text()
+
+
+def test_each_probe_mistake_is_named_only_where_it_was_made():
+    """A right answer is told no mistake, and each wrong one only its own (none of the other five)."""
+    assert check("19.p14", A.probe_features, hidden=True).mistakes == []
+    names = {"layer off by one", "padding pooled", "last column", "last real token", "first token", "sum"}
+    for fn, label in ((A.probe_features_layer_off_by_one, "layer off by one"),
+                      (A.probe_features_padding_pooled, "padding pooled"),
+                      (A.probe_features_last_column, "last column"), (A.probe_features_summed, "sum")):
+        assert set(check("19.p14", fn, hidden=True).mistakes) & names == {label}, fn.__name__

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ... import capstone, evaluate as ceval, model as cmodel, train as ctrain
+from ... import capstone, cheap, evaluate as ceval, model as cmodel, train as ctrain
 from ...data import IGNORE_INDEX, LABELS
 from .. import Choice, Function, Numeric, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
@@ -1090,6 +1090,63 @@ def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.T
             "logits": _logits(merged, ids)}
 
 
+# --------------------------------------------------------------------------- P14: the probe's features
+
+
+READ_PROBE = "Reread 'The cheap alternatives' in The run."
+
+
+def _probe_case(seed: int, layers: int, rows: list[tuple[int, int]], width: int, layer: int) -> dict:
+    """Hidden states as a causal LM returns them (``layers`` + 1 tensors [B, T, H], index 0 the embeddings) and a
+    mask with ``rows`` = [(left padding, real tokens)], each row padded on the right to the longest."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(a + n for a, n in rows)
+    hs = tuple(torch.randn(len(rows), T, width, generator=g) + i for i in range(layers + 1))
+    mask = torch.tensor([[0] * a + [1] * n + [0] * (T - a - n) for a, n in rows])
+    return {"hidden_states": hs, "attention_mask": mask, "layer": layer}
+
+
+def _p14_public() -> list[Case]:
+    return [Case(_probe_case(0, 3, [(0, 4), (0, 2)], 5, 2), "layer 2 of 3; two rows, the second padded on the right"),
+            Case(_probe_case(1, 4, [(3, 3), (0, 6), (1, 2)], 4, 4),
+                 "the last layer of 4; padding on the left, none, and both sides")]
+
+
+def _p14_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for _ in range(3):
+        layers = int(rng.integers(2, 6))
+        rows = [(int(rng.integers(0, 3)), int(rng.integers(1, 6))) for _ in range(int(rng.integers(2, 5)))]
+        rows[0] = (0, max(r[0] + r[1] for r in rows) + 1)  # one full row, so every other row has padding
+        out.append(Case(_probe_case(int(rng.integers(0, 10_000)), layers, rows, int(rng.integers(3, 9)),
+                                    int(rng.integers(1, layers + 1)))))
+    return out
+
+
+def _p14_mistakes(kw: dict, got: dict) -> dict:
+    hs, mask, layer = kw["hidden_states"], kw["attention_mask"], kw["layer"]
+    h, m = hs[layer].float(), mask.float()
+    last = mask.shape[1] - 1 - mask.flip(1).long().argmax(1)
+    rows = torch.arange(h.shape[0])
+    return {"result": worded([
+        Mistake("layer off by one", cheap.pool(hs[layer - 1], mask, "mean").numpy(), "you pooled hidden_states[layer - 1]: "
+                "index 0 of hidden_states is the embedding output, so decoder layer l's output is hidden_states[l]. "
+                + READ_PROBE),
+        Mistake("padding pooled", h.mean(1).numpy(), "you averaged over every position, padding included: a padded row's "
+                "features then depend on how much padding its batch needed. Weight by the attention mask and divide by "
+                "the number of real tokens. " + READ_PROBE),
+        Mistake("last column", h[:, -1].numpy(), "you took the last column's state; the features are the mean over the "
+                "real tokens, and in a padded row the last column is padding. " + READ_PROBE),
+        Mistake("last real token", h[rows, last].numpy(), "you took the state at each row's last real token; these "
+                "features are the mean over all its real tokens (the lesson's search tries the last token too, as a "
+                "separate pooling). " + READ_PROBE),
+        Mistake("first token", h[:, 0].numpy(), "you took the first column's state; the features are the mean over "
+                "the real tokens. " + READ_PROBE),
+        Mistake("sum", (h * m[..., None]).sum(1).numpy(), "you summed over the real tokens without dividing by their "
+                "number: longer tickets then get larger features. " + READ_PROBE),
+    ])}
+
+
 # --------------------------------------------------------------------------- P10: a number from the student's run
 
 
@@ -1169,6 +1226,11 @@ ITEMS = {
     "p10": Numeric("gain over the tuned baseline on unseen symptoms, in percentage points", 1, name="gain_points",
                    expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
+    "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
+                    reference=cheap.probe_features,
+                    public=_p14_public, hidden=_p14_hidden, outputs=("result",), mistakes=_p14_mistakes,
+                    rtol=1e-5, atol=1e-5, withheld=("coursekit.cheap:probe_features", "coursekit.cheap:pool",
+                                                    "coursekit.cheap:layer_features")),
     "p13": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
