@@ -22,7 +22,7 @@ def right_backward(D, codes, absmax, code, blocksize):
     return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
 
 
-RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b", "c", "d"},
+RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
          "p4": "b", "p5": "b", "p6": "b", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
@@ -241,8 +241,9 @@ def test_ledger_numbers_in_w3_hints_match_coursekit():
         ("p2", {"a", "b", "d"}, "straight-through or otherwise"),
         ("p2", {"a", "c", "d", "e"}, "stays packed in 4 bits"),
         ("p2", {"a", "d"}, "(c) is missing from your set. True: MatMul4Bit.forward keeps only the packed codes"),
-        ("p3", {"a", "b", "c", "d", "e"}, "Nothing is quantized by it"),
-        ("p3", {"a", "b", "c", "d", "f"}, "get_peft_model"),
+        ("p3", {"a", "b", "c", "d"}, "skips exactly the part of the function it names"),
+        ("p3", {"a", "b", "e"}, "the loss is a constant with no grad_fn"),
+        ("p3", {"a", "b", "f"}, "The cast skips Params4bit"),
     ],
 )
 def test_multi_mistakes_cost_points_and_say_why(item_id, answer, text):
@@ -324,3 +325,26 @@ def test_p8_key_is_the_measured_order_on_lesson_13s_layer():
     assert order == _keys()["p8"] == RIGHT["p8"]
     assert all(b - a > 0.2 for a, b in zip(sorted(dist.values()), sorted(dist.values())[1:])), dist   # no near-tie
     assert ((Q - W).norm() / dW.norm()).item() > 1                      # the premise the prompt states
+
+
+def test_p3_key_is_what_the_call_without_checkpointing_leaves():
+    """P3's key, run: a fresh NF4 SmolLM2 after prepare_model_for_kbit_training(use_gradient_checkpointing=False)."""
+    import bitsandbytes as bnb
+    import torch
+    from peft import prepare_model_for_kbit_training
+
+    from coursekit import data, model as cmodel
+
+    m = prepare_model_for_kbit_training(cmodel.load_model("nf4"), use_gradient_checkpointing=False)
+    tokenizer = cmodel.load_tokenizer()
+    emb = m.get_input_embeddings()
+    batch = data.collate([data.encode_example(data.load_split("train")[0], tokenizer)], tokenizer.pad_token_id)
+    holds = {
+        "a": all(not p.requires_grad for p in m.parameters()),
+        "b": m.model.norm.weight.dtype == emb.weight.dtype == m.lm_head.weight.dtype == torch.float32,
+        "c": m.is_gradient_checkpointing,
+        "d": bool(emb._forward_hooks),
+        "e": m(**batch).loss.grad_fn is not None,
+        "f": any(x.weight.dtype == torch.float32 for x in m.modules() if isinstance(x, bnb.nn.Linear4bit)),
+    }
+    assert sorted(k for k, v in holds.items() if v) == _keys()["p3"] == sorted(RIGHT["p3"])
