@@ -24,7 +24,7 @@ def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": right_merge, "p2": right_unmerge,
-         "p3": 2.0, "p4": 0.5625, "p5": "b", "p6": "c"}
+         "p3": 2.0, "p4": 0.5625, "p5": "a", "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -98,9 +98,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w3", "a", "rounds twice"),
         ("w3", "c", "PEFT keeps them"),
         ("w3", "d", "does not need a zero B"),
-        ("p5", "a", "new dropout mask on every call"),
-        ("p5", "c", "already divides by (1 − p) while training"),
-        ("p5", "d", "switched off by model.eval()"),
+        ("p5", "b", "The residual is relative"),
+        ("p5", "c", "by exactly the factor the update shrank"),
+        ("p5", "d", "float32's exponent range"),
         ("p6", "a", "Re-quantizing W + sAB to NF4 rounds again"),
         ("p6", "b", "is not what you trained"),
         ("p6", "d", "tied to its base checkpoint"),
@@ -218,3 +218,23 @@ def test_w2_key_counts_what_merge_and_unload_removes():
     # 0.005 is 0.0050048828125 in bfloat16; 1.0050049 rounds up to 1 + 2**-7.
     assert ITEMS["p4"].expected() == pytest.approx(abs(2**-7 - 0.005) / 0.005)
     assert check("13.p4", "0.5625").points == 0  # a string is not a number
+
+
+def test_p5_key_is_the_measured_residual_of_the_scaled_merge():
+    """P5's key, measured: the lesson's 16 × 16 experiment (W ~ N(0, 1), ΔW ~ 1e-4 · N(0, 1), bfloat16) with W and ΔW both
+    divided by 64 gives the same residual to the last digit (a); not 1/64 of it (b), not near 0 (c), not above 1 (d)."""
+    import json
+
+    from coursekit import merging
+
+    g = np.random.default_rng(0)                     # the notebook's draw
+    W, dW = g.standard_normal((16, 16)), 1e-4 * g.standard_normal((16, 16))
+    before = merging.merge_residual(W, dW, "bfloat16")
+    after = merging.merge_residual(W / 64, dW / 64, "bfloat16")
+    assert before > 0.9
+    measured = ("a" if after == before else "b" if abs(after - before / 64) < 0.5 * before / 64
+                else "c" if after < 0.1 else "d" if after > 1 else None)
+    keys = json.loads((ROOT / "autograder" / "keys" / "13.json").read_text())["keys"]
+    assert measured == keys["p5"] == RIGHT["p5"]
+    # the distractor c is what scaling W alone does: the same update on a finer grid survives
+    assert merging.merge_residual(W / 64, dW, "bfloat16") < 0.5 * before

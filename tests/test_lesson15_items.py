@@ -57,7 +57,7 @@ def right_block_argmin(x, levels):
 
 
 RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
-         "p4": 179, "p5": 0.4557, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "b", "c"], "p8": [0, -1_769_472]}
+         "p4": 179, "p5": 0.4557, "p6": 4 + 8 / 32 + 32 / (32 * 256), "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -236,9 +236,51 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 
 
 def test_multi_choice_partial_credit():
-    assert check("15.p7", ["a", "b"]).points == pytest.approx(2 * 2 / 3)
+    fb = check("15.p7", ["a", "c"])
+    assert fb.points == pytest.approx(2 * 2 / 3) and "Q4_1 stores the block's minimum" in fb.text()
     fb = check("15.p7", ["a", "b", "c", "e"])
-    assert fb.points == pytest.approx(2 * 2 / 3) and "decode to garbage" in fb.text()
+    assert fb.points == pytest.approx(2 * 2 / 3) and "number their levels differently" in fb.text()
+
+
+def test_p7_key_is_each_statement_run_here():
+    """P7's key, computed: each statement checked against bitsandbytes, torch's float8_e4m3fn and gguf's Q4_1 quantizer."""
+    import json
+
+    import bitsandbytes.functional as bnbF
+    import torch
+    from safetensors import safe_open
+
+    from coursekit import gguf_file, model as cmodel
+
+    nf4, fp4 = bnbF.get_4bit_type("nf4", device="cpu"), bnbF.get_4bit_type("fp4", device="cpu")
+    true = set()
+    if nf4[0] == -1 and fp4[0] == 0:                                           # a) the nibble 0000 in each table
+        true.add("a")
+    with safe_open(str(cmodel.prepare_model(progress=False) / "model.safetensors"), framework="pt") as f:
+        W = f.get_tensor("model.layers.0.mlp.gate_proj.weight")
+    packed, state = bnbF.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    codes = quant.unpack_nibbles(packed, W.numel()).long()
+    scale = state.absmax.repeat_interleave(64)
+    rel = {name: ((table[codes] * scale).reshape(W.shape) - W.float()).norm().item() / W.float().norm().item()
+           for name, table in (("nf4", nf4), ("as fp4", fp4))}
+    assert round(rel["nf4"], 3) == 0.093 and rel["as fp4"] > 1                  # b's hint quotes both
+    if rel["as fp4"] < 2 * rel["nf4"]:                                         # b) "about as close"
+        true.add("b")
+    e2m1_max = 6.0
+    if float(np.log2(1.5 / e2m1_max)).is_integer():                            # c) an E8M0 scale is a power of two
+        true.add("c")
+    e4m3 = torch.tensor(1 / 6).to(torch.float8_e4m3fn).float().item()
+    assert e4m3 == 0.171875                                                   # d's hint quotes the nearest E4M3 value
+    if e4m3 == torch.tensor(1 / 6).item():                                     # d) 1/6 held exactly
+        true.add("d")
+    x = np.linspace(0.5, 1.0, 32, dtype=np.float32)
+    err_q41 = np.abs(gguf_file.q4_1_round_trip(x) - x).max()
+    err_nf4 = np.abs(quant.round_trip_4bit(torch.from_numpy(x), blocksize=64, quant_type="nf4").numpy() - x).max()
+    assert 0.01 < err_q41 < 0.02 and 0.12 < err_nf4 < 0.14                    # e's hint: about 0.016 and 0.13
+    if err_q41 < err_nf4:                                                      # e) the asymmetric grid
+        true.add("e")
+    keys = json.loads((ROOT / "autograder" / "keys" / "15.json").read_text())["keys"]
+    assert sorted(true) == keys["p7"] == RIGHT["p7"]
 
 
 def test_numeric_expected_values_come_from_coursekit():

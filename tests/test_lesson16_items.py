@@ -22,8 +22,8 @@ def right_backward(D, codes, absmax, code, blocksize):
     return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
 
 
-RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b", "c", "d"},
-         "p4": "b", "p5": "b", "p6": "b", "p7": "c", "p8": ["train", "save", "attach", "merge", "verify", "export"]}
+RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
+         "p4": "b", "p5": "b", "p6": "b", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -215,9 +215,9 @@ def test_stub_and_non_function():
         ("p6", "a", "ran on this CPU when the lesson backpropagated"),
         ("p6", "c", "Training works on CPU too"),
         ("p6", "d", "The codes are never trained"),
-        ("p7", "a", "does not call for a different learning rate"),
-        ("p7", "b", "α/r sets the adapter's scale"),
-        ("p7", "d", "batch size is a memory and noise trade-off"),
+        ("p7", "a", "compute_dtype decides what the backward multiplies"),
+        ("p7", "c", "does not depend on its compute dtype"),
+        ("p7", "d", "on both sides of the comparison"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -241,8 +241,9 @@ def test_ledger_numbers_in_w3_hints_match_coursekit():
         ("p2", {"a", "b", "d"}, "straight-through or otherwise"),
         ("p2", {"a", "c", "d", "e"}, "stays packed in 4 bits"),
         ("p2", {"a", "d"}, "(c) is missing from your set. True: MatMul4Bit.forward keeps only the packed codes"),
-        ("p3", {"a", "b", "c", "d", "e"}, "Nothing is quantized by it"),
-        ("p3", {"a", "b", "c", "d", "f"}, "get_peft_model"),
+        ("p3", {"a", "b", "c", "d"}, "skips exactly the part of the function it names"),
+        ("p3", {"a", "b", "e"}, "the loss is a constant with no grad_fn"),
+        ("p3", {"a", "b", "f"}, "The cast skips Params4bit"),
     ],
 )
 def test_multi_mistakes_cost_points_and_say_why(item_id, answer, text):
@@ -251,8 +252,99 @@ def test_multi_mistakes_cost_points_and_say_why(item_id, answer, text):
 
 
 def test_ordering_names_the_first_misplaced_step():
-    fb = check("16.p8", ["train", "save", "attach", "merge", "export", "verify"])
-    assert 0 < fb.points < 2 and "'export'" in fb.text()
-    fb = check("16.p8", ["train", "merge", "save", "attach", "verify", "export"])
-    assert fb.points < 2 and "'merge'" in fb.text()
-    assert check("16.p8", ["train", "save"]).points == 0
+    fb = check("16.p8", ["merge_nf4", "merge_orig", "base_nf4", "base_orig"])     # the 'full-precision merge is closer' belief
+    assert 0 < fb.points < 2 and "'merge_orig'" in fb.text() and "farther from what you trained" in fb.text(), fb.text()
+    fb = check("16.p8", ["merge_orig", "merge_nf4", "base_nf4", "base_orig"])
+    assert fb.points < 2 and "'merge_orig'" in fb.text()
+    assert check("16.p8", ["merge_nf4", "base_nf4"]).points == 0
+
+
+# --------------------------------------------------------------------------- keys, measured here
+
+
+def _keys():
+    import json
+
+    return json.loads((ROOT / "autograder" / "keys" / "16.json").read_text())["keys"]
+
+
+def test_p7_key_is_the_measured_gap_of_a_bf16_compute_layer():
+    """P7's key, run: the lesson's toy layer (nf4_layer, seed 0) rebuilt with compute_dtype=bf16, the same X and D (seed 1):
+    X.grad is float32 and equals the bf16 product of D and Ŵ bit for bit, a few parts in 10³ from D Ŵ in float32 (b); not
+    within 1e-6 (a), not missing (c), not NF4's ~10 % rounding (d), which the float32 layer shows against the original weight."""
+    import bitsandbytes as bnb
+    import torch
+
+    from coursekit import quant
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * 0.05
+    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True)
+    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
+    layer = layer.to("cpu")
+    W_hat = quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(5, 128, generator=g, requires_grad=True)
+    Y = layer(X)
+    D = torch.randn(Y.shape, generator=g)
+    Y.backward(D)
+    ref = D @ W_hat
+    assert X.grad is not None and X.grad.dtype == torch.float32
+    assert torch.equal(X.grad, (D.bfloat16() @ W_hat.bfloat16()).float())
+    gap = ((X.grad - ref).norm() / ref.norm()).item()
+    nf4_rounding = ((D @ w - ref).norm() / ref.norm()).item()
+    measured = "a" if (X.grad - ref).abs().max() <= 1e-6 else "b" if 1e-3 <= gap < 1e-2 else "d" if gap > 0.05 else None
+    assert measured == _keys()["p7"] == RIGHT["p7"]
+    assert 0.05 < nf4_rounding < 0.15                                   # d's "about 10 %" is NF4's rounding, not bf16's
+
+
+def test_p8_key_is_the_measured_order_on_lesson_13s_layer():
+    """P8's key, measured: lesson 13's synthetic adapter on layer 0's v_proj (the notebook's model, config and seed), the
+    four versions stored in bf16, sorted by ‖M − (Q(W) + ΔW)‖."""
+    import bitsandbytes.functional as bnbF
+    import torch
+
+    from coursekit import model as cmodel, train
+
+    base = cmodel.load_model("fp32")
+    cfg = train.TrainConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    peft_model = train.attach_adapter(base, cfg)
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.02 * torch.randn(param.shape, generator=gen))
+    v_proj = dict(peft_model.named_modules())["base_model.model.model.layers.0.self_attn.v_proj"]
+    W, dW = v_proj.base_layer.weight.detach().clone(), v_proj.get_delta_weight("default").detach()
+    q, state = bnbF.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    Q = bnbF.dequantize_4bit(q, state)
+    trained = Q + dW
+    versions = {"base_nf4": Q, "base_orig": W, "merge_nf4": Q + dW, "merge_orig": W + dW}
+    dist = {k: ((m.bfloat16().float() - trained).norm() / dW.norm()).item() for k, m in versions.items()}
+    order = sorted(dist, key=dist.get)
+    assert order == _keys()["p8"] == RIGHT["p8"]
+    assert all(b - a > 0.2 for a, b in zip(sorted(dist.values()), sorted(dist.values())[1:])), dist   # no near-tie
+    assert ((Q - W).norm() / dW.norm()).item() > 1                      # the premise the prompt states
+
+
+def test_p3_key_is_what_the_call_without_checkpointing_leaves():
+    """P3's key, run: a fresh NF4 SmolLM2 after prepare_model_for_kbit_training(use_gradient_checkpointing=False)."""
+    import bitsandbytes as bnb
+    import torch
+    from peft import prepare_model_for_kbit_training
+
+    from coursekit import data, model as cmodel
+
+    m = prepare_model_for_kbit_training(cmodel.load_model("nf4"), use_gradient_checkpointing=False)
+    tokenizer = cmodel.load_tokenizer()
+    emb = m.get_input_embeddings()
+    batch = data.collate([data.encode_example(data.load_split("train")[0], tokenizer)], tokenizer.pad_token_id)
+    holds = {
+        "a": all(not p.requires_grad for p in m.parameters()),
+        "b": m.model.norm.weight.dtype == emb.weight.dtype == m.lm_head.weight.dtype == torch.float32,
+        "c": m.is_gradient_checkpointing,
+        "d": bool(emb._forward_hooks),
+        "e": m(**batch).loss.grad_fn is not None,
+        "f": any(x.weight.dtype == torch.float32 for x in m.modules() if isinstance(x, bnb.nn.Linear4bit)),
+    }
+    assert sorted(k for k, v in holds.items() if v) == _keys()["p3"] == sorted(RIGHT["p3"])

@@ -94,9 +94,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w3", "a", "not their precision"),
         ("w3", "c", "optimizer state is untouched"),
         ("w3", "d", "weights stay where they are"),
-        ("p3", "a", "MatMul4Bit keeps only the packed codes"),
-        ("p3", "c", "works the same on CPU"),
-        ("p3", "d", "not saved for backward"),
+        ("p3", "a", "takes log_softmax over every row of the logits first"),
+        ("p3", "c", "still need their log-probabilities"),
+        ("p3", "d", "the label tensor itself"),
         ("p6", "a", "24 GiB is 24 · 2**30 bytes"),
         ("p6", "c", "differ by 7.4 %"),
         ("p6", "d", "not 5 GB"),
@@ -252,3 +252,33 @@ def test_junk_answers_score_zero_without_raising(junk):
     for item in ("p1", "p2", "p5"):
         assert check(f"17.{item}", junk).points == 0
     assert check("17.p5", lambda n_params, n_adapter, method, double_quant=True: junk).points == 0
+
+
+def test_p3_key_is_what_the_models_own_loss_saves_with_masked_labels():
+    """P3's key, run: transformers' causal-LM loss (the function SmolLM2's forward calls) on the lesson's 2 × 64 batch
+    shape saves the same bytes for backward whether every label counts or 48 of each row's 64 are −100: one fp32
+    128 × 49,152 log-softmax, 25 MB (b); not a quarter of it (a), not nothing (c), not twice it (d)."""
+    import json
+
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from coursekit.grading.lessons.lesson17 import P4
+
+    vocab, MB = P4["vocab"], 1e6
+    logits = torch.randn(2, 64, vocab, requires_grad=True)
+    labels = torch.randint(0, vocab, (2, 64))
+    masked = labels.clone()
+    masked[:, :48] = -100
+    saved = {}
+    for name, lab in (("every token", labels), ("48 of 64 masked", masked)):
+        with memory.SavedTensors(exclude=[logits]) as s:
+            ForCausalLMLoss(logits, lab, vocab_size=vocab)
+        saved[name] = s
+    full, part = saved["every token"], saved["48 of 64 masked"]
+    assert full.largest(1)[0] == part.largest(1)[0] == (128 * vocab * 4, (128, vocab), "float32")
+    ratio = part.nbytes / full.nbytes
+    measured = "b" if abs(ratio - 1) < 0.01 else "a" if abs(ratio - 0.25) < 0.05 else "c" if ratio < 0.1 else "d" if ratio > 1.9 else None
+    keys = json.loads((ROOT / "autograder" / "keys" / "17.json").read_text())["keys"]
+    assert measured == keys["p3"] == RIGHT["p3"]
+    assert round(128 * vocab * 4 / MB) == 25                                  # the 25 MB the prompt quotes

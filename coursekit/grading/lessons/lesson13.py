@@ -231,7 +231,7 @@ ITEMS = {
         ],
     ),
     "p5": Choice(
-        "the mode for merging and checking an adapter trained with lora_dropout",
+        "the bfloat16 merge residual once W and ΔW are both divided by 64",
         1,
     ),
     "p6": Choice(

@@ -478,7 +478,7 @@ ITEMS = {
         ],
     ),
     "p7": Choice(
-        "which statements about 4-bit formats are true",
+        "which predictions about the 4-bit formats' contracts are true",
         2,
         options="abcde",
         multi=True,

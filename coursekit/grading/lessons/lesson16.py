@@ -192,7 +192,7 @@ ITEMS = {
         multi=True,
     ),
     "p3": Choice(
-        "what prepare_model_for_kbit_training changed on the NF4 model",
+        "what prepare_model_for_kbit_training(use_gradient_checkpointing=False) leaves on a fresh NF4 model",
         2,
         options="abcdef",
         multi=True,
@@ -210,19 +210,17 @@ ITEMS = {
         1,
     ),
     "p7": Choice(
-        "the hyperparameter to rethink when switching from LoRA to QLoRA",
+        "the input gradient of the toy 4-bit layer rebuilt with compute_dtype=torch.bfloat16",
         1,
     ),
     "p8": Ordering(
-        "from a 4-bit-trained adapter to one deployable model that computes what was trained",
+        "four versions of lesson 13's v_proj by their distance from the function trained on the NF4 base, closest first",
         2,
         labels={
-            "attach": "dequantize the NF4 base to bf16 and attach the saved adapter",
-            "export": "save the merged model, once it passes that comparison, as the deployable checkpoint",
-            "merge": "merge sAB into those bf16 weights, Q(W) + sAB (merge_and_unload)",
-            "save": "save the adapter (A, B, its config) with the base's identity",
-            "train": "train the adapter against the NF4 base",
-            "verify": "compare greedy outputs of the merged model with the adapter on its NF4 base",
+            "base_nf4": "the NF4 base alone, Q(W), the adapter dropped",
+            "base_orig": "the original weights alone, W, no adapter",
+            "merge_nf4": "the merge onto the dequantized NF4 weights, Q(W) + ΔW",
+            "merge_orig": "the merge onto the original weights, W + ΔW",
         },
     ),
 }

@@ -283,7 +283,7 @@ ITEMS = {
         mistakes=_p2_mistakes,
     ),
     "p3": Choice(
-        "why checkpointing saved less than the layer count suggests",
+        "the loss's saved log-softmax when 48 of each row's 64 labels are masked with -100",
         1,
     ),
     "p4": Numeric(
