@@ -97,6 +97,21 @@ def test_an_object_arrives_as_its_type_name_and_runs_nothing():
     assert fb.points == 0
 
 
+def test_a_value_record_holds_the_answer_and_nothing_about_the_students_machine():
+    """What crosses from the student's kernel is the item and the answer: no field the student's code could set
+    that the grading process would believe (an earlier design sent the kernel's thread and CPU counts)."""
+    import torch  # noqa: F401  (a kernel that has torch loaded sends the same)
+
+    assert set(answer_record("02.p6", RIGHT)) == {"item", "answer"}
+
+
+@pytest.mark.parametrize("extra", [{"seen": {"torch_threads": 1, "cpu_count": 1}}, {"points": 99}, {"key": WRONG},
+                                   {"hints": {}}, {"hidden": False}])
+def test_fields_a_student_adds_to_a_record_change_nothing(extra):
+    for answer, points in ((RIGHT, 1.0), (WRONG, 0.0)):
+        got, _ = _score(_test_cell("02.p6", [_record({**answer_record("02.p6", answer), **extra})]))
+        assert got == points, (answer, extra)
+
 @pytest.mark.parametrize("bad", [{"$ndarray": "object", "shape": [1], "data": ""}, {"$ndarray": "float64", "shape": [3], "data": "AAAA"},
                                  {"$tensor": "float64", "shape": [-1], "data": ""}, {"$float": "1e999"}, {"what": 1}])
 def test_a_malformed_record_scores_zero_and_says_so(bad):

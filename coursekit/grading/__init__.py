@@ -25,7 +25,6 @@ import importlib
 import itertools
 import os
 import re
-import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +139,8 @@ class Choice:
 @dataclass
 class Numeric:
     """A number. ``expected()`` computes it from coursekit (else the key is used); ``mistakes()`` lists known wrong values.
-
-    ``machine=True``: the number is a fact of the machine the student's code ran on (how many threads torch uses),
-    so ``expected(seen)`` and ``mistakes(seen)`` get what the student's own kernel saw (:func:`seen_here`, sent with
-    the answer in the autograde run): the item scores the same however the grading is run (serially, on workers
-    with other thread settings, on another machine)."""
+    Neither may depend on the machine that grades: the item must score the same however the grading is run
+    (serially, on workers with other thread settings, on another machine)."""
 
     title: str
     points: float
@@ -154,22 +150,17 @@ class Numeric:
     atol: float = 0.0
     mistakes: Callable[..., Sequence[Mistake]] = lambda: ()
     unit: str = ""
-    machine: bool = False
 
-    def _run(self, answer: Any, key: Any, hints: Mapping[str, str], seen: Mapping[str, int] | None = None) -> Feedback:
-        args = (dict(seen or {}),) if self.machine else ()
-        want = self.expected(*args) if self.expected else float(key)
-        fb = check_numeric(answer, want, self.points or 1, self.name, self.rtol, self.atol, list(self.mistakes(*args)), self.unit)
+    def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
+        want = self.expected() if self.expected else float(key)
+        fb = check_numeric(answer, want, self.points or 1, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         if self.expected is None and not ctx.has_keys():
             n = _number(answer)
             return _recorded(self, answer, [] if n is None else [n])
-        if self.machine and not all(k in ctx.seen for k in SEEN):
-            return Feedback(0, self.points, ["What your kernel saw of its machine did not reach the grader, so this "
-                                             "machine-dependent answer cannot be checked. Keep the check cell as it is."])
-        return self._run(answer, None if self.expected else ctx.key(), {}, ctx.seen)
+        return self._run(answer, None if self.expected else ctx.key(), {})
 
 
 @dataclass
@@ -256,34 +247,11 @@ class Function:
         return fb
 
 
-#: What :func:`seen_here` reports of the machine a student's kernel runs on, with the largest value believed.
-SEEN = {"torch_threads": 4096, "cpu_count": 65536}
-
-
-def seen_here() -> dict[str, int]:
-    """What this process sees of its machine, for the items that ask about it (``Numeric(machine=True)``): torch's
-    CPU thread count (torch.get_num_threads()) and the number of CPUs the OS reports (os.cpu_count()). In the
-    autograde run the student's kernel sends it with every value answer; the grading process scores such an item
-    against it, not against its own machine."""
-    import torch
-
-    return {"torch_threads": int(torch.get_num_threads()), "cpu_count": int(os.cpu_count() or 1)}
-
-
-def _seen(record: Any) -> dict[str, int]:
-    """The valid part of a record's ``seen`` (:func:`seen_here`): known keys with whole numbers in range only."""
-    got = record.get("seen") if isinstance(record, Mapping) else None
-    if not isinstance(got, Mapping):
-        return {}
-    return {k: v for k, v in got.items() if k in SEEN and type(v) is int and 1 <= v <= SEEN[k]}
-
-
 @dataclass
 class _Context:
     lesson: str
     item: str
     hidden: bool
-    seen: Mapping[str, int] = field(default_factory=dict)  # what the student's kernel saw of its machine (seen_here)
 
     def has_keys(self) -> bool:
         """Whether the instructor's key file can be read here. In the course's autograde run it cannot: the
@@ -399,9 +367,7 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
     if item not in items:
         raise KeyError(f"lesson {lesson} has no item {item!r}; items: {sorted(items)}")
     it = items[item]
-    ctx = _Context(lesson, item, autograding() if hidden is None else hidden,
-                   seen_here() if getattr(it, "machine", False) else {})
-    return it.check(answer, ctx)
+    return it.check(answer, _Context(lesson, item, autograding() if hidden is None else hidden))
 
 
 RECORDED_TAG = ": recorded (worth "  # what a keyed check prints after its title while no key is at hand
@@ -426,10 +392,7 @@ def answer_record(item_id: str, answer: Any) -> dict:
     from .. import protocol
 
     if not callable(answer):  # (the item tables are not in the grading kernel: a callable answer is a function)
-        rec = {"item": item_id, "answer": protocol.encode(answer)}
-        if "torch" in sys.modules:  # what this kernel sees of its machine, for an item that asks about it
-            rec["seen"] = seen_here()
-        return rec
+        return {"item": item_id, "answer": protocol.encode(answer)}
     import base64
     import inspect
     import linecache
@@ -461,7 +424,7 @@ def score_record(item_id: str, record: Mapping[str, Any], deadline: Any = None) 
 
     lesson, item = item_id.split(".", 1)
     it = lesson_items(lesson)[item]
-    ctx = _Context(lesson, item, True, _seen(record))
+    ctx = _Context(lesson, item, True)
     if record.get("unanswered"):
         return Feedback(0, it.points, [NOT_ANSWERED])
     if "function" in record and _value_item(it):
