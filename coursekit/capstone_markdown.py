@@ -13,7 +13,8 @@ from typing import Any
 
 from . import data as cdata
 from . import paired
-from .capstone import RUN_LABELS, SCORING_LABELS, paired_comparisons
+from .cheap import FOLDS
+from .capstone import CHEAP_LABELS, RUN_LABELS, SCORING_LABELS, paired_comparisons
 
 __all__ = ["begin", "end", "markdown", "splice", "block"]
 
@@ -40,8 +41,9 @@ def _duration(seconds: float) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     """The report of ``coursekit.capstone.run`` as markdown: how it was run (dtype, threads, cold or warm, wall
-    time), held-out accuracies with 95 % Wilson intervals, the paired comparisons, the cost table and the merges.
-    Raises KeyError for a report without those parts."""
+    time), held-out accuracies with 95 % Wilson intervals (the untrained baselines, the cheap rungs of
+    ``coursekit.cheap`` when the report has them, the adapters), the paired comparisons, the cost tables and the
+    merges. Raises KeyError for a report without those parts."""
     splits = cdata.HELDOUT_SPLITS
     n = {s: len(cdata.load_split(s)) for s in splits}
     st = report["store"]
@@ -54,6 +56,9 @@ def markdown(report: dict[str, Any]) -> str:
              "|---|" + "---|" * len(splits)]
     for name, by_split in report["ladder"].items():
         lines.append(f"| untrained, {name} | " + " | ".join(_pct(by_split[s]) for s in splits) + " |")
+    cheap = (report.get("cheap") or {}).get("rungs", {})
+    for name, r in cheap.items():
+        lines.append(f"| cheap: {CHEAP_LABELS[name]} | " + " | ".join(_pct(r[s]) for s in splits) + " |")
     for run, by_scoring in report["heldout"].items():
         for scoring, by_split in by_scoring.items():
             name = "**QLoRA**" if run == "qlora" else RUN_LABELS.get(run, run)
@@ -76,6 +81,19 @@ def markdown(report: dict[str, Any]) -> str:
                   f"| peak resident memory, fresh process, freed blocks returned | {mb(qm, 'peak_rss_mb')} | {mb(lm, 'peak_rss_mb')} |",
                   f"| parameters and buffers | {runs['qlora']['footprint_mb']:.0f} MB | {runs['lora_bf16']['footprint_mb']:.0f} MB |",
                   f"| activations saved for one step's backward | {mb(qm, 'saved_activations_mb')} | {mb(lm, 'saved_activations_mb')} |"]
+    if cheap:
+        c = report["cheap"]
+        lines += ["", f"| cheap rung: chosen by {FOLDS}-fold CV grouped by symptom on the {c['n_train']} "
+                      f"training tickets | chosen | CV accuracy | search s | fit and predict CPU s | what a deployment keeps |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for name, r in cheap.items():
+            chosen = ", ".join(f"{k} {v}" for k, v in r["chosen"].items() if k != "cv_accuracy")
+            cost = r["cost"]
+            lines.append(f"| {CHEAP_LABELS[name]} | {chosen} | {100 * r['chosen']['cv_accuracy']:.1f} % | "
+                         f"{cost['search_seconds']:.0f} | {cost['fit_predict_cpu_seconds']:.2f} | {cost['kept_mb']:.2f} MB"
+                         f"{' + the base' if cost['needs_base'] else ''} |")
+        lines += ["", f"The frozen base's features for kNN and the probe: one pass over every ticket, "
+                      f"{c['features_seconds']:.0f} s ({c['features_cpu_seconds']:.0f} CPU s)."]
     m = report.get("merge")
     if m:
         lines += ["", f"| merged model against the trained function (NF4 + adapter, {100 * m['reference_accuracy']:.1f} %) "

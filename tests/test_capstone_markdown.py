@@ -45,6 +45,24 @@ def test_markdown_renders_the_reports_numbers_and_its_own_time():
     assert "cold: every result computed" in cold
 
 
+def _rung(right_every, chosen, needs_base):
+    return {**{s: _res(s, right_every) for s in data.HELDOUT_SPLITS}, "chosen": {**chosen, "cv_accuracy": 0.625},
+            "cost": {"search_seconds": 12.3, "fit_predict_cpu_seconds": 0.456, "kept_mb": 1.234, "needs_base": needs_base}}
+
+
+def test_markdown_shows_each_cheap_rung_its_choice_its_cost_and_its_paired_test_with_qlora():
+    cheap = {"rungs": {"bow": _rung(4, {"C": 10.0}, False), "probe": _rung(3, {"fed": "prompt", "layer": 20, "pooling": "mean", "C": 0.01}, True)},
+             "features_seconds": 98.7, "features_cpu_seconds": 190.2, "n_train": 360}
+    text = cm.markdown({**_report(), "cheap": cheap})
+    bow = _res("unseen_symptom", 4)
+    assert f"| cheap: bag of words | {cm._pct(_res('unseen_phrasing', 4))} | {cm._pct(bow)} |" in text
+    assert "| probe on base states | fed prompt, layer 20, pooling mean, C 0.01 | 62.5 % | 12 | 0.46 | 1.23 MB + the base |" in text
+    assert "| bag of words | C 10.0 | 62.5 % | 12 | 0.46 | 1.23 MB |" in text
+    assert "one pass over every ticket, 99 s (190 CPU s)" in text
+    wrong = round(100 * (1 - bow["accuracy"]), 1)
+    assert f"- unseen symptom: QLoRA vs bag of words, 144 tickets: +{wrong:.1f} points" in text
+    assert "cheap" not in cm.markdown(_report())
+
 def test_splice_replaces_only_its_own_block_and_refuses_a_missing_one():
     text = f"a\n{cm.begin('float32')}\nold\n{cm.end('float32')}\nb\n{cm.begin('bfloat16')}\nkeep\n{cm.end('bfloat16')}\n"
     out = cm.splice(text, "new\n", "float32")
