@@ -43,7 +43,7 @@ from .fingerprint import code_fingerprint
 
 __all__ = ["FOLDS", "LAYERS", "POOLINGS", "FED", "KS", "CS", "BOW_CS", "RUNG_NAMES", "layer_features", "pool",
            "probe_features", "hidden_features", "grouped_cv", "choose", "bow_search", "knn_search", "probe_search", "knn_predict",
-           "fit_probe", "fit_bow", "compute_ladder", "code_key", "ladder"]
+           "fit_probe", "train_probe", "fit_bow", "compute_ladder", "chosen_features", "code_key", "ladder"]
 
 #: Folds of the grouped cross-validation (60 training symptoms: 12 held out per fold).
 FOLDS = 5
@@ -195,6 +195,43 @@ def fit_probe(x: np.ndarray, y: Sequence[str], c: float):
     return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(x, list(y))
 
 
+def train_probe(features: torch.Tensor, labels: Sequence[str], classes: Sequence[str], steps: int,
+                lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax probe trained by full-batch gradient descent: the gradients written out, no autograd.
+
+    features: float [N, H] (standardize them first: one step size then suits every column); labels: N strings,
+    each one of ``classes``; classes: the K labels in the order of the columns of W and b; steps: number of
+    updates (0 returns the zeros it starts from); lr: the step size. With Y the one-hot rows of the labels (column
+    ``classes.index(label)``), Z = XW + b and P = softmax(Z) row by row, the loss is the mean cross-entropy
+    −(1/N) Σ log P[n, y_n]; its gradient with respect to Z is dZ = (P − Y) / N (the softmax-cross-entropy
+    backward, lesson 05's pattern dW = Xᵀ dZ), so each step is W ← W − lr·Xᵀ dZ, b ← b − lr·Σ_n dZ[n].
+    Returns (W float32 [H, K], b float32 [K]), both starting at zero. Raises ValueError for an empty batch, a
+    features/labels length mismatch, a label not in ``classes``, repeated classes, non-finite features or a
+    negative ``steps``. (Lesson 19's P15; :func:`fit_probe` is scikit-learn's regularized fit of the same model.)"""
+    X = torch.as_tensor(features, dtype=torch.float32)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise ValueError(f"features must be [N, H] with N >= 1, got shape {tuple(X.shape)}")
+    if len(labels) != X.shape[0]:
+        raise ValueError(f"{X.shape[0]} feature rows but {len(labels)} labels")
+    classes = list(classes)
+    if len(set(classes)) != len(classes):
+        raise ValueError(f"classes repeat a label: {classes}")
+    unknown = sorted({lab for lab in labels if lab not in classes})
+    if unknown:
+        raise ValueError(f"labels not in classes: {unknown}")
+    if not torch.isfinite(X).all():
+        raise ValueError("features hold NaN or infinity")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    Y = torch.nn.functional.one_hot(torch.tensor([classes.index(lab) for lab in labels]), len(classes)).float()
+    W, b = torch.zeros(X.shape[1], len(classes)), torch.zeros(len(classes))
+    for _ in range(steps):
+        dZ = (torch.softmax(X @ W + b, dim=1) - Y) / X.shape[0]
+        W -= lr * (X.T @ dZ)
+        b -= lr * dZ.sum(0)
+    return W, b
+
+
 def fit_bow(texts: Sequence[str], y: Sequence[str], c: float):
     """TF-IDF of words (1-2 grams) and of character 2-5 grams within word boundaries (sublinear tf), then
     ``LogisticRegression(C=c)``, fitted on the raw tickets."""
@@ -279,10 +316,12 @@ def _mb(obj: Any) -> float:
 def compute_ladder(base: torch.nn.Module, tokenizer, splits: dict[str, list[dict]], progress: bool = True,
                    layers: Sequence[int] = LAYERS) -> dict:
     """Search, fit and score the three rungs. ``splits``: ``{"train": [...], held-out split: [...]}`` as
-    ``coursekit.data.load_split`` gives them; ``layers``: the hidden_states indices searched. The held-out tickets pass through the base in the same feature pass
-    (their features are never seen by a search) and are scored once, with the chosen configuration.
-    Returns ``{"rungs": {"bow"|"knn"|"probe": {"name", "search", "chosen", split: result, "cost"}},
-    "features_seconds", "features_cpu_seconds", "n_train"}``; cost: ``search_seconds``, ``fit_predict_cpu_seconds``
+    ``coursekit.data.load_split`` gives them; ``layers``: the hidden_states indices searched. The held-out
+    tickets pass through the base in the same feature pass (their features are never seen by a search) and are
+    scored once, with the chosen configuration. Returns ``{"rungs": {"bow"|"knn"|"probe": {"name", "search",
+    "chosen", split: result, "cost"}}, "features_seconds", "features_cpu_seconds", "n_train", "probe_features"}``
+    (``probe_features``: the probe's chosen features of every split, as ``coursekit.protocol`` encodes float32
+    arrays; :func:`chosen_features` decodes them); cost: ``search_seconds``, ``fit_predict_cpu_seconds``
     (the chosen one's fit and held-out predictions), ``kept_mb`` (what a deployment keeps besides the base:
     the pickled fitted classifier, plus the training features for kNN) and ``needs_base`` (whether the base
     must run at prediction time)."""
@@ -335,8 +374,22 @@ def compute_ladder(base: torch.nn.Module, tokenizer, splits: dict[str, list[dict
           lambda ch: fit_probe(train_feats[(ch["fed"], ch["layer"], ch["pooling"])], y, ch["C"]),
           lambda m, ch, s: list(m.predict(feats[(ch["fed"], ch["layer"], ch["pooling"])][bounds[s]])),
           lambda m, ch: _mb(m), True)
+    from . import protocol
+
+    ch = rungs["probe"]["chosen"]
+    x = feats[(ch["fed"], ch["layer"], ch["pooling"])]
     return {"rungs": rungs, "features_seconds": features_seconds, "features_cpu_seconds": features_cpu,
-            "n_train": len(train)}
+            "n_train": len(train),
+            "probe_features": {s: protocol.encode(np.ascontiguousarray(x[bounds[s]])) for s in splits}}
+
+
+def chosen_features(result: dict) -> dict[str, np.ndarray]:
+    """The features the probe chose (its text fed, layer and pooling), of every split, from a :func:`ladder` result:
+    ``{split: float32 [N, H]}``, rows in ``coursekit.data.load_split``'s order. Raises KeyError for a result
+    without them."""
+    from . import protocol
+
+    return {s: protocol.decode(v) for s, v in result["probe_features"].items()}
 
 
 def code_key() -> dict[str, str]:

@@ -380,3 +380,60 @@ def probe_features_by_the_reference(hidden_states, attention_mask, layer):
     from coursekit import cheap
 
     return cheap.probe_features(hidden_states, attention_mask, layer)
+
+
+# --------------------------------------------------------------------------- P15: the probe's gradient descent
+
+
+def train_probe(features, labels, classes, steps, lr):
+    X = torch.as_tensor(features, dtype=torch.float32)
+    Y = torch.nn.functional.one_hot(torch.tensor([list(classes).index(lab) for lab in labels]), len(classes)).float()
+    W, b = torch.zeros(X.shape[1], len(classes)), torch.zeros(len(classes))
+    for _ in range(steps):
+        dZ = (torch.softmax(X @ W + b, dim=1) - Y) / len(X)
+        W, b = W - lr * X.T @ dZ, b - lr * dZ.sum(0)
+    return W, b
+
+
+def _probe_by_hand(features, labels, classes, steps, lr, bias=True, scale=1.0, order=None, probs=True):
+    import numpy as np
+
+    cols = list(classes) if order is None else order(labels)
+    X = np.asarray(features, dtype=np.float64)
+    Y = np.eye(len(cols))[[cols.index(lab) for lab in labels]]
+    W, b = np.zeros((X.shape[1], len(cols))), np.zeros(len(cols))
+    for _ in range(steps):
+        Z = X @ W + b
+        P = np.exp(Z - Z.max(1, keepdims=True))
+        P = P / P.sum(1, keepdims=True) if probs else Z
+        dZ = scale * (P - Y) / len(X)
+        W = W - lr * X.T @ dZ
+        if bias:
+            b = b - lr * dZ.sum(0)
+    return W, b
+
+
+def train_probe_without_bias(features, labels, classes, steps, lr):
+    return _probe_by_hand(features, labels, classes, steps, lr, bias=False)
+
+
+def train_probe_with_sorted_labels(features, labels, classes, steps, lr):
+    return _probe_by_hand(features, labels, classes, steps, lr, order=lambda ls: sorted(set(ls)))
+
+
+def train_probe_summed(features, labels, classes, steps, lr):
+    return _probe_by_hand(features, labels, classes, steps, lr, scale=len(labels))
+
+
+def train_probe_ascending(features, labels, classes, steps, lr):
+    return _probe_by_hand(features, labels, classes, steps, lr, scale=-1.0)
+
+
+def train_probe_on_logits(features, labels, classes, steps, lr):
+    return _probe_by_hand(features, labels, classes, steps, lr, probs=False)
+
+
+def train_probe_by_the_reference(features, labels, classes, steps, lr):
+    from coursekit import cheap
+
+    return cheap.train_probe(features, labels, classes, steps, lr)

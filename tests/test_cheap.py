@@ -3,6 +3,8 @@ tiny setting, and the rule that every choice is made on training tickets only.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -121,6 +123,13 @@ def test_each_rung_on_a_tiny_setting_and_no_choice_depends_on_a_held_out_ticket(
         assert r["search"] == other["rungs"][name]["search"] and r["chosen"] == other["rungs"][name]["chosen"]
         assert r["cost"]["kept_mb"] > 0
     assert len(one["rungs"]["knn"]["search"]) == len(cheap.FED) * 2 * len(cheap.POOLINGS) * len(cheap.KS)
+    # the probe's chosen features travel with the result: the stored probe predicts the same from them
+    ch, feats = one["rungs"]["probe"]["chosen"], cheap.chosen_features(json.loads(json.dumps(one)))
+    splits = _small_splits()
+    assert {s: f.shape[0] for s, f in feats.items()} == {s: len(v) for s, v in splits.items()}
+    refit = cheap.fit_probe(feats["train"], [ex["label"] for ex in splits["train"]], ch["C"])
+    for s in data.HELDOUT_SPLITS:
+        assert list(refit.predict(feats[s])) == [p["pred"] for p in one["rungs"]["probe"][s]["predictions"]]
     # the replaced tickets name their label: the bag of words now reads them off, so the held-out side did change
     assert other["rungs"]["bow"]["unseen_symptom"]["predictions"] != one["rungs"]["bow"]["unseen_symptom"]["predictions"]
 
@@ -129,3 +138,53 @@ def test_the_store_key_follows_the_code():
     key = cheap.code_key()
     assert set(key) >= {"compute_ladder", "hidden_features", "probe_search", "grid"}
     assert key == cheap.code_key()
+
+
+# --------------------------------------------------------------------------- the probe's gradient descent (P15)
+
+
+def _probe_data(seed=0, n=23, h=5, k=4):
+    g = torch.Generator().manual_seed(seed)
+    classes = ["network", "billing", "software", "access"][:k]
+    labels = [classes[i] for i in torch.randint(0, k, (n,), generator=g)]
+    return torch.randn(n, h, generator=g), labels, classes
+
+
+def test_train_probe_is_gradient_descent_on_the_mean_cross_entropy_as_autograd_computes_it():
+    x, labels, classes = _probe_data()
+    y = torch.tensor([classes.index(lab) for lab in labels])
+    W, b = torch.zeros(5, 4, requires_grad=True), torch.zeros(4, requires_grad=True)
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(x @ W + b, y)
+        gW, gb = torch.autograd.grad(loss, (W, b))
+        with torch.no_grad():
+            W -= 0.3 * gW
+            b -= 0.3 * gb
+    mine = cheap.train_probe(x, labels, classes, 30, 0.3)
+    torch.testing.assert_close(mine[0], W.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mine[1], b.detach(), rtol=1e-5, atol=1e-6)
+    assert mine[0].dtype == mine[1].dtype == torch.float32
+    zero = cheap.train_probe(x, labels, classes, 0, 0.3)
+    assert not zero[0].any() and not zero[1].any()
+
+
+def test_train_probe_columns_follow_classes_not_the_labels_order():
+    x, labels, classes = _probe_data(1)
+    W, b = cheap.train_probe(x, labels, classes, 5, 0.5)
+    W2, b2 = cheap.train_probe(x, labels, classes[::-1], 5, 0.5)
+    torch.testing.assert_close(W2, W.flip(1))
+    torch.testing.assert_close(b2, b.flip(0))
+    assert not torch.allclose(W2, W)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda x, l, c: (x[:0], l[:0], c), "N >= 1"), (lambda x, l, c: (x, l[:-1], c), "labels"),
+    (lambda x, l, c: (x, l, c[:-1]), "not in classes"), (lambda x, l, c: (x, l, c + c[:1]), "repeat"),
+    (lambda x, l, c: (x.masked_fill(torch.zeros_like(x, dtype=torch.bool).index_fill(0, torch.tensor([2]), True), float("nan")), l, c), "NaN"),
+    (lambda x, l, c: (x[0], l, c), r"\[N, H\]")])
+def test_train_probe_refuses_bad_input_with_the_reason(change, match):
+    x, labels, classes = _probe_data()
+    with pytest.raises(ValueError, match=match):
+        cheap.train_probe(*change(x, labels, classes), 3, 0.1)
+    with pytest.raises(ValueError, match="steps"):
+        cheap.train_probe(x, labels, classes, -1, 0.1)

@@ -19,9 +19,9 @@ NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
              "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment,
-             "p14": A.probe_features}
+             "p14": A.probe_features, "p15": A.train_probe}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
-RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p14": A.probe_features}
+RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p14": A.probe_features, "p15": A.train_probe}
 CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["b", "c"], "p11": "c",
            "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
@@ -78,6 +78,11 @@ def test_right_choices_score_full(item):
     ("p14", A.probe_features_padding_pooled, "padding included"),
     ("p14", A.probe_features_last_column, "the last column's state"),
     ("p14", A.probe_features_summed, "without dividing by their number"),
+    ("p15", A.train_probe_without_bias, "your b never moves"),
+    ("p15", A.train_probe_with_sorted_labels, "alphabetical order"),
+    ("p15", A.train_probe_summed, "N times too large"),
+    ("p15", A.train_probe_ascending, "move up the gradient"),
+    ("p15", A.train_probe_on_logits, "you used the logits Z"),
 ])
 def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     fb = check(f"19.{item}", fn, hidden=False)
@@ -106,6 +111,11 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p14", A.probe_features_padding_pooled, ["padding pooled"]),
     ("p14", A.probe_features_last_column, ["last column"]),
     ("p14", A.probe_features_summed, ["sum"]),
+    ("p15", A.train_probe_without_bias, ["no bias"]),
+    ("p15", A.train_probe_with_sorted_labels, ["labels misaligned (sorted)"]),
+    ("p15", A.train_probe_summed, ["sum, not mean"]),
+    ("p15", A.train_probe_ascending, ["gradient ascent"]),
+    ("p15", A.train_probe_on_logits, ["logits for probabilities"]),
 ])
 def test_the_mistake_is_stored_by_name_for_the_class_report(item, fn, labels):
     """Feedback.mistakes, which the grading process stores and coursekit report counts, names each known mistake
@@ -290,3 +300,21 @@ def test_each_probe_mistake_is_named_only_where_it_was_made():
                       (A.probe_features_padding_pooled, "padding pooled"),
                       (A.probe_features_last_column, "last column"), (A.probe_features_summed, "sum")):
         assert set(check("19.p14", fn, hidden=True).mistakes) & names == {label}, fn.__name__
+
+
+def test_the_probe_trained_by_the_reference_earns_nothing_when_graded():
+    """coursekit.cheap.train_probe is withheld in the grader's runner."""
+    fb = _graded_in_the_runner("p15", A.train_probe_by_the_reference)
+    assert fb.points == 0 and "withheld while this item is graded" in fb.text(), fb.text()
+
+
+def test_each_probe_training_mistake_is_named_only_where_it_was_made_and_every_case_catches_it():
+    """A right answer (float64 numpy or torch) is told no mistake; each wrong one only its own, on hidden cases too,
+    and no public case lets one pass (the classes are unbalanced, so the bias has a gradient from the first step)."""
+    assert check("19.p15", A.train_probe, hidden=True).full
+    assert check("19.p15", A.train_probe, hidden=True).mistakes == []
+    for fn, label in ((A.train_probe_without_bias, "no bias"), (A.train_probe_with_sorted_labels, "labels misaligned (sorted)"),
+                      (A.train_probe_summed, "sum, not mean"), (A.train_probe_ascending, "gradient ascent"),
+                      (A.train_probe_on_logits, "logits for probabilities")):
+        fb = check("19.p15", fn, hidden=True)
+        assert fb.points == 0 and fb.mistakes == [label], (fn.__name__, fb.text())

@@ -1147,6 +1147,97 @@ def _p14_mistakes(kw: dict, got: dict) -> dict:
     ])}
 
 
+# --------------------------------------------------------------------------- P15: the probe's training, by hand
+
+
+def _fit_variant(features, labels, classes, steps, lr, variant: str = "right") -> tuple[np.ndarray, np.ndarray]:
+    """The probe's gradient descent with one known mistake (``variant``), as cheap.train_probe otherwise."""
+    if variant == "labels misaligned (sorted)":
+        classes = sorted(set(labels))
+    elif variant == "labels misaligned (order seen)":
+        classes = list(dict.fromkeys(labels))
+    if variant == "sum, not mean":
+        lr = lr * len(labels)
+    if variant == "gradient ascent":
+        lr = -lr
+    X = torch.as_tensor(features, dtype=torch.float32)
+    Y = torch.nn.functional.one_hot(torch.tensor([list(classes).index(lab) for lab in labels]), len(classes)).float()
+    W, b = torch.zeros(X.shape[1], len(classes)), torch.zeros(len(classes))
+    for _ in range(steps):
+        Z = X @ W + b
+        dZ = ((Z if variant == "logits for probabilities" else torch.softmax(Z, dim=1)) - Y) / X.shape[0]
+        W -= lr * (X.T @ dZ)
+        if variant != "no bias":
+            b -= lr * dZ.sum(0)
+    return W.numpy(), b.numpy()
+
+
+def _probe_fit_case(seed: int, n: int, h: int, classes: list[str], steps: int, lr: float) -> dict:
+    """Standardized random features [n, h] whose labels shift the mean. Every class occurs, in unequal numbers (so
+    the bias has a gradient), and the labels first occur in an order other than ``classes``'s."""
+    g = np.random.default_rng(seed)
+    k = len(classes)
+    counts = np.ones(k, dtype=int) + np.bincount(g.choice(k, n - k, p=np.arange(1, k + 1) / (k * (k + 1) / 2)), minlength=k)
+    labels = [c for c, m in zip(classes, counts) for _ in range(m)]
+    g.shuffle(labels)
+    while list(dict.fromkeys(labels)) == list(classes):
+        g.shuffle(labels)
+    centre = g.normal(size=(k, h))
+    x = g.normal(size=(n, h)) + 1.5 * centre[[classes.index(lab) for lab in labels]]
+    x = (x - x.mean(0)) / x.std(0)
+    return {"features": torch.tensor(x, dtype=torch.float32), "labels": labels, "classes": list(classes),
+            "steps": steps, "lr": lr}
+
+
+def _p15_reference(features, labels, classes, steps, lr):
+    W, b = cheap.train_probe(features, labels, classes, steps, lr)
+    return W.numpy(), b.numpy()
+
+
+def _p15_public() -> list[Case]:
+    return [Case(_probe_fit_case(0, 7, 3, ["software", "hardware", "network"], 1, 0.5),
+                 "one step: 7 tickets, 3 features, 3 classes (not in alphabetical order)"),
+            Case(_probe_fit_case(1, 12, 4, ["network", "billing", "software", "access"], 25, 0.3),
+                 "25 steps: 12 tickets, 4 features, 4 classes")]
+
+
+def _p15_hidden(rng: np.random.Generator) -> list[Case]:
+    out = []
+    for _ in range(3):
+        k = int(rng.integers(3, 7))
+        classes = [str(c) for c in rng.permutation(list(LABELS))[:k]]
+        if classes == sorted(classes):
+            classes = classes[::-1]
+        out.append(Case(_probe_fit_case(int(rng.integers(0, 10_000)), int(rng.integers(2 * k, 5 * k)), int(rng.integers(2, 7)),
+                                        classes, int(rng.integers(2, 40)), float(rng.choice([0.1, 0.3, 0.5])))))
+    return out
+
+
+_P15_WHY = {
+    "no bias": "your b never moves: the bias gets its gradient too, Σ_n dZ[n] (the sum over the batch of each "
+               "ticket's P − Y), and without it every class starts from the same offset however rare it is.",
+    "labels misaligned (sorted)": "your columns follow the labels in alphabetical order, not the order of "
+                                  "`classes`: column j of W and entry j of b belong to classes[j], so Y's one-hot "
+                                  "column for a label is classes.index(label).",
+    "labels misaligned (order seen)": "your columns follow the labels in the order they first occur in `labels`, not "
+                                      "the order of `classes`: column j of W and entry j of b belong to classes[j], "
+                                      "so Y's one-hot column for a label is classes.index(label).",
+    "sum, not mean": "your step is N times too large: the loss is the mean cross-entropy, so dZ = (P − Y) / N, not "
+                     "P − Y.",
+    "gradient ascent": "your W and b move up the gradient: a descent step subtracts lr times it (W ← W − lr·Xᵀ dZ), "
+                       "and dZ = (P − Y) / N, not (Y − P) / N.",
+    "logits for probabilities": "you used the logits Z where the softmax probabilities P belong: the gradient of the "
+                                "cross-entropy with respect to Z is (softmax(Z) − Y) / N.",
+}
+
+
+def _p15_mistakes(kw: dict, got: dict) -> dict:
+    variants = {v: _fit_variant(**kw, variant=v) for v in _P15_WHY}
+    return {out: worded([Mistake(v, val[i], why + " " + READ_PROBE) for v, val in variants.items()
+                         for why in (_P15_WHY[v],)])
+            for i, out in enumerate(("W", "b"))}
+
+
 # --------------------------------------------------------------------------- P10: a number from the student's run
 
 
@@ -1231,6 +1322,10 @@ ITEMS = {
                     public=_p14_public, hidden=_p14_hidden, outputs=("result",), mistakes=_p14_mistakes,
                     rtol=1e-5, atol=1e-5, withheld=("coursekit.cheap:probe_features", "coursekit.cheap:pool",
                                                     "coursekit.cheap:layer_features")),
+    "p15": Function("implement train_probe (the probe's gradient descent, by hand)", 2, name="train_probe",
+                    reference=_p15_reference, public=_p15_public, hidden=_p15_hidden, outputs=("W", "b"),
+                    mistakes=_p15_mistakes, rtol=1e-4, atol=1e-5,
+                    withheld=("coursekit.cheap:train_probe", "coursekit.cheap:fit_probe")),
     "p13": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
