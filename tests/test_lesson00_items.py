@@ -63,11 +63,11 @@ def measured_dequantizations(first_input_needs_grad=False):
 
 
 RIGHT = {
-    "w1": "b", "w2": "a", "w3": "b", "p1": {"a", "c"}, "p2": "b", "p5": {"a"},
+    "w1": "b", "w2": "a", "w3": "b", "p1": {"b", "c", "d"}, "p2": "a", "p5": {"a"},
     "p3": 3,
     "p4": right_pack,
     "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,
-    "p7": ["lookup", "default", "dequant", "linear", "again"],
+    "p7": ["small", "small_outlier", "big", "big_outlier"],
 }
 
 # item, wrong answer, text the feedback must contain
@@ -78,11 +78,13 @@ WRONG = [
     ("w2", "c", "two 4-bit codes, not four"),
     ("w3", "a", "can be fewer than os.cpu_count()"),
     ("w3", "c", "binds Python code, not torch's C++ kernels"),
-    ("p1", {"a", "b"}, "C++ CPU kernel"),
-    ("p1", {"a", "c", "d"}, "LUT quantizer"),
-    ("p1", {"c"}, "whatever the weight's shape"),
-    ("p2", "a", "same shape and dtype"),
-    ("p2", "d", "may round the last bits differently"),
+    ("p1", {"b", "d"}, "the LUT quantizer"),
+    ("p1", {"a", "b", "c", "d"}, "torch ops only"),
+    ("p1", {"c", "d"}, "counts only an op's own kernel"),
+    ("p1", {"b", "c"}, "576, is even"),
+    ("p2", "b", "rounds to the nearest level and moves"),
+    ("p2", "c", "off by its own magnitude"),
+    ("p2", "d", "the ends of the NF4 table"),
     ("p5", {"a", "b"}, "575 rows change nothing"),
     ("p5", {"c"}, "575, is odd"),
     ("p3", 4, "x is data and needs none"),
@@ -95,7 +97,9 @@ WRONG = [
     ("p6", 576 * 1536 * 4, "number of bits"),
     ("p6", 576 * 1536 * 2, "bf16"),
     ("p6", "lots", "single number"),
-    ("p7", ["default", "lookup", "dequant", "linear", "again"], "position 1"),
+    ("p7", ["small", "big", "small_outlier", "big_outlier"], "far more than one ruined block of 64"),
+    ("p7", ["small_outlier", "small", "big", "big_outlier"], "63 weights out of 884,736"),
+    ("p7", ["big_outlier", "small", "small_outlier", "big"], "ruins 4095 weights"),
     ("p4", low_first_pack, "LOW nibble"),
     ("p4", no_pad_pack, "pad with one 0 code"),
     ("p4", int64_pack, "dtype is int64"),
@@ -114,6 +118,128 @@ def test_p3_key_is_what_bitsandbytes_does_here():
 
     assert measured_dequantizations() == ITEMS["p3"].expected() == RIGHT["p3"] == 3
     assert measured_dequantizations(first_input_needs_grad=True) == _dequant_count(first_input_needs_grad=True) == 4
+
+
+def recorded_native_calls():
+    """00.p1's four calls, each run with the probe's recorder on bitsandbytes' native library: the native functions
+    each one called on this machine."""
+    import torch
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    from coursekit import probes
+
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1536, 576, generator=g)
+    q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    x = torch.randn(3, 576, generator=g)
+    code = F.create_dynamic_map(signed=True)
+    runs = {
+        "a": lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4"),
+        "b": lambda: bnb.matmul_4bit(x, q.t(), quant_state=st),
+        "c": lambda: F.quantize_blockwise(torch.randn(512, generator=g), code=code, blocksize=256),
+        "d": lambda: F.dequantize_4bit(q, st),
+    }
+    out = {}
+    for letter, run in runs.items():
+        ob = probes.observe_op(run)
+        assert ob["error"] is None, ob
+        out[letter] = ob
+    return out
+
+
+def test_p1_key_is_what_the_recorder_sees_here():
+    """The key lists the calls whose recorded native functions are not empty; the hints name what each one calls:
+    gemm_4bit's default (b) calls only the native dequantize, not a gemm kernel of its own."""
+    import re
+
+    from coursekit.grading.keys import load as key_file
+
+    seen = recorded_native_calls()
+    assert {k for k, ob in seen.items() if ob["native_calls"]} == RIGHT["p1"] == set(key_file("00")["keys"]["p1"])
+    assert seen["a"]["native_calls"] == [] and not seen["a"]["torch_fallback"]
+    assert seen["b"]["native_calls"] and all(re.match(r"cdequantize_blockwise_cpu_nf4_", c) for c in seen["b"]["native_calls"])
+    assert all(re.match(r"cquantize_blockwise_cpu_", c) for c in seen["c"]["native_calls"])
+    assert all(re.match(r"cdequantize_blockwise_cpu_nf4_", c) for c in seen["d"]["native_calls"])
+    assert not seen["d"]["torch_fallback"] and 576 % 2 == 0
+
+
+def round_trip_blocks(seed=0, n_blocks=2000):
+    import torch
+    import bitsandbytes.functional as F
+
+    W = torch.randn(n_blocks * 64, generator=torch.Generator().manual_seed(seed))
+    q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    return W.reshape(-1, 64), F.dequantize_4bit(q, st).reshape(-1, 64), st
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_p2_key_is_the_value_that_comes_back_exactly(seed):
+    """In every block exactly one value comes back bit for bit, the one of largest magnitude (±1 × absmax: ±1 are the
+    NF4 table's ends); the value closest to the block's mean and the smallest one never do, and the smallest one
+    nearly always comes back as 0.0."""
+    import torch
+
+    from coursekit.grading.keys import load as key_file
+
+    W, W_hat, st = round_trip_blocks(seed)
+    assert (W != 0).all()
+    exact = W == W_hat
+    assert exact.sum(1).eq(1).all()
+    pick = lambda idx: exact.gather(1, idx[:, None]).squeeze(1)  # noqa: E731
+    assert pick(W.abs().argmax(1)).all()
+    assert not pick((W - W.mean(1, keepdim=True)).abs().argmin(1)).any()
+    smallest = W.abs().argmin(1)
+    assert not pick(smallest).any()
+    assert (W_hat.gather(1, smallest[:, None]) == 0).double().mean() > 0.98  # "nearly always the level 0"
+    assert st.code.min().item() == -1.0 and st.code.max().item() == 1.0 and (st.code == 0).sum() == 1
+    assert RIGHT["p2"] == key_file("00")["keys"]["p2"] == "a"
+
+
+def mean_errors(seed=0, outlier_at=(700, 300)):
+    """00.p7's four round trips of one 1536 × 576 standard normal weight: mean |W_hat − W|, and the mean absmax of
+    each blocksize."""
+    import torch
+    import bitsandbytes.functional as F
+
+    W = torch.randn(1536, 576, generator=torch.Generator().manual_seed(seed))
+    W_out = W.clone()
+    W_out[outlier_at] = 100.0
+    errors, absmax = {}, {}
+    for size, bs in (("small", 64), ("big", 4096)):
+        for suffix, Wt in (("", W), ("_outlier", W_out)):
+            q, st = F.quantize_4bit(Wt, blocksize=bs, quant_type="nf4")
+            errors[size + suffix] = (F.dequantize_4bit(q, st) - Wt).abs().double().mean().item()
+            if not suffix:
+                absmax[bs] = st.absmax.mean().item()
+    return errors, absmax
+
+
+@pytest.mark.parametrize("seed,outlier_at", [(0, (700, 300)), (1, (0, 0)), (2, (1535, 575))])
+def test_p7_key_is_the_measured_order_of_mean_errors(seed, outlier_at):
+    """The key orders the four round trips by their measured mean error, whatever the seed and wherever the outlier
+    sits; the hints' numbers (mean absmax about 2.6 and 3.8, 63 and 4095 ruined weights among 884,736) are measured
+    here too."""
+    import torch
+    import bitsandbytes.functional as F
+
+    from coursekit.grading.keys import load as key_file
+
+    errors, absmax = mean_errors(seed, outlier_at)
+    assert sorted(errors, key=errors.get) == RIGHT["p7"] == key_file("00")["keys"]["p7"]
+    assert abs(absmax[64] - 2.6) < 0.1 and abs(absmax[4096] - 3.8) < 0.1
+    assert 1536 * 576 == 884_736
+    # The outlier is its block's absmax and comes back exactly; the rest of its block (63 or 4095 weights) is ruined.
+    for bs, ruined in ((64, 63), (4096, 4095)):
+        W = torch.randn(1536, 576, generator=torch.Generator().manual_seed(seed))
+        W[outlier_at] = 100.0
+        q, st = F.quantize_4bit(W, blocksize=bs, quant_type="nf4")
+        flat = outlier_at[0] * 576 + outlier_at[1]
+        block = slice(flat // bs * bs, flat // bs * bs + bs)
+        W_hat = F.dequantize_4bit(q, st).reshape(-1)[block]
+        orig = W.reshape(-1)[block]
+        assert W_hat.numel() - 1 == ruined and (W_hat == 100.0).sum() == 1
+        # every other weight lands on one of the three levels nearest 0, times 100
+        assert (W_hat[orig != 100.0].abs() < 0.1 * 100).all()
 
 
 def test_every_item_has_a_right_answer_here():

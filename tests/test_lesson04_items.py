@@ -41,7 +41,7 @@ def _p4_right():
     return [int(p) for p in L.p4_positions()]
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 0.3,
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 2.5,
          "p4": None, "p5": 11, "p6": 4.002345485592187, "p7": "a"}
 
 
@@ -56,8 +56,52 @@ def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
 
 
+def measured_p3_factors():
+    """04.p3's loop measured with autograd: two micro-batches with 4 and 16 supervised tokens; backward() on each
+    micro-batch's mean loss / 2, against backward() on the token-weighted loss of the window. Returns the factor by which
+    the loop scales the gradient on the logits of a supervised token of the first micro-batch, and of the second."""
+    g = torch.Generator().manual_seed(4)
+    V = 8
+
+    def micro(n_sup, T=20):
+        logits = torch.randn(1, T, V, generator=g, dtype=torch.float64)
+        labels = torch.randint(0, V, (1, T), generator=g)
+        labels[0, : T - n_sup] = -100          # the first T - n_sup positions are prompt
+        return logits, labels
+
+    mbs = [micro(4), micro(16)]
+    assert [int((y[:, 1:] != -100).sum()) for _, y in mbs] == [4, 16]
+    N = sum(int((y[:, 1:] != -100).sum()) for _, y in mbs)
+
+    def grads(loss_of):
+        leaves = [lg.clone().requires_grad_() for lg, _ in mbs]
+        for leaf, (_, y) in zip(leaves, mbs):
+            loss_of(leaf, y).backward()        # one backward per micro-batch, as accumulation does
+        return [leaf.grad for leaf in leaves]
+
+    def ce_sum(lg, y):
+        return torch.nn.functional.cross_entropy(lg[0, :-1], y[0, 1:], ignore_index=-100, reduction="sum")
+
+    loop = grads(lambda lg, y: ce_sum(lg, y) / int((y[:, 1:] != -100).sum()) / len(mbs))
+    token = grads(lambda lg, y: ce_sum(lg, y) / N)
+    factors = []
+    for gl, gt in zip(loop, token):
+        ratio = gl[gt != 0] / gt[gt != 0]
+        torch.testing.assert_close(ratio, torch.full_like(ratio, ratio[0].item()))   # one factor for every entry
+        factors.append(ratio[0].item())
+    return factors
+
+
+def test_p3_key_and_mistakes_are_measured_with_autograd():
+    """The key (2.5) and the named 'second micro-batch' value (0.625) are what autograd gives the two micro-batches'
+    tokens; the 'between micro-batches' value is their ratio."""
+    first, second = measured_p3_factors()
+    assert first == pytest.approx(ITEMS["p3"].expected()) == pytest.approx(RIGHT["p3"])
+    assert second == pytest.approx(0.625) and first / second == pytest.approx(4)
+
+
 def test_numbers_come_from_coursekit():
-    assert ITEMS["p3"].expected() == pytest.approx(6.0 / 20)
+    assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors()[0]) == pytest.approx(20 / 8)
     assert ITEMS["p5"].expected() == 11  # 3 + 3 + 2 + 3 supervised tokens: answer tokens and <|im_end|>
     assert [int(p) for p in L.p4_positions()] == [47, 48, 49]  # row 0's prompt, two answer tokens, <|im_end|>
     aligned, twice = L._p6_losses()
@@ -278,9 +322,11 @@ def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p3", 0.375, "mean of the two micro-batch means"),
-        ("p3", 0.75, "adds the two means"),
-        ("p3", 6.0, "summed token loss"),
+        ("p3", 1, "gives each of the 20 tokens the weight 1/20"),
+        ("p3", 5, "leaves out the division by the 2 micro-batches"),
+        ("p3", 4, "compares a token of the first micro-batch with one of the second"),
+        ("p3", 0.625, "which the loop under-weights"),
+        ("p3", 0.4, "so its gradient grows"),
         ("p5", 7, "end-of-turn token <|im_end|> is supervised"),
         ("p6", 0.0023454855921863655, "labels = input_ids"),
         ("p6", float(np.log(8)), "uniform guess"),

@@ -90,7 +90,7 @@ def bwd_hard_coded(D, X, W, A, B, s):
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 3.5, "p4": {"b", "c", "d"},
-         "p5": "a", "p6": np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), "p7": "a"}
+         "p5": "a", "p6": np.array([[-0.56, 0.28]]), "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -337,19 +337,59 @@ def test_p3_expected_comes_from_the_reference():
     assert ITEMS["p3"].expected() == pytest.approx((X.T @ (s * D @ B.T))[2, 0]) == pytest.approx(3.5)
 
 
+def measured_p6_change(lr=lesson05.P6_LR):
+    """05.p6 measured with torch autograd: the worked example with W trainable, one backward of sum(y · D), one SGD step
+    on W alone, and the change of y for the same x."""
+    ex = lesson05.worked_example()
+    t = {k: torch.tensor(v) for k, v in ex.items() if k != "s"}
+    s = ex["s"]
+    W = t["W"].clone().requires_grad_()
+
+    def y_of(W_):
+        return t["X"] @ W_ + s * (t["X"] @ t["A"]) @ t["B"]
+
+    (y_of(W) * t["D"]).sum().backward()
+    with torch.no_grad():
+        return (y_of(W - lr * W.grad) - y_of(W)).numpy()
+
+
+def test_p6_key_is_what_autograd_and_one_sgd_step_give():
+    """The key is measured: autograd's ∇W, one step of η = 0.1 on W, the new y minus the old. It is −η ‖x‖² D (‖x‖² = 14),
+    as the solution's comment says."""
+    ex = lesson05.worked_example()
+    measured = measured_p6_change()
+    np.testing.assert_allclose(measured, ITEMS["p6"].expected(), rtol=1e-12)
+    np.testing.assert_allclose(measured, RIGHT["p6"], rtol=1e-12)
+    assert (ex["X"] @ ex["X"].T).item() == 14
+    np.testing.assert_allclose(measured, -0.1 * 14 * ex["D"], rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     "answer, points, text",
     [
-        (0.5 * RIGHT["p6"], 0.5, "the base path has no scale"),
-        (RIGHT["p6"].T, 0, "transpose of the right one"),
-        (np.array([[0.4, -0.2, 0.6]]), 0, "base path's contribution to ∇X"),
-        (RIGHT["p6"] + 0.1, 0, "= 0.3 is not right"),  # no credit, and the key stays hidden
-        ("XᵀD", 0, "array of numbers"),
+        (np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), 0, "that is ∇W = xᵀ D itself"),
+        (np.array([[-0.28, 0.14]]), 0.5, "the base path has no scale"),
+        (-RIGHT["p6"], 0.5, "a descent step subtracts"),
+        (RIGHT["p6"] / 0.1, 0.5, "the change for η = 1"),
+        (np.array([[4.94, -3.97]]), 0.5, "the new output y"),
+        (RIGHT["p6"] + 0.1, 0, "is not right"),  # no credit, and the key stays hidden
+        ("x ΔW", 0, "array of numbers"),
     ],
 )
-def test_p6_dW_mistakes(answer, points, text):
+def test_p6_dY_mistakes(answer, points, text):
     fb = check("05.p6", answer)
     assert fb.points == pytest.approx(points) and text in fb.text(), fb.text()
+
+
+def test_p6_named_values_are_what_the_mistakes_compute():
+    """'scaled' is the change with an s put into ∇W (s = 0.5 times the key); 'no learning rate' is the step of η = 1,
+    measured; 'new output' is y after the step."""
+    named = {m.label: m.value for m in lesson05._dY_mistakes()}
+    np.testing.assert_allclose(named["scaled"], 0.5 * measured_p6_change(), rtol=1e-12)
+    np.testing.assert_allclose(named["no learning rate"], measured_p6_change(lr=1.0), rtol=1e-12)
+    ex = lesson05.worked_example()
+    y = lora.lora_forward(ex["X"], ex["W"], ex["A"], ex["B"], ex["s"])[0]
+    np.testing.assert_allclose(named["new output"], y + RIGHT["p6"], rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- a named mistake is the one made

@@ -1,6 +1,6 @@
 """Graded items of lesson 00, "Setup and probes" (solutions/00-setup-and-probes).
 
-Choice and ordering keys live encoded in ``keys/00.key``; numeric answers are computed here; the implement item
+Choice and ordering keys live in the instructor's ``autograder/keys/00.json``; numeric answers are computed here; the implement item
 ``p4`` is checked against :func:`coursekit.probes.nibble_pack`.
 """
 
@@ -155,10 +155,11 @@ ITEMS = {
     ),
     # Practice
     "p1": Choice(
-        "Which of four calls run bitsandbytes' pure-torch code on this machine?", 1, options="abcd", multi=True,
+        "For which of four calls does the probe's recorder see a native C++ function called?", 1, options="abcd",
+        multi=True,
     ),
     "p2": Choice(
-        "What may still differ between the pure-torch fallback and the native kernel?", 1,
+        "Which value of a block of 64 random weights comes back exactly from an NF4 round trip?", 1,
     ),
     "p3": Numeric(
         "How many times is a frozen 4-bit weight dequantized in one step through two adapted layers?", 1,
@@ -179,13 +180,13 @@ ITEMS = {
         name="answer_p6", expected=_packed_bytes, rtol=0, atol=0, mistakes=_packed_mistakes, unit="bytes",
     ),
     "p7": Ordering(
-        "Order what happens when a training step multiplies by a frozen 4-bit weight on this CPU", 1,
+        "Order four NF4 round trips of one weight by their mean error: blocksize 64 or 4096, with or without an outlier",
+        1,
         labels={
-            "again": "in backward, the weight is dequantized once more to form the input's gradient",
-            "default": "bitsandbytes' generic pure-torch gemm_4bit runs",
-            "dequant": "dequantize_4bit's native C++ CPU kernel rebuilds the weight",
-            "linear": "F.linear multiplies the activation by the rebuilt weight",
-            "lookup": "the dispatcher looks for a CPU kernel of gemm_4bit and finds none",
+            "big": "blocksize 4096",
+            "big_outlier": "blocksize 4096, after one weight is set to 100",
+            "small": "blocksize 64",
+            "small_outlier": "blocksize 64, after one weight is set to 100",
         },
     ),
 }

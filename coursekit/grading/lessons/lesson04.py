@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import objective
-from ...data import IGNORE_INDEX, count_supervised, token_loss_sum, window_loss
+from ...data import IGNORE_INDEX, count_supervised, token_loss_sum
 from ..checkers import Case, Mistake
 from .. import Array, Choice, Function, Numeric
 
@@ -241,12 +241,39 @@ def _p2_empty(fn, case: Case) -> list[str] | None:
 
 # --------------------------------------------------------------------------- numeric items
 
+# P3 asks a question the lesson's example (2 and 10 tokens, weights 1/4 and 1/20 in its plot) does not answer: with
+# 4 and 16 supervised tokens, a loop that calls backward() on each micro-batch's mean divided by the number of
+# micro-batches gives a token of the first micro-batch the weight 1/(2 · 4) instead of the token-weighted 1/20.
 P3_COUNTS = (4, 16)
-P3_MEANS = (0.5, 0.25)
+
+
+def _p3_weights() -> tuple[float, float]:
+    """(a first-micro-batch token's weight in the loop's loss, its weight in the token-weighted window loss)."""
+    return 1 / (len(P3_COUNTS) * P3_COUNTS[0]), 1 / sum(P3_COUNTS)
 
 
 def _p3_expected() -> float:
-    return window_loss([c * m for c, m in zip(P3_COUNTS, P3_MEANS)], list(P3_COUNTS))
+    loop, token = _p3_weights()
+    return loop / token
+
+
+def _p3_mistakes() -> list[Mistake]:
+    c1, c2 = P3_COUNTS
+    n, k = sum(P3_COUNTS), len(P3_COUNTS)
+    return [
+        Mistake("nothing changes", 1.0, f"the token-weighted loss gives each of the {n} tokens the weight 1/{n}; the loop "
+                f"gives a token of the {c1}-token micro-batch 1/{k} × 1/{c1} = 1/{k * c1}. Averaging micro-batch means is "
+                "not the token-weighted mean when the counts differ. " + READ_AVG),
+        Mistake("no halving", n / c1, f"that leaves out the division by the {k} micro-batches: the loop's weight is "
+                f"1/{k} × 1/{c1}, not 1/{c1}. " + READ_AVG),
+        Mistake("between micro-batches", c2 / c1, f"that compares a token of the first micro-batch with one of the second "
+                f"(1/{k * c1} against 1/{k * c2}); compare with the token-weighted loss, where every token weighs 1/{n}. "
+                + READ_AVG),
+        Mistake("second micro-batch", n / (k * c2), f"that is the factor of a token of the {c2}-token micro-batch "
+                f"(1/{k * c2} against 1/{n}), which the loop under-weights; the question asks about the first. " + READ_AVG),
+        Mistake("inverted", k * c1 / n, f"that is the token-weighted weight over the loop's; the loop's token weighs more, "
+                f"1/{k * c1} against 1/{n}, so its gradient grows. " + READ_AVG),
+    ]
 
 
 # P4 asks for a configuration the lesson does not print: row 0's ticket of 'Two masks, two jobs' ("thermal", one token,
@@ -431,17 +458,12 @@ ITEMS = {
         atol=1e-9,
     ),
     "p3": Numeric(
-        "token-weighted loss of a two-micro-batch window",
+        "gradient factor of a token when micro-batch means are accumulated",
         1,
-        name="window_loss",
+        name="answer_p3",
         expected=_p3_expected,
         rtol=1e-6,
-        mistakes=lambda: [
-            Mistake("mean of means", sum(P3_MEANS) / 2, "that is the mean of the two micro-batch means: the 4-token micro-batch then "
-                    "weighs as much as the 16-token one. Divide the total loss by all 20 tokens. " + READ_AVG),
-            Mistake("sum of means", sum(P3_MEANS), "that adds the two means; without dividing, accumulation doubles the loss. " + READ_AVG),
-            Mistake("total", sum(c * m for c, m in zip(P3_COUNTS, P3_MEANS)), "that is the summed token loss; divide by the total count."),
-        ],
+        mistakes=_p3_mistakes,
     ),
     "p4": Array(
         "predict the supervised positions of a relabelled example",

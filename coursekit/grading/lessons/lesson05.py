@@ -106,17 +106,35 @@ def _p3_mistakes() -> list[Mistake]:
     ]
 
 
-def _dW_example() -> np.ndarray:
-    ex = worked_example()
-    return ex["X"].T @ ex["D"]
+#: P6's learning rate: one plain SGD step on W alone, as if W were trainable.
+P6_LR = 0.1
 
 
-def _dW_mistakes() -> list[Mistake]:
+def _y(ex: dict, W: np.ndarray) -> np.ndarray:
+    return lora.lora_forward(ex["X"], W, ex["A"], ex["B"], ex["s"])[0]
+
+
+def _dY_example() -> np.ndarray:
+    """How the worked example's output y changes after one SGD step on W alone: ΔY = x ΔW = −η x xᵀ D = −η ‖x‖² D."""
     ex = worked_example()
-    X, D, W, s = ex["X"], ex["D"], ex["W"], ex["s"]
+    dW = ex["X"].T @ ex["D"]
+    return _y(ex, ex["W"] - P6_LR * dW) - _y(ex, ex["W"])
+
+
+def _dY_mistakes() -> list[Mistake]:
+    ex = worked_example()
+    X, D, W, s, lr = ex["X"], ex["D"], ex["W"], ex["s"], P6_LR
+    dW = X.T @ D
     return [
-        Mistake("scaled", s * X.T @ D, "the base path has no scale: s multiplies only the adapter path, so ∇W = Xᵀ D. " + READ_FROZEN),
-        Mistake("dX", D @ W.T, "that is the base path's contribution to ∇X (D Wᵀ), not ∇W; ∇W has W's shape d × m. " + READ_FROZEN),
+        Mistake("dW itself", dW, "that is ∇W = xᵀ D itself (W's shape, d × m). The step changes W by ΔW = −η ∇W, and y by "
+                                  "x ΔW, which has y's shape. " + READ_FOUR),
+        Mistake("scaled", X @ (-lr * s * dW), "the base path has no scale: s multiplies only the adapter path, so ∇W = xᵀ D "
+                                               "with no s. " + READ_FROZEN),
+        Mistake("ascent", X @ (lr * dW), "that moves y along D: a descent step subtracts η ∇W, so y moves against D. "
+                                         + READ_FOUR),
+        Mistake("no learning rate", X @ (-dW), "that is the change for η = 1; the step is ΔW = −η ∇W with η = 0.1. " + READ_FOUR),
+        Mistake("new output", _y(ex, W - lr * dW), "that is the new output y; the question asks for the change, new y minus "
+                                                    "old y. " + READ_FOUR),
     ]
 
 
@@ -194,13 +212,13 @@ ITEMS = {
         1,
     ),
     "p6": Array(
-        "∇W for the worked example, if W were trainable",
+        "the change of the worked example's y after one SGD step on W, if W were trainable",
         2,
-        name="dW",
-        expected=_dW_example,
+        name="dY",
+        expected=_dY_example,
         rtol=1e-9,
         atol=1e-12,
-        mistakes=_dW_mistakes,
+        mistakes=_dY_mistakes,
     ),
     "p7": Choice(
         "what doubling s does to the gradients",

@@ -1,1 +1,1 @@
-answer_p3 = (0.5 + 0.25) / 2
+answer_p3 = 1   # averaging the micro-batch means looks like the window's mean
