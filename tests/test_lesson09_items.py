@@ -130,20 +130,40 @@ def mlp_hard_coded(dY, X, W_gate, W_up, W_down):
     return mlp_right(**lesson09._p3_public()[0].kwargs)
 
 
-def residual_right(dY, X, W_gate, W_up, W_down):
-    return dY + mlp_right(dY, X, W_gate, W_up, W_down)[0]
+def _stack(mlp_dX=lambda dZ, Z, g, u, d: mlp_right(dZ, Z, g, u, d)[0], skip=True, reverse=True, upstream_dY=False,
+           at_X=False):
+    """A student's residual_stack_backward: right by default; each keyword is one classic slip."""
+    def fn(dY, X, W_gate, W_up, W_down):
+        inputs, Z = [], X
+        for g, u, d in zip(W_gate, W_up, W_down):
+            inputs.append(X if at_X else Z)
+            Z = Z + _forward(Z, g, u)[2] @ d
+        if upstream_dY:
+            return dY + sum(mlp_dX(dY, inputs[l], W_gate[l], W_up[l], W_down[l]) for l in range(len(inputs)))
+        dZ = dY
+        for l in (reversed(range(len(inputs))) if reverse else range(len(inputs))):
+            dZ = (dZ if skip else 0) + mlp_dX(dZ, inputs[l], W_gate[l], W_up[l], W_down[l])
+        return dZ
+    return fn
 
 
-def residual_forgot(dY, X, W_gate, W_up, W_down):
-    return mlp_right(dY, X, W_gate, W_up, W_down)[0]
+residual_right = _stack()
+residual_forgot = _stack(skip=False)
+residual_gate_only = _stack(mlp_dX=lambda dZ, Z, g, u, d: mlp_gate_only(dZ, Z, g, u, d)[0])
 
 
 def residual_skip_only(dY, X, W_gate, W_up, W_down):
     return dY.copy()
 
 
-def residual_gate_only(dY, X, W_gate, W_up, W_down):
-    return dY + mlp_gate_only(dY, X, W_gate, W_up, W_down)[0]
+def residual_torch(dY, X, W_gate, W_up, W_down):
+    """Right, by autograd through the stack."""
+    Xt = torch.tensor(X, requires_grad=True)
+    Z = Xt
+    for g, u, d in zip(W_gate, W_up, W_down):
+        Z = Z + (F.silu(Z @ torch.tensor(g)) * (Z @ torch.tensor(u))) @ torch.tensor(d)
+    Z.backward(torch.tensor(dY))
+    return Xt.grad
 
 
 RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": silu_grad_right, "p2": swiglu_right, "p3": mlp_right,
@@ -217,6 +237,19 @@ def test_right_answers_score_full(item_id, hidden, capfd):
 def test_autograd_answers_score_full():
     assert check("09.p1", silu_grad_torch, hidden=True).full
     assert check("09.p3", mlp_torch, hidden=True).full
+    assert check("09.p4", residual_torch, hidden=True).full
+
+
+def test_p4_cases_stack_several_blocks():
+    cases = lesson09._p4_public() + list(lesson09._p4_hidden(np.random.default_rng(0)))
+    depths = [c.kwargs["W_gate"].shape[0] for c in cases]
+    assert 1 in depths and sum(L >= 2 for L in depths) >= 4 and max(depths) >= 3
+
+
+def test_p4_copying_the_one_block_rule_fails_on_stacks():
+    """Know this's dX = dY + (MLP's dX), with the stack's first block only, is right for L = 1 alone."""
+    fb = check("09.p4", lambda dY, X, W_gate, W_up, W_down: dY + mlp_right(dY, X, W_gate[0], W_up[0], W_down[0])[0])
+    assert 0 < fb.points < 1 and "public case 1" in fb.text() and "✗ public case 2" in fb.text(), fb.text()
 
 
 def test_hidden_cases_are_deterministic():
@@ -251,9 +284,12 @@ def _likely(fb):
         ("p3", mlp_overwritten, "overwritten"),
         ("p3", mlp_dU_with_G, "in the up branch of dX: dU uses G where SiLU(G) belongs"),
         ("p3", mlp_no_silu_in_H, "you used G ⊙ U"),
-        ("p4", residual_forgot, "forgot the residual"),
+        ("p4", residual_forgot, "forgot the residuals"),
         ("p4", residual_skip_only, "you returned dY only"),
-        ("p4", residual_gate_only, "in the MLP part of dX = dY + MLP's dX: dX has the gate branch"),
+        ("p4", residual_gate_only, "the same slip in every block's MLP (P3's mlp_backward): dX has the gate branch"),
+        ("p4", _stack(upstream_dY=True), "you handed dY to every block"),
+        ("p4", _stack(reverse=False), "in the forward order"),
+        ("p4", _stack(at_X=True), "at the stack's input X"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])

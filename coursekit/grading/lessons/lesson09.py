@@ -43,8 +43,41 @@ def mlp_backward_ref(dY, X, W_gate, W_up, W_down):
 
 
 def residual_mlp_backward_ref(dY, X, W_gate, W_up, W_down):
-    """Reference for p4: ``dX`` of ``Y = X + MLP(X)``: the skip path dY plus the MLP's dX."""
+    """``dX`` of one residual block ``Y = X + MLP(X)``: the skip path dY plus the MLP's dX (P6's rule)."""
     return dY + mlp_backward_ref(dY, X, W_gate, W_up, W_down)[0]
+
+
+def _stack_inputs(X, W_gate, W_up, W_down) -> list[np.ndarray]:
+    """The input of each block of the stack Z ← Z + MLP_l(Z), l = 0 … L−1, starting from Z = X."""
+    Z, inputs = np.asarray(X, dtype=np.float64), []
+    for Wg, Wu, Wd in zip(W_gate, W_up, W_down):
+        inputs.append(Z)
+        Z = Z + mlp.mlp_forward(Z, Wg, Wu, Wd)[0]
+    return inputs
+
+
+def _stack_backward(dY, X, W_gate, W_up, W_down, block_dX=None, skip=True, order="backward", upstream="chained",
+                    at="own input"):
+    """``dX`` of the stack, and of its classic wrong versions: ``block_dX(dZ, Z, Wg, Wu, Wd)`` is one MLP's dX (right by
+    default); ``skip=False`` drops every residual; ``order="forward"`` runs the blocks from the first; ``upstream="dY"``
+    hands dY to every block and adds their dX's; ``at="X"`` evaluates every block at the stack's input."""
+    block_dX = block_dX or (lambda dZ, Z, Wg, Wu, Wd: mlp_backward_ref(dZ, Z, Wg, Wu, Wd)[0])
+    dY = np.asarray(dY, dtype=np.float64)
+    inputs = _stack_inputs(X, W_gate, W_up, W_down)
+    if at == "X":
+        inputs = [np.asarray(X, dtype=np.float64)] * len(inputs)
+    blocks = list(range(len(inputs)))
+    if upstream == "dY":
+        return dY + sum(block_dX(dY, inputs[l], W_gate[l], W_up[l], W_down[l]) for l in blocks)
+    dZ = dY
+    for l in (blocks[::-1] if order == "backward" else blocks):
+        dZ = (dZ if skip else 0.0) + block_dX(dZ, inputs[l], W_gate[l], W_up[l], W_down[l])
+    return dZ
+
+
+def residual_stack_backward_ref(dY, X, W_gate, W_up, W_down):
+    """Reference for p4: ``dX`` of L residual MLP blocks in a row, weights stacked on a leading axis of length L."""
+    return _stack_backward(dY, X, W_gate, W_up, W_down)
 
 
 # --------------------------------------------------------------------------- known mistakes
@@ -154,6 +187,40 @@ def residual_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     return worded({"dX": out})
 
 
+def stack_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """P4's wrong answers, each the value a stack built that way returns: slips in the stack itself, then one MLP's
+    slip (P3's list, through the student's own mlp_backward) made in every block."""
+    dY, X, Wg, Wu, Wd = (np.asarray(kw[k], dtype=np.float64) for k in ("dY", "X", "W_gate", "W_up", "W_down"))
+    right = _stack_backward(dY, X, Wg, Wu, Wd)
+    out = [
+        Mistake("forgot residual", _stack_backward(dY, X, Wg, Wu, Wd, skip=False), "you passed the gradient through the "
+                "MLPs only and forgot the residuals: each block Z + MLP(Z) hands its incoming gradient to Z directly as well, "
+                "so going down a block is dZ ← dZ + (that block's MLP dX at its own input, for upstream dZ). " + READ_RESID),
+        Mistake("skip only", dY, "you returned dY only, the skip paths: every block's MLP dX must be added on the way "
+                "down. " + READ_RESID),
+        Mistake("dY to every block", _stack_backward(dY, X, Wg, Wu, Wd, upstream="dY"), "you handed dY to every block and "
+                "added their dX's: a lower block's upstream gradient is what reaches its output, dY plus everything the "
+                "blocks above it added, not dY itself. Go down one block at a time, dZ ← dZ + MLP's dX for upstream dZ. "
+                + READ_RESID),
+        Mistake("first block first", _stack_backward(dY, X, Wg, Wu, Wd, order="forward"), "you went through the blocks in "
+                "the forward order: the gradient arrives at the last block's output, so the backward starts at the last "
+                "block and ends at the first. " + READ_RESID),
+        Mistake("every block at X", _stack_backward(dY, X, Wg, Wu, Wd, at="X"), "you evaluated every block's backward at the "
+                "stack's input X: block l reads Z_l, the output of the blocks below it, and its gradient (SiLU′(G), U, "
+                "SiLU(G)) depends on that input. Run the forward once and keep each block's input. " + READ_RESID),
+    ]
+    labels = [l for l, _, _ in _dX_wrongs(_mlp_parts(dict(dY=dY, X=X, W_gate=Wg[0], W_up=Wu[0], W_down=Wd[0])))]
+    for label in labels:
+        def block_dX(dZ, Z, g, u, d, label=label):
+            return next(v for l, v, _ in _dX_wrongs(_mlp_parts(dict(dY=dZ, X=Z, W_gate=g, W_up=u, W_down=d))) if l == label)
+        why = next(m for l, _, m in _dX_wrongs(_mlp_parts(dict(dY=dY, X=X, W_gate=Wg[0], W_up=Wu[0], W_down=Wd[0])))
+                   if l == label)
+        out.append(Mistake(label, _stack_backward(dY, X, Wg, Wu, Wd, block_dX=block_dX),
+                           "the same slip in every block's MLP (P3's mlp_backward): " + why))
+    out = [m for m in out if not np.allclose(m.value, right, rtol=1e-9, atol=1e-12)]  # L = 1: some coincide with right
+    return worded({"dX": out})
+
+
 # --------------------------------------------------------------------------- cases
 
 # Public p1 points: the three values the lesson quotes (0, 2, −3), both sides of the minimum, and large |x|.
@@ -222,13 +289,27 @@ def _p3_hidden(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
+def _stack_case(rng: np.random.Generator, L: int, n: int, d: int, f: int) -> dict:
+    """L blocks' weights stacked on a leading axis; scaled by 1/√width so that the activations stay ordinary."""
+    return dict(
+        dY=rng.standard_normal((n, d)),
+        X=rng.standard_normal((n, d)),
+        W_gate=rng.standard_normal((L, d, f)) / np.sqrt(d),
+        W_up=rng.standard_normal((L, d, f)) / np.sqrt(d),
+        W_down=rng.standard_normal((L, f, d)) / np.sqrt(f),
+    )
+
+
 def _p4_public() -> list[Case]:
     rng = np.random.default_rng(29)
-    return [Case(_mlp_case(rng, 1, 2, 3), "one token, d = 2, f = 3"), Case(_mlp_case(rng, 3, 4, 6), "three tokens, d = 4, f = 6")]
+    return [Case(_stack_case(rng, 1, 3, 4, 6), "one block (L = 1), three tokens, d = 4, f = 6"),
+            Case(_stack_case(rng, 2, 1, 2, 3), "two blocks (L = 2), one token, d = 2, f = 3"),
+            Case(_stack_case(rng, 3, 3, 4, 6), "three blocks (L = 3), three tokens, d = 4, f = 6")]
 
 
 def _p4_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case(_mlp_case(rng, int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(5, 8)))) for _ in range(3)]
+    return [Case(_stack_case(rng, L, int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(5, 8))))
+            for L in (2, 4, 3)]
 
 
 # P6: one token, every width 1 (printed in the notebook), inside a residual block y = x + MLP(x).
@@ -350,14 +431,14 @@ ITEMS = {
         mistakes=mlp_mistakes,
     ),
     "p4": Function(
-        "implement residual_mlp_backward",
+        "implement residual_stack_backward: dX of L residual MLP blocks in a row",
         2,
-        name="residual_mlp_backward",
-        reference=residual_mlp_backward_ref,
+        name="residual_stack_backward",
+        reference=residual_stack_backward_ref,
         public=_p4_public,
         hidden=_p4_hidden,
         outputs=("dX",),
-        mistakes=residual_mistakes,
+        mistakes=stack_mistakes,
     ),
     "p5": Choice(
         "which adapters a token with a closed gate trains",
