@@ -33,26 +33,23 @@ def silu_grad_right(x):
     return s * (1 + x * (1 - s))
 
 
-def silu_grad_torch(x):
+def swish_right(x, beta):
+    """Right for P1: the product rule and the chain rule on x·σ(βx)."""
+    s = _sig(beta * x)
+    return s + x * beta * s * (1 - s)
+
+
+def swish_torch(x, beta):
     """Autograd instead of a formula: a tensor that required grad comes back."""
     t = torch.tensor(x, requires_grad=True)
-    F.silu(t).sum().backward()
+    (t * torch.sigmoid(beta * t)).sum().backward()
     return t.grad
 
 
-def silu_grad_sigma(x):
-    return _sig(x)
-
-
-def silu_grad_sigma_prime(x):
-    s = _sig(x)
-    return s * (1 - s)
-
-
-def silu_grad_naive(x):
-    """exp(x) / (1 + exp(x)) overflows to NaN for large x."""
-    s = np.exp(x) / (1 + np.exp(x))
-    return s * (1 + x * (1 - s))
+def swish_naive(x, beta):
+    """exp(βx) / (1 + exp(βx)) overflows to NaN for large βx."""
+    s = np.exp(beta * x) / (1 + np.exp(beta * x))
+    return s * (1 + beta * x * (1 - s))
 
 
 def swiglu_right(dH, G, U):
@@ -166,7 +163,7 @@ def residual_torch(dY, X, W_gate, W_up, W_down):
     return Xt.grad
 
 
-RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": silu_grad_right, "p2": swiglu_right, "p3": mlp_right,
+RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": swish_right, "p2": swiglu_right, "p3": mlp_right,
          "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 2_654_208}
 
 
@@ -235,7 +232,21 @@ def test_right_answers_score_full(item_id, hidden, capfd):
 
 
 def test_autograd_answers_score_full():
-    assert check("09.p1", silu_grad_torch, hidden=True).full
+    assert check("09.p1", swish_torch, hidden=True).full
+
+
+def test_p1_is_silus_slope_at_beta_one_and_differs_elsewhere():
+    """The key is measured: autograd through x·σ(βx) (above), SiLU′ at β = 1, and a different slope at the other β."""
+    cases = lesson09._p1_public() + list(lesson09._p1_hidden(np.random.default_rng(0)))
+    assert cases[0].kwargs["beta"] == 1.0
+    np.testing.assert_allclose(lesson09.swish_grad_ref(**cases[0].kwargs), mlp.silu_grad(cases[0].kwargs["x"]), rtol=1e-15)
+    others = [c for c in cases if c.kwargs["beta"] != 1.0]
+    assert len(others) >= 4
+    for c in others:
+        assert not np.allclose(lesson09.swish_grad_ref(**c.kwargs), mlp.silu_grad(c.kwargs["x"]))
+    t = torch.linspace(-3, 3, 7, dtype=torch.float64, requires_grad=True)
+    (t * torch.sigmoid(lesson09.GELU_BETA * t)).sum().backward()
+    np.testing.assert_allclose(lesson09.swish_grad_ref(t.detach().numpy(), lesson09.GELU_BETA), t.grad.numpy(), rtol=1e-12)
     assert check("09.p3", mlp_torch, hidden=True).full
     assert check("09.p4", residual_torch, hidden=True).full
 
@@ -273,9 +284,12 @@ def _likely(fb):
 @pytest.mark.parametrize(
     "item_id, fn, words",
     [
-        ("p1", silu_grad_sigma, "SiLU′ taken as σ(x)"),
-        ("p1", silu_grad_sigma_prime, "SiLU′ taken as σ′(x)"),
-        ("p1", lambda x: x * _sig(x), "SiLU(x) = x·σ(x) itself"),
+        ("p1", lambda x, beta: _sig(beta * x), "the slope taken as σ(βx)"),
+        ("p1", lambda x, beta: _sig(beta * x) * (1 - _sig(beta * x)), "the sigmoid's own slope"),
+        ("p1", lambda x, beta: x * _sig(beta * x), "swish_β(x) = x·σ(βx) itself"),
+        ("p1", lambda x, beta: silu_grad_right(x), "that is SiLU′(x)"),
+        ("p1", lambda x, beta: _sig(beta * x) * (1 + x * (1 - _sig(beta * x))), "the chain rule's β is missing"),
+        ("p1", lambda x, beta: beta * silu_grad_right(beta * x), "you multiplied SiLU′(βx) by β"),
         ("p2", swiglu_no_U, "dG is missing the factor U"),
         ("p2", swiglu_dU_with_G, "dU uses G where SiLU(G) belongs"),
         ("p2", swiglu_sigma, "in dG = dH ⊙ U ⊙ SiLU′(G): SiLU′ taken as σ(x)"),
@@ -306,7 +320,7 @@ def test_dW_transposed_is_named():
 
 
 def test_naive_sigmoid_fails_only_the_large_inputs(capfd):
-    fb = check("09.p1", silu_grad_naive)
+    fb = check("09.p1", swish_naive)
     text = fb.text()
     assert 0 < fb.points < 2 and "public case 3" in text and "should be finite" in text
     assert "overflow" in text  # the warning is shown on stdout, not graded
@@ -314,7 +328,7 @@ def test_naive_sigmoid_fails_only_the_large_inputs(capfd):
 
 
 def test_stub_and_non_function():
-    def stub(x):
+    def stub(x, beta):
         raise NotImplementedError()
 
     assert check("09.p1", stub).points == 0 and "NotImplementedError" in check("09.p1", stub).text()

@@ -24,9 +24,9 @@ SMOL_D, SMOL_F = 576, 1536
 # --------------------------------------------------------------------------- references (coursekit.mlp)
 
 
-def silu_grad_ref(x):
-    """Reference for p1."""
-    return mlp.silu_grad(x)
+def swish_grad_ref(x, beta):
+    """Reference for p1: the slope of swish_β(x) = x·σ(βx) = SiLU(βx)/β, which is SiLU′(βx)."""
+    return mlp.silu_grad(float(beta) * np.asarray(x, dtype=np.float64))
 
 
 def swiglu_backward_ref(dH, G, U):
@@ -104,9 +104,29 @@ def _silu_grad_wrongs(x) -> list[tuple[str, np.ndarray, str]]:
     ]
 
 
-def silu_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
-    ms = [Mistake(label, v, msg) for label, v, msg in _silu_grad_wrongs(kw["x"])]
-    return worded({"silu_grad(x)": ms})
+def swish_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """P1's wrong slopes of x·σ(βx), as the values they produce (at β = 1 three of them are the right slope)."""
+    x, beta = np.asarray(kw["x"], dtype=np.float64), float(kw["beta"])
+    u = beta * x
+    s = _sig(u)
+    right = mlp.silu_grad(u)
+    ms = [
+        Mistake("sigma", s, "the slope taken as σ(βx): the product rule on x·σ(βx) gives σ(βx) plus x times the slope of "
+                "σ(βx); the second term is missing. " + READ_SILU),
+        Mistake("sigma'", s * (1 - s), "the slope taken as σ(βx)(1 − σ(βx)), the sigmoid's own slope; the product rule on "
+                "x·σ(βx) gives σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("silu", x * s, "that is swish_β(x) = x·σ(βx) itself, not its slope. " + READ_SILU),
+        Mistake("no inner beta", s * (1 + x * (1 - s)), "the chain rule's β is missing: the slope of σ(βx) is "
+                "β·σ(βx)(1 − σ(βx)), so the product rule gives σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("beta times", beta * right, "you multiplied SiLU′(βx) by β: x·σ(βx) = SiLU(βx)/β, so the chain rule's β "
+                "cancels the 1/β, and the slope is SiLU′(βx) = σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("SiLU'(x)", mlp.silu_grad(x), "that is SiLU′(x), the slope of x·σ(x); with x·σ(βx) every σ takes βx and the "
+                "chain rule brings a β: σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("no sigma factor", 1 + u * (1 - s), "the factor σ(βx) in front is missing: the slope is "
+                "σ(βx)·(1 + βx(1 − σ(βx))). " + READ_SILU),
+    ]
+    ms = [m for m in ms if not np.allclose(m.value, right, rtol=1e-9, atol=1e-12)]
+    return worded({"swish_grad(x)": ms})
 
 
 def _gate_wrongs(dH, G, U) -> tuple[list, list]:
@@ -227,20 +247,27 @@ def stack_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]
 _P1_X = np.array([0.0, 2.0, -3.0, -1.0, 0.5, 4.0])
 
 
+#: β of the sigmoid approximation of GELU, x·σ(1.702x) (Hendrycks & Gimpel, arXiv:1606.08415, section 2).
+GELU_BETA = 1.702
+
+
 def _p1_public() -> list[Case]:
     return [
-        Case(dict(x=_P1_X.copy()), "x = [0, 2, −3, −1, 0.5, 4]: SiLU′(0) = 0.5, SiLU′(2) ≈ 1.0908, SiLU′(−3) ≈ −0.0881"),
-        Case(dict(x=np.linspace(-6.0, 6.0, 13)), "13 points from −6 to 6"),
-        # Large |x| checks overflow; the moderate entries keep σ(x) (a classic wrong slope) from passing here.
-        Case(dict(x=np.array([[-800.0, -40.0, -2.0], [1.5, 40.0, 800.0]])), "large |x| (a 2 × 3 array): no overflow, no NaN"),
+        Case(dict(x=_P1_X.copy(), beta=1.0), "β = 1, SiLU itself: x = [0, 2, −3, −1, 0.5, 4]"),
+        Case(dict(x=np.linspace(-6.0, 6.0, 13), beta=GELU_BETA), "β = 1.702 (x·σ(1.702x), the sigmoid approximation of "
+             "GELU): 13 points from −6 to 6"),
+        # Large |x| checks overflow; the moderate entries keep σ(βx) (a classic wrong slope) from passing here.
+        Case(dict(x=np.array([[-800.0, -40.0, -2.0], [1.5, 40.0, 800.0]]), beta=1.5),
+             "β = 1.5, large |x| (a 2 × 3 array): no overflow, no NaN"),
     ]
 
 
 def _p1_hidden(rng: np.random.Generator) -> list[Case]:
     return [
-        Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3)),
-        Case(dict(x=rng.standard_normal((3, 4)) * 5)),
-        Case(dict(x=np.concatenate([rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6), rng.uniform(-3, 3, size=2)]))),
+        Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3, beta=float(rng.choice([0.5, 2.0, 3.0])))),  # β < 1 too
+        Case(dict(x=rng.standard_normal((3, 4)) * 5, beta=float(rng.uniform(0.2, 4.0)))),
+        Case(dict(x=np.concatenate([rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6), rng.uniform(-3, 3, size=2)]),
+                  beta=float(rng.uniform(1.2, 3.0)))),
     ]
 
 
@@ -399,14 +426,14 @@ ITEMS = {
         },
     ),
     "p1": Function(
-        "implement silu_grad",
+        "implement swish_grad: the slope of x·σ(βx)",
         2,
-        name="silu_grad",
-        reference=silu_grad_ref,
+        name="swish_grad",
+        reference=swish_grad_ref,
         public=_p1_public,
         hidden=_p1_hidden,
-        outputs=("silu_grad(x)",),
-        mistakes=silu_grad_mistakes,
+        outputs=("swish_grad(x)",),
+        mistakes=swish_grad_mistakes,
         rtol=1e-7,
         atol=1e-10,
     ),
