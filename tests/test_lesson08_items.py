@@ -23,51 +23,75 @@ NOTEBOOK = ROOT / "solutions" / "08-attention-backward" / "08-attention-backward
 
 
 def softmax_backward(P, dP):
+    """The softmax step in the usual queries × keys layout (what P2 and P10 need inside)."""
     return P * (dP - (dP * P).sum(axis=-1, keepdims=True))
 
 
-def softmax_backward_torch(P, dP):
+def _T(M):
+    return np.swapaxes(M, -1, -2)
+
+
+def softmax_backward_kq(Pt, dPt):
+    """Right for P1: keys × queries, so each query's sum runs over axis -2."""
+    return Pt * (dPt - (dPt * Pt).sum(axis=-2, keepdims=True))
+
+
+def softmax_backward_kq_via_transpose(Pt, dPt):
+    """Right too: back to queries × keys, the formula of Know this, and back."""
+    return _T(softmax_backward(_T(Pt), _T(dPt)))
+
+
+def softmax_backward_torch(Pt, dPt):
     """Right, via autograd: returns a torch tensor (the checker accepts tensors)."""
-    S = torch.log(torch.tensor(P)).requires_grad_()  # softmax(log P) = P on each row (−inf where P = 0)
-    torch.softmax(S, dim=-1).backward(torch.tensor(dP))
-    return torch.nan_to_num(S.grad, nan=0.0)
+    S = torch.log(torch.tensor(_T(Pt))).requires_grad_()  # softmax(log P) = P on each row (−inf where P = 0)
+    torch.softmax(S, dim=-1).backward(torch.tensor(_T(dPt)))
+    return torch.nan_to_num(S.grad, nan=0.0).transpose(-1, -2)
 
 
-def softmax_backward_loop(P, dP):
-    """Right, row by row with the explicit Jacobian diag(p) − p pᵀ."""
-    out = np.zeros_like(P)
-    for idx in np.ndindex(P.shape[:-1]):
-        p = P[idx]
-        out[idx] = (np.diag(p) - np.outer(p, p)) @ dP[idx]
+def softmax_backward_loop(Pt, dPt):
+    """Right, query by query (a column of Pt) with the explicit Jacobian diag(p) − p pᵀ."""
+    out = np.zeros_like(Pt)
+    for idx in np.ndindex(Pt.shape[:-2]):
+        for t in range(Pt.shape[-1]):
+            p = Pt[idx][:, t]
+            out[idx][:, t] = (np.diag(p) - np.outer(p, p)) @ dPt[idx][:, t]
     return out
 
 
 def attention_backward(dC, Q, K, V, P):
+    """Right for P2, any leading (batch, head) axes."""
     scale = 1 / math.sqrt(Q.shape[-1])
-    dS = softmax_backward(P, dC @ V.T)
-    return dS @ K * scale, dS.T @ Q * scale, P.T @ dC
+    dS = softmax_backward(P, dC @ _T(V))
+    return dS @ K * scale, _T(dS) @ Q * scale, _T(P) @ dC
 
 
 def _bwd(sm=softmax_backward, scale=lambda dh: 1 / math.sqrt(dh), dK_T=True, dV_T=True):
     def fn(dC, Q, K, V, P):
         c = scale(Q.shape[-1])
-        dS = sm(P, dC @ V.T)
-        dK = (dS.T if dK_T else dS) @ Q * c
-        return dS @ K * c, dK, (P.T if dV_T else P) @ dC
+        dS = sm(P, dC @ _T(V))
+        dK = (_T(dS) if dK_T else dS) @ Q * c
+        return dS @ K * c, dK, (_T(P) if dV_T else P) @ dC
     return fn
 
 
 def _bwd_sqrt_dv(dC, Q, K, V, P):
     c = 1 / math.sqrt(V.shape[-1])  # the value width where the key width belongs
+    dS = softmax_backward(P, dC @ _T(V))
+    return dS @ K * c, _T(dS) @ Q * c, _T(P) @ dC
+
+
+def _bwd_dot_T(dC, Q, K, V, P):
+    """Know this's five lines copied: .T reverses every axis of a stack of heads."""
+    scale = 1 / math.sqrt(Q.shape[-1])
     dS = softmax_backward(P, dC @ V.T)
-    return dS @ K * c, dS.T @ Q * c, P.T @ dC
+    return dS @ K * scale, dS.T @ Q * scale, P.T @ dC
 
 
-def hard_coded_softmax(P, dP):
+def hard_coded_softmax(Pt, dPt):
     for case in lesson08._p1_public():
-        if case.kwargs["P"].shape == P.shape and np.allclose(case.kwargs["P"], P) and np.allclose(case.kwargs["dP"], dP):
-            return lesson08.softmax_backward(**case.kwargs)
-    return np.zeros_like(P)
+        if case.kwargs["Pt"].shape == Pt.shape and np.allclose(case.kwargs["Pt"], Pt) and np.allclose(case.kwargs["dPt"], dPt):
+            return lesson08.softmax_backward_kq(**case.kwargs)
+    return np.zeros_like(Pt)
 
 
 def gqa_backward(dC, Q, K, V, P):
@@ -112,7 +136,7 @@ def _gqa_wrong(kind):
     return fn
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward, "p2": attention_backward, "p3": 131326, "p4": "a",
+RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward_kq, "p2": attention_backward, "p3": 131326, "p4": "a",
          "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "c", "p10": gqa_backward, "p11": None}
 
 
@@ -168,7 +192,7 @@ def test_right_answers_score_full(item_id, hidden):
     assert fb.full, fb.text()
 
 
-@pytest.mark.parametrize("fn", [softmax_backward_loop, softmax_backward_torch, att.softmax_backward])
+@pytest.mark.parametrize("fn", [softmax_backward_loop, softmax_backward_torch, softmax_backward_kq_via_transpose])
 def test_other_correct_softmax_backwards_score_full(fn):
     fb = check("08.p1", fn, hidden=True)
     assert fb.full, fb.text()
@@ -185,17 +209,19 @@ def test_references_agree_with_coursekit_and_torch():
 
 
 def test_hidden_cases_are_deterministic_and_cover_shapes_masks_and_one_token():
-    a = check("08.p1", softmax_backward, hidden=True).text()
-    assert a == check("08.p1", softmax_backward, hidden=True).text() and a.count("hidden case") == 6
+    a = check("08.p1", softmax_backward_kq, hidden=True).text()
+    assert a == check("08.p1", softmax_backward_kq, hidden=True).text() and a.count("hidden case") == 6
     cases = lesson08._p1_hidden(np.random.default_rng(0))
-    shapes = {c.kwargs["P"].shape for c in cases}
+    shapes = {c.kwargs["Pt"].shape for c in cases}
     assert len({s[:-2] for s in shapes}) >= 3                      # different leading (batch/head) dims
     assert any(s[-1] == 2 for s in shapes)                         # the smallest nontrivial head
-    # a fully masked key column (the causal mask alone always leaves P[u, u] > 0)
-    assert any(np.any(np.all(c.kwargs["P"] == 0, axis=-2)) for c in cases)
-    p2 = lesson08._p2_hidden(np.random.default_rng(0))
+    # a fully masked key (the causal mask alone always leaves P[u, u] > 0): a zero row of Pt
+    assert any(np.any(np.all(c.kwargs["Pt"] == 0, axis=-1)) for c in cases)
+    p2 = lesson08._p2_public() + list(lesson08._p2_hidden(np.random.default_rng(0)))
     assert all(c.kwargs["Q"].shape[-1] >= 2 for c in p2)           # a missing 1/√d_h always shows
-    assert any(c.kwargs["Q"].shape[0] == 1 for c in p2)             # T = 1: dQ = dK = 0, dV = dC
+    assert any(c.kwargs["Q"].shape[-2] == 1 for c in p2)            # T = 1: dQ = dK = 0, dV = dC
+    assert sum(c.kwargs["Q"].ndim > 2 for c in p2) >= 6             # heads stacked on leading axes
+    assert any(c.kwargs["Q"].ndim == 2 for c in p2)                 # and the single head
 
 
 def test_hidden_cases_defeat_a_hard_coded_answer():
@@ -210,13 +236,14 @@ def test_hidden_cases_defeat_a_hard_coded_answer():
 @pytest.mark.parametrize(
     "fn, text",
     [
-        (lambda P, dP: P * dP, "forgot to subtract the row sum"),
-        (lambda P, dP: P * (dP - (dP * P).sum(axis=-2, keepdims=True)), "summed over the wrong axis"),
-        (lambda P, dP: P * (dP - (dP * P).sum()), "over every entry"),
-        (lambda P, dP: softmax_backward(P, dP).swapaxes(-1, -2), "transpose of the right one"),
-        (lambda P, dP: P.swapaxes(-1, -2) * (dP - (dP * P.swapaxes(-1, -2)).sum(-1, keepdims=True)), "Pᵀ where P belongs"),
-        (lambda P, dP: P * ((dP * P).sum(-1, keepdims=True) - dP), "sign is flipped"),
-        (lambda P, dP: dP - (dP * P).sum(-1, keepdims=True), "factor P in front is missing"),
+        (lambda Pt, dPt: Pt * dPt, "forgot to subtract the sum over each query's keys"),
+        # Know this's line copied as it stands: in this layout axis -1 runs over the queries
+        (lambda Pt, dPt: Pt * (dPt - (dPt * Pt).sum(axis=-1, keepdims=True)), "summed over the wrong axis"),
+        (lambda Pt, dPt: Pt * (dPt - (dPt * Pt).sum()), "over every entry"),
+        (lambda Pt, dPt: softmax_backward(Pt, dPt), "summed over the wrong axis"),
+        (lambda Pt, dPt: softmax_backward(_T(Pt), _T(dPt)), "queries × keys layout"),
+        (lambda Pt, dPt: Pt * ((dPt * Pt).sum(-2, keepdims=True) - dPt), "sign is flipped"),
+        (lambda Pt, dPt: dPt - (dPt * Pt).sum(-2, keepdims=True), "factor Pᵀ in front is missing"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -226,22 +253,22 @@ def test_softmax_backward_mistakes_are_named(fn, text, hidden):
     assert text in fb.text() and "Reread" in fb.text(), fb.text()
 
 
-def test_no_keepdims_is_named_where_it_broadcasts_and_fails_elsewhere():
-    fb = check("08.p1", lambda P, dP: P * (dP - (dP * P).sum(axis=-1)))
+def test_copy_without_keepdims_is_named():
+    fb = check("08.p1", lambda Pt, dPt: Pt * (dPt - (dPt * Pt).sum(axis=-1)))
     assert fb.points == 0, fb.text()
-    assert "broadcast along the wrong axis" in fb.text() and "keepdims=True" in fb.text()
+    assert "dropped the axis" in fb.text() and "keepdims=True" in fb.text()
 
 
 def test_softmax_backward_stub_and_not_a_function():
-    def stub(P, dP):
+    def stub(Pt, dPt):
         raise NotImplementedError()
 
     assert "NotImplementedError" in check("08.p1", stub).text()
-    assert check("08.p1", "softmax_backward").points == 0
+    assert check("08.p1", "softmax_backward_kq").points == 0
 
 
 def test_float32_answer_gets_the_precision_hint():
-    fb = check("08.p1", lambda P, dP: softmax_backward(P.astype(np.float32), dP.astype(np.float32)))
+    fb = check("08.p1", lambda Pt, dPt: softmax_backward_kq(Pt.astype(np.float32), dPt.astype(np.float32)))
     assert fb.points < 4 and "float32" in fb.text()
 
 
@@ -256,7 +283,9 @@ def test_float32_answer_gets_the_precision_hint():
         (_bwd(scale=lambda dh: math.sqrt(dh)), "multiplied by √d_h"),
         (_bwd(dK_T=False), "dK needs dSᵀ"),
         (_bwd(dV_T=False), "dV = Pᵀ dC"),
-        (_bwd(sm=lambda P, dP: P * dP), "dQ is off because dS is wrong (check softmax_backward, P1): you forgot to subtract the row sum"),
+        (_bwd(sm=lambda P, dP: P * dP), "dQ is off because dS is wrong (check the softmax step, P1): you forgot to subtract the row sum"),
+        # P1's function called without transposing back: dS comes out transposed, which is dQ = dSᵀ K / √d_h
+        (_bwd(sm=lambda P, dP: softmax_backward_kq(_T(P), _T(dP))), "dQ uses dS itself, not dSᵀ"),
         (_bwd(sm=lambda P, dP: dP), "you used dP where dS belongs"),
         (_bwd_sqrt_dv, "you divided by √d_v, the width of the values"),
     ],
@@ -266,6 +295,12 @@ def test_attention_backward_mistakes_are_named(fn, text, hidden):
     fb = check("08.p2", fn, hidden=hidden)
     assert fb.points < 4 * (0.5 if fn is _bwd_sqrt_dv else 0.3), fb.text()  # right where d_v = d_h
     assert text in fb.text(), fb.text()
+
+
+def test_copying_the_single_head_lines_fails_on_stacked_heads():
+    fb = check("08.p2", _bwd_dot_T)
+    assert 0 < fb.points < 4 * 0.5, fb.text()    # right on the single head only
+    assert "public case 1" in fb.text() and "public case 2" in fb.text()
 
 
 def test_attention_backward_wrong_arity_is_explained():
@@ -481,10 +516,10 @@ ONE = "same slip as in one head (P2's attention_backward): "
 
 @pytest.mark.parametrize("head, label, says", [
     (_head_with(scale=False), "no scale", ONE + "dQ is missing the factor 1/√d_h"),
-    (_head_with(lambda P, dP: P * dP), "no rowsum", ONE + "dQ is off because dS is wrong (check softmax_backward, P1): "
+    (_head_with(lambda P, dP: P * dP), "no rowsum", ONE + "dQ is off because dS is wrong (check the softmax step, P1): "
                                                     "you forgot to subtract the row sum"),
     (_head_with(lambda P, dP: P * (dP - (dP * P).sum(-2, keepdims=True))), "column sums",
-     ONE + "dQ is off because dS is wrong (check softmax_backward, P1): you summed over the wrong axis"),
+     ONE + "dQ is off because dS is wrong (check the softmax step, P1): you summed over the wrong axis"),
     (_head_with(scale=False, divide=lambda Q: Q.shape[-1]), "1/d_h", ONE + "you divided by d_h"),
     (_head_with(transpose_dQ=True), "dS transposed", ONE + "dQ uses dS itself, not dSᵀ"),
 ])

@@ -33,26 +33,23 @@ def silu_grad_right(x):
     return s * (1 + x * (1 - s))
 
 
-def silu_grad_torch(x):
+def swish_right(x, beta):
+    """Right for P1: the product rule and the chain rule on x·σ(βx)."""
+    s = _sig(beta * x)
+    return s + x * beta * s * (1 - s)
+
+
+def swish_torch(x, beta):
     """Autograd instead of a formula: a tensor that required grad comes back."""
     t = torch.tensor(x, requires_grad=True)
-    F.silu(t).sum().backward()
+    (t * torch.sigmoid(beta * t)).sum().backward()
     return t.grad
 
 
-def silu_grad_sigma(x):
-    return _sig(x)
-
-
-def silu_grad_sigma_prime(x):
-    s = _sig(x)
-    return s * (1 - s)
-
-
-def silu_grad_naive(x):
-    """exp(x) / (1 + exp(x)) overflows to NaN for large x."""
-    s = np.exp(x) / (1 + np.exp(x))
-    return s * (1 + x * (1 - s))
+def swish_naive(x, beta):
+    """exp(βx) / (1 + exp(βx)) overflows to NaN for large βx."""
+    s = np.exp(beta * x) / (1 + np.exp(beta * x))
+    return s * (1 + beta * x * (1 - s))
 
 
 def swiglu_right(dH, G, U):
@@ -130,23 +127,43 @@ def mlp_hard_coded(dY, X, W_gate, W_up, W_down):
     return mlp_right(**lesson09._p3_public()[0].kwargs)
 
 
-def residual_right(dY, X, W_gate, W_up, W_down):
-    return dY + mlp_right(dY, X, W_gate, W_up, W_down)[0]
+def _stack(mlp_dX=lambda dZ, Z, g, u, d: mlp_right(dZ, Z, g, u, d)[0], skip=True, reverse=True, upstream_dY=False,
+           at_X=False):
+    """A student's residual_stack_backward: right by default; each keyword is one classic slip."""
+    def fn(dY, X, W_gate, W_up, W_down):
+        inputs, Z = [], X
+        for g, u, d in zip(W_gate, W_up, W_down):
+            inputs.append(X if at_X else Z)
+            Z = Z + _forward(Z, g, u)[2] @ d
+        if upstream_dY:
+            return dY + sum(mlp_dX(dY, inputs[l], W_gate[l], W_up[l], W_down[l]) for l in range(len(inputs)))
+        dZ = dY
+        for l in (reversed(range(len(inputs))) if reverse else range(len(inputs))):
+            dZ = (dZ if skip else 0) + mlp_dX(dZ, inputs[l], W_gate[l], W_up[l], W_down[l])
+        return dZ
+    return fn
 
 
-def residual_forgot(dY, X, W_gate, W_up, W_down):
-    return mlp_right(dY, X, W_gate, W_up, W_down)[0]
+residual_right = _stack()
+residual_forgot = _stack(skip=False)
+residual_gate_only = _stack(mlp_dX=lambda dZ, Z, g, u, d: mlp_gate_only(dZ, Z, g, u, d)[0])
 
 
 def residual_skip_only(dY, X, W_gate, W_up, W_down):
     return dY.copy()
 
 
-def residual_gate_only(dY, X, W_gate, W_up, W_down):
-    return dY + mlp_gate_only(dY, X, W_gate, W_up, W_down)[0]
+def residual_torch(dY, X, W_gate, W_up, W_down):
+    """Right, by autograd through the stack."""
+    Xt = torch.tensor(X, requires_grad=True)
+    Z = Xt
+    for g, u, d in zip(W_gate, W_up, W_down):
+        Z = Z + (F.silu(Z @ torch.tensor(g)) * (Z @ torch.tensor(u))) @ torch.tensor(d)
+    Z.backward(torch.tensor(dY))
+    return Xt.grad
 
 
-RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": silu_grad_right, "p2": swiglu_right, "p3": mlp_right,
+RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": swish_right, "p2": swiglu_right, "p3": mlp_right,
          "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 2_654_208}
 
 
@@ -215,8 +232,35 @@ def test_right_answers_score_full(item_id, hidden, capfd):
 
 
 def test_autograd_answers_score_full():
-    assert check("09.p1", silu_grad_torch, hidden=True).full
+    assert check("09.p1", swish_torch, hidden=True).full
+
+
+def test_p1_is_silus_slope_at_beta_one_and_differs_elsewhere():
+    """The key is measured: autograd through x·σ(βx) (above), SiLU′ at β = 1, and a different slope at the other β."""
+    cases = lesson09._p1_public() + list(lesson09._p1_hidden(np.random.default_rng(0)))
+    assert cases[0].kwargs["beta"] == 1.0
+    np.testing.assert_allclose(lesson09.swish_grad_ref(**cases[0].kwargs), mlp.silu_grad(cases[0].kwargs["x"]), rtol=1e-15)
+    others = [c for c in cases if c.kwargs["beta"] != 1.0]
+    assert len(others) >= 4
+    for c in others:
+        assert not np.allclose(lesson09.swish_grad_ref(**c.kwargs), mlp.silu_grad(c.kwargs["x"]))
+    t = torch.linspace(-3, 3, 7, dtype=torch.float64, requires_grad=True)
+    (t * torch.sigmoid(lesson09.GELU_BETA * t)).sum().backward()
+    np.testing.assert_allclose(lesson09.swish_grad_ref(t.detach().numpy(), lesson09.GELU_BETA), t.grad.numpy(), rtol=1e-12)
     assert check("09.p3", mlp_torch, hidden=True).full
+    assert check("09.p4", residual_torch, hidden=True).full
+
+
+def test_p4_cases_stack_several_blocks():
+    cases = lesson09._p4_public() + list(lesson09._p4_hidden(np.random.default_rng(0)))
+    depths = [c.kwargs["W_gate"].shape[0] for c in cases]
+    assert 1 in depths and sum(L >= 2 for L in depths) >= 4 and max(depths) >= 3
+
+
+def test_p4_copying_the_one_block_rule_fails_on_stacks():
+    """Know this's dX = dY + (MLP's dX), with the stack's first block only, is right for L = 1 alone."""
+    fb = check("09.p4", lambda dY, X, W_gate, W_up, W_down: dY + mlp_right(dY, X, W_gate[0], W_up[0], W_down[0])[0])
+    assert 0 < fb.points < 1 and "public case 1" in fb.text() and "✗ public case 2" in fb.text(), fb.text()
 
 
 def test_hidden_cases_are_deterministic():
@@ -240,9 +284,12 @@ def _likely(fb):
 @pytest.mark.parametrize(
     "item_id, fn, words",
     [
-        ("p1", silu_grad_sigma, "SiLU′ taken as σ(x)"),
-        ("p1", silu_grad_sigma_prime, "SiLU′ taken as σ′(x)"),
-        ("p1", lambda x: x * _sig(x), "SiLU(x) = x·σ(x) itself"),
+        ("p1", lambda x, beta: _sig(beta * x), "the slope taken as σ(βx)"),
+        ("p1", lambda x, beta: _sig(beta * x) * (1 - _sig(beta * x)), "the sigmoid's own slope"),
+        ("p1", lambda x, beta: x * _sig(beta * x), "swish_β(x) = x·σ(βx) itself"),
+        ("p1", lambda x, beta: silu_grad_right(x), "that is SiLU′(x)"),
+        ("p1", lambda x, beta: _sig(beta * x) * (1 + x * (1 - _sig(beta * x))), "the chain rule's β is missing"),
+        ("p1", lambda x, beta: beta * silu_grad_right(beta * x), "you multiplied SiLU′(βx) by β"),
         ("p2", swiglu_no_U, "dG is missing the factor U"),
         ("p2", swiglu_dU_with_G, "dU uses G where SiLU(G) belongs"),
         ("p2", swiglu_sigma, "in dG = dH ⊙ U ⊙ SiLU′(G): SiLU′ taken as σ(x)"),
@@ -251,9 +298,12 @@ def _likely(fb):
         ("p3", mlp_overwritten, "overwritten"),
         ("p3", mlp_dU_with_G, "in the up branch of dX: dU uses G where SiLU(G) belongs"),
         ("p3", mlp_no_silu_in_H, "you used G ⊙ U"),
-        ("p4", residual_forgot, "forgot the residual"),
+        ("p4", residual_forgot, "forgot the residuals"),
         ("p4", residual_skip_only, "you returned dY only"),
-        ("p4", residual_gate_only, "in the MLP part of dX = dY + MLP's dX: dX has the gate branch"),
+        ("p4", residual_gate_only, "the same slip in every block's MLP (P3's mlp_backward): dX has the gate branch"),
+        ("p4", _stack(upstream_dY=True), "you handed dY to every block"),
+        ("p4", _stack(reverse=False), "in the forward order"),
+        ("p4", _stack(at_X=True), "at the stack's input X"),
     ],
 )
 @pytest.mark.parametrize("hidden", [False, True])
@@ -270,7 +320,7 @@ def test_dW_transposed_is_named():
 
 
 def test_naive_sigmoid_fails_only_the_large_inputs(capfd):
-    fb = check("09.p1", silu_grad_naive)
+    fb = check("09.p1", swish_naive)
     text = fb.text()
     assert 0 < fb.points < 2 and "public case 3" in text and "should be finite" in text
     assert "overflow" in text  # the warning is shown on stdout, not graded
@@ -278,7 +328,7 @@ def test_naive_sigmoid_fails_only_the_large_inputs(capfd):
 
 
 def test_stub_and_non_function():
-    def stub(x):
+    def stub(x, beta):
         raise NotImplementedError()
 
     assert check("09.p1", stub).points == 0 and "NotImplementedError" in check("09.p1", stub).text()

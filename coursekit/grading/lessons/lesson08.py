@@ -19,7 +19,7 @@ READ_LORA = "Reread 'Where LoRA fits' in Know this."
 READ_GQA = "Reread 'Grouped-query attention: shared keys, summed gradients' in Know this."
 READ_ROPE = "Reread 'Rotary positions: a rotation between the projection and the scores' in Know this."
 #: How a dQ or dK mistake that comes from a wrong dS begins (P2, and P10 through it).
-DS_WRONG = "{name} is off because dS is wrong (check softmax_backward, P1): "
+DS_WRONG = "{name} is off because dS is wrong (check the softmax step, P1): "
 #: How P10 names a mistake of one head's backward (P2's list), made in every query head.
 ONE_HEAD = "the same slip as in one head (P2's attention_backward): "
 
@@ -34,17 +34,25 @@ def _not_right(mistakes, right) -> list[Mistake]:
 # --------------------------------------------------------------------------- references
 
 
-def softmax_backward(P, dP):
-    """Reference for p1: ``dS = P ⊙ (dP − rowsum(dP ⊙ P))``, rows over the last axis."""
-    return att.softmax_backward(np.asarray(P, dtype=np.float64), np.asarray(dP, dtype=np.float64))
+def _T(x):
+    """The last two axes swapped: queries × keys <-> keys × queries."""
+    return np.swapaxes(np.asarray(x, dtype=np.float64), -1, -2)
+
+
+def softmax_backward_kq(Pt, dPt):
+    """Reference for p1: the softmax step in the keys × queries layout, ``dSᵀ`` from ``Pᵀ`` and ``dPᵀ``
+    (Pt[..., u, t] = P[..., t, u]): each query's softmax runs over its keys, axis −2 here."""
+    return _T(att.softmax_backward(_T(Pt), _T(dPt)))
 
 
 def attention_backward(dC, Q, K, V, P):
-    """Reference for p2: ``(dQ, dK, dV)`` of one causal head given its probabilities P."""
+    """Reference for p2: ``(dQ, dK, dV)`` of causal heads given their probabilities P, with any leading
+    (batch, head) axes: Q, K (..., T, d_h), V, dC (..., T, d_v), P (..., T, T)."""
+    Q, K, V, P, dC = (np.asarray(a, dtype=np.float64) for a in (Q, K, V, P, dC))
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    dV = P.T @ dC
-    dS = att.softmax_backward(P, dC @ V.T)
-    return (dS @ K) * scale, (dS.T @ Q) * scale, dV
+    dV = _T(P) @ dC
+    dS = att.softmax_backward(P, dC @ _T(V))
+    return (dS @ K) * scale, (_T(dS) @ Q) * scale, dV
 
 
 # --------------------------------------------------------------------------- p1: cases and mistakes
@@ -60,16 +68,21 @@ def _probs(rng: np.random.Generator, lead: tuple, T: int, drop_key: int | None =
     return att.softmax_forward(S, allowed)
 
 
+def _kq(P: np.ndarray, dP: np.ndarray) -> dict:
+    """A p1 case: the probabilities and their gradient, both laid out keys × queries."""
+    return dict(Pt=_T(P), dPt=_T(dP))
+
+
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(81)
     S = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.5, -0.5, 1.0]])
     P_small = att.softmax_forward(S, att.causal_mask(3))
     dP_small = np.array([[1.0, -1.0, 2.0], [0.5, 2.0, -1.0], [-1.0, 0.0, 3.0]])
     return [
-        Case(dict(P=P_small, dP=dP_small), "one head, T = 3, the probabilities printed above"),
-        Case(dict(P=_probs(rng, (), 5), dP=rng.standard_normal((5, 5))), "one head, T = 5"),
-        Case(dict(P=_probs(rng, (2, 3), 4), dP=rng.standard_normal((2, 3, 4, 4))), "batch 2 × 3 heads × T = 4: shape (2, 3, 4, 4)"),
-        Case(dict(P=_probs(rng, (2,), 5, drop_key=2), dP=rng.standard_normal((2, 5, 5))), "2 heads, T = 5, key 2 masked for every query"),
+        Case(_kq(P_small, dP_small), "one head, T = 3: Pt_small and dPt_small printed above"),
+        Case(_kq(_probs(rng, (), 5), rng.standard_normal((5, 5))), "one head, T = 5"),
+        Case(_kq(_probs(rng, (2, 3), 4), rng.standard_normal((2, 3, 4, 4))), "batch 2 × 3 heads × T = 4: shape (2, 3, 4, 4)"),
+        Case(_kq(_probs(rng, (2,), 5, drop_key=2), rng.standard_normal((2, 5, 5))), "2 heads, T = 5, key 2 masked for every query"),
     ]
 
 
@@ -80,12 +93,13 @@ def _p1_hidden(rng: np.random.Generator) -> list[Case]:
         # T = 2 is the smallest causal case with a nonzero dS (at T = 1, dS = 0 for any dP: zeros would pass)
         T = 2 if i == 3 else int(rng.integers(3, 7))
         drop = int(rng.integers(1, T)) if i in (1, 4) else None
-        cases.append(Case(dict(P=_probs(rng, lead, T, drop), dP=rng.standard_normal(lead + (T, T)))))
+        cases.append(Case(_kq(_probs(rng, lead, T, drop), rng.standard_normal(lead + (T, T)))))
     return cases
 
 
 def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
-    """The classic wrong versions of dS = P ⊙ (dP − rowsum(dP ⊙ P)), as the values they produce."""
+    """The classic wrong versions of dS = P ⊙ (dP − rowsum(dP ⊙ P)), as the values they produce (queries × keys,
+    as P2 and P10 form dS)."""
     P, dP = np.asarray(P, dtype=np.float64), np.asarray(dP, dtype=np.float64)
     G = dP * P
     PT = P.swapaxes(-1, -2)
@@ -95,7 +109,7 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
                 "but each probability also depends on every score of its row through the normalisation. "
                 "dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX),
         Mistake("column sums", P * (dP - G.sum(-2, keepdims=True)), "you summed over the wrong axis: rowsum runs over the keys, "
-                "the last axis (axis=-1), one number per query row; axis=-2 sums each key's column. " + READ_SOFTMAX),
+                "the last axis of dS (axis=-1), one number per query row; axis=-2 sums each key's column. " + READ_SOFTMAX),
         Mistake("no keepdims", P * (dP - G.sum(-1)[..., None, :]), "your row sums were broadcast along the wrong axis: "
                 "(dP * P).sum(axis=-1) has shape (..., T), which NumPy lines up with the key axis, so query u's sum is "
                 "subtracted in column u. Keep the axis: .sum(axis=-1, keepdims=True). " + READ_SOFTMAX),
@@ -104,7 +118,8 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
         Mistake("matrix sum", P * (dP - G.sum(axis=(-2, -1), keepdims=True)), "you subtracted one sum per whole T × T matrix; "
                 "the sum is per query row (axis=-1, keepdims=True): each row is its own softmax. " + READ_SOFTMAX),
         Mistake("transposed result", right.swapaxes(-1, -2), "your dS is the transpose of the right one: rows are queries, "
-                "columns are keys, as in P; the masked entries belong above the diagonal. " + READ_SOFTMAX),
+                "columns are keys, as in P (P1's function returns dSᵀ: transpose it back); the masked entries belong above "
+                "the diagonal. " + READ_SOFTMAX),
         Mistake("P transposed in rowsum", P * (dP - (dP * PT).sum(-1, keepdims=True)), "you used Pᵀ inside the row sum: "
                 "rowsum(dP ⊙ P) pairs each dP entry with the probability at the same (query, key) position. " + READ_SOFTMAX),
         Mistake("P transposed", PT * (dP - (dP * PT).sum(-1, keepdims=True)), "you used Pᵀ where P belongs: P is queries × keys "
@@ -120,40 +135,75 @@ def _sm_mistakes(P: np.ndarray, dP: np.ndarray) -> list[Mistake]:
     return _not_right(out, right)
 
 
+def _sm_kq_mistakes(Pt: np.ndarray, dPt: np.ndarray) -> list[Mistake]:
+    """P1's wrong answers in its keys × queries layout, as the values they produce. The copy of Know this's line,
+    ``P * (dP - (dP * P).sum(axis=-1, keepdims=True))``, applied to Pt and dPt, is "column sums": there axis −1 held
+    the keys, here it holds the queries."""
+    Pt, dPt = np.asarray(Pt, dtype=np.float64), np.asarray(dPt, dtype=np.float64)
+    G = dPt * Pt
+    right = Pt * (dPt - G.sum(-2, keepdims=True))
+    out = [
+        Mistake("no rowsum", Pt * dPt, "you forgot to subtract the sum over each query's keys: every probability also "
+                "depends on every score of its query's softmax through the normalisation, so dSᵀ = Pᵀ ⊙ (dPᵀ − each "
+                "query's sum of dP ⊙ P over its keys). " + READ_SOFTMAX),
+        Mistake("column sums", Pt * (dPt - G.sum(-1, keepdims=True)), "you summed over the wrong axis: in this layout axis −1 "
+                "runs over the queries, so .sum(axis=-1) adds entries of different softmaxes. Each query's softmax runs "
+                "over its keys, which are axis −2 here: .sum(axis=-2, keepdims=True), one number per query, broadcast down "
+                "its column. Know this's line sums over axis −1 because there the keys come last. " + READ_SOFTMAX),
+        Mistake("no keepdims", Pt * (dPt - G.sum(-1)[..., None, :]), "you summed over axis −1, which runs over the queries in "
+                "this layout, and dropped the axis, so NumPy lined the sums up with the wrong axis too. Each query's sum "
+                "runs over its keys, axis −2 here: .sum(axis=-2, keepdims=True). " + READ_SOFTMAX),
+        Mistake("queries × keys result", _T(right), "your result is dS in the queries × keys layout; return dSᵀ, laid out like "
+                "the Pt and dPt you were given (keys in axis −2, queries in axis −1). " + READ_SOFTMAX),
+        Mistake("total sum", Pt * (dPt - G.sum()), "you subtracted the sum of dP ⊙ P over every entry; the sum is one per "
+                "query, over its keys (axis −2 in this layout): each query has its own softmax. " + READ_SOFTMAX),
+        Mistake("matrix sum", Pt * (dPt - G.sum(axis=(-2, -1), keepdims=True)), "you subtracted one sum per whole T × T "
+                "matrix; the sum is one per query, over its keys (axis −2 in this layout). " + READ_SOFTMAX),
+        Mistake("sign", Pt * (G.sum(-2, keepdims=True) - dPt), "the sign is flipped: dP first, then minus the query's sum: "
+                "dSᵀ = Pᵀ ⊙ (dPᵀ − the sum over the keys). " + READ_SOFTMAX),
+        Mistake("no P factor", dPt - G.sum(-2, keepdims=True), "the factor Pᵀ in front is missing: dSᵀ = Pᵀ ⊙ (dPᵀ − the sum "
+                "over the keys). Without it masked entries get gradient (they must get exactly zero). " + READ_MASK),
+    ]
+    return _not_right(worded(out), right)
+
+
 def _p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
-    return {"dS": _sm_mistakes(kw["P"], kw["dP"])}
+    return {"dSt": _sm_kq_mistakes(kw["Pt"], kw["dPt"])}
 
 
 # --------------------------------------------------------------------------- p2: one head's backward
 
 
-def _head_case(rng: np.random.Generator, T: int, dh: int, dv: int, drop_key: int | None = None) -> dict:
-    Q, K, V = rng.standard_normal((T, dh)), rng.standard_normal((T, dh)), rng.standard_normal((T, dv))
+def _head_case(rng: np.random.Generator, T: int, dh: int, dv: int, drop_key: int | None = None, lead: tuple = ()) -> dict:
+    Q, K = rng.standard_normal(lead + (T, dh)), rng.standard_normal(lead + (T, dh))
+    V = rng.standard_normal(lead + (T, dv))
     mask = None
     if drop_key is not None:
         mask = np.ones((T, T), dtype=bool)
         mask[:, drop_key] = False
     _, cache = att.attention_forward(Q, K, V, mask=mask)
-    return dict(dC=rng.standard_normal((T, dv)), Q=Q, K=K, V=V, P=cache["P"])
+    return dict(dC=rng.standard_normal(lead + (T, dv)), Q=Q, K=K, V=V, P=cache["P"])
 
 
 def _p2_public() -> list[Case]:
     rng = np.random.default_rng(82)
     return [
-        Case(_head_case(rng, 3, 4, 4), "T = 3, d_h = d_v = 4"),
-        Case(_head_case(rng, 5, 2, 3), "T = 5, d_h = 2, d_v = 3"),
-        Case(_head_case(rng, 4, 4, 2, drop_key=1), "T = 4, key 1 masked for every query (a padding key)"),
+        Case(_head_case(rng, 3, 4, 4), "one head, T = 3, d_h = d_v = 4"),
+        Case(_head_case(rng, 5, 2, 3, lead=(2,)), "2 heads: Q, K (2, 5, 2), V, dC (2, 5, 3), P (2, 5, 5)"),
+        Case(_head_case(rng, 4, 4, 2, drop_key=1, lead=(2, 3)),
+             "batch 2 × 3 heads, T = 4, d_h = 4, d_v = 2, key 1 masked for every query (a padding key)"),
     ]
 
 
 def _p2_hidden(rng: np.random.Generator) -> list[Case]:
     cases = []
-    for i in range(6):
+    leads = [(2,), (3,), (2, 2), (), (1, 3), (2,)]
+    for i, lead in enumerate(leads):
         T = 1 if i == 5 else int(rng.integers(3, 7))
         dh = int(rng.choice([2, 3, 4, 8]))  # d_h ≥ 2: with d_h = 1 a missing 1/√d_h cannot show
         dv = dh if i == 0 else int(rng.integers(1, 5))  # d_v = d_h: dK and dV shapes coincide
         drop = int(rng.integers(1, T)) if i == 2 else None
-        cases.append(Case(_head_case(rng, T, dh, dv, drop)))
+        cases.append(Case(_head_case(rng, T, dh, dv, drop, lead=lead)))
     return cases
 
 
@@ -161,15 +211,15 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     dC, Q, K, V, P = (np.asarray(kw[k], dtype=np.float64) for k in ("dC", "Q", "K", "V", "P"))
     dh = Q.shape[-1]
     scale = 1.0 / math.sqrt(dh)
-    dP = dC @ V.T
+    dP = dC @ _T(V)
     dS = att.softmax_backward(P, dP)
-    dQ, dK = dS @ K * scale, dS.T @ Q * scale
+    dQ, dK = dS @ K * scale, _T(dS) @ Q * scale
     m_q, m_k, m_v = [], [], []
     dv = V.shape[-1]
     if dv not in (1, dh):  # the value width in place of the key width (with d_v = 1 it is the same as no scale)
         m_q.append(Mistake("sqrt d_v", dS @ K / math.sqrt(dv), "you divided by √d_v, the width of the values; the scores "
                            "were divided by √d_h, the width of the queries and keys: dQ = dS K / √d_h. " + READ_BWD))
-        m_k.append(Mistake("sqrt d_v", dS.T @ Q / math.sqrt(dv), "you divided by √d_v, the width of the values; the scores "
+        m_k.append(Mistake("sqrt d_v", _T(dS) @ Q / math.sqrt(dv), "you divided by √d_v, the width of the values; the scores "
                            "were divided by √d_h, the width of the queries and keys: dK = dSᵀ Q / √d_h. " + READ_BWD))
     if dh > 1:
         # d_h comes from the case's shapes: the hints name the factor without its value
@@ -182,30 +232,30 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
                         hint="you divided by d_h; the scores were divided by √d_h, so dQ = dS K / √d_h. " + READ_BWD),
                 Mistake("times sqrt", dS @ K * math.sqrt(dh), "you multiplied by √d_h; the forward divided the scores by √d_h, "
                         "so the backward divides too: dQ = dS K / √d_h. " + READ_BWD)]
-        m_k += [Mistake("no scale", dS.T @ Q, f"dK is missing the factor 1/√d_h = {scale:g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
+        m_k += [Mistake("no scale", _T(dS) @ Q, f"dK is missing the factor 1/√d_h = {scale:g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
                         hint="dK is missing the factor 1/√d_h: dK = dSᵀ Q / √d_h. " + READ_BWD),
-                Mistake("1/d_h", dS.T @ Q / dh, f"you divided by d_h = {dh}, not √d_h = {math.sqrt(dh):g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
+                Mistake("1/d_h", _T(dS) @ Q / dh, f"you divided by d_h = {dh}, not √d_h = {math.sqrt(dh):g}: dK = dSᵀ Q / √d_h. " + READ_BWD,
                         hint="you divided by d_h, not √d_h: dK = dSᵀ Q / √d_h. " + READ_BWD),
-                Mistake("times sqrt", dS.T @ Q * math.sqrt(dh), "you multiplied by √d_h; dK = dSᵀ Q / √d_h. " + READ_BWD)]
+                Mistake("times sqrt", _T(dS) @ Q * math.sqrt(dh), "you multiplied by √d_h; dK = dSᵀ Q / √d_h. " + READ_BWD)]
     m_k += [Mistake("dS not transposed", dS @ Q * scale, "dK needs dSᵀ: in S = Q Kᵀ / √d_h, K enters transposed, so the key "
                     "side sums over queries: dK = dSᵀ Q / √d_h. " + READ_BWD),
             Mistake("dQ formula", dS @ K * scale, "that is dQ's formula; dK = dSᵀ Q / √d_h. " + READ_BWD)]
-    m_q.append(Mistake("dS transposed", dS.T @ K * scale, "dQ uses dS itself, not dSᵀ: row t of dS belongs to query t, "
+    m_q.append(Mistake("dS transposed", _T(dS) @ K * scale, "dQ uses dS itself, not dSᵀ: row t of dS belongs to query t, "
                        "so dQ = dS K / √d_h. " + READ_BWD))
     m_v.append(Mistake("P not transposed", P @ dC, "dV = Pᵀ dC: value u collects from every query that attended to it "
                        "(column u of P), so P enters transposed. " + READ_BWD))
     for name, wrong in (("dQ", m_q), ("dK", m_k)):
         for sm in _sm_mistakes(P, dP):
-            val = sm.value @ K * scale if name == "dQ" else sm.value.T @ Q * scale
+            val = sm.value @ K * scale if name == "dQ" else _T(sm.value) @ Q * scale
             if np.shape(sm.value) == dS.shape:
                 why = DS_WRONG.format(name=name)
                 wrong.append(Mistake(sm.label, val, why + sm.message, hint=why + sm.hint))
     m_q += [Mistake("no softmax step", dP @ K * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
-    m_k += [Mistake("no softmax step", dP.T @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "
+    m_k += [Mistake("no softmax step", _T(dP) @ Q * scale, "you used dP where dS belongs: the gradient must pass through the "
                     "softmax first, dS = P ⊙ (dP − rowsum(dP ⊙ P)). " + READ_SOFTMAX)]
 
-    right = {"dQ": dQ, "dK": dK, "dV": P.T @ dC}
+    right = {"dQ": dQ, "dK": dK, "dV": _T(P) @ dC}
     return _dS_only_if_both_off({"dQ": _not_right(m_q, dQ), "dK": _not_right(m_k, dK), "dV": _not_right(m_v, right["dV"])},
                                 got, right)
 
@@ -480,19 +530,19 @@ ITEMS = {
         },
     ),
     "p1": Function(
-        "implement softmax_backward",
+        "implement softmax_backward_kq: the softmax step with keys before queries",
         4,
-        name="softmax_backward",
-        reference=softmax_backward,
+        name="softmax_backward_kq",
+        reference=softmax_backward_kq,
         public=_p1_public,
         hidden=_p1_hidden,
-        outputs=("dS",),
+        outputs=("dSt",),
         mistakes=_p1_mistakes,
         rtol=1e-7,
         atol=1e-10,
     ),
     "p2": Function(
-        "implement attention_backward for one causal head",
+        "implement attention_backward for causal heads with leading batch and head axes",
         4,
         name="attention_backward",
         reference=attention_backward,

@@ -24,9 +24,9 @@ SMOL_D, SMOL_F = 576, 1536
 # --------------------------------------------------------------------------- references (coursekit.mlp)
 
 
-def silu_grad_ref(x):
-    """Reference for p1."""
-    return mlp.silu_grad(x)
+def swish_grad_ref(x, beta):
+    """Reference for p1: the slope of swish_β(x) = x·σ(βx) = SiLU(βx)/β, which is SiLU′(βx)."""
+    return mlp.silu_grad(float(beta) * np.asarray(x, dtype=np.float64))
 
 
 def swiglu_backward_ref(dH, G, U):
@@ -43,8 +43,41 @@ def mlp_backward_ref(dY, X, W_gate, W_up, W_down):
 
 
 def residual_mlp_backward_ref(dY, X, W_gate, W_up, W_down):
-    """Reference for p4: ``dX`` of ``Y = X + MLP(X)``: the skip path dY plus the MLP's dX."""
+    """``dX`` of one residual block ``Y = X + MLP(X)``: the skip path dY plus the MLP's dX (P6's rule)."""
     return dY + mlp_backward_ref(dY, X, W_gate, W_up, W_down)[0]
+
+
+def _stack_inputs(X, W_gate, W_up, W_down) -> list[np.ndarray]:
+    """The input of each block of the stack Z ← Z + MLP_l(Z), l = 0 … L−1, starting from Z = X."""
+    Z, inputs = np.asarray(X, dtype=np.float64), []
+    for Wg, Wu, Wd in zip(W_gate, W_up, W_down):
+        inputs.append(Z)
+        Z = Z + mlp.mlp_forward(Z, Wg, Wu, Wd)[0]
+    return inputs
+
+
+def _stack_backward(dY, X, W_gate, W_up, W_down, block_dX=None, skip=True, order="backward", upstream="chained",
+                    at="own input"):
+    """``dX`` of the stack, and of its classic wrong versions: ``block_dX(dZ, Z, Wg, Wu, Wd)`` is one MLP's dX (right by
+    default); ``skip=False`` drops every residual; ``order="forward"`` runs the blocks from the first; ``upstream="dY"``
+    hands dY to every block and adds their dX's; ``at="X"`` evaluates every block at the stack's input."""
+    block_dX = block_dX or (lambda dZ, Z, Wg, Wu, Wd: mlp_backward_ref(dZ, Z, Wg, Wu, Wd)[0])
+    dY = np.asarray(dY, dtype=np.float64)
+    inputs = _stack_inputs(X, W_gate, W_up, W_down)
+    if at == "X":
+        inputs = [np.asarray(X, dtype=np.float64)] * len(inputs)
+    blocks = list(range(len(inputs)))
+    if upstream == "dY":
+        return dY + sum(block_dX(dY, inputs[l], W_gate[l], W_up[l], W_down[l]) for l in blocks)
+    dZ = dY
+    for l in (blocks[::-1] if order == "backward" else blocks):
+        dZ = (dZ if skip else 0.0) + block_dX(dZ, inputs[l], W_gate[l], W_up[l], W_down[l])
+    return dZ
+
+
+def residual_stack_backward_ref(dY, X, W_gate, W_up, W_down):
+    """Reference for p4: ``dX`` of L residual MLP blocks in a row, weights stacked on a leading axis of length L."""
+    return _stack_backward(dY, X, W_gate, W_up, W_down)
 
 
 # --------------------------------------------------------------------------- known mistakes
@@ -71,9 +104,29 @@ def _silu_grad_wrongs(x) -> list[tuple[str, np.ndarray, str]]:
     ]
 
 
-def silu_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
-    ms = [Mistake(label, v, msg) for label, v, msg in _silu_grad_wrongs(kw["x"])]
-    return worded({"silu_grad(x)": ms})
+def swish_grad_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """P1's wrong slopes of x·σ(βx), as the values they produce (at β = 1 three of them are the right slope)."""
+    x, beta = np.asarray(kw["x"], dtype=np.float64), float(kw["beta"])
+    u = beta * x
+    s = _sig(u)
+    right = mlp.silu_grad(u)
+    ms = [
+        Mistake("sigma", s, "the slope taken as σ(βx): the product rule on x·σ(βx) gives σ(βx) plus x times the slope of "
+                "σ(βx); the second term is missing. " + READ_SILU),
+        Mistake("sigma'", s * (1 - s), "the slope taken as σ(βx)(1 − σ(βx)), the sigmoid's own slope; the product rule on "
+                "x·σ(βx) gives σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("silu", x * s, "that is swish_β(x) = x·σ(βx) itself, not its slope. " + READ_SILU),
+        Mistake("no inner beta", s * (1 + x * (1 - s)), "the chain rule's β is missing: the slope of σ(βx) is "
+                "β·σ(βx)(1 − σ(βx)), so the product rule gives σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("beta times", beta * right, "you multiplied SiLU′(βx) by β: x·σ(βx) = SiLU(βx)/β, so the chain rule's β "
+                "cancels the 1/β, and the slope is SiLU′(βx) = σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("SiLU'(x)", mlp.silu_grad(x), "that is SiLU′(x), the slope of x·σ(x); with x·σ(βx) every σ takes βx and the "
+                "chain rule brings a β: σ(βx)(1 + βx(1 − σ(βx))). " + READ_SILU),
+        Mistake("no sigma factor", 1 + u * (1 - s), "the factor σ(βx) in front is missing: the slope is "
+                "σ(βx)·(1 + βx(1 − σ(βx))). " + READ_SILU),
+    ]
+    ms = [m for m in ms if not np.allclose(m.value, right, rtol=1e-9, atol=1e-12)]
+    return worded({"swish_grad(x)": ms})
 
 
 def _gate_wrongs(dH, G, U) -> tuple[list, list]:
@@ -154,26 +207,67 @@ def residual_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mista
     return worded({"dX": out})
 
 
+def stack_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    """P4's wrong answers, each the value a stack built that way returns: slips in the stack itself, then one MLP's
+    slip (P3's list, through the student's own mlp_backward) made in every block."""
+    dY, X, Wg, Wu, Wd = (np.asarray(kw[k], dtype=np.float64) for k in ("dY", "X", "W_gate", "W_up", "W_down"))
+    right = _stack_backward(dY, X, Wg, Wu, Wd)
+    out = [
+        Mistake("forgot residual", _stack_backward(dY, X, Wg, Wu, Wd, skip=False), "you passed the gradient through the "
+                "MLPs only and forgot the residuals: each block Z + MLP(Z) hands its incoming gradient to Z directly as well, "
+                "so going down a block is dZ ← dZ + (that block's MLP dX at its own input, for upstream dZ). " + READ_RESID),
+        Mistake("skip only", dY, "you returned dY only, the skip paths: every block's MLP dX must be added on the way "
+                "down. " + READ_RESID),
+        Mistake("dY to every block", _stack_backward(dY, X, Wg, Wu, Wd, upstream="dY"), "you handed dY to every block and "
+                "added their dX's: a lower block's upstream gradient is what reaches its output, dY plus everything the "
+                "blocks above it added, not dY itself. Go down one block at a time, dZ ← dZ + MLP's dX for upstream dZ. "
+                + READ_RESID),
+        Mistake("first block first", _stack_backward(dY, X, Wg, Wu, Wd, order="forward"), "you went through the blocks in "
+                "the forward order: the gradient arrives at the last block's output, so the backward starts at the last "
+                "block and ends at the first. " + READ_RESID),
+        Mistake("every block at X", _stack_backward(dY, X, Wg, Wu, Wd, at="X"), "you evaluated every block's backward at the "
+                "stack's input X: block l reads Z_l, the output of the blocks below it, and its gradient (SiLU′(G), U, "
+                "SiLU(G)) depends on that input. Run the forward once and keep each block's input. " + READ_RESID),
+    ]
+    labels = [l for l, _, _ in _dX_wrongs(_mlp_parts(dict(dY=dY, X=X, W_gate=Wg[0], W_up=Wu[0], W_down=Wd[0])))]
+    for label in labels:
+        def block_dX(dZ, Z, g, u, d, label=label):
+            return next(v for l, v, _ in _dX_wrongs(_mlp_parts(dict(dY=dZ, X=Z, W_gate=g, W_up=u, W_down=d))) if l == label)
+        why = next(m for l, _, m in _dX_wrongs(_mlp_parts(dict(dY=dY, X=X, W_gate=Wg[0], W_up=Wu[0], W_down=Wd[0])))
+                   if l == label)
+        out.append(Mistake(label, _stack_backward(dY, X, Wg, Wu, Wd, block_dX=block_dX),
+                           "the same slip in every block's MLP (P3's mlp_backward): " + why))
+    out = [m for m in out if not np.allclose(m.value, right, rtol=1e-9, atol=1e-12)]  # L = 1: some coincide with right
+    return worded({"dX": out})
+
+
 # --------------------------------------------------------------------------- cases
 
 # Public p1 points: the three values the lesson quotes (0, 2, −3), both sides of the minimum, and large |x|.
 _P1_X = np.array([0.0, 2.0, -3.0, -1.0, 0.5, 4.0])
 
 
+#: β of the sigmoid approximation of GELU, x·σ(1.702x) (Hendrycks & Gimpel, arXiv:1606.08415, section 2).
+GELU_BETA = 1.702
+
+
 def _p1_public() -> list[Case]:
     return [
-        Case(dict(x=_P1_X.copy()), "x = [0, 2, −3, −1, 0.5, 4]: SiLU′(0) = 0.5, SiLU′(2) ≈ 1.0908, SiLU′(−3) ≈ −0.0881"),
-        Case(dict(x=np.linspace(-6.0, 6.0, 13)), "13 points from −6 to 6"),
-        # Large |x| checks overflow; the moderate entries keep σ(x) (a classic wrong slope) from passing here.
-        Case(dict(x=np.array([[-800.0, -40.0, -2.0], [1.5, 40.0, 800.0]])), "large |x| (a 2 × 3 array): no overflow, no NaN"),
+        Case(dict(x=_P1_X.copy(), beta=1.0), "β = 1, SiLU itself: x = [0, 2, −3, −1, 0.5, 4]"),
+        Case(dict(x=np.linspace(-6.0, 6.0, 13), beta=GELU_BETA), "β = 1.702 (x·σ(1.702x), the sigmoid approximation of "
+             "GELU): 13 points from −6 to 6"),
+        # Large |x| checks overflow; the moderate entries keep σ(βx) (a classic wrong slope) from passing here.
+        Case(dict(x=np.array([[-800.0, -40.0, -2.0], [1.5, 40.0, 800.0]]), beta=1.5),
+             "β = 1.5, large |x| (a 2 × 3 array): no overflow, no NaN"),
     ]
 
 
 def _p1_hidden(rng: np.random.Generator) -> list[Case]:
     return [
-        Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3)),
-        Case(dict(x=rng.standard_normal((3, 4)) * 5)),
-        Case(dict(x=np.concatenate([rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6), rng.uniform(-3, 3, size=2)]))),
+        Case(dict(x=rng.standard_normal(int(rng.integers(5, 12))) * 3, beta=float(rng.choice([0.5, 2.0, 3.0])))),  # β < 1 too
+        Case(dict(x=rng.standard_normal((3, 4)) * 5, beta=float(rng.uniform(0.2, 4.0)))),
+        Case(dict(x=np.concatenate([rng.choice([-1, 1], size=6) * rng.uniform(30, 1000, size=6), rng.uniform(-3, 3, size=2)]),
+                  beta=float(rng.uniform(1.2, 3.0)))),
     ]
 
 
@@ -222,13 +316,27 @@ def _p3_hidden(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
+def _stack_case(rng: np.random.Generator, L: int, n: int, d: int, f: int) -> dict:
+    """L blocks' weights stacked on a leading axis; scaled by 1/√width so that the activations stay ordinary."""
+    return dict(
+        dY=rng.standard_normal((n, d)),
+        X=rng.standard_normal((n, d)),
+        W_gate=rng.standard_normal((L, d, f)) / np.sqrt(d),
+        W_up=rng.standard_normal((L, d, f)) / np.sqrt(d),
+        W_down=rng.standard_normal((L, f, d)) / np.sqrt(f),
+    )
+
+
 def _p4_public() -> list[Case]:
     rng = np.random.default_rng(29)
-    return [Case(_mlp_case(rng, 1, 2, 3), "one token, d = 2, f = 3"), Case(_mlp_case(rng, 3, 4, 6), "three tokens, d = 4, f = 6")]
+    return [Case(_stack_case(rng, 1, 3, 4, 6), "one block (L = 1), three tokens, d = 4, f = 6"),
+            Case(_stack_case(rng, 2, 1, 2, 3), "two blocks (L = 2), one token, d = 2, f = 3"),
+            Case(_stack_case(rng, 3, 3, 4, 6), "three blocks (L = 3), three tokens, d = 4, f = 6")]
 
 
 def _p4_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case(_mlp_case(rng, int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(5, 8)))) for _ in range(3)]
+    return [Case(_stack_case(rng, L, int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(5, 8))))
+            for L in (2, 4, 3)]
 
 
 # P6: one token, every width 1 (printed in the notebook), inside a residual block y = x + MLP(x).
@@ -318,14 +426,14 @@ ITEMS = {
         },
     ),
     "p1": Function(
-        "implement silu_grad",
+        "implement swish_grad: the slope of x·σ(βx)",
         2,
-        name="silu_grad",
-        reference=silu_grad_ref,
+        name="swish_grad",
+        reference=swish_grad_ref,
         public=_p1_public,
         hidden=_p1_hidden,
-        outputs=("silu_grad(x)",),
-        mistakes=silu_grad_mistakes,
+        outputs=("swish_grad(x)",),
+        mistakes=swish_grad_mistakes,
         rtol=1e-7,
         atol=1e-10,
     ),
@@ -350,14 +458,14 @@ ITEMS = {
         mistakes=mlp_mistakes,
     ),
     "p4": Function(
-        "implement residual_mlp_backward",
+        "implement residual_stack_backward: dX of L residual MLP blocks in a row",
         2,
-        name="residual_mlp_backward",
-        reference=residual_mlp_backward_ref,
+        name="residual_stack_backward",
+        reference=residual_stack_backward_ref,
         public=_p4_public,
         hidden=_p4_hidden,
         outputs=("dX",),
-        mistakes=residual_mistakes,
+        mistakes=stack_mistakes,
     ),
     "p5": Choice(
         "which adapters a token with a closed gate trains",

@@ -1,4 +1,4 @@
-def softmax_backward(P, dP):
-    """dS = P ⊙ (dP − rowsum(dP ⊙ P)), rows over the last axis; P and dP of shape (..., T, T)."""
-    # Typical mistake: sums over the queries (axis=-2), i.e. each key's column, instead of each query's row.
-    return P * (dP - (dP * P).sum(axis=-2, keepdims=True))
+def softmax_backward_kq(Pt, dPt):
+    """dSᵀ from Pᵀ and dPᵀ, all laid out keys × queries: shape (..., T, T), keys in axis -2, queries in axis -1."""
+    # Typical mistake: copies Know this's line, which sums over axis -1; in this layout axis -1 runs over the queries.
+    return Pt * (dPt - (dPt * Pt).sum(axis=-1, keepdims=True))

@@ -1,4 +1,4 @@
-def softmax_backward(P, dP):
-    """dS = P ⊙ (dP − rowsum(dP ⊙ P)), rows over the last axis; P and dP of shape (..., T, T)."""
-    # Typical mistake: treats the softmax like an elementwise exp and forgets the normalisation's row sum.
-    return P * dP
+def softmax_backward_kq(Pt, dPt):
+    """dSᵀ from Pᵀ and dPᵀ, all laid out keys × queries: shape (..., T, T), keys in axis -2, queries in axis -1."""
+    # Typical mistake: treats the softmax like an elementwise exp and forgets the normalisation's sum.
+    return Pt * dPt
