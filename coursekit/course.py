@@ -412,8 +412,10 @@ class _CtrlC:
             signal.signal(signal.SIGINT, self._before)
 
 
-#: What filling the capstone store costs on the course's 2-core test machine, cold (docs/capstone-results-*.md).
-CAPSTONE_FILL_MINUTES = (6, 12)
+#: What filling the capstone store costs on the course's 2-core test machine, cold: about 6 minutes for the runs and
+#: one more for the cheap rungs where the CPU multiplies bf16 (AVX512-BF16 or AMX); in float32 on an AVX2-only CPU,
+#: about 8 and up to 6 more (docs/capstone-results-*.md; coursekit.cheap's feature pass and probe search).
+CAPSTONE_FILL_MINUTES = (7, 15)
 
 
 def _fill_capstone_store(progress: bool) -> None:

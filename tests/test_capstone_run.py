@@ -218,3 +218,29 @@ def test_the_cheap_rungs_are_in_the_run_and_a_read_only_store_reads_them(report)
     for label in capstone.CHEAP_LABELS.values():
         assert {(s, label) for s in data.HELDOUT_SPLITS} <= set(pairs)
     assert "cheap: probe on base states" in capstone.format_report(report)
+
+
+def test_a_few_hundred_plain_gradient_steps_come_near_scikit_learns_probe(report):
+    """Lesson 19's P15 section and summary: train_probe (no penalty, 200 steps of lr 0.1 on the probe's chosen
+    features, standardized by the training tickets) is within 5 points of scikit-learn's fitted probe on each held-out
+    split, and the paired test cannot tell the two apart there; the stored features give scikit-learn's probe back."""
+    import numpy as np
+    import torch
+
+    from coursekit import cheap, evaluate, paired
+
+    x = cheap.chosen_features(report["cheap"])
+    probe = report["cheap"]["rungs"]["probe"]
+    train_labels = [ex["label"] for ex in data.load_split("train")]
+    refit = cheap.fit_probe(x["train"], train_labels, probe["chosen"]["C"])
+    mean, spread = x["train"].mean(0), x["train"].std(0)
+    spread[spread == 0] = 1.0
+    W, b = cheap.train_probe(torch.tensor((x["train"] - mean) / spread), train_labels, list(data.LABELS), 200, 0.1)
+    for split in data.HELDOUT_SPLITS:
+        examples = data.load_split(split)
+        assert list(refit.predict(x[split])) == [p["pred"] for p in probe[split]["predictions"]]
+        pred = (torch.tensor((x[split] - mean) / spread) @ W + b).argmax(1).tolist()
+        gd = evaluate.summarize([ex["label"] for ex in examples], [data.LABELS[i] for i in pred], [ex["id"] for ex in examples])
+        assert abs(gd["accuracy"] - probe[split]["accuracy"]) <= 0.05, (split, gd["accuracy"], probe[split]["accuracy"])
+        assert paired.compare(gd, probe[split], _symptoms())["winner"] is None
+        assert np.isfinite(W.numpy()).all()
