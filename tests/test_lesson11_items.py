@@ -57,7 +57,7 @@ def ratios(c=10.0, lr=0.01):
     return out
 
 
-RIGHT = {"w1": "b", "w2": 262144, "w3": "c", "p1": factor_update, "p2": trainable_params,
+RIGHT = {"w1": "b", "w2": 0.01, "w3": "c", "p1": factor_update, "p2": trainable_params,
          "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "b", "p5": rescaled_grads, "p6": ratios()}
 
 
@@ -193,8 +193,26 @@ def test_p6_mistakes_are_named(answer, text):
 
 
 def test_w2_mistakes_are_named():
-    assert "keeps two" in check("11.w2", 131072).text()
-    assert "dense" in check("11.w2", 2 * 4096 * 4096).text()
+    assert "an SGD step" in check("11.w2", 4e-5).text()
+    assert "without the bias correction" in check("11.w2", 0.0316).text()
+
+
+def test_w2_key_is_torchs_first_adamw_step():
+    """W2's key measured: torch.optim.AdamW's first step on an entry whose gradient is 0.004 moves it by lr (to 1e-3),
+    and the two named mistakes are what SGD and AdamW without bias correction would move it by."""
+    import torch
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
+    opt = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    p.grad = torch.tensor([0.004, 250.0], dtype=torch.float64)          # and a gradient 62,500 times larger
+    opt.step()
+    moved = (1.0 - p.detach()).abs()
+    assert check("11.w2", moved[0].item()).full and check("11.w2", moved[1].item()).full
+    assert ITEMS["w2"].expected() == pytest.approx(moved[0].item(), rel=1e-12)
+    sgd = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    sgd.grad = torch.tensor([0.004], dtype=torch.float64)
+    torch.optim.SGD([sgd], lr=0.01).step()
+    assert [m.value for m in ITEMS["w2"].mistakes()] == pytest.approx([1.0 - sgd.item(), 0.01 * 0.1 / 0.001 ** 0.5])
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook

@@ -101,9 +101,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("p5", "b", "The residual is relative"),
         ("p5", "c", "by exactly the factor the update shrank"),
         ("p5", "d", "float32's exponent range"),
-        ("p6", "a", "Re-quantizing W + sAB to NF4 rounds again"),
-        ("p6", "b", "is not what you trained"),
-        ("p6", "d", "tied to its base checkpoint"),
+        ("p6", "a", "Carrying the whole update is not the question"),
+        ("p6", "b", "cannot magnify it"),
+        ("p6", "d", "does not remove Q(W) − W"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -238,3 +238,41 @@ def test_p5_key_is_the_measured_residual_of_the_scaled_merge():
     assert measured == keys["p5"] == RIGHT["p5"]
     # the distractor c is what scaling W alone does: the same update on a finer grid survives
     assert merging.merge_residual(W / 64, dW, "bfloat16") < 0.5 * before
+
+
+def test_p6_key_is_the_measured_distance_of_a_ten_times_larger_merge():
+    """P6's key, measured on the lesson's real layer (layer 0's v_proj, the notebook's adapter and seeded lora_B): with
+    lora_B ten times larger, W + ΔW's distance from Q(W) + ΔW, relative to |ΔW|, is about ten times smaller (c), neither
+    the same (a) nor larger (b), and still far above the bf16 rounding of Q(W) + ΔW (not d). The hints' numbers too."""
+    import json
+
+    import bitsandbytes.functional as bnbF
+
+    from coursekit import model as cmodel, train
+
+    peft_model = train.attach_adapter(cmodel.load_model("fp32"), train.TrainConfig(
+        r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]))
+    name = "base_model.model.model.layers.0.self_attn.v_proj"
+    layer = dict(peft_model.named_modules())[name]
+    W, A, s = layer.base_layer.weight.detach(), layer.lora_A["default"].weight.detach(), layer.scaling["default"]
+    q, state = bnbF.quantize_4bit(W, blocksize=64, quant_type="nf4")
+    QW = bnbF.dequantize_4bit(q, state)
+
+    def distances(scale):
+        gen = torch.Generator().manual_seed(13)          # the notebook's draw, in the same parameter order
+        B = {n: scale * torch.randn(p.shape, generator=gen) for n, p in peft_model.named_parameters() if "lora_B" in n}
+        dW = s * B[name + ".lora_B.default.weight"] @ A
+        trained = QW + dW
+        return {k: ((m.bfloat16().float() - trained).norm() / dW.norm()).item() for k, m in (("nf4", QW + dW), ("orig", W + dW))}
+
+    before, after = distances(0.02), distances(0.2)
+    ratio = before["orig"] / after["orig"]
+    measured = ("a" if abs(ratio - 1) < 0.2 else "b" if ratio < 0.2 else "c" if abs(ratio - 10) < 1 else None)
+    assert after["orig"] > 20 * after["nf4"]           # not d: W + ΔW is still off by the 4-bit rounding
+    keys = json.loads((ROOT / "autograder" / "keys" / "13.json").read_text())
+    assert measured == keys["keys"]["p6"] == RIGHT["p6"]
+    # lora_A comes from torch's global generator (PEFT's init), so the figures move in the third digit with what ran before
+    assert (f"{before['orig']:.1f}", f"{after['orig']:.2f}", f"{after['nf4']:.3f}") == ("1.7", "0.17", "0.003")
+    for hint in ("a", "b"):
+        assert "from about 1.7 |ΔW| to about 0.17 |ΔW|" in keys["hints"]["p6"][hint]
+    assert "about 0.17 |ΔW|" in keys["hints"]["p6"]["d"] and "about 0.003 |ΔW|" in keys["hints"]["p6"]["d"]

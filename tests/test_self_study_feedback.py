@@ -86,7 +86,7 @@ def test_the_grading_commands_still_name_the_keys_explicitly(monkeypatch):
 def test_without_keys_the_check_is_unchanged(student_machine, capsys):
     grade("13.p6", "a")
     out = capsys.readouterr().out
-    assert out == ("[13.p6] where to merge an adapter trained against an NF4 base: recorded (worth 1 point, scored by the autograder)\n"
+    assert out == ("[13.p6] W + sAB's distance from the trained function when the update is ten times larger: recorded (worth 1 point, scored by the autograder)\n"
                    "  Recorded: 'a'. The answer key does not ship with the course, so nothing on your machine can say right or "
                    "wrong: the autograder scores this item, and its feedback explains a wrong answer and what to reread.\n")
     for num, iid, it in _keyed((Choice, Ordering)):
@@ -159,7 +159,7 @@ def test_an_ordering_with_several_right_orders_explains_against_the_closest(repo
 def test_the_check_cell_prints_the_explanation(repository, capsys):
     grade("13.p6", "a")
     out = capsys.readouterr().out
-    assert out.startswith("[13.p6] where to merge an adapter trained against an NF4 base: 0 / 1 point\n")
+    assert out.startswith("[13.p6] W + sAB's distance from the trained function when the update is ten times larger: 0 / 1 point\n")
     assert REAL_KEYS["13"]["hints"]["p6"]["a"] in out and REAL_KEYS["13"]["hints"]["p6"]["b"] not in out
 
 

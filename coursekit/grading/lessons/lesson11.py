@@ -316,6 +316,16 @@ P3 = dict(p=2.5, grads=(4.0, 0.0, 0.0), lr=0.05, wd=0.2)
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
 COST_S = 10
 
+#: W2: one entry's gradient at the first step of a fresh torch.optim.AdamW (PyTorch's default betas and eps, no decay).
+W2 = dict(g=0.004, lr=0.01, b1=0.9, b2=0.999, eps=1e-8)
+
+
+def _first_step(g, lr, b1, b2, eps) -> float:
+    """W2's reference: |Δθ| of AdamW's first step, lr · m̂ / (√v̂ + ε) with m̂ = g and v̂ = g² (weight_decay = 0)."""
+    m_hat, v_hat = (1 - b1) * g / (1 - b1), (1 - b2) * g * g / (1 - b2)
+    return float(lr * abs(m_hat) / (v_hat ** 0.5 + eps))
+
+
 ITEMS = {
     "w1": Choice(
         "what torch.optim.AdamW stores per parameter",
@@ -329,20 +339,18 @@ ITEMS = {
         },
     ),
     "w2": Numeric(
-        "numbers in AdamW's moments for one r = 16 adapter on a 4096 × 4096 projection",
+        f"how far AdamW's first step moves an entry whose gradient is {W2['g']:g}",
         0,
-        name="floats",
-        expected=lambda: 2 * lora.param_count(4096, 4096, 16),
-        rtol=0,
-        atol=0.5,
+        name="step",
+        expected=lambda: _first_step(**W2),
+        rtol=1e-3,
         mistakes=lambda: [
-            Mistake("one moment", lora.param_count(4096, 4096, 16), "that is one moment (or the adapter's own size, r(d + m)); "
-                                                                    "AdamW keeps two: exp_avg and exp_avg_sq. " + READ_STATE),
-            Mistake("dense", 2 * 4096 * 4096, "that is the state of the dense 4096 × 4096 weight; the optimizer owns only "
-                                              "A and B, r(d + m) entries. " + READ_STATE),
-            Mistake("three", 3 * lora.param_count(4096, 4096, 16), "the step count is one scalar per tensor, not a tensor "
-                                                                   "the size of the parameter: count two moments. " + READ_STATE),
-            Mistake("bytes", 4 * 2 * lora.param_count(4096, 4096, 16), "that is bytes in fp32; the question asks for the count of numbers."),
+            Mistake("SGD", W2["lr"] * W2["g"], "that is lr · g, an SGD step; AdamW divides the (bias-corrected) first moment by "
+                    "the square root of the second, so on the first step m̂ / (√v̂ + ε) = g / (|g| + ε), about 1 whatever g's size. "
+                    + READ_STATE),
+            Mistake("no bias correction", W2["lr"] * (1 - W2["b1"]) * W2["g"] / ((1 - W2["b2"]) ** 0.5 * abs(W2["g"])),
+                    "you used m = (1 − β₁)g and v = (1 − β₂)g² without the bias correction; dividing by 1 − β₁ᵗ and "
+                    "1 − β₂ᵗ (t = 1) gives m̂ = g and v̂ = g², so the step is lr · g / (|g| + ε). " + READ_STATE),
         ],
     ),
     "w3": Choice(

@@ -260,23 +260,12 @@ ITEMS = {
             "d": "A dtype mismatch rounds the trained update to bfloat16: the logits move a little away from the trained ones, but the update is still there, so they do not equal the base's bit for bit. Reread 'Reloading: load the saved adapter, do not create a new one' in Know this.",
         },
     ),
-    "p1": Numeric(
-        f"adapter parameters of r = {P1_R} on k_proj and v_proj of SmolLM2-135M",
+    "p1": Choice(
+        "loading the adapter onto its base cast to bfloat16",
         1,
-        name="n_params",
-        expected=lambda: smol_kv_params(),
-        rtol=0,
-        mistakes=lambda: [
-            Mistake("k, v as 576", SMOL["layers"] * 2 * lora.param_count(576, 576, P1_R),
-                    "you gave k_proj and v_proj 576 outputs; with 3 KV heads of width 64 each maps 576 → 192 (grouped-query "
-                    "attention). " + READ_DIR),
-            Mistake("one layer", smol_kv_params() // SMOL["layers"], "that is one decoder layer; there are 30. " + READ_DIR),
-            Mistake("one module", smol_kv_params() // 2, "that counts one of the two projections; add the other's r(576 + 192). " + READ_DIR),
-            Mistake("dense", SMOL["layers"] * 2 * 576 * 192, "that is the dense k and v weights; the adapter has r(d + m) per module. " + READ_DIR),
-        ],
     ),
     "p2": Numeric(
-        "bytes of tensor data that P1's adapter and its AdamW state put in a resumable checkpoint",
+        "bytes of tensor data that a 737,280-value adapter and its AdamW state put in a resumable checkpoint",
         1,
         name="n_bytes",
         expected=lambda: checkpoint_tensor_bytes(),

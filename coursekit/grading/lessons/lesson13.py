@@ -235,7 +235,7 @@ ITEMS = {
         1,
     ),
     "p6": Choice(
-        "where to merge an adapter trained against an NF4 base",
+        "W + sAB's distance from the trained function when the update is ten times larger",
         1,
     ),
 }

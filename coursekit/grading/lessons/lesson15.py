@@ -219,13 +219,12 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     return {"packed": out, "absmax": am_out}
 
 
-# --------------------------------------------------------------------------- P3 .. P6
+# --------------------------------------------------------------------------- P3 .. P5
 
 P3_LITERALS = (0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018)   # as printed in the task
 P3_SCALED = np.array(P3_LITERALS, dtype=np.float32)
 P4_CODES = (11, 3)  # codes of elements 6 and 7 (2i and 2i+1, i = 3)
 P5_ABSMAX = 3.0  # P5: the worst round-trip error of a block with this absmax
-P6_BLOCKSIZE = 32
 
 
 def _p5_gaps() -> tuple[float, np.ndarray]:
@@ -273,10 +272,6 @@ def _p3_mistakes() -> list[Mistake]:
                 f"your codes count from the top of the table (+1 is code 15, not 0): code = index in the sorted table, "
                 f"−1 at 0. {READ_LEVELS}"),
     ]
-
-
-def _bits(blocksize: int, dq: bool) -> float:
-    return quant.bits_per_parameter(blocksize=blocksize, compress_statistics=dq)
 
 
 # --------------------------------------------------------------------------- items
@@ -452,30 +447,9 @@ ITEMS = {
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p5_mistakes,
     ),
-    "p6": Numeric(
-        f"bits per parameter, NF4 with blocksize {P6_BLOCKSIZE}, with double quantization (blocks of 256)",
+    "p6": Choice(
+        "which blocks get their absmax back exactly after double quantization",
         2,
-        name="bits",
-        expected=lambda: _bits(P6_BLOCKSIZE, True),
-        rtol=0,
-        atol=1e-3,  # the prompt asks for at least 4 significant digits: 4.254 (rounded) and 4.253 (cut off) both pass
-        mistakes=lambda: [
-            Mistake("32-bit nested absmax", 4 + 32 / P6_BLOCKSIZE + 32 / (P6_BLOCKSIZE * 256),
-                    f"you kept 32 bits for each block's absmax. With double quantization each block stores an 8-bit code "
-                    f"of its absmax (8 / {P6_BLOCKSIZE} bits per weight); only the second-level scale, one per 256 blocks, "
-                    f"is fp32. {READ_DQ}"),
-            Mistake("no DQ", 4 + 32 / P6_BLOCKSIZE,
-                    f"that is the count without double quantization (an fp32 absmax per block). With it, the absmax "
-                    f"becomes an 8-bit code. {READ_BITS}"),
-            Mistake("forgot the 8-bit codes", 4 + 32 / (P6_BLOCKSIZE * 256),
-                    f"you forgot the 8-bit codes of the absmax values: each block of {P6_BLOCKSIZE} still stores one "
-                    f"byte, 8 / {P6_BLOCKSIZE} bits per weight. {READ_DQ}"),
-            Mistake("forgot the second-level scale", 4 + 8 / P6_BLOCKSIZE,
-                    f"close, but you forgot the second-level scale: each group of 256 absmax codes has its own fp32 "
-                    f"absmax, 32 / ({P6_BLOCKSIZE} · 256) bits per weight (give at least 4 significant digits). {READ_DQ}"),
-            Mistake("blocksize 64", quant.bits_per_parameter(64, True),
-                    f"≈ 4.127 is the figure for blocksize 64; this question uses {P6_BLOCKSIZE}. {READ_BITS}"),
-        ],
     ),
     "p7": Choice(
         "which predictions about the 4-bit formats' contracts are true",
