@@ -206,7 +206,7 @@ ITEMS = {
         1,
     ),
     "p6": Choice(
-        "is 'on a CPU, NF4 is for inference only' still correct?",
+        "the gap between the toy layer's input gradient D Ŵ and D W, with the weight before quantization",
         1,
     ),
     "p7": Choice(
