@@ -209,9 +209,9 @@ def test_stub_and_non_function():
         ("p4", "a", "the loss get a grad_fn"),
         ("p4", "c", "stops at lm_head's input"),
         ("p4", "d", "checkpointed like the others"),
-        ("p5", "a", "agree bit for bit"),
-        ("p5", "c", "already run its default"),
-        ("p5", "d", "NVIDIA unified memory"),
+        ("p5", "a", "twelve whole blocks of 128, so every row starts a new block"),
+        ("p5", "c", "gate_proj and up_proj are stored 1536 × 576"),
+        ("p5", "d", "indexes absmax row by row"),
         ("p6", "a", "The layers below receive the gradient of the quantized model"),
         ("p6", "b", "no bf16 rounding enters this backward"),
         ("p6", "d", "It is the weight that gets no gradient, not the input"),
@@ -266,6 +266,33 @@ def _keys():
     import json
 
     return json.loads((ROOT / "autograder" / "keys" / "16.json").read_text())["keys"]
+
+
+def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocksize_128():
+    """P5's key, run: each SmolLM2 projection shape (out × in) quantized by bitsandbytes at blocksize 128 and dequantized
+    by bitsandbytes and by coursekit.quant (the lesson's self-test, probes._self_test_case). On a CPU where the AVX512
+    kernel runs, exactly the shapes whose rows are not a whole number of blocks differ: all but down_proj (b). Elsewhere
+    the per-row index of P1's mistake stands in for the kernel. Every weight is a whole number of blocks in total (d)."""
+    from coursekit import probes
+
+    avx512 = bool(probes.cpu_facts().get("bnb_has_avx512"))
+    wrong = set()
+    for name, (m, d) in probes.MODEL_SHAPES.items():
+        assert (m * d) % 128 == 0                                            # d's premise holds, and d is still wrong
+        case = probes._self_test_case(probes._row_scaled((m, d), 0), 128, "nf4", False, name)
+        if avx512 and case["kernel"].startswith("cdequantize"):               # the native kernel ran: measure it
+            differs = not case["agrees"]
+        else:
+            r, c = np.meshgrid(np.arange(m), np.arange(d), indexing="ij")
+            differs = bool(((r * d + c) // 128 != r * (d // 128) + c // 128).any())
+        if differs:
+            wrong |= set(name.split(", "))
+    assert 576 / 128 == 4.5 and 1536 / 128 == 12
+    options = {"a": {"q_proj", "o_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"},
+               "c": {"q_proj", "o_proj", "k_proj", "v_proj", "down_proj"}, "d": set()}
+    options["b"] = options["a"] - {"down_proj"}
+    measured = [k for k, v in options.items() if v == wrong]
+    assert measured == [_keys()["p5"]] == [RIGHT["p5"]]
 
 
 def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input_gradient():

@@ -202,7 +202,7 @@ ITEMS = {
         1,
     ),
     "p5": Choice(
-        "what a bitsandbytes without its native CPU library changes in training",
+        "which of SmolLM2's projections the AVX512 per-row dequantize gets wrong at blocksize 128",
         1,
     ),
     "p6": Choice(
