@@ -167,6 +167,30 @@ def test_reload_is_exact_and_the_merges_rank_as_the_lesson_says(report):
     assert abs(nf4["no_label"] - base["no_label"]) < 0.05 and nf4["mean_abs_diff"] > 10 * dq["mean_abs_diff"]
 
 
+def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
+    """19.p9's key, read off the run's merge rows (each statement as its hint argues it): (a) the W16 merge relabelled
+    more tickets than its accuracy fell, so some had been wrong; (b) its accuracy lies inside the trained function's own
+    95 % Wilson interval on these n tickets, which reaches about 7 points below it; (c) the dequant(W4) merge kept every label but its
+    logits moved (largest |Δlogit| > 0); (d) the W16 merge relabelled about one ticket in six."""
+    from coursekit import evaluate
+
+    m = report["merge"]
+    w16, dq, _ = (m["merges"][name] for name, _ in capstone.MERGES)
+    n, ref = m["n"], m["reference_accuracy"]
+    relabelled, fell = 1 - w16["agreement"], ref - w16["accuracy"]
+    lo, hi = evaluate.wilson_interval(round(ref * n), n)
+    truth = {
+        "a": relabelled - fell >= 1 / n - 1e-9,
+        "b": not lo <= w16["accuracy"] <= hi,
+        "c": dq["agreement"] == 1.0 and dq["max_abs_diff"] == 0.0,
+        "d": abs(relabelled - 1 / 6) <= 0.04,
+    }
+    keys = json.loads((capstone.Path(__file__).resolve().parents[1] / "autograder" / "keys" / "19.json").read_text())["keys"]
+    assert sorted(k for k, v in truth.items() if v) == sorted(keys["p9"])
+    assert dq["agreement"] == 1.0 and dq["max_abs_diff"] > 0        # (c)'s hint: every label kept, the logits moved
+    assert n == 144 and 0 < fell < 0.1 and 0.065 <= ref - lo <= 0.08   # "a few points on 144 tickets", "about 7 points below"
+
+
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):
     for name, rec in report["runs"].items():
         ident = json.loads((capstone.Path(rec["adapter_dir"]) / train.IDENTITY).read_text())

@@ -23,7 +23,7 @@ def right_backward(D, codes, absmax, code, blocksize):
 
 
 RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
-         "p4": "b", "p5": "b", "p6": "b", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
+         "p4": "b", "p5": "b", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -209,12 +209,12 @@ def test_stub_and_non_function():
         ("p4", "a", "the loss get a grad_fn"),
         ("p4", "c", "stops at lm_head's input"),
         ("p4", "d", "checkpointed like the others"),
-        ("p5", "a", "agree bit for bit"),
-        ("p5", "c", "already run its default"),
-        ("p5", "d", "NVIDIA unified memory"),
-        ("p6", "a", "ran on this CPU when the lesson backpropagated"),
-        ("p6", "c", "Training works on CPU too"),
-        ("p6", "d", "The codes are never trained"),
+        ("p5", "a", "twelve whole blocks of 128, so every row starts a new block"),
+        ("p5", "c", "gate_proj and up_proj are stored 1536 × 576"),
+        ("p5", "d", "indexes absmax row by row"),
+        ("p6", "a", "The layers below receive the gradient of the quantized model"),
+        ("p6", "b", "no bf16 rounding enters this backward"),
+        ("p6", "d", "It is the weight that gets no gradient, not the input"),
         ("p7", "a", "compute_dtype decides what the backward multiplies"),
         ("p7", "c", "does not depend on its compute dtype"),
         ("p7", "d", "on both sides of the comparison"),
@@ -266,6 +266,62 @@ def _keys():
     import json
 
     return json.loads((ROOT / "autograder" / "keys" / "16.json").read_text())["keys"]
+
+
+def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocksize_128():
+    """P5's key, run: each SmolLM2 projection shape (out × in) quantized by bitsandbytes at blocksize 128 and dequantized
+    by bitsandbytes and by coursekit.quant (the lesson's self-test, probes._self_test_case). On a CPU where the AVX512
+    kernel runs, exactly the shapes whose rows are not a whole number of blocks differ: all but down_proj (b). Elsewhere
+    the per-row index of P1's mistake stands in for the kernel. Every weight is a whole number of blocks in total (d)."""
+    from coursekit import probes
+
+    avx512 = bool(probes.cpu_facts().get("bnb_has_avx512"))
+    wrong = set()
+    for name, (m, d) in probes.MODEL_SHAPES.items():
+        assert (m * d) % 128 == 0                                            # d's premise holds, and d is still wrong
+        case = probes._self_test_case(probes._row_scaled((m, d), 0), 128, "nf4", False, name)
+        if avx512 and case["kernel"].startswith("cdequantize"):               # the native kernel ran: measure it
+            differs = not case["agrees"]
+        else:
+            r, c = np.meshgrid(np.arange(m), np.arange(d), indexing="ij")
+            differs = bool(((r * d + c) // 128 != r * (d // 128) + c // 128).any())
+        if differs:
+            wrong |= set(name.split(", "))
+    assert 576 / 128 == 4.5 and 1536 / 128 == 12
+    options = {"a": {"q_proj", "o_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"},
+               "c": {"q_proj", "o_proj", "k_proj", "v_proj", "down_proj"}, "d": set()}
+    options["b"] = options["a"] - {"down_proj"}
+    measured = [k for k, v in options.items() if v == wrong]
+    assert measured == [_keys()["p5"]] == [RIGHT["p5"]]
+
+
+def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input_gradient():
+    """P6's key, run: the lesson's toy layer (nf4_layer, seed 0, float32 compute) and its first check's X and D (seed 1).
+    X.grad is there and equals D Ŵ (not d); its gap from D W, the original weight's input gradient, is about 0.1 (c), the
+    size of NF4's error ‖Ŵ − W‖ / ‖W‖ the lesson prints, and far above 1e-6 (a) and a few parts in 10³ (b)."""
+    import bitsandbytes as bnb
+    import torch
+
+    from coursekit import quant
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * 0.05
+    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True)
+    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
+    layer = layer.to("cpu")
+    W_hat = quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(5, 128, generator=g, requires_grad=True)
+    Y = layer(X)
+    D = torch.randn(Y.shape, generator=g)
+    Y.backward(D)
+    assert X.grad is not None and (X.grad - D @ W_hat).abs().max() <= 1e-6   # d is wrong; the hints' "within 1e-6"
+    ref = D @ w
+    gap = ((X.grad - ref).norm() / ref.norm()).item()
+    nf4_error = ((W_hat - w).norm() / w.norm()).item()
+    measured = "a" if (X.grad - ref).abs().max() <= 1e-6 else "b" if 1e-3 <= gap < 1e-2 else "c" if 0.05 < gap < 0.15 else None
+    assert measured == _keys()["p6"] == RIGHT["p6"]
+    assert 0.05 < nf4_error < 0.15 and abs(gap / nf4_error - 1) < 0.25   # "about 0.1", "about as large as Ŵ − W next to W"
 
 
 def test_p7_key_is_the_measured_gap_of_a_bf16_compute_layer():

@@ -97,9 +97,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("p3", "a", "takes log_softmax over every row of the logits first"),
         ("p3", "c", "still need their log-probabilities"),
         ("p3", "d", "the label tensor itself"),
-        ("p6", "a", "24 GiB is 24 · 2**30 bytes"),
-        ("p6", "c", "differ by 7.4 %"),
-        ("p6", "d", "not 5 GB"),
+        ("p6", "a", "a weight kept in fp32 ends at 2.00005"),
+        ("p6", "c", "does not lose a share of the steps"),
+        ("p6", "d", "256 is where a running sum of ones stops"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -282,3 +282,28 @@ def test_p3_key_is_what_the_models_own_loss_saves_with_masked_labels():
     keys = json.loads((ROOT / "autograder" / "keys" / "17.json").read_text())["keys"]
     assert measured == keys["p3"] == RIGHT["p3"]
     assert round(128 * vocab * 4 / MB) == 25                                  # the 25 MB the prompt quotes
+
+
+def test_p6_key_is_what_a_bf16_weight_does_with_a_thousand_small_steps():
+    """P6's key, run: 1.0 plus 1,000 steps of +0.001, rounded to bf16 after each step, stays 1.0 (b); in fp32 it ends at
+    2.00005 (a's hint); bf16's spacing between 1 and 2 is 2⁻⁷ ≈ 0.0078 (the next number above 1 is 1.0078), and a running
+    sum of ones kept in bf16 stops at 256 (d), as the lesson measured."""
+    import json
+
+    import torch
+
+    def walk(dtype, start=1.0, step=1e-3, n=1000):
+        w = torch.tensor(start, dtype=dtype)
+        for _ in range(n):
+            w = w + torch.tensor(step, dtype=dtype)
+        return w.item()
+
+    bf16, fp32 = walk(torch.bfloat16), walk(torch.float32)
+    measured = "b" if bf16 == 1.0 else "a" if abs(bf16 - 2) < 0.01 else "c" if 1.8 < bf16 < 1.99 else None
+    keys = json.loads((Path(__file__).resolve().parents[1] / "autograder" / "keys" / "17.json").read_text())["keys"]
+    assert measured == keys["p6"] == RIGHT["p6"]
+    assert round(fp32, 5) == 2.00005
+    eps = torch.finfo(torch.bfloat16).eps
+    assert eps == 2**-7 and round(eps, 4) == 0.0078 and round(1 + eps, 4) == 1.0078 and 1e-3 < eps / 2
+    assert torch.nextafter(torch.tensor(1.0, dtype=torch.bfloat16), torch.tensor(2.0, dtype=torch.bfloat16)).item() == 1 + eps
+    assert walk(torch.bfloat16, start=0.0, step=1.0, n=300) == 256.0        # d: the running sum of ones

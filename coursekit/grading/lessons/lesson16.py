@@ -202,11 +202,11 @@ ITEMS = {
         1,
     ),
     "p5": Choice(
-        "what a bitsandbytes without its native CPU library changes in training",
+        "which of SmolLM2's projections the AVX512 per-row dequantize gets wrong at blocksize 128",
         1,
     ),
     "p6": Choice(
-        "is 'on a CPU, NF4 is for inference only' still correct?",
+        "the gap between the toy layer's input gradient D Ŵ and D W, with the weight before quantization",
         1,
     ),
     "p7": Choice(

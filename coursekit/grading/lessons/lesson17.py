@@ -308,7 +308,7 @@ ITEMS = {
         atol=1e-9,
     ),
     "p6": Choice(
-        "24 GiB card, 25 GB ledger",
+        "a bf16 weight of 1.0 after 1,000 steps of +0.001",
         1,
     ),
 }

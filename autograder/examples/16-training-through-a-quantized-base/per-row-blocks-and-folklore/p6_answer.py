@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p6`.
-answer_p6 = "c"
+answer_p6 = "a"

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p9`.
-answer_p9 = ["a", "b", "c"]
+answer_p9 = ["a", "b", "d"]
