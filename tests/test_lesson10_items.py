@@ -251,6 +251,22 @@ def test_function_mistakes_are_named(item, fn, words, hidden, capfd):
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.parametrize(
+    "fn, label",
+    [
+        (dx_residual_only, "no attention branch"),
+        (dx_frozen_passes_nothing, "no attention branch"),   # equals dh wherever o has no adapter: 5 of the 6 cases
+        (dx_no_residual, "no residual"),
+        (dx_skipped_norm, "skipped RMSNorm"),
+        (dx_w_o_untransposed, "W_o not transposed"),
+    ],
+)
+def test_p1_wrong_code_is_labelled_with_the_mistake_it_makes(fn, label):
+    """Each P1 label is what real wrong code produces, and only that one is recorded."""
+    fb = check("10.p1", fn, hidden=True)
+    assert fb.points == 0 and fb.mistakes == [label], (fb.mistakes, fb.text())
+
+
 def test_swapped_outputs_get_a_shape_message():
     fb = check("10.p5", o_swapped)
     assert fb.points == 0 and "dA_o has shape" in fb.text()
