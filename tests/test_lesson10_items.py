@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
-from coursekit import block, mlp
+from coursekit import attention, block, mlp
 from coursekit.grading import check
 from coursekit.grading.lessons import lesson10
 from coursekit.grading.lessons.lesson10 import ITEMS
@@ -20,18 +21,50 @@ NOTEBOOK = ROOT / "solutions" / LID / f"{LID}.ipynb"
 # --------------------------------------------------------------------------- students
 
 
-def count_right(targets, n_layers):
-    n = len(targets) * n_layers
-    return n, 2 * n
+def _input_grad(name, D, cache, transposed=True):
+    pc = cache["proj"][name]
+    dX = D @ (pc["W"].T if transposed else pc["W"])
+    if "A" in pc:
+        dX = dX + (pc["s"] * D @ pc["B"].T) @ pc["A"].T
+    return dX
 
 
-def count_one_layer(targets, n_layers):
-    return len(targets), 2 * len(targets)
+def _du1(dh, cache, o_transposed=True):
+    dmh = _input_grad("o", dh, cache, o_transposed)
+    dQ, dK, dV = attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])
+    return sum(_input_grad(p, attention.merge_heads(dT), cache) for p, dT in (("q", dQ), ("k", dK), ("v", dV)))
 
 
-def count_matrices_as_adapters(targets, n_layers):
-    n = len(targets) * n_layers
-    return n, n
+def dx_right(dh, cache):
+    return dh + block.rmsnorm_backward(_du1(dh, cache), cache["norm1"])[0]
+
+
+def dx_residual_only(dh, cache):
+    return dh
+
+
+def dx_frozen_passes_nothing(dh, cache):
+    """Only the adapters' paths go back (the frozen products treated as detached): with o unadapted, nothing reaches u1."""
+    def adapter_only(name, D):
+        pc = cache["proj"][name]
+        return (pc["s"] * D @ pc["B"].T) @ pc["A"].T if "A" in pc else np.zeros((D.shape[0], pc["X"].shape[1]))
+
+    dmh = adapter_only("o", dh)
+    dQ, dK, dV = attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])
+    du1 = sum(adapter_only(p, attention.merge_heads(dT)) for p, dT in (("q", dQ), ("k", dK), ("v", dV)))
+    return dh + block.rmsnorm_backward(du1, cache["norm1"])[0]
+
+
+def dx_no_residual(dh, cache):
+    return block.rmsnorm_backward(_du1(dh, cache), cache["norm1"])[0]
+
+
+def dx_skipped_norm(dh, cache):
+    return dh + _du1(dh, cache)
+
+
+def dx_w_o_untransposed(dh, cache):
+    return dh + block.rmsnorm_backward(_du1(dh, cache, o_transposed=False), cache["norm1"])[0]
 
 
 def params_right(shapes, targets, r):
@@ -93,7 +126,7 @@ def o_from_block(dy, cache):
     return g["A_o"], g["B_o"]
 
 
-RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": count_right, "p2": params_right, "p3": 783_360,
+RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": dx_right, "p2": params_right, "p3": 783_360,
          "p4": "b", "p5": o_right, "p6": {"a", "b", "c"}}
 
 
@@ -156,17 +189,34 @@ def test_whole_block_backward_also_scores_full():
 
 
 def test_hidden_cases_are_deterministic():
-    for item, fn, n in (("p1", count_right, 4), ("p2", params_right, 4), ("p5", o_right, 3)):
+    for item, fn, n in (("p1", dx_right, 3), ("p2", params_right, 4), ("p5", o_right, 3)):
         a = check(f"10.{item}", fn, hidden=True).text()
         assert a == check(f"10.{item}", fn, hidden=True).text() and a.count("hidden case") == n
 
 
-def test_hard_coded_counts_fail_hidden_cases():
-    def hard(targets, n_layers):
-        return {2: (60, 120), 4: (120, 240)}.get(len(targets), (7, 14))
+def test_p1_reference_is_torch_autograds_dx():
+    """P1's reference, fed the dh that the block's backward reaches at h = x + o, is torch autograd's ∇x of the same
+    block (torch_block_forward, frozen base weights as plain tensors), for the Q/V configuration, no adapter and all seven."""
+    import torch
 
-    fb = check("10.p1", hard, hidden=True)
-    assert fb.points <= 2 * 3 / 7 + 1e-9 and "hidden case" in fb.text()
+    for targets in (("q", "v"), (), block.PROJECTIONS):
+        rng = np.random.default_rng(7)
+        T, d, H, f, s = 5, 8, 2, 12, 2.0
+        weights, adapters = block.init_block(rng, d=d, n_heads=H, f=f, targets=targets, r=2)
+        x0, dy = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+        _, cache = block.block_forward(x0, weights, adapters, s=s, n_heads=H)
+        x = torch.tensor(x0, requires_grad=True)
+        y = block.torch_block_forward(x, {k: torch.tensor(v) for k, v in weights.items()},
+                                      {p: tuple(torch.tensor(m) for m in pair) for p, pair in adapters.items()}, s=s, n_heads=H)
+        y.backward(torch.tensor(dy))
+        dx = lesson10.block_input_grad(_dh(dy, cache), cache)
+        np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+        assert not np.allclose(dx, _dh(dy, cache))        # the attention branch adds something, frozen o_proj or not
+
+
+def test_p1_withholds_the_block_kernels_but_not_attentions():
+    assert set(ITEMS["p1"].withheld) == {"coursekit.block:block_backward", "coursekit.block:projection_backward",
+                                         "coursekit.lora:lora_backward"}
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -179,8 +229,11 @@ def _likely(fb):
 @pytest.mark.parametrize(
     "item, fn, words",
     [
-        ("p1", count_one_layer, "that is one layer's count"),
-        ("p1", count_matrices_as_adapters, "each adapter owns two factor matrices"),
+        ("p1", dx_residual_only, "the residual share alone"),
+        ("p1", dx_frozen_passes_nothing, "the residual share alone"),
+        ("p1", dx_no_residual, "the attention branch alone"),
+        ("p1", dx_skipped_norm, "without passing it back through RMSNorm"),
+        ("p1", dx_w_o_untransposed, "not dh W_o"),
         ("p2", params_square, "as if every projection were square"),
         ("p2", params_dense, "size of the dense weights"),
         ("p2", params_all_shapes, "count only the target modules"),
@@ -198,6 +251,22 @@ def test_function_mistakes_are_named(item, fn, words, hidden, capfd):
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.parametrize(
+    "fn, label",
+    [
+        (dx_residual_only, "no attention branch"),
+        (dx_frozen_passes_nothing, "no attention branch"),   # equals dh wherever o has no adapter: 5 of the 6 cases
+        (dx_no_residual, "no residual"),
+        (dx_skipped_norm, "skipped RMSNorm"),
+        (dx_w_o_untransposed, "W_o not transposed"),
+    ],
+)
+def test_p1_wrong_code_is_labelled_with_the_mistake_it_makes(fn, label):
+    """Each P1 label is what real wrong code produces, and only that one is recorded."""
+    fb = check("10.p1", fn, hidden=True)
+    assert fb.points == 0 and fb.mistakes == [label], (fb.mistakes, fb.text())
+
+
 def test_swapped_outputs_get_a_shape_message():
     fb = check("10.p5", o_swapped)
     assert fb.points == 0 and "dA_o has shape" in fb.text()
@@ -208,10 +277,10 @@ def test_stubs_and_non_functions():
         raise NotImplementedError()
 
     assert check("10.p5", stub).points == 0 and "NotImplementedError" in check("10.p5", stub).text()
-    fb = check("10.p1", "block_adapter_count")
+    fb = check("10.p1", "block_input_grad")
     assert fb.points == 0 and "should be a function" in fb.text()
-    fb = check("10.p1", lambda targets, n_layers: len(targets) * n_layers)
-    assert fb.points == 0 and "should return 2 values" in fb.text()
+    fb = check("10.p1", lambda dh, cache: dh.T)
+    assert fb.points == 0 and "shape" in fb.text()
 
 
 @pytest.mark.parametrize(

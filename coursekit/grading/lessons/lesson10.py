@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import block, lora, mlp
+from ... import attention, block, lora, mlp
 from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric
 
@@ -20,49 +20,83 @@ SMOLLM2_SHAPES = {block.HF_NAMES[p]: sh for p, sh in block.projection_shapes(SMO
 SMOLLM2_LAYERS = SMOLLM2_CONFIG["num_hidden_layers"]
 
 
-# --------------------------------------------------------------------------- P1: adapters and factor matrices
+# --------------------------------------------------------------------------- P1: dx at the block input, from dh
 
 
-def adapter_and_factor_count(targets, n_layers):
-    """Reference for P1: ``(adapters, factor_matrices)`` = (modules × layers, 2 × adapters)."""
-    n = len(list(targets)) * int(n_layers)
-    return n, 2 * n
+def _attention_half(dh, cache, o_transposed=True, norm=True, residual=True):
+    """dx from the gradient dh at h = x + o, back through o_proj, attention, q/k/v and the first RMSNorm. The flags
+    build the wrong variants P1 names: ``o_transposed=False`` multiplies by W_o instead of W_oᵀ, ``norm=False`` skips RMSNorm's backward,
+    ``residual=False`` drops the residual share dh."""
+
+    def proj_dX(p, D, transposed=True):
+        pc = cache["proj"][p]
+        W = pc["W"].T if transposed else pc["W"]
+        dX = D @ W
+        if "A" in pc:
+            dX = dX + (pc["s"] * D @ pc["B"].T) @ pc["A"].T
+        return dX
+
+    dmh = proj_dX("o", dh, o_transposed)
+    dQ, dK, dV = attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])
+    du1 = sum(proj_dX(p, attention.merge_heads(dT)) for p, dT in (("q", dQ), ("k", dK), ("v", dV)))
+    branch = block.rmsnorm_backward(du1, cache["norm1"])[0] if norm else du1
+    return dh + branch if residual else branch
+
+
+def block_input_grad(dh, cache):
+    """Reference for P1: ``dx = dh + RMSNorm-backward(du1)``, du1 summed over q, k and v, each fed from
+    ``dh W_oᵀ`` (+ the o adapter's path) through attention's backward. Equals ``block_backward``'s ``"x"``."""
+    dmh = block.projection_backward("o", dh, cache)[0]
+    dQ, dK, dV = attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])
+    du1 = sum(block.projection_backward(p, attention.merge_heads(dT), cache)[0] for p, dT in (("q", dQ), ("k", dK), ("v", dV)))
+    return dh + block.rmsnorm_backward(du1, cache["norm1"])[0]
+
+
+def _p1_case(rng: np.random.Generator, targets, T: int, d: int, n_heads: int, f: int, r: int, s: float) -> dict:
+    w, ad = block.init_block(rng, d=d, n_heads=n_heads, f=f, targets=targets, r=r)
+    _, cache = block.block_forward(rng.standard_normal((T, d)), w, ad, s=s, n_heads=n_heads)
+    return dict(dh=rng.standard_normal((T, d)), cache=cache)
 
 
 def _p1_public() -> list[Case]:
+    rng = np.random.default_rng(101)
     return [
-        Case(dict(targets=["q_proj", "v_proj"], n_layers=30), "Q/V on SmolLM2's 30 layers"),
-        Case(dict(targets=["q_proj", "k_proj", "v_proj", "o_proj"], n_layers=30), "Q/K/V/O, 30 layers"),
-        Case(dict(targets=[block.HF_NAMES[p] for p in block.PROJECTIONS], n_layers=1), "all seven, one block"),
+        Case(_p1_case(rng, ("q", "v"), T=4, d=8, n_heads=2, f=12, r=2, s=2.0), "Q/V adapters, o_proj frozen"),
+        Case(_p1_case(rng, (), T=3, d=6, n_heads=3, f=8, r=1, s=1.0), "no adapter at all, every weight frozen"),
+        Case(_p1_case(rng, block.PROJECTIONS, T=5, d=8, n_heads=4, f=10, r=3, s=0.5), "all seven adapted"),
     ]
 
 
 def _p1_hidden(rng: np.random.Generator) -> list[Case]:
-    names = [block.HF_NAMES[p] for p in block.PROJECTIONS]
     cases = []
-    for _ in range(4):
-        k = int(rng.integers(1, 8))
-        targets = [str(t) for t in rng.choice(names, size=k, replace=False)]
-        # deeper than SmolLM2 (31–80 layers), so an answer tuned to 30 layers cannot pass by chance
-        cases.append(Case(dict(targets=targets, n_layers=int(rng.integers(31, 81)))))
+    for _ in range(3):
+        n_heads = int(rng.integers(1, 4))
+        d = n_heads * int(rng.integers(2, 5))
+        # some of q, k, v adapted, o never: its frozen W_o alone carries dh to the heads
+        targets = [p for p in ("q", "k", "v") if rng.random() < 0.5] or ["v"]
+        cases.append(Case(_p1_case(rng, targets + [p for p in ("gate", "up", "down") if rng.random() < 0.5],
+                                   T=int(rng.integers(2, 7)), d=d, n_heads=n_heads, f=int(rng.integers(4, 17)),
+                                   r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
     return cases
 
 
 def _p1_mistakes(kw: dict, got: dict) -> dict:
-    k, L = len(kw["targets"]), kw["n_layers"]
-    return {
-        "adapters": [
-            Mistake("one layer", k, f"that is one layer's count: every one of the {L} layers has its own adapters (modules × layers). " + READ_COUNT,
-                    hint="that is one layer's count: every layer has its own adapters (modules × layers). " + READ_COUNT),
-            Mistake("factors", 2 * k * L, "that is the number of factor matrices; each adapter owns two of them (A and B), so adapters = modules × layers. " + READ_COUNT),
-        ],
-        "factor_matrices": [
-            Mistake("= adapters", k * L, "each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT,
-                    hint="each adapter owns two factor matrices, A and B: factor matrices = 2 × adapters. " + READ_COUNT),
-            Mistake("one layer", 2 * k, f"that is one layer's count: multiply by the {L} layers. " + READ_COUNT,
-                    hint="that is one layer's count: multiply by the number of layers. " + READ_COUNT),
-        ],
-    }
+    dh, cache = kw["dh"], kw["cache"]
+    # the messages name tensors (u1, norm1), no number of the case: each is its own hint on a hidden case
+    attention_left_out = ("you returned dh, the residual share alone, as if the frozen projections passed nothing back. A frozen "
+                          "weight stays in the graph: o_proj passes dh W_oᵀ back to the heads, and q, k and v pass their "
+                          "gradients on to u1 and through RMSNorm to x, where they add to dh. " + READ_BACK)
+    residual_left_out = ("you returned the attention branch alone; h = x + o also passes dh straight to x: "
+                         "dx = dh + RMSNorm-backward(du1). " + READ_BACK)
+    norm_skipped = ("you added du1, the gradient at u1, without passing it back through RMSNorm (block.rmsnorm_backward "
+                    "with cache['norm1']). " + READ_BACK)
+    return {"dx": [
+        Mistake("no attention branch", dh, attention_left_out, hint=attention_left_out),
+        Mistake("no residual", _attention_half(dh, cache, residual=False), residual_left_out, hint=residual_left_out),
+        Mistake("skipped RMSNorm", _attention_half(dh, cache, norm=False), norm_skipped, hint=norm_skipped),
+        Mistake("W_o not transposed", _attention_half(dh, cache, o_transposed=False), "o = mh W_o sends dh W_oᵀ back to "
+                "mh, not dh W_o (W_o is square here, so both run). " + READ_BACK),
+    ]}
 
 
 # --------------------------------------------------------------------------- P2: LoRA parameters of one block
@@ -241,16 +275,18 @@ ITEMS = {
         },
     ),
     "p1": Function(
-        "count adapters and factor matrices",
+        "dx at the block input, from the gradient at h",
         2,
-        name="block_adapter_count",
-        reference=adapter_and_factor_count,
+        name="block_input_grad",
+        reference=block_input_grad,
         public=_p1_public,
         hidden=_p1_hidden,
-        outputs=("adapters", "factor_matrices"),
+        outputs=("dx",),
         mistakes=_p1_mistakes,
-        rtol=0,
-        atol=0,
+        rtol=1e-7,
+        atol=1e-10,
+        # the per-projection backward is what the item asks for; attention's and RMSNorm's kernels stay available
+        withheld=("coursekit.block:block_backward", "coursekit.block:projection_backward", "coursekit.lora:lora_backward"),
     ),
     "p2": Function(
         "LoRA parameters of one block",

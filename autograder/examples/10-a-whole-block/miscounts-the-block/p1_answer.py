@@ -1,5 +1,4 @@
-def block_adapter_count(targets, n_layers):
-    """(adapters, factor_matrices) when every module in `targets` is adapted in each of `n_layers` layers."""
-    # Typical mistake: one adapter counted as one trainable matrix.
-    adapters = len(targets) * n_layers
-    return adapters, adapters
+def block_input_grad(dh, cache):
+    """dx = dL/dx at the block's input, for the gradient dh = dL/dh at h = x + o."""
+    # Typical mistake: "the base is frozen, so only the residual carries gradient down": the attention branch is left out.
+    return dh
