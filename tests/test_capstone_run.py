@@ -187,7 +187,9 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     }
     keys = json.loads((capstone.Path(__file__).resolve().parents[1] / "autograder" / "keys" / "19.json").read_text())["keys"]
     assert sorted(k for k, v in truth.items() if v) == sorted(keys["p9"])
-    assert dq["agreement"] == 1.0 and dq["max_abs_diff"] > 0        # (c)'s hint: every label kept, the logits moved
+    # (c)'s hint: the labels kept on all or all but a ticket or two (the bf16 rounding of s·A·B, which moves with the CPU
+    # and its thread setting: a loaded CI run flipped one of 144), and the logits moved
+    assert dq["agreement"] >= 1 - 2 / n and dq["max_abs_diff"] > 0
     assert n == 144 and 0 < fell < 0.1 and 0.065 <= ref - lo <= 0.08   # "a few points on 144 tickets", "about 7 points below"
 
 
