@@ -50,7 +50,8 @@ def accuracy_intervals(rows: Mapping[str, Mapping[str, Mapping]], n: Mapping[str
         ax.errorbar(acc, range(len(names)), xerr=[[a - l for a, l in zip(acc, lo)], [h - a for a, h in zip(acc, hi)]],
                     fmt="o", capsize=3)
         ax.axvline(100 * chance, ls=":", c="gray")
-        ax.set_xlim(0, 100)
+        ax.set_xlim(0, 103)  # a little room past 100 %, so a marker or interval cap at 99-100 % sits inside the frame
+        ax.set_xticks(range(0, 101, 20))
         ax.set_xlabel("accuracy, % (95 % Wilson interval)")
         ax.set_title(f"{split} (n = {n[split]})")
     axes[0].set_yticks(range(len(names)), names)

@@ -51,6 +51,19 @@ def test_the_first_row_is_on_top_in_every_panel_and_the_label_is_inside_its_pane
     assert [ax.get_title() for ax in fig.axes] == ["a (n = 120)", "b (n = 144)"]
 
 
+def test_a_marker_and_its_cap_at_100_percent_sit_inside_the_frame():
+    """A result of 99 % with an interval up to 100 % (the capstone's QLoRA on unseen phrasing) is drawn whole: the
+    axis runs a little past 100, and its ticks stop at 100."""
+    rows = {"QLoRA": {"a": _result(0.992, 0.954, 1.0), "b": _result(1.0, 0.974, 1.0)}}
+    fig = plots.accuracy_intervals(rows, N, 1 / 6)
+    renderer = _drawn(fig)
+    for ax in fig.axes:
+        assert ax.get_xlim()[1] > 100 and max(ax.get_xticks()) == 100
+        frame = ax.get_window_extent(renderer)
+        for artist in ax.lines + list(ax.collections):
+            box = artist.get_window_extent(renderer)
+            assert box.x1 <= frame.x1 + 0.5, f"{artist} reaches past the panel's right edge"
+
 def test_the_memory_legend_covers_no_bar():
     memory = {"Python": [600, 600], "parameters": [110, 270], "activations": [300, 260], "rest": [90, 100]}
     fig = plots.run_costs(["QLoRA", "LoRA"], [ROWS["QLoRA"]["b"], _result(0.62, 0.52, 0.72)], [1.4, 1.1], memory)
