@@ -295,10 +295,9 @@ def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocks
     assert measured == [_keys()["p5"]] == [RIGHT["p5"]]
 
 
-def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input_gradient():
-    """P6's key, run: the lesson's toy layer (nf4_layer, seed 0, float32 compute) and its first check's X and D (seed 1).
-    X.grad is there and equals D Ŵ (not d); its gap from D W, the original weight's input gradient, is about 0.1 (c), the
-    size of NF4's error ‖Ŵ − W‖ / ‖W‖ the lesson prints, and far above 1e-6 (a) and a few parts in 10³ (b)."""
+def _toy_layer_backward(compute_dtype):
+    """The lesson's toy layer (nf4_layer: seed 0, 64 × 128, blocksize 64, double quantization) computing in
+    ``compute_dtype``, one backward of the first check's X and D (seed 1): (w, Ŵ in float32, X with its .grad, D)."""
     import bitsandbytes as bnb
     import torch
 
@@ -306,7 +305,7 @@ def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input
 
     torch.manual_seed(0)
     w = torch.randn(64, 128) * 0.05
-    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True)
+    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True)
     layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
     layer = layer.to("cpu")
     W_hat = quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
@@ -315,6 +314,16 @@ def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input
     Y = layer(X)
     D = torch.randn(Y.shape, generator=g)
     Y.backward(D)
+    return w, W_hat, X, D
+
+
+def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input_gradient():
+    """P6's key, run: the lesson's toy layer (nf4_layer, seed 0, float32 compute) and its first check's X and D (seed 1).
+    X.grad is there and equals D Ŵ (not d); its gap from D W, the original weight's input gradient, is about 0.1 (c), the
+    size of NF4's error ‖Ŵ − W‖ / ‖W‖ the lesson prints, and far above 1e-6 (a) and a few parts in 10³ (b)."""
+    import torch
+
+    w, W_hat, X, D = _toy_layer_backward(torch.float32)
     assert X.grad is not None and (X.grad - D @ W_hat).abs().max() <= 1e-6   # d is wrong; the hints' "within 1e-6"
     ref = D @ w
     gap = ((X.grad - ref).norm() / ref.norm()).item()
@@ -328,22 +337,9 @@ def test_p7_key_is_the_measured_gap_of_a_bf16_compute_layer():
     """P7's key, run: the lesson's toy layer (nf4_layer, seed 0) rebuilt with compute_dtype=bf16, the same X and D (seed 1):
     X.grad is float32 and equals the bf16 product of D and Ŵ bit for bit, a few parts in 10³ from D Ŵ in float32 (b); not
     within 1e-6 (a), not missing (c), not NF4's ~10 % rounding (d), which the float32 layer shows against the original weight."""
-    import bitsandbytes as bnb
     import torch
 
-    from coursekit import quant
-
-    torch.manual_seed(0)
-    w = torch.randn(64, 128) * 0.05
-    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True)
-    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
-    layer = layer.to("cpu")
-    W_hat = quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
-    g = torch.Generator().manual_seed(1)
-    X = torch.randn(5, 128, generator=g, requires_grad=True)
-    Y = layer(X)
-    D = torch.randn(Y.shape, generator=g)
-    Y.backward(D)
+    w, W_hat, X, D = _toy_layer_backward(torch.bfloat16)
     ref = D @ W_hat
     assert X.grad is not None and X.grad.dtype == torch.float32
     assert torch.equal(X.grad, (D.bfloat16() @ W_hat.bfloat16()).float())
