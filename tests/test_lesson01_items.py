@@ -63,8 +63,9 @@ def test_letters_are_forgiving_about_case_and_format():
         ("p1", "a", "only the answer's form is wrong"),
         ("p1", "c", "no fact is missing"),
         ("p1", "d", "nothing here calls for training"),
-        ("p6", "b", "140 GB"),
-        ("p6", "c", "840 GB"),
+        ("p6", "b", "70 GB"),
+        ("p6", "c", "not the weights, and the bf16 base alone is 140 GB"),
+        ("p6", "d", "840 GB"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -72,6 +73,23 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     assert fb.points == 0
     joined = " ".join(fb.lines)
     assert text in joined and "Reread Know this" in joined
+
+
+def test_p6_key_is_the_only_start_whose_persistent_tensors_fit_48_gb():
+    """Measured with coursekit.memory for a 70B base: the persistent tensors each option keeps whatever its activation
+    lever (checkpointing and accumulation shrink activations only). Only the NF4 base fits 48 GB; the hints' numbers
+    (35, 70, 140 and 840 GB) are these."""
+    from coursekit.grading.keys import load as key_file
+
+    n = 70e9
+    gb = {
+        "a": memory.to_gb(memory.ledger(n, 0, "qlora")["base_weights"]),
+        "b": memory.to_gb(memory.ledger(n, 0, "lora", weight_bytes=1)["base_weights"]),
+        "c": memory.to_gb(memory.ledger(n, 0, "lora")["base_weights"]),
+        "d": memory.to_gb(memory.total(memory.ledger(n, 0, "full"))),
+    }
+    assert gb == {"a": 35, "b": 70, "c": 140, "d": 840}
+    assert [k for k, v in gb.items() if v < 48] == [RIGHT["p6"]] == [key_file("01")["keys"]["p6"]]
 
 
 @pytest.mark.parametrize("blank", [None, ..., "", "z", 3])
