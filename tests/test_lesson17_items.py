@@ -27,7 +27,14 @@ def by_hand(n_params, n_adapter, method, double_quant=True):
     return total / 1e9
 
 
-RIGHT = {"w1": "a", "w2": "c", "w3": "b", "p1": by_hand(34e9, 50e6, "qlora"),
+def measured_policy_gb(n_params, vocab, hidden, n_adapter, heads=2):
+    """P1 written out: two vocab × hidden matrices in fp32, every other base parameter half a byte, 16 bytes per adapter
+    parameter (fp32 weight, gradient and two AdamW moments); the policy test below measures each rate on a real load."""
+    kept = heads * vocab * hidden
+    return ((n_params - kept) * 0.5 + kept * 4 + n_adapter * 16) / 1e9
+
+
+RIGHT = {"w1": "a", "w2": "c", "w3": "b", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
          "p2": (24 * 2**30 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9,
          "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": by_hand, "p6": "b"}
 
@@ -150,14 +157,15 @@ def test_p4_sizes_are_smollm2s_and_the_loss_saves_a_tokens_by_vocabulary_fp32_te
         ("p2", (24 * 2**30 - 12 * 20e6) / 0.5 / 1e9, "left out the NF4 metadata"),
         ("p2", 24 * 2**30 / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9, "left out the adapter"),
         ("p2", 49.49e9, "asks for billions"),
-        ("p1", by_hand(34e9, 50e6, "qlora") + 3.5 * 34, "each 4-bit code as 4 bytes"),
-        ("p1", by_hand(34e9, 50e6, "qlora") - 4 * 50e6 / 1e9, "Adam's second moment"),
-        ("p1", by_hand(34e9, 50e6, "qlora") + 2 * 34, "gradients for the frozen base"),
-        ("p1", by_hand(34e9, 50e6, "qlora") * 1e9 / 2**30, "in GiB"),
-        ("p1", by_hand(34e9, 50e6, "qlora") * 1e9, "in bytes"),
-        ("p1", by_hand(34e9, 50e6, "qlora") + 1.5 * 34, "stored the QLoRA base in bf16"),
-        ("p1", 0.5 * 34 + 0.6, "left out the NF4 block scales"),
-        ("p1", by_hand(34e9, 50e6, "qlora", False), "without double quantization"),
+        ("p1", 0.5 * 6.74 + 12 * 0.04, "the ledger's policy"),
+        ("p1", RIGHT["p1"] - 2 * 32_000 * 4_096 * 2 / 1e9, "kept the embedding and the output head in bf16"),
+        ("p1", 0.5 * 6.74 + 16 * 0.04, "you quantized the embedding and the output head too"),
+        ("p1", measured_policy_gb(6.74e9, 32_000, 4_096, 40e6, heads=1), "is not tied to its embedding"),
+        ("p1", RIGHT["p1"] - 4 * 0.04, "12 bytes per adapter parameter"),
+        ("p1", RIGHT["p1"] - 12 * 0.04, "only the adapter's fp32 weights"),
+        ("p1", RIGHT["p1"] + 3.5 * (6.74 - 2 * 0.131072), "each 4-bit code as 4 bytes"),
+        ("p1", RIGHT["p1"] * 1e9 / 2**30, "in GiB"),
+        ("p1", RIGHT["p1"] * 1e9, "in bytes"),
         ("p1", 20.0, "not right (tolerance"),
     ],
 )
@@ -221,15 +229,59 @@ def test_function_stub_and_non_function():
     assert fb.points == 0 and "should be a function" in fb.text()
 
 
-@pytest.mark.parametrize("answer, points", [(18.14, 2), (18.1396, 2), (18.13955, 2), (18.13, 0), (18.1, 0), (18, 0)])
-def test_p1_accepts_two_decimals_and_names_coarser_rounding(answer, points):
+@pytest.mark.parametrize("answer, points", [(4.928, 2), (4.9275, 2), (4.927504, 2), (4.924, 0), (4.93, 0), (4.9, 0), (5, 0)])
+def test_p1_accepts_three_decimals_and_names_coarser_rounding(answer, points):
     import numpy as np
 
     fb = check("17.p1", answer)
     assert fb.points == points, fb.text()
-    if not points and answer != 18.13:
-        assert "looks rounded" in fb.text() and "18.139" not in fb.text()
+    if not points and answer != 4.924:
+        assert "looks rounded" in fb.text() and "4.9275" not in fb.text()
     assert check("17.p1", np.float32(answer)).points == points
+
+
+def test_p1_policy_is_what_a_4bit_load_of_an_untied_model_keeps(tmp_path):
+    """P1's key, measured: a tiny Llama with an output head *not* tied to its embedding, loaded as the lesson loads
+    SmolLM2 (coursekit.model.load_model("nf4"), then coursekit.train.attach_adapter: prepare_model_for_kbit_training and
+    PEFT's LoRA on every linear layer), one backward and one AdamW step. Its persistent bytes, norms and step counters
+    aside, are exactly P1's policy: half a byte per quantized weight, the embedding and the head (not quantized) in
+    fp32, 16 bytes per adapter parameter. So the key is the policy applied to the prompt's sizes."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coursekit import model as cmodel, train
+    from coursekit.grading.lessons import lesson17 as L
+
+    vocab, hidden = 128, 64
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+    base = cmodel.load_model("nf4", tmp_path)
+    assert not isinstance(base.lm_head, bnb.nn.Linear4bit) and base.lm_head.weight is not base.get_input_embeddings().weight
+    model = train.attach_adapter(base, train.TrainConfig(r=4, lora_alpha=8))
+    adapter = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(adapter, lr=1e-3)
+    ids = torch.randint(2, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    codes = [p for p in frozen if type(p).__name__ == "Params4bit"]
+    kept = [base.get_input_embeddings().weight, base.lm_head.weight]
+    norms = [p for p in frozen if p.ndim == 1]
+    assert len(frozen) == len(codes) + len(kept) + len(norms)
+    assert all(p.dtype == torch.float32 for p in kept + norms + adapter)
+    n_quantized = sum(p.quant_state.shape.numel() for p in codes)
+    n_adapter = sum(p.numel() for p in adapter)
+    moments = [t for p in adapter for k, t in opt.state[p].items() if k != "step"]
+    measured = nbytes(codes) + nbytes(kept) + nbytes(adapter) + nbytes(p.grad for p in adapter) + nbytes(moments)
+    assert measured == L.policy_bytes(n_quantized + 2 * vocab * hidden, vocab, hidden, n_adapter)
+    assert ITEMS["p1"].expected() == pytest.approx(RIGHT["p1"], rel=1e-12) == L.policy_bytes(**L.P1) / 1e9
 
 
 def test_function_that_misreads_the_method_or_rounds_is_told_so():

@@ -218,9 +218,9 @@ ITEMS = {
         2,
         labels={
             "base_nf4": "the NF4 base alone, Q(W), the adapter dropped",
-            "base_orig": "the original weights alone, W, no adapter",
+            "base_orig": "the bf16 weights alone, W, no adapter",
             "merge_nf4": "the merge onto the dequantized NF4 weights, Q(W) + ΔW",
-            "merge_orig": "the merge onto the original weights, W + ΔW",
+            "merge_orig": "the merge onto the bf16 weights, W + ΔW",
         },
     ),
 }

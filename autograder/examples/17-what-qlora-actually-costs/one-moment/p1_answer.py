@@ -1,5 +1,5 @@
 # Your answer goes in `answer_p1` (decimal GB).
-# Typical mistake: one Adam moment per adapter parameter (2 + 2 + 4 bytes).
-n, a = 34e9, 50e6
-blocks = math.ceil(n / 64)
-answer_p1 = (0.5 * n + 8 * a + blocks * 1 + 4 * math.ceil(blocks / 256)) / 1e9
+# Typical mistake: one Adam moment per adapter parameter (4 + 4 + 4 bytes in fp32).
+n, vocab, hidden, a = 6.74e9, 32_000, 4_096, 40e6
+kept = 2 * vocab * hidden
+answer_p1 = ((n - kept) * 0.5 + kept * 4 + a * 12) / 1e9
