@@ -338,3 +338,29 @@ def test_adamw_mistakes_are_named_in_words_and_explain_themselves_on_hidden_case
     assert {m.label for m in found} == {"no bias correction", "coupled weight decay", "eps inside the root",
                                         "no weight decay", "step t − 1"}
     assert all(m.hint and "Reread" in m.hint for m in found)
+
+
+# --------------------------------------------------------------------------- p8 (graded by hand): what its model answer claims
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_p8_equal_constant_factors_train_but_stay_rank_one(optimizer):
+    """P8's model answer, measured: with every entry of A and B equal to 0.01, both factors get nonzero gradients and the loss
+    falls, but the columns of A (rows of B) stay copies of one another under SGD and AdamW (decoupled decay included), so sAB
+    keeps rank 1; PEFT's initialisation (A random, B = 0) on the same task reaches the full rank r and a lower loss."""
+    rng = np.random.default_rng(6)
+    n, d, m, r = 16, 12, 10, 4
+    X, W = rng.standard_normal((n, d)), rng.standard_normal((d, m)) / 4
+    target = rng.integers(0, m, n)
+    common = dict(X=X, W=W, s=2.0, target=target, steps=300, optimizer=optimizer, weight_decay=0.01)
+    const = walk.run_walk(A=np.full((d, r), 0.01), B=np.full((r, m), 0.01), **common)
+    assert const[0].dA.any() and const[0].dB.any()                        # both move from the first step
+    assert const[-1].loss_after < 0.75 * const[0].loss                    # and the loss falls
+    A, B = const[-1].A_after, const[-1].B_after
+    assert np.abs(A - A[:, :1]).max() < 1e-12 and np.abs(B - B[:1]).max() < 1e-12   # r copies of one column / row
+    sv = np.linalg.svd(A @ B, compute_uv=False)
+    assert sv[1] < 1e-12 * sv[0]                                          # sAB = r·s·a bᵀ: rank 1
+    usual = walk.run_walk(A=0.3 * rng.standard_normal((d, r)), B=np.zeros((r, m)), **common)
+    sv_usual = np.linalg.svd(usual[-1].A_after @ usual[-1].B_after, compute_uv=False)
+    assert sv_usual[r - 1] > 0.1 * sv_usual[0]                             # all r directions in use
+    assert usual[-1].loss_after < 0.2 * const[-1].loss_after

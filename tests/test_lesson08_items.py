@@ -177,7 +177,7 @@ def test_notebook_p6_case_is_the_graded_one():
     src = next(c.source for c in nb.cells if c.source.startswith("# The P6 case."))
     ns = {"np": np}
     exec(src, ns)
-    for name in ("X", "A", "B", "dQ", "dK", "dC"):
+    for name in ("X", "A", "B", "R", "dQ_rot", "dK_rot", "dC"):
         np.testing.assert_array_equal(ns[f"{name}_p6"], lesson08.P6_CASE[name], err_msg=name)
     assert ns["s_p6"] == lesson08.P6_CASE["s"]
 
@@ -439,16 +439,32 @@ def test_p3_key_is_the_count_of_exact_zeros_of_a_real_padded_head():
     assert np.all(P[P != 0.0] > 0) and check("08.p3", zeros).points == ITEMS["p3"].points
 
 
-@pytest.mark.parametrize(
-    "key, text",
-    [("dC", "you used dC"), ("dK", "belongs to k_proj"), ("missing s", "scale s = 2 is missing")],
-)
-def test_p6_mistakes_are_recognised(key, text):
+def _p6_grad_A(D, s=None):
     c = lesson08.P6_CASE
-    D = c["dQ"] if key == "missing s" else c[key]
-    s = 1.0 if key == "missing s" else c["s"]
-    fb = check("08.p6", s * c["X"].T @ D @ c["B"].T)
-    assert fb.points < 2 and text in fb.text(), fb.text()
+    return (c["s"] if s is None else s) * c["X"].T @ D @ c["B"].T
+
+
+def _p6_back(dy, R=None):
+    """R_tᵀ dy_t at every position, one 2 × 2 product at a time (a student's loop)."""
+    R = lesson08.P6_CASE["R"] if R is None else R
+    return np.stack([R[t].T @ dy[t] for t in range(len(dy))])
+
+
+@pytest.mark.parametrize(
+    "label, answer, text",
+    [
+        ("no rotation", lambda c: _p6_grad_A(c["dQ_rot"]), "rotated back first"),
+        ("forward rotation", lambda c: _p6_grad_A(np.stack([c["R"][t] @ c["dQ_rot"][t] for t in range(3)])),
+         "the transpose, D_t = R_tᵀ dQ_rot_t"),
+        ("dC", lambda c: _p6_grad_A(c["dC"]), "you used dC"),
+        ("dK", lambda c: _p6_grad_A(_p6_back(c["dK_rot"])), "belongs to k_proj"),
+        ("dK unrotated", lambda c: _p6_grad_A(c["dK_rot"]), "belongs to k_proj"),
+        ("missing s", lambda c: _p6_grad_A(_p6_back(c["dQ_rot"]), s=1.0), "scale s = 2 is missing"),
+    ],
+)
+def test_p6_mistakes_are_recognised(label, answer, text):
+    fb = check("08.p6", answer(lesson08.P6_CASE))
+    assert fb.points < ITEMS["p6"].points and text in fb.text() and label in fb.mistakes, fb.text()
 
 
 def test_p6_transposed_answer_is_named():
@@ -456,10 +472,29 @@ def test_p6_transposed_answer_is_named():
     assert fb.points == 0 and "shape of Aᵀ" in fb.text()
 
 
-def test_p6_expected_is_lesson_05s_rule_with_D_equal_dQ():
+def test_p6_rotations_are_ropes_and_the_key_is_autograds():
+    """P6's R_t are RoPE's rotations at positions 0, 1, 2 for d_h = 2 (coursekit.rope, any base: the one frequency is 1), and
+    its key is what autograd gives A through transformers' apply_rotary_pos_emb: the key is measured, not typed."""
+    from transformers.models.llama import modeling_llama
+
+    from coursekit import rope
+
     c = lesson08.P6_CASE
-    np.testing.assert_allclose(lesson08._p6_expected(), c["s"] * c["X"].T @ c["dQ"] @ c["B"].T)
-    np.testing.assert_allclose(lesson08._p6_expected(), [[4.5], [3.5], [1.0]])
+    cos, sin = rope.rope_cos_sin(3, 2, 100_000.0)
+    q = np.random.default_rng(6).standard_normal((3, 2))
+    np.testing.assert_allclose(np.einsum("tij,tj->ti", c["R"], q), rope.rope_forward(q, cos, sin), rtol=0, atol=1e-15)
+
+    W = torch.tensor(np.random.default_rng(7).standard_normal((3, 2)))          # any base weight: it does not enter ∇A
+    X, B = torch.tensor(c["X"]), torch.tensor(c["B"])
+    A = torch.tensor(c["A"], requires_grad=True)
+    Q = X @ W + c["s"] * (X @ A) @ B                                             # q_proj with its adapter, T × d_h
+    K = torch.zeros_like(Q)
+    cos_t, sin_t = torch.tensor(cos)[None], torch.tensor(sin)[None]
+    Q_rot, _ = modeling_llama.apply_rotary_pos_emb(Q[None, None], K[None, None], cos_t, sin_t)
+    Q_rot[0, 0].backward(torch.tensor(c["dQ_rot"]))
+    np.testing.assert_allclose(lesson08._p6_expected(), A.grad.numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lesson08._p6_expected(), _p6_grad_A(_p6_back(c["dQ_rot"])), rtol=1e-12)
+    assert check("08.p6", A.grad.numpy()).full
 
 
 # --------------------------------------------------------------------------- p10: grouped-query attention

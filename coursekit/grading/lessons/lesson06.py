@@ -256,8 +256,8 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 
 # --------------------------------------------------------------------------- predictions (p4, p5)
 
-# P4: the walk's loss multiplied by 1000 (a sum over 1000 copies of the token instead of their mean), so ∇B is 1000 times
-# larger. AdamW's first step is lr·g/(|g| + ε) per entry: B lands where the lesson's printed B did.
+# P4: the walk's loss multiplied by 1e-8, so ∇B is 1e-8 times the printed one (|g| ≈ 1.4e-9, below ε = 1e-8). AdamW's
+# first step is lr·g/(|g| + ε) per entry: ε is no longer negligible, and B moves by about lr/8, not lr.
 P4_SCALE = 1e-8
 LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8
 

@@ -311,35 +311,66 @@ def _p3_mistakes() -> list[Mistake]:
     ]
 
 
-# --------------------------------------------------------------------------- p6: the adapter on q_proj
+# --------------------------------------------------------------------------- p6: the adapter on q_proj, behind RoPE
+
+#: RoPE's angles at positions 0, 1, 2 for a head of width d_h = 2: one pair, frequency base⁰ = 1, so θ_t = t (any base).
+P6_THETA = np.array([0.0, 1.0, 2.0])
+
+
+def _p6_rotations(theta: np.ndarray) -> np.ndarray:
+    """R_t for every angle: the 2 × 2 rotation by θ_t, rope(q)_t = R_t q_t (transformers' half-split layout at d = 2)."""
+    return np.array([[[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]] for a in theta])
+
 
 P6_CASE = dict(
     X=np.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0], [1.0, 1.0, 0.0]]),
     A=np.array([[0.5], [-1.0], [0.0]]),
     B=np.array([[1.0, 2.0]]),
     s=2.0,
-    dQ=np.array([[0.0, 0.0], [0.5, -0.5], [0.25, 1.0]]),
-    dK=np.array([[0.25, -0.5], [0.0, 1.0], [-0.25, -0.5]]),
+    R=_p6_rotations(P6_THETA),
+    # the gradients at the rotated queries and keys (row 0 of dQ_rot is 0: a causal head's first query sees one key) and at C
+    dQ_rot=np.array([[0.0, 0.0], [0.5, -0.5], [0.25, 1.0]]),
+    dK_rot=np.array([[0.25, -0.5], [0.0, 1.0], [-0.25, -0.5]]),
     dC=np.array([[1.0, -1.0], [0.0, 2.0], [-1.0, 0.5]]),
 )
 
 
-def _p6_expected() -> np.ndarray:
+def _p6_grad_A(D: np.ndarray, s: float | None = None) -> np.ndarray:
+    """Lesson 05's ∇A = s Xᵀ D Bᵀ of P6's adapter for an upstream gradient D at q_proj's output."""
     c = P6_CASE
     W = np.zeros((3, 2))  # the base weight does not enter ∇A
-    _, cache = lora.lora_forward(c["X"], W, c["A"], c["B"], c["s"])
-    return lora.lora_backward(c["dQ"], cache)[1]
+    _, cache = lora.lora_forward(c["X"], W, c["A"], c["B"], c["s"] if s is None else s)
+    return lora.lora_backward(D, cache)[1]
+
+
+def _p6_rotate(dy: np.ndarray, back: bool = True) -> np.ndarray:
+    """R_tᵀ dy_t (back) or R_t dy_t at every position, with P6's matrices."""
+    R = P6_CASE["R"]
+    return np.einsum("tji,tj->ti", R, dy) if back else np.einsum("tij,tj->ti", R, dy)
+
+
+def _p6_expected() -> np.ndarray:
+    return _p6_grad_A(_p6_rotate(P6_CASE["dQ_rot"]))
 
 
 def _p6_mistakes() -> list[Mistake]:
     c = P6_CASE
-    X, B, s = c["X"], c["B"], c["s"]
+    D = _p6_rotate(c["dQ_rot"])
     return [
-        Mistake("dC", s * X.T @ c["dC"] @ B.T, "you used dC, the gradient at the attention output; the q_proj adapter's D is "
-                "dQ, the gradient at q_proj's own output. " + READ_LORA),
-        Mistake("dK", s * X.T @ c["dK"] @ B.T, "you used dK, which belongs to k_proj; the q_proj adapter's D is dQ. " + READ_LORA),
-        Mistake("missing s", X.T @ c["dQ"] @ B.T, f"the scale s = {s:g} is missing: ∇A = s Xᵀ D Bᵀ (lesson 05) with D = dQ. " + READ_LORA),
-        Mistake("transposed", (s * X.T @ c["dQ"] @ B.T).T, "your ∇A has the shape of Aᵀ: ∇A = s Xᵀ dQ Bᵀ is d × r, like A. " + READ_LORA),
+        Mistake("no rotation", _p6_grad_A(c["dQ_rot"]), "you used dQ_rot as the adapter's D: that is the gradient at the rotated "
+                "queries, but q_proj's output is rotated before the scores, so its gradient is rotated back first: "
+                "D_t = R_tᵀ dQ_rot_t at every position t, then ∇A = s Xᵀ D Bᵀ. " + READ_ROPE),
+        Mistake("forward rotation", _p6_grad_A(_p6_rotate(c["dQ_rot"], back=False)), "you rotated dQ_rot forward, R_t dQ_rot_t; "
+                "the backward of y_t = R_t x_t is the transpose, D_t = R_tᵀ dQ_rot_t (the rotation by −θ_t). " + READ_ROPE),
+        Mistake("dC", _p6_grad_A(c["dC"]), "you used dC, the gradient at the attention output; the q_proj adapter's D is "
+                "the gradient at q_proj's own output, Rᵀ dQ_rot. " + READ_LORA),
+        Mistake("dK", _p6_grad_A(_p6_rotate(c["dK_rot"])), "you used dK, which belongs to k_proj; the q_proj adapter's D is "
+                "Rᵀ dQ_rot. " + READ_LORA),
+        Mistake("dK unrotated", _p6_grad_A(c["dK_rot"]), "you used dK_rot, which belongs to k_proj (and still carries the "
+                "rotation); the q_proj adapter's D is Rᵀ dQ_rot. " + READ_LORA),
+        Mistake("missing s", _p6_grad_A(D, s=1.0), f"the scale s = {c['s']:g} is missing: ∇A = s Xᵀ D Bᵀ (lesson 05) with "
+                "D = Rᵀ dQ_rot. " + READ_LORA),
+        Mistake("transposed", _p6_expected().T, "your ∇A has the shape of Aᵀ: ∇A = s Xᵀ D Bᵀ is d × r, like A. " + READ_LORA),
     ]
 
 
@@ -572,7 +603,7 @@ ITEMS = {
         multi=True,
     ),
     "p6": Array(
-        "∇A of a LoRA adapter on q_proj",
+        "∇A of a LoRA adapter on q_proj, behind RoPE",
         2,
         name="dA",
         expected=_p6_expected,
