@@ -126,7 +126,7 @@ def o_from_block(dy, cache):
     return g["A_o"], g["B_o"]
 
 
-RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": dx_right, "p2": params_right, "p3": 783_360,
+RIGHT = {"w1": "c", "w2": 5.5, "w3": "a", "p1": dx_right, "p2": params_right, "p3": 2.5,
          "p4": "b", "p5": o_right, "p6": {"a", "b", "c"}}
 
 
@@ -157,20 +157,40 @@ def test_smollm2_shapes_match_the_prepared_checkpoint():
     assert cfg["num_hidden_layers"] == lesson10.SMOLLM2_LAYERS
 
 
-def test_p3_is_the_count_peft_reports():
-    """P3's key is what PEFT counts on SmolLM2's architecture (built on the meta device: shapes, no weights)."""
+def test_w2_key_is_autograds_gradient_at_the_fork():
+    """W2's key (5.5) measured: torch autograd through u -> (u W_gate, u W_up), frozen weights, the given output gradients."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from coursekit.model import prepare_model
+    c = lesson10.W2_CASE
+    u = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
+    G, U = u * torch.tensor(c["w_gate"], dtype=torch.float64), u * torch.tensor(c["w_up"], dtype=torch.float64)
+    torch.autograd.backward([G, U], [torch.tensor(c["dG"], dtype=torch.float64), torch.tensor(c["dU"], dtype=torch.float64)])
+    assert u.grad.item() == ITEMS["w2"].expected() == RIGHT["w2"]
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(prepare_model(progress=False)))
-    peft_model = get_peft_model(model, LoraConfig(r=lesson10.P3_R, target_modules=lesson10.P3_TARGETS))
-    trainable, _ = peft_model.get_nb_trainable_parameters()
-    assert ITEMS["p3"].expected() == trainable == 783_360 == block.lora_param_count(
-        block.projection_shapes(lesson10.SMOLLM2_CONFIG), ("q", "gate"), 8, 30)
+
+def _p3_block_dx(detach_down):
+    """P3's one-number block in torch: frozen base weights as plain tensors, the adapter factors as leaves, the down
+    projection's output computed under torch.no_grad() when ``detach_down``; returns autograd's ∂L/∂x for dL/dy = 1."""
+    import torch
+
+    c = {k: torch.tensor(v, dtype=torch.float64) for k, v in lesson10.P3_CASE.items()}
+    x = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
+    a, b = c["a"].clone().requires_grad_(), c["b"].clone().requires_grad_()
+    v = c["w_v"] * x + c["s"] * (x * a) * b
+    h = x + c["w_o"] * v
+    with torch.no_grad() if detach_down else torch.enable_grad():
+        dn = c["w_d"] * (c["w_u"] * h)
+    y = h + dn
+    y.backward(c["dy"])
+    return x.grad.item()
+
+
+def test_p3_key_is_autograds_dx_with_the_down_projection_under_no_grad():
+    """P3's key (2.5) is torch autograd's ∂L/∂x of the stated block with the down projection under no_grad; the named
+    mistake "detach ignored" is autograd's ∂L/∂x of the same block without the cut."""
+    assert _p3_block_dx(True) == pytest.approx(ITEMS["p3"].expected(), rel=1e-12) and RIGHT["p3"] == 2.5
+    ignored = {m.label: m.value for m in lesson10._p3_mistakes()}["detach ignored"]
+    assert _p3_block_dx(False) == pytest.approx(ignored, rel=1e-12) and ignored != RIGHT["p3"]
 
 
 # --------------------------------------------------------------------------- right answers
@@ -286,14 +306,16 @@ def test_stubs_and_non_functions():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w2", 120, "that is the number of adapters"),
-        ("w2", 8, "that is one layer"),
-        ("p3", 552_960, "gate_proj is not square"),
-        ("p3", 26_112, "that is one layer"),
-        ("p3", 276_480, "counts q_proj only"),
-        ("p3", 2_442_240, "all seven projections"),
-        ("p3", 1_566_720, "r = 16"),
-        ("p3", 783_361, "not right"),
+        ("w2", 6, "the gate's share alone"),
+        ("w2", -0.5, "the up projection's share alone"),
+        ("w2", 1, "without passing each back through its projection"),
+        ("w2", 0, "they stay in the graph"),
+        ("p3", 4.375, "the block without the cut"),
+        ("p3", 1, "the residual share alone"),
+        ("p3", 0, "dx would still be dy"),
+        ("p3", 2, "has two paths"),
+        ("p3", 2.25, "the adapter's path is scaled"),
+        ("p3", 2.6, "not right"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):

@@ -1,6 +1,7 @@
 """Lesson 12 ("Adapters as artifacts"): graded items score right answers fully, typical wrong answers less, with
 the diagnostics a student needs; the notebook's test cells agree with the item registry."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def own_base(base, adapter_dir):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": "b", "p2": 8_847_840, "p3": right_reload,
-         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"a", "b", "c", "d"}, "p6": "b"}
+         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "b"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -191,9 +192,11 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
 
 
 def test_multi_and_ordering_partial_credit():
-    fb = check("12.p5", {"a", "b", "c", "d", "e"})
+    fb = check("12.p5", {"b", "c", "d", "e"})
     assert 0 < fb.points < 2 and "Python's random" in fb.text()
-    fb = check("12.p5", {"b", "c", "d"})
+    fb = check("12.p5", {"a", "b", "c", "d"})
+    assert 0 < fb.points < 2 and "Not without dropout" in fb.text()
+    fb = check("12.p5", {"b", "c"})
     assert 0 < fb.points < 2 and "missing" in fb.text()
     fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])
     assert 0 < fb.points < 2 and "position 1: 'rng'" in fb.text()
@@ -267,3 +270,57 @@ def test_p4_accepts_every_valid_resume_order():
         assert check("12.p4", order).full, order
     fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])  # lora_A's init would redraw after it
     assert not fb.full and "'rng'" in fb.text()
+
+
+def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
+    """P5's key ({b, c, d}), measured: the lesson's run (AdamW, LinearLR, ShuffledBatches, a checkpoint after step 6 of 12)
+    with no dropout anywhere, resumed once with everything and once without each part. Leaving out the moments, the
+    scheduler or the data position changes the resumed run; leaving out the torch/NumPy/Python RNG states does not (a),
+    nor Python's alone (e); the frozen base (f) is never in the checkpoint."""
+    import torch.nn.functional as F
+    from peft import LoraConfig, get_peft_model
+
+    X, y = artifacts.tiny_data(n=64, d_in=8, n_classes=4, seed=0)
+    total, k = 12, 6
+
+    def build():
+        model = get_peft_model(artifacts.TinyNet(seed=0, p_drop=0.0),
+                               LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["fc1", "fc2"]))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=total)
+        return model, opt, sched, artifacts.ShuffledBatches(len(X), batch_size=8, seed=0)
+
+    def steps(model, opt, sched, sampler, n):
+        model.train()
+        out = []
+        for _ in range(n):
+            idx = next(sampler)
+            loss = F.cross_entropy(model(X[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            out.append((loss.item(), torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad]).clone()))
+        return out
+
+    torch.manual_seed(0)
+    model, opt, sched, sampler = build()
+    steps(model, opt, sched, sampler, k)
+    path = artifacts.save_checkpoint(tmp_path / "step6.pt", model, opt, sched, step=k, data_state=sampler.state_dict())
+    reference = steps(model, opt, sched, sampler, total - k)
+
+    def resumed_differs(optimizer=True, scheduler=True, rng=True, data=True):
+        torch.manual_seed(12345)
+        m, o, s, smp = build()
+        state = artifacts.load_checkpoint(path, m, o if optimizer else None, s if scheduler else None, restore_rng=rng)
+        if data:
+            smp.load_state_dict(state["data_state"])
+        run = steps(m, o, s, smp, total - state["step"])
+        return not all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference))
+
+    assert not resumed_differs()
+    measured = {"a": resumed_differs(rng=False), "b": resumed_differs(optimizer=False), "c": resumed_differs(scheduler=False),
+                "d": resumed_differs(data=False), "e": resumed_differs(rng=("torch", "numpy"))}
+    assert {letter for letter, differs in measured.items() if differs} == RIGHT["p5"] == {"b", "c", "d"}
+    keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]
+    assert set(keys["p5"]) == RIGHT["p5"]

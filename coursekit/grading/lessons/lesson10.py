@@ -10,6 +10,7 @@ from .. import Choice, Function, Numeric
 
 READ_BACK = "Reread 'Backward through the block' in Know this."
 READ_COUNT = "Reread 'Counting adapters and parameters' in Know this."
+READ_DETACH = "Reread 'Frozen is not detached, block edition' in Know this."
 
 # SmolLM2-135M's projection shapes in PEFT's module names. The notebook reads them from the loaded
 # model's config and asserts they equal these; tests/test_lesson10_items.py checks them against the
@@ -140,29 +141,67 @@ def _p2_mistakes(kw: dict, got: dict) -> dict:
     ]}
 
 
-# --------------------------------------------------------------------------- P3: SmolLM2, q_proj and gate_proj, r = 8
+# --------------------------------------------------------------------------- W2: a fork, by hand
 
-#: P3's configuration: one attention and one MLP projection, a count the lesson does not print (it prints Q/V and
-#: all seven at r = 8), and one where taking every projection as square is wrong (gate_proj is 576 → 1536).
-P3_TARGETS, P3_R = ["q_proj", "gate_proj"], 8
+#: W2's one-number MLP fork (lesson 09): u feeds G = u W_gate and U = u W_up, both frozen; backward has reached G and U.
+W2_CASE = dict(w_gate=3.0, w_up=0.5, dG=2.0, dU=-1.0)
+
+
+def _w2_expected() -> float:
+    c = W2_CASE
+    return c["dG"] * c["w_gate"] + c["dU"] * c["w_up"]
+
+
+def _w2_mistakes() -> list[Mistake]:
+    c = W2_CASE
+    return [
+        Mistake("gate only", c["dG"] * c["w_gate"], "that is the gate's share alone; u also feeds up_proj, and where one tensor "
+                "feeds two projections their input gradients add: du = dG W_gateᵀ + dU W_upᵀ. " + READ_BACK),
+        Mistake("up only", c["dU"] * c["w_up"], "that is the up projection's share alone; u also feeds gate_proj, and the two "
+                "shares add: du = dG W_gateᵀ + dU W_upᵀ. " + READ_BACK),
+        Mistake("weights left out", c["dG"] + c["dU"], "you added the output gradients without passing each back through its "
+                "projection: each share is D Wᵀ, here dG · W_gate and dU · W_up. " + READ_BACK),
+        Mistake("frozen passes nothing", 0.0, "frozen weights get no gradient of their own, but they stay in the graph and pass "
+                "D Wᵀ back to their input (lesson 05). " + READ_BACK),
+        Mistake("averaged", _w2_expected() / 2, "the two shares add; they are not averaged. " + READ_BACK),
+    ]
+
+
+# --------------------------------------------------------------------------- P3: a one-number block with a detached down_proj
+
+#: P3's block with one number per tensor (T = 1, d = 1, the RMSNorms left out, the gated MLP replaced by the frozen linear
+#: stand-in w_d · (w_u · h)): h = x + w_o · (w_v + s·a·b) · x, y = h + w_d · w_u · h, every base weight frozen, dy = 1,
+#: and the down projection's output computed under no_grad (detached).
+P3_CASE = dict(w_v=0.5, s=2.0, a=0.5, b=0.25, w_o=2.0, w_u=3.0, w_d=0.25, dy=1.0)
+
+
+def scalar_block_dx(w_v, s, a, b, w_o, w_u, w_d, dy, detach_down=True, adapter=True, scale=True, attention=True):
+    """∂L/∂x of P3's one-number block by the lesson's rules: the residual y = h + dn hands dy to h, and the MLP branch adds
+    its share w_u w_d dy unless the down projection is detached; h = x + o hands dh to x, and the attention branch adds
+    w_o (w_v + s a b) dh (single position: attention passes v through). The flags build the wrong variants P3 names."""
+    dh = dy + (0.0 if detach_down else w_u * w_d * dy)
+    w_eff = w_v + ((s if scale else 1.0) * a * b if adapter else 0.0)
+    return dh + (w_o * w_eff * dh if attention else 0.0)
 
 
 def _p3_expected() -> float:
-    return float(SMOLLM2_LAYERS * lora_param_count(SMOLLM2_SHAPES, P3_TARGETS, P3_R))
+    return float(scalar_block_dx(**P3_CASE))
 
 
 def _p3_mistakes() -> list[Mistake]:
-    L, r = SMOLLM2_LAYERS, P3_R
-    per_layer = lora_param_count(SMOLLM2_SHAPES, P3_TARGETS, r)
-    d_gate, m_gate = SMOLLM2_SHAPES["gate_proj"]
+    c = P3_CASE
     return [
-        Mistake("square", L * sum(2 * r * SMOLLM2_SHAPES[t][0] for t in P3_TARGETS),
-                f"gate_proj is not square in SmolLM2: it maps {d_gate} → {m_gate}, so its adapter has r({d_gate} + {m_gate}) "
-                "entries. " + READ_COUNT),
-        Mistake("one layer", per_layer, f"that is one layer; SmolLM2 has {L} layers, each with its own q and gate adapters. " + READ_COUNT),
-        Mistake("q only", L * r * sum(SMOLLM2_SHAPES["q_proj"]), f"that counts q_proj only; add gate_proj's r({d_gate} + {m_gate}). " + READ_COUNT),
-        Mistake("all-linear", L * lora_param_count(SMOLLM2_SHAPES, list(SMOLLM2_SHAPES), r), "that is all seven projections (all-linear); the question asks for q_proj and gate_proj only. " + READ_COUNT),
-        Mistake("r = 16", 2 * L * per_layer, "that is r = 16 (or both factors counted twice); use r = 8 and r(d + m) per module. " + READ_COUNT),
+        Mistake("detach ignored", scalar_block_dx(**c, detach_down=False), "that is the block without the cut: a detached "
+                "down_proj output is a constant, so the MLP branch adds nothing to dh, and dh = dy. " + READ_DETACH),
+        Mistake("frozen passes nothing", scalar_block_dx(**c, attention=False), "that is the residual share alone. The cut is "
+                "in the MLP branch; the attention branch is untouched, and its frozen o_proj and v_proj still pass the gradient "
+                "back to x (frozen is not detached). " + READ_DETACH),
+        Mistake("everything cut", 0.0, "the residual adds pass the gradient around both branches: even with every branch cut, "
+                "dx would still be dy. " + READ_DETACH),
+        Mistake("adapter left out", scalar_block_dx(**c, adapter=False), "v_proj carries an adapter, so its input gradient "
+                "has two paths: the base path w_v and the adapter's s·a·b. " + READ_BACK),
+        Mistake("missing s", scalar_block_dx(**c, scale=False), "the adapter's path is scaled: v = (w_v + s·a·b)·x, with "
+                "s = 2. " + READ_BACK),
     ]
 
 
@@ -252,16 +291,12 @@ ITEMS = {
         },
     ),
     "w2": Numeric(
-        "factor matrices for Q/K/V/O on 30 layers",
+        "the gradient at a tensor that feeds two frozen projections",
         0,
-        name="factor matrices",
-        expected=lambda: float(block.factor_count(("q", "k", "v", "o"), 30)),
-        rtol=0,
-        mistakes=lambda: [
-            Mistake("adapters", 120, "that is the number of adapters (4 modules × 30 layers); each adapter owns two factor matrices, A and B. " + READ_COUNT),
-            Mistake("one layer", 8, "that is one layer; the adapters repeat in each of the 30 layers. " + READ_COUNT),
-            Mistake("4 × 30 + ...", 480, "each adapter owns two matrices (A and B), not four. " + READ_COUNT),
-        ],
+        name="∂L/∂u",
+        expected=_w2_expected,
+        rtol=1e-9,
+        mistakes=_w2_mistakes,
     ),
     "w3": Choice(
         "a frozen o_proj between the loss and the q/v adapters",
@@ -300,11 +335,11 @@ ITEMS = {
         atol=0,
     ),
     "p3": Numeric(
-        "trainable parameters, SmolLM2-135M, q_proj and gate_proj, r = 8",
+        "∂L/∂x of a one-number block whose down_proj is detached",
         2,
-        name="trainable parameters",
+        name="∂L/∂x",
         expected=_p3_expected,
-        rtol=0,
+        rtol=1e-9,
         mistakes=_p3_mistakes,
     ),
     "p4": Choice(

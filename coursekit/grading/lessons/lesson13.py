@@ -155,14 +155,14 @@ ITEMS = {
         },
     ),
     "w2": Choice(
-        "how many fewer numbers a 576 × 576 projection stores after merge_and_unload (r = 8)",
+        "which 16-bit weight computes the function QLoRA trained",
         0,
-        key="a",
+        key="b",
         explain={
-            "a": "Before, the layer stores W (576 × 576), lora_A (8 × 576) and lora_B (576 × 8); merge_and_unload() folds sAB into W and deletes both factors, so the 576 × 576 weight stays and 8 · 576 + 576 · 8 = 9,216 numbers go. A merge changes the weight's values, not its size. (Lesson 13, 'merge_and_unload on the real model, checked greedily'.)",
-            "b": "4,608 = 8 · 576 is one factor only. Both lora_A (r × d) and lora_B (m × r) are deleted: 8 · 576 + 576 · 8 = 9,216. (Lesson 13, 'The merge in PEFT's layout'.)",
-            "c": "331,776 = 576 · 576 is the whole base weight, and it stays: W + sAB has the same m × d shape as W. What goes is the adapter's two factors, 9,216 numbers. (Lesson 13, 'The merge in PEFT's layout'.)",
-            "d": "That is merge(), which keeps A and B so that unmerge() can subtract sAB again. merge_and_unload() removes the LoRA modules and leaves a plain model, so the 9,216 numbers of A and B go. (Lesson 13, 'merge_and_unload on the real model, checked greedily'.)",
+            "a": "W + sAB computes XW + s(XA)B, and that differs from what was trained, XQ(W) + s(XA)B, by X(W − Q(W)): the 4-bit rounding error of the base, which the adapter was trained alongside. It gives the base its precision back, so it is a different model; whether it is better or worse is measured on held-out data, not assumed. Reread 'Where to merge: a trade-off you measure' in Know this.",
+            "b": "In training every adapted layer used Q(W), the dequantized 4-bit weight, and the adapter learned on top of it. Matrix products distribute: XQ(W) + s(XA)B = X(Q(W) + sAB), so this one weight is the trained function, up to the rounding of storing the sum in 16 bits. The merge onto the original W is the other candidate, a different model to be measured against it. (Lesson 13, 'Where to merge: a trade-off you measure'.)",
+            "c": "Quantizing again puts Q(W) + sAB back on the 4-bit grid, which is much coarser than a typical update: only part of sAB survives, and a new rounding error is added on top. Reread 'Where to merge: a trade-off you measure' in Know this.",
+            "d": "W and Q(W) differ by the 4-bit rounding of the base, which is far larger than 16-bit rounding: on the lesson's real layer it was larger than the whole update of its synthetic adapter. The three weights are three different layers. Reread 'Where to merge: a trade-off you measure' in Know this.",
         },
     ),
     "w3": Choice(

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p3`.
-answer_p3 = n_layers * lora_param_count(hf_shapes, ["q_proj", "gate_proj"], 8)
+answer_p3 = 1.0   # only the residual share: as in P1, the frozen projections are taken to pass nothing back
