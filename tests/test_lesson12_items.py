@@ -277,8 +277,8 @@ def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
     with no dropout anywhere, resumed once with everything and once without each part. Leaving out the moments, the
     scheduler or the data position changes the resumed run; leaving out the torch/NumPy/Python RNG states does not (a),
     nor Python's alone (e); the frozen base (f) is never in the checkpoint."""
-    import torch.nn.functional as F
     from peft import LoraConfig, get_peft_model
+    from test_artifacts import _steps  # the resume tests' training loop: (loss, trainable parameters) after each step
 
     X, y = artifacts.tiny_data(n=64, d_in=8, n_classes=4, seed=0)
     total, k = 12, 6
@@ -291,17 +291,7 @@ def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
         return model, opt, sched, artifacts.ShuffledBatches(len(X), batch_size=8, seed=0)
 
     def steps(model, opt, sched, sampler, n):
-        model.train()
-        out = []
-        for _ in range(n):
-            idx = next(sampler)
-            loss = F.cross_entropy(model(X[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            out.append((loss.item(), torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad]).clone()))
-        return out
+        return _steps(model, opt, sched, sampler, n, X, y)
 
     torch.manual_seed(0)
     model, opt, sched, sampler = build()
