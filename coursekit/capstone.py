@@ -38,6 +38,7 @@ import functools
 import gc
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -203,6 +204,14 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _writable(folder: Path) -> bool:
+    """Whether this process may make files in ``folder`` or, if it does not exist yet, in its nearest existing parent
+    (false on a read-only mount, also for root)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
 def data_key(seed: int = 0) -> str:
     """A hash of the three splits' examples: results from other data never match."""
     splits = cdata.make_splits(seed)
@@ -263,16 +272,21 @@ class Store:
         if not self.compute and not self.fresh and (folder / "result.json").is_file():
             yield False  # a finished result is only read (written whole, last): no lock, so a read-only store works
             return
+        if not self.compute and not _writable(folder.parent):  # a read-only store (the grading sandbox): no lock to
+            raise self._miss(folder)                             # take, and nothing may be computed here
         folder.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder) + ".lock"):
             done = (folder / "result.json").is_file()
             if self.fresh and folder not in self._refreshed:
                 done = False
             if not done and not self.compute:
-                raise CacheMiss(f"{folder.relative_to(self.root)} is not in the capstone store and this run may not "
-                                f"compute it (nbgrader autograde never trains). Run `coursekit capstone` once on this "
-                                f"machine first (coursekit grade does so itself).")
+                raise self._miss(folder)
             yield not done
+
+    def _miss(self, folder: Path) -> CacheMiss:
+        return CacheMiss(f"{folder.relative_to(self.root)} is not in the capstone store and this run may not "
+                         f"compute it (nbgrader autograde never trains). Run `coursekit capstone` once on this "
+                         f"machine first (coursekit grade does so itself).")
 
     def result(self, kind: str, key: dict, compute: Callable[[], dict], by: str) -> dict:
         """The stored result for (kind, key), computing and storing it (with who computed it and when) if missing."""

@@ -438,6 +438,28 @@ def _fill_capstone_store(progress: bool) -> None:
         capstone.run(capstone.REFERENCE, capstone.Store(compute=True), progress=progress, log=say)
 
 
+#: The lesson whose notebook reads a stored held-out-loss comparison (coursekit.quantloss.stored_comparison).
+QUANTLOSS = "15-nf4-and-double-quantization"
+
+
+def _fill_quantloss_store(progress: bool) -> None:
+    """Lesson 15 compares NF4, FP4 and int4 by SmolLM2's loss on held-out tickets (about a minute of CPU). Its notebook
+    reads the comparison from the capstone store, so compute it here once, before grading, rather than once per
+    graded notebook (the grading sandbox may not write the store). The arguments are the lesson's own
+    (:data:`coursekit.quantloss.LESSON_TICKETS`; tests/test_quantloss.py checks the lesson's cell)."""
+    import logging
+
+    from . import capstone, data, quantloss
+
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    n = quantloss.LESSON_TICKETS
+    if progress:
+        print("lesson 15: its held-out loss comparison is read from the capstone store; computed now if missing "
+              "(about a minute, once per machine).")
+    quantloss.stored_comparison(capstone.Store(compute=True), data.load_split("unseen_phrasing")[:n], batch_size=n,
+                                progress=progress)
+
+
 def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers, scheduler=None, task_timeout=None,
                  certs=None) -> str:
     from . import parallel
@@ -450,6 +472,8 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
         from . import model
 
         model.prepare_model(progress=progress)
+    if QUANTLOSS in ids:
+        _fill_quantloss_store(progress)
     for aid in ids:
         _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
         if examples:

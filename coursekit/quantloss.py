@@ -29,7 +29,10 @@ the answer alone.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,14 +40,21 @@ import torch
 import torch.nn.functional as F
 
 from . import data as cdata
+from . import model as cmodel
 from . import paired, quant
+from .fingerprint import code_fingerprint
 from .evaluate import _expand, common_prefix_length, evaluating
 
-__all__ = ["DATA_TYPES", "round_trip", "base_linears", "set_base", "ticket_losses", "compare_data_types"]
+__all__ = ["DATA_TYPES", "LESSON_TICKETS", "round_trip", "base_linears", "set_base", "ticket_losses", "compare_data_types",
+           "weight_errors", "stored_comparison"]
 
 #: The data types compared, the reference first: bf16 (the checkpoint as stored), then the three 4-bit types of
 #: QLoRA's comparison.
 DATA_TYPES: tuple[str, ...] = ("bf16", "nf4", "fp4", "int4")
+
+#: How many held-out tickets (the first of the ``unseen_phrasing`` split) lesson 15 scores, as one batch: the
+#: grader fills the store with exactly this comparison before grading the lesson (``coursekit.course``).
+LESSON_TICKETS = 48
 
 _IN_BLOCK = re.compile(r"(^|\.)layers\.\d+\.")
 
@@ -231,3 +241,93 @@ def compare_data_types(model: torch.nn.Module, tokenizer, examples: Sequence[dic
         rows.append({"data_type": d, "loss": float(losses[d].sum() / N), "difference": diff, "interval": interval,
                      "n_examples": len(examples), "n_tokens": N, "n_groups": len(set(groups))})
     return {"rows": rows, "losses": losses, "tokens": tokens, "ids": result["ids"]}
+
+
+@torch.no_grad()
+def weight_errors(model: torch.nn.Module, data_types: Sequence[str] = ("nf4", "fp4", "int4"),
+                  blocksize: int = 64) -> dict[str, float]:
+    """Each data type's relative weight error over every :func:`base_linears` layer of ``model`` together:
+    √(Σ‖round_trip(W) − W‖² / Σ‖W‖²), the sums over all those weights' entries, in float64 (a number, no unit).
+
+    Returns ``{data type: error}`` in the order given. Raises ValueError as :func:`base_linears` and
+    :func:`round_trip`. Source: the relative Frobenius error of lessons 14 and 15, pooled over the layers.
+    """
+    sq = {d: 0.0 for d in data_types}
+    ref = 0.0
+    for _, layer in base_linears(model):
+        W = layer.weight.detach()
+        ref += W.double().square().sum().item()
+        for d in sq:
+            sq[d] += (round_trip(W, d, blocksize).double() - W.double()).square().sum().item()
+    return {d: (v / ref) ** 0.5 for d, v in sq.items()}
+
+
+def _checkpoint_key(folder: Path) -> dict:
+    """What identifies a checkpoint: its manifest's file hashes (the course's converted model), else the SHA-256 of
+    its config and weight files (a checkpoint written by ``model.tiny_checkpoint``)."""
+    try:
+        return cmodel.read_manifest(folder)["checkpoint"]["files"]
+    except cmodel.CacheError:
+        files = sorted(folder.glob("*.safetensors")) + [folder / "config.json"]
+        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files if f.is_file()}
+
+
+def stored_comparison(store, examples: Sequence[dict[str, Any]], checkpoint: str | Path | None = None,
+                      data_types: Sequence[str] = DATA_TYPES, blocksize: int = 64, batch_size: int = 16,
+                      progress: bool = True) -> dict[str, Any]:
+    """:func:`compare_data_types` and :func:`weight_errors` of the bf16 checkpoint, computed once and then read
+    from ``store``.
+
+    store: a ``coursekit.capstone.Store``; the result is kept under kind ``"quantloss"`` and a key made of what
+    decides it: the checkpoint's files, the examples (ids and messages), the data types, blocksize, batch size, the
+    code of this module's functions and of the quantizers they call, and the versions of torch, transformers and
+    bitsandbytes. A store made with ``fresh=True`` computes it again. A store that may not compute (inside
+    ``nbgrader autograde``) reads a stored result and otherwise computes it here without keeping it.
+    checkpoint: folder of the model (default: the course's converted SmolLM2), loaded only when the result is not
+    stored: ``load_model("bf16")``, computing in float32 (``model.compute_in_float32``).
+    progress: a progress bar over the ``len(data_types) · len(examples)`` tickets scored.
+    Returns :func:`compare_data_types`'s dict (``"losses"`` as float64 arrays [N], ``"tokens"`` int64 [N]) plus
+    ``"weight_error"`` (:func:`weight_errors` of the 4-bit types), ``"n_weights"`` (layers quantized),
+    ``"n_layers"`` (decoder blocks), ``"seconds"`` (the computation's wall time, load included, also when read
+    back) and ``"cached"`` (read from the store). Raises ValueError as :func:`compare_data_types`.
+    """
+    from transformers import __version__ as transformers_version
+    import bitsandbytes
+
+    from .capstone import CacheMiss
+
+    if len(examples) == 0:
+        raise ValueError("no examples to score")
+    folder = Path(checkpoint) if checkpoint is not None else cmodel.default_checkpoint_dir()
+    data_types = list(data_types)
+    key = {"checkpoint": _checkpoint_key(folder),
+           "examples": [[ex.get("id"), ex.get("messages")] for ex in examples],
+           "data_types": data_types, "blocksize": blocksize, "batch_size": batch_size,
+           "code": {f.__qualname__: code_fingerprint(f) for f in (compare_data_types, weight_errors, round_trip,
+                                                                   quant.round_trip_4bit, quant.absmax_round_trip)},
+           "versions": {"torch": torch.__version__, "transformers": transformers_version,
+                        "bitsandbytes": bitsandbytes.__version__}}
+
+    def compute() -> dict:
+        from tqdm.auto import tqdm
+
+        model = cmodel.compute_in_float32(cmodel.load_model("bf16", checkpoint))
+        tokenizer = cmodel.load_tokenizer()
+        with tqdm(total=len(data_types) * len(examples), desc=f"held-out loss, {len(data_types)} data types",
+                  unit="ticket", disable=not progress) as bar:
+            out = compare_data_types(model, tokenizer, examples, data_types, batch_size=batch_size, blocksize=blocksize,
+                                     progress=bar.update)
+        return {"rows": out["rows"], "losses": {d: v.tolist() for d, v in out["losses"].items()},
+                "tokens": out["tokens"].tolist(), "ids": out["ids"],
+                "weight_error": weight_errors(model, [d for d in data_types if d != "bf16"], blocksize),
+                "n_weights": len(base_linears(model)), "n_layers": model.config.num_hidden_layers}
+
+    try:
+        out = store.result("quantloss", key, compute, by="coursekit.quantloss")
+    except CacheMiss:
+        t0 = time.perf_counter()
+        out = {**compute(), "seconds": time.perf_counter() - t0, "cached": False}
+    out["losses"] = {d: np.asarray(v, dtype=np.float64) for d, v in out["losses"].items()}
+    out["tokens"] = np.asarray(out["tokens"], dtype=np.int64)
+    out["rows"] = [{**r, "interval": None if r["interval"] is None else tuple(r["interval"])} for r in out["rows"]]
+    return out

@@ -319,3 +319,23 @@ def _test_the_escape_left_no_trace(self, graded):
 
 
 globals()["TestRoundTrip02"].test_the_escape_left_no_trace = _test_the_escape_left_no_trace
+
+
+def _test_the_graded_notebooks_read_the_held_out_comparison(self, graded):
+    """Lesson 15's held-out-loss comparison (about a minute of CPU) is computed once by the grader before grading
+    (course._fill_quantloss_store) and read back by every graded notebook, not computed once per student."""
+    work, _ = graded
+    aid = self.AID
+    read = 0
+    for nb_path in (work / "autograded").glob(f"*/{aid}/{aid}.ipynb"):
+        cells = [c for c in json.loads(nb_path.read_text())["cells"]
+                 if c["cell_type"] == "code" and "stored_comparison(" in "".join(c["source"])]
+        text = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+        if "weights in 30 blocks" in text:  # the cell ran (a student who broke an earlier cell may stop before it)
+            assert "read back from disk now" in text, f"{nb_path.parent.parent.name} computed the comparison itself"
+            read += 1
+    assert read >= 1
+
+
+globals()["TestRoundTrip15"].test_the_graded_notebooks_read_the_held_out_comparison = \
+    _test_the_graded_notebooks_read_the_held_out_comparison

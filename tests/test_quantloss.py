@@ -4,11 +4,15 @@ loaded in NF4 by bitsandbytes, all on a tiny Llama with SmolLM2's tokenizer."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
-from coursekit import data, model, quant, quantloss as QL
+from coursekit import data, model, quant, quantloss as QL, sandbox
 
 EXAMPLES = data.load_split("unseen_phrasing")[:12]
 
@@ -165,3 +169,91 @@ def test_compare_data_types_refuses_what_it_cannot_compare(tiny, tok, folder):
         QL.compare_data_types(tiny, tok, [{"messages": ex["messages"]} for ex in EXAMPLES])
     with pytest.raises(ValueError, match="not already in 4 bits"):
         QL.base_linears(model.load_model("nf4", folder))
+
+
+def test_stored_comparison_computes_once_then_reads_the_same_numbers(folder, tok, tmp_path, monkeypatch):
+    from coursekit import capstone
+
+    store = capstone.Store(root=tmp_path, compute=True)
+    first = QL.stored_comparison(store, EXAMPLES[:4], folder, batch_size=2, progress=False)
+    direct = QL.compare_data_types(model.compute_in_float32(model.load_model("bf16", folder)), tok, EXAMPLES[:4],
+                                   batch_size=2)
+    assert not first["cached"] and first["rows"] == direct["rows"]
+    assert all(np.array_equal(first["losses"][d], direct["losses"][d]) for d in QL.DATA_TYPES)
+    tiny_net = model.compute_in_float32(model.load_model("bf16", folder))
+    assert first["weight_error"] == QL.weight_errors(tiny_net) and first["n_weights"] == 14 and first["n_layers"] == 2
+
+    def no_load(*a, **k):
+        raise AssertionError("a stored result must not load the model")
+
+    monkeypatch.setattr(model, "load_model", no_load)
+    again = QL.stored_comparison(capstone.Store(root=tmp_path, compute=False), EXAMPLES[:4], folder, batch_size=2,
+                                 progress=False)
+    assert again["cached"] and again["rows"] == first["rows"] and again["seconds"] == first["seconds"]
+    assert all(np.array_equal(again["losses"][d], first["losses"][d]) for d in QL.DATA_TYPES)
+    assert again["tokens"].dtype == np.int64 and np.array_equal(again["tokens"], first["tokens"])
+    with pytest.raises(AssertionError, match="must not load"):   # other tickets are another result
+        QL.stored_comparison(store, EXAMPLES[:3], folder, batch_size=2, progress=False)
+    with pytest.raises(AssertionError, match="must not load"):   # fresh=True computes again
+        QL.stored_comparison(capstone.Store(root=tmp_path, compute=True, fresh=True), EXAMPLES[:4], folder,
+                             batch_size=2, progress=False)
+
+
+def test_a_store_that_may_not_compute_still_gives_the_result_and_keeps_nothing(folder, tmp_path):
+    from coursekit import capstone
+
+    out = QL.stored_comparison(capstone.Store(root=tmp_path, compute=False), EXAMPLES[:2], folder,
+                               data_types=("bf16", "nf4"), progress=False)
+    assert not out["cached"] and [r["data_type"] for r in out["rows"]] == ["bf16", "nf4"]
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_weight_errors_pool_the_layers_and_stored_comparison_refuses_no_tickets(tiny, tmp_path):
+    from coursekit import capstone
+
+    layers = QL.base_linears(tiny)
+    num = sum((QL.round_trip(m.weight, "int4") - m.weight).double().square().sum().item() for _, m in layers)
+    den = sum(m.weight.double().square().sum().item() for _, m in layers)
+    assert QL.weight_errors(tiny, ["int4"]) == pytest.approx({"int4": (num / den) ** 0.5}, rel=1e-12)
+    with pytest.raises(ValueError, match="no examples"):
+        QL.stored_comparison(capstone.Store(root=tmp_path, compute=True), [], progress=False)
+
+
+@pytest.mark.skipif(sandbox.problem() is not None and os.environ.get("CI") != "true",
+                    reason=f"no sandbox here: {sandbox.problem()}")
+def test_in_the_grading_sandbox_a_missing_result_is_computed_and_not_kept(folder, tmp_path):
+    """Graded lesson 15 runs in the sandbox, where the store is a read-only mount (as root too): the comparison is
+    computed there, nothing is written, and no lock is taken."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    sandbox.readable_by_sandbox(tmp_path)
+    sandbox.readable_by_sandbox(folder)
+    src = (f"from pathlib import Path\nfrom coursekit import capstone, data, quantloss as QL\n"
+           f"out = QL.stored_comparison(capstone.Store(root=Path({str(store_root)!r}), compute=False), "
+           f"data.load_split('unseen_phrasing')[:2], {str(folder)!r}, data_types=('bf16', 'nf4'), progress=False)\n"
+           f"print('ROWS', [r['data_type'] for r in out['rows']], out['cached'])\n")
+    r = subprocess.run(sandbox.command([sys.executable, "-c", src], sandbox.Spec(readable=[tmp_path, folder])),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ROWS ['bf16', 'nf4'] False" in r.stdout
+    assert not list(store_root.rglob("*"))
+
+
+def test_the_grader_fills_the_store_with_exactly_the_comparison_lesson_15_asks_for():
+    """`coursekit grade` computes lesson 15's comparison once before grading it (course._fill_quantloss_store), so
+    the lesson's cell must ask for that one: the first LESSON_TICKETS tickets of unseen_phrasing, as one batch,
+    with the default data types, blocksize and checkpoint. Otherwise every graded notebook computes its own."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    from coursekit import course
+
+    nb = json.loads(next(Path(__file__).parents[1].glob("solutions/15-*/15-*.ipynb")).read_text())
+    src = "".join(next("".join(c["source"]) for c in nb["cells"] if "stored_comparison(" in "".join(c["source"])))
+    assert f"N_TICKETS = {QL.LESSON_TICKETS}\n" in src
+    assert 'held_out = cdata.load_split("unseen_phrasing")[:N_TICKETS]' in src
+    assert "quantloss.stored_comparison(capstone.Store(), held_out, batch_size=N_TICKETS)" in src
+    fill = inspect.getsource(course._fill_quantloss_store)
+    assert 'data.load_split("unseen_phrasing")[:n], batch_size=n,' in fill
+    assert next(Path(__file__).parents[1].glob("solutions/15-*")).name == course.QUANTLOSS
