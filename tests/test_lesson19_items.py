@@ -320,3 +320,16 @@ def test_each_probe_training_mistake_is_named_only_where_it_was_made_and_every_c
                       (A.train_probe_on_logits, "logits for probabilities")):
         fb = check("19.p15", fn, hidden=True)
         assert fb.points == 0 and fb.mistakes == [label], (fn.__name__, fb.text())
+
+
+def test_p13_accepts_every_valid_deployment_order():
+    """Loading and dequantizing the NF4 base needs no adapter: it may come anywhere before the adapter is attached to
+    it. Saving must sit between training and attaching, and the merge and its check come last."""
+    for order in (["train", "save", "dequantize", "attach", "merge", "verify"],
+                  ["train", "dequantize", "save", "attach", "merge", "verify"],
+                  ["dequantize", "train", "save", "attach", "merge", "verify"]):
+        assert check("19.p13", order).full, order
+    fb = check("19.p13", ["train", "save", "attach", "dequantize", "merge", "verify"])  # attached to nothing yet
+    assert not fb.full
+    fb = check("19.p13", ["train", "dequantize", "attach", "save", "merge", "verify"])  # attaches what is not saved
+    assert not fb.full

@@ -1241,28 +1241,55 @@ def _p15_mistakes(kw: dict, got: dict) -> dict:
 # --------------------------------------------------------------------------- P10: a number from the student's run
 
 
-def gain_over_best_baseline(split: str = "unseen_symptom") -> float:
-    """Percentage points by which QLoRA (label scoring) beats the tuned baseline (the prompt the search chose on
-    training tickets, ``capstone.tuned_baseline``) on ``split`` (the question asks for the unseen-symptom split),
-    read from the capstone store that this lesson's run filled (or the reference run's, on the grading machine)."""
+def _qlora_vs_tuned(split: str) -> dict:
+    """QLoRA (label scoring) and the tuned baseline (the prompt the search chose on training tickets,
+    ``capstone.tuned_baseline``) on ``split``, read from the capstone store that this lesson's run filled (or the
+    reference run's, on the grading machine): ``paired.compare``'s result plus each one's ``"correct"`` count."""
+    from coursekit import paired
+
     store = capstone.Store(compute=False)
     ladder = capstone.baseline_ladder(None, store)
     run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
-    qlora = capstone.heldout_results(run, None, store)["labels"][split]["accuracy"]
-    return 100 * (qlora - ladder[capstone.tuned_baseline(ladder)][split]["accuracy"])
+    qlora = capstone.heldout_results(run, None, store)["labels"][split]
+    tuned = ladder[capstone.tuned_baseline(ladder)][split]
+    return {**paired.compare(qlora, tuned), "qlora_correct": qlora["correct"], "tuned_correct": tuned["correct"]}
+
+
+def gain_in_tickets(split: str = "unseen_symptom") -> int:
+    """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
+    fewer): the tickets only QLoRA got right minus those only the tuned baseline got right; the tickets both got
+    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 4)."""
+    c = _qlora_vs_tuned(split)
+    assert c["a_only"] - c["b_only"] == c["qlora_correct"] - c["tuned_correct"]
+    return c["a_only"] - c["b_only"]
 
 
 def _gain_mistakes() -> list[Mistake]:
-    g = gain_over_best_baseline()
-    out = [Mistake("fraction", g / 100, "that is the gain as a fraction; the question asks for percentage points (× 100).")]
-    other = gain_over_best_baseline("unseen_phrasing")
-    where = ("that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
-             "whose cue words never occur in training (read both numbers from the unseen_symptom column)")
-    # Each named only where it cannot be mistaken for another answer within the item's tolerance (0.05).
-    if abs(other - g) > 0.1:
-        out.append(Mistake("other split", other, where + "."))
-    if abs(other - g) / 100 > 0.1 and abs(other / 100 - g) > 0.1 and abs(other / 100 - other) > 0.1:
-        out.append(Mistake("other split, fraction", other / 100, where + ", and in percentage points (× 100)."))
+    c = _qlora_vs_tuned("unseen_symptom")
+    g = c["a_only"] - c["b_only"]
+    candidates = [
+        ("percentage points", 100 * c["difference"],
+         "that is the gain in percentage points, the paired line's first number; the question counts tickets: those "
+         "only QLoRA got right minus those only the tuned prompt got right."),
+        ("QLoRA's discordant only", c["a_only"],
+         "that counts only the tickets QLoRA alone got right; each ticket only the tuned prompt got right counts "
+         "against QLoRA: subtract those."),
+        ("discordant sum", c["a_only"] + c["b_only"],
+         "that adds the two discordant counts (the tickets the two disagree on); the gain subtracts them: QLoRA's "
+         "right-only tickets minus the tuned prompt's."),
+        ("QLoRA's total", c["qlora_correct"],
+         "that is how many tickets QLoRA gets right in all; the question asks how many more than the tuned prompt."),
+        ("other split", gain_in_tickets("unseen_phrasing"),
+         "that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
+         "whose cue words never occur in training."),
+    ]
+    out: list[Mistake] = []
+    taken = [g]
+    # Each named only where it cannot be mistaken for the key or an earlier mistake (integers: 1 apart or more).
+    for name, value, text in candidates:
+        if all(abs(value - t) >= 1 for t in taken):
+            out.append(Mistake(name, value, text))
+            taken.append(value)
     return out
 
 
@@ -1315,8 +1342,8 @@ ITEMS = {
     "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
     "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
                  multi=True),
-    "p10": Numeric("gain over the tuned baseline on unseen symptoms, in percentage points", 1, name="gain_points",
-                   expected=gain_over_best_baseline, rtol=0, atol=0.05, mistakes=_gain_mistakes),
+    "p10": Numeric("gain over the tuned baseline on unseen symptoms, in tickets", 1, name="gain_tickets",
+                   expected=gain_in_tickets, rtol=0, atol=0.5, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
     "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
                     reference=cheap.probe_features,
