@@ -69,15 +69,15 @@ def test_a_print_flood_is_counted_not_shown(capfd):
 
 @pytest.mark.parametrize("answer,points", [
     (float("nan"), 0),
-    (np.float32(16 / 8 * 32), 1),
+    (np.float32(0.25), 1),
     ("torch", 1),
-    ([64.0], 1),
+    ([0.25], 1),
 ])
 def test_odd_number_types_get_the_right_score(answer, points):
     if answer == "torch":
         import torch
 
-        answer = torch.tensor(64.0, requires_grad=True)
+        answer = torch.tensor(0.25, requires_grad=True)
     fb = check("03.p4", answer)
     assert fb.points == points, fb.lines
     if points == 0:

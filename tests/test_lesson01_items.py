@@ -22,7 +22,7 @@ def right_ledger(n_params, n_adapter, method, n_unfrozen):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
-         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 6.86, "p5": right_ledger, "p6": "a"}
+         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 361_821_120, "p5": right_ledger, "p6": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -142,27 +142,54 @@ def test_ordering_partial_credit_names_the_first_misplaced_step():
     assert fb.points == 0 and "exactly once" in fb.text()
 
 
-@pytest.mark.parametrize(
-    "answer, text",
-    [
-        (26.36, "LoRA total"),
-        (6.5, "left out the adapter bucket"),
-        (6.74, "only the Adam moments"),
-        (6.62, "no optimizer state"),
-        (6.86e9, "in bytes"),
-        (6.86e9 / 2**30, "GiB"),
-        (156.0, "full fine-tuning"),
-        (7.0, "not right (tolerance"),
-    ],
-)
-def test_numeric_mistakes_are_recognised(answer, text):
-    fb = check("01.p4", answer)
-    assert fb.points == 0 and text in fb.text()
+def _measured_llama_params(drop=(), **overrides):
+    """Parameters of the Llama model transformers builds from P4's configuration (on the meta device: shapes only, no
+    memory), each parameter counted once as model.parameters() yields it; ``drop`` leaves out the parameters whose
+    names contain one of its strings, ``overrides`` change the configuration: the slips a student makes, run."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+               num_key_value_heads=5, head_dim=64, vocab_size=49_152, tie_word_embeddings=True,
+               attention_bias=False, mlp_bias=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**{**cfg, **overrides}))
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) not in seen and not any(d in name for d in drop):
+            seen.add(id(p))
+            total += p.numel()
+    return total
 
 
-def test_numeric_expected_comes_from_coursekit():
-    assert ITEMS["p4"].expected() == pytest.approx(6.86)
-    assert check("01.p4", "6.86").points == 0  # a string is not a number
+def test_p4_key_and_named_mistakes_are_measured_on_the_model_transformers_builds():
+    """P4's key is the parameter count of the Llama model transformers builds from the question's configuration, and
+    every named mistake is the count of that model built or counted the mistaken way. The same arithmetic gives
+    SmolLM2-135M's 134,515,008 of Real-world reps (checked there against the model file)."""
+    from coursekit.grading.lessons.lesson01 import P4_CONFIG, _llama_params
+
+    key = _measured_llama_params()
+    assert ITEMS["p4"].expected() == key == RIGHT["p4"]
+    assert check("01.p4", key).full
+    assert _llama_params(576, 1536, 30, 9, 3, 64, 49_152) == 134_515_008
+    assert P4_CONFIG == dict(hidden=960, inter=2560, layers=32, heads=15, kv_heads=5, head_dim=64, vocab=49_152)
+
+    made = {
+        "untied": _measured_llama_params(tie_word_embeddings=False),
+        "full-width k and v": _measured_llama_params(num_key_value_heads=15),
+        "no norms": _measured_llama_params(drop=("norm",)),
+        "no embedding": _measured_llama_params(drop=("embed_tokens",)),
+        "two MLP matrices": _measured_llama_params(drop=("gate_proj",)),
+    }
+    named = {m.label: m.value for m in ITEMS["p4"].mistakes()}
+    assert named == made
+    for label, value in made.items():
+        fb = check("01.p4", value)
+        assert fb.points == 0 and fb.mistakes == [label] and "Real-world reps" in fb.text(), (label, fb.text())
+    fb = check("01.p4", key + 960)
+    assert fb.points == 0 and "Likely mistake" not in fb.text()
+    assert check("01.p4", key / 1e6).points == 0                      # millions are not the count
+    assert check("01.p4", str(key)).points == 0                       # a string is not a number
 
 
 # --------------------------------------------------------------------------- the ledger function

@@ -1,5 +1,5 @@
-"""Lesson 02 ("LoRA inside one matmul"): the counting items and P6's prediction, each key recomputed here from first
-principles (not from coursekit.lora), and each named mistake caught only when it was made."""
+"""Lesson 02 ("LoRA inside one matmul"): the numeric items and P6's prediction, each key measured here from first
+principles or with PEFT itself (not from coursekit.lora), and each named mistake caught only when it was made."""
 
 import numpy as np
 import pytest
@@ -7,33 +7,100 @@ import torch
 
 from coursekit.grading import check, keys
 
-R = 8
-Q = (2048, 2048)   # q_proj, d × m
-V = (2048, 512)    # v_proj of a grouped-query layer
+def _peft_layer(d, m, r, lora_alpha, use_rslora, A, B):
+    """A one-projection model adapted by PEFT, with our A (d × r) and B (r × m) copied into its transposed storage."""
+    from peft import LoraConfig, get_peft_model
+
+    class One(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(d, m, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    torch.manual_seed(0)
+    model = get_peft_model(One(), LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=["proj"], use_rslora=use_rslora))
+    layer = model.base_model.model.proj
+    with torch.no_grad():
+        layer.lora_A["default"].weight.copy_(torch.as_tensor(A.T))
+        layer.lora_B["default"].weight.copy_(torch.as_tensor(B.T))
+    return model, layer
 
 
-def _count(d, m, r=R):
-    return d * r + r * m   # A is d × r, B is r × m
+def test_p3_key_is_the_measured_change_of_a_peft_adapters_contribution():
+    """P3's key, measured: the same A and B in a PEFT layer with r = 16, lora_alpha = 32, loaded once with PEFT's
+    default scale and once with use_rslora=True; the adapter's contribution (output minus the base's) grows by the
+    ratio asked for. The named mistakes are that ratio upside down, the two scales PEFT reports, and r."""
+    d, m, r, alpha = 24, 20, 16, 32
+    g = np.random.default_rng(0)
+    A, B = g.standard_normal((d, r)).astype(np.float32), g.standard_normal((r, m)).astype(np.float32)
+    X = torch.as_tensor(g.standard_normal((5, d)).astype(np.float32))
+    contribution, scaling = {}, {}
+    for rs in (False, True):
+        model, layer = _peft_layer(d, m, r, alpha, rs, A, B)
+        with torch.no_grad():
+            contribution[rs] = (model(X) - layer.base_layer(X)).double()
+        scaling[rs] = layer.scaling["default"]
+    ratio = contribution[True] / contribution[False]
+    assert torch.allclose(ratio, ratio.mean(), rtol=1e-4)        # one factor for every entry
+    measured = ratio.mean().item()
+    assert measured == pytest.approx(4.0, rel=1e-4)
+    assert check("02.p3", measured).full and check("02.p3", 4).full
+    for value, label, text in [(1 / measured, "upside down", "old over new"), (scaling[True], "new s", "new scale"),
+                               (scaling[False], "old s", "trained with"), (r, "r", "not by r")]:
+        fb = check("02.p3", value)
+        assert fb.points == 0 and fb.mistakes == [label] and text in fb.text(), (label, fb.text())
+    assert "Likely mistake" not in check("02.p3", 3).text()
 
 
-def test_p3_counts_both_adapters_and_names_the_square_v_proj():
-    assert check("02.p3", _count(*Q) + _count(*V)).points == 1
-    fb = check("02.p3", 2 * _count(*Q))
-    assert fb.points == 0 and "2048 × 2048" in fb.text() and "512" in fb.text()
-    fb = check("02.p3", _count(*Q))
-    assert fb.points == 0 and "q_proj's adapter alone" in fb.text()
-    assert "Likely mistake" not in check("02.p3", 12345).text()
+P4_A_ROWS = ((0, 1, 2), (2, 3))   # the question's pattern: nonzero rows of A's columns, nonzero columns of B's rows
+P4_B_COLS = ((0, 1), (1, 2, 3))
 
 
-def test_p4_pools_the_two_layers_and_names_the_mean_of_percentages():
-    pooled = 100 * (_count(*Q) + _count(*V)) / (Q[0] * Q[1] + V[0] * V[1])
-    assert pooled == pytest.approx(1.015625)
-    assert check("02.p4", pooled).points == 1
-    mean = 50 * (_count(*Q) / (Q[0] * Q[1]) + _count(*V) / (V[0] * V[1]))
-    assert mean != pytest.approx(pooled, rel=1e-3)
-    fb = check("02.p4", mean)
-    assert fb.points == 0 and "averages the two layers' percentages" in fb.text()
-    assert "percent" in check("02.p4", pooled / 100).text()
+def _pattern_factors(seed):
+    g = np.random.default_rng(seed)
+    A, B = np.zeros((6, 2)), np.zeros((2, 5))
+    for k in range(2):
+        A[list(P4_A_ROWS[k]), k] = g.uniform(0.5, 2, len(P4_A_ROWS[k])) * g.choice([-1, 1], len(P4_A_ROWS[k]))
+        B[k, list(P4_B_COLS[k])] = g.uniform(0.5, 2, len(P4_B_COLS[k])) * g.choice([-1, 1], len(P4_B_COLS[k]))
+    return A, B
+
+
+def _changed(W, merged):
+    return int(np.count_nonzero(merged != W))
+
+
+def test_p4_key_is_the_number_of_entries_a_peft_merge_changes():
+    """P4's key, measured: PEFT merges a rank-2 adapter with the question's pattern of nonzeros (random values, ten
+    draws) into a 6 × 5 weight, and the merged weight differs from the base in the same number of entries every time.
+    Each named mistake is a count made the mistaken way, on the same factors."""
+    counts = set()
+    for seed in range(10):
+        A, B = _pattern_factors(seed)
+        model, layer = _peft_layer(6, 5, 2, 1.0, False, A.astype(np.float32), B.astype(np.float32))
+        W = layer.base_layer.weight.detach().numpy().T.copy()
+        merged = model.merge_and_unload().proj.weight.detach().numpy().T
+        counts.add(_changed(W, merged))
+        assert _changed(W, W + 0.5 * A @ B) == _changed(W, merged)      # NumPy's merge agrees
+    assert counts == {11}
+    assert check("02.p4", 11).full
+
+    A, B = _pattern_factors(0)
+    W = np.random.default_rng(1).standard_normal((6, 5))
+    pieces = [_changed(W, W + np.outer(A[:, k], B[k])) for k in range(2)]
+    made = {
+        "pieces added": sum(pieces),                                                   # the shared entry counted twice
+        "rows × columns": int(A.any(axis=1).sum() * B.any(axis=0).sum()),              # every touched row × column
+        "first piece only": pieces[0],
+        "one per rank": A.shape[1],
+        "every entry": W.size,
+    }
+    assert made == {"pieces added": 12, "rows × columns": 16, "first piece only": 6, "one per rank": 2, "every entry": 30}
+    for label, value in made.items():
+        fb = check("02.p4", value)
+        assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
+    assert "Likely mistake" not in check("02.p4", 9).text()
 
 
 def test_p7_is_the_largest_rank_below_break_even_of_a_non_square_matrix():

@@ -27,7 +27,7 @@ def right_residual_curve(sigma):
     return np.array([math.sqrt(np.sum(s[k:] ** 2)) for k in range(len(s) + 1)])
 
 
-RIGHT = {"w1": 16, "w2": "a", "w3": 0.25, "p1": right_best_rank_k, "p2": math.sqrt(1.25), "p3": "b", "p4": 64,
+RIGHT = {"w1": 16, "w2": "a", "w3": 0.25, "p1": right_best_rank_k, "p2": math.sqrt(1.25), "p3": "b", "p4": 0.25,
          "p5": [2.0, 1.0, 0.5], "p6": right_residual_curve}
 
 
@@ -214,11 +214,11 @@ def test_residual_curve_mistakes_are_named(fn, text):
         ("p2", math.sqrt(20), "discarded the two largest"),
         ("p2", 2.2913, "rank-1 residual"),
         ("p2", 1.0, "spectral-norm"),
-        ("p4", 512, "α instead of α/r"),
-        ("p4", 32, "no scale at all"),
-        ("p4", 16, "r/α instead of α/r"),
-        ("p4", 181.02, "rsLoRA"),
-        ("p4", 65, "not right (tolerance"),
+        ("p4", 0.0625, "how much s = lora_alpha / r shrinks alone"),
+        ("p4", 4, "with the scale held fixed"),
+        ("p4", 1, "keeps the update flat"),
+        ("p4", 16, "not a larger one"),
+        ("p4", 0.5, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item, answer, text):
@@ -226,13 +226,50 @@ def test_numeric_mistakes_are_recognised(item, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_report_numbers_come_from_coursekit():
-    from coursekit.grading.lessons.lesson03 import report_mistakes, report_update
+def _measured_update_rms(r, scale, draws=3000, d=96, m=96, seed=0):
+    """The root-mean-square of ||scale(16, r) · xAB|| over random draws, factors as in the lesson's plot
+    (x, B ~ N(0, 1), A ~ N(0, 1/d)), measured with coursekit's own forward pass."""
+    from coursekit import lora
 
-    assert report_update() == 64.0
-    values = {m.label: m.value for m in report_mistakes()}
-    assert values["alpha"] == 512.0 and values["missing s"] == 32.0
-    assert values["rslora"] == pytest.approx(181.02, abs=5e-3)
+    g = np.random.default_rng(seed)
+    sq = []
+    for _ in range(draws):
+        x, A, B = g.standard_normal((1, d)), g.standard_normal((d, r)) / math.sqrt(d), g.standard_normal((r, m))
+        y = lora.lora_forward(x, np.zeros((d, m)), A, B, scale(16, r))[0]
+        sq.append(float(np.sum(y ** 2)))
+    return math.sqrt(np.mean(sq))
+
+
+def test_p4_key_and_mistakes_are_measured():
+    """P4's key is the measured ratio of root-mean-square updates from r = 4 to r = 64 under s = lora_alpha / r, and
+    every named mistake is the same measurement with the mistaken scale: s held at lora_alpha, rsLoRA's
+    lora_alpha / sqrt(r), or s's change alone (||xAB|| taken as independent of r, measured with B scaled by 1/sqrt(r))."""
+    from coursekit import lora
+    from coursekit.grading.lessons.lesson03 import GROWTH, growth_expected, growth_mistakes
+
+    assert (GROWTH["r_from"], GROWTH["r_to"], GROWTH["lora_alpha"]) == (4, 64, 16)
+
+    def ratio(scale):
+        return _measured_update_rms(64, scale) / _measured_update_rms(4, scale)
+
+    measured = {
+        "key": ratio(lambda a, r: lora.scaling(a, r)),
+        "fixed s": ratio(lambda a, r: a),
+        "rslora": ratio(lambda a, r: lora.scaling(a, r, use_rslora=True)),
+        # ||xAB|| without its growth: divide the sqrt(r) back out of the measured size
+        "s only": ratio(lambda a, r: lora.scaling(a, r) / math.sqrt(r)),
+        "s upside down": ratio(lambda a, r: r / a / math.sqrt(r)),
+    }
+    named = {mk.label: mk.value for mk in growth_mistakes()}
+    assert set(named) == set(measured) - {"key"}
+    assert growth_expected() == pytest.approx(measured["key"], rel=0.03) == pytest.approx(0.25, rel=0.03)
+    for label, value in named.items():
+        assert value == pytest.approx(measured[label], rel=0.03), label
+    # the measured key is right under the item's tolerance; each measured mistake is named, not accepted
+    assert check("03.p4", measured["key"]).full
+    for label in named:
+        fb = check("03.p4", measured[label])
+        assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
 
 
 @pytest.mark.parametrize(

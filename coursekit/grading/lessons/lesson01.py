@@ -1,7 +1,8 @@
 """Graded items of lesson 01, "When to adapt" (solutions/01-when-to-adapt).
 
-Choice and ordering keys live in ``autograder/keys/01.json``; the numeric item and the ledger function
-are checked against :mod:`coursekit.memory` (p5 through :func:`_ledger_buckets`, which builds on it).
+Choice and ordering keys live in ``autograder/keys/01.json``; the parameter count (p4) is the architecture's
+arithmetic (tests/test_lesson01_items.py measures it on the model transformers builds), and the ledger function (p5)
+is checked against :mod:`coursekit.memory` through :func:`_ledger_buckets`, which builds on it.
 """
 
 from __future__ import annotations
@@ -18,29 +19,47 @@ _SEC_METHODS = "Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'."
 _SEC_LEDGER = "Reread Know this, 'The memory ledger'."
 
 
-# --------------------------------------------------------------------------- p4: a numeric ledger total
+# --------------------------------------------------------------------------- p4: count a Llama model from its config
 
-def _p4_expected() -> float:
-    return memory.to_gb(memory.total(memory.ledger(13e9, 30e6, "qlora")))
+_SEC_COUNT = "Real-world reps counts SmolLM2-135M the same way."
+
+#: P4's model: SmolLM2-135M's architecture at a larger size (Llama: q, k, v, o; gate, up, down; two RMSNorm weights per
+#: layer and a final one; no biases; input and output embeddings tied).
+P4_CONFIG = dict(hidden=960, inter=2560, layers=32, heads=15, kv_heads=5, head_dim=64, vocab=49_152)
+
+
+def _llama_params(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int, *,
+                  tied: bool = True, norms: bool = True, embedding: bool = True, mlp_matrices: int = 3) -> int:
+    """Parameters of a Llama-architecture model without biases, counted from its configuration (the arithmetic of the
+    lesson's Real-world reps); the keyword switches give the count a typical slip produces."""
+    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden   # q, k, v, o
+    mlp = mlp_matrices * hidden * inter                                                                 # gate, up, down
+    per_layer = attn + mlp + (2 * hidden if norms else 0)
+    emb = vocab * hidden * ((1 if tied else 2) if embedding else 0)
+    return emb + layers * per_layer + (hidden if norms else 0)
+
+
+def _p4_expected() -> int:
+    return _llama_params(**P4_CONFIG)
 
 
 def _p4_mistakes() -> list[Mistake]:
-    def gb(method: str, a: float = 30e6, **kw: Any) -> float:
-        return memory.to_gb(memory.total(memory.ledger(13e9, a, method, **kw)))
-
+    c = P4_CONFIG
     return [
-        Mistake("lora", gb("lora"), "that is the LoRA total: under QLoRA the frozen base is stored as 4-bit codes, "
-                                    "half a byte per weight, not 2 bytes. " + _SEC_LEDGER),
-        Mistake("full", gb("full"), "that is full fine-tuning: under QLoRA the base is frozen (no gradients, no Adam "
-                                    "moments) and stored in 4 bits. " + _SEC_LEDGER),
-        Mistake("no adapter", gb("qlora", a=0), "you left out the adapter bucket: 30M parameters × 12 bytes "
-                                               "(bf16 weight and gradient, two fp32 Adam moments). " + _SEC_LEDGER),
-        Mistake("adapter moments only", gb("qlora", weight_bytes=0, grad_bytes=0),
-                "your adapter bucket has only the Adam moments; add its bf16 weights and gradients (2 + 2 bytes). " + _SEC_LEDGER),
-        Mistake("adapter without moments", gb("qlora", moment_bytes=0),
-                "your adapter bucket has no optimizer state: Adam keeps two fp32 moments per trainable parameter. " + _SEC_LEDGER),
-        Mistake("bytes", _p4_expected() * 1e9, "that is the right total in bytes; the question asks for decimal GB (divide by 1e9)."),
-        Mistake("GiB", _p4_expected() * 1e9 / 2**30, "that is GiB (2**30 bytes); the course uses decimal GB, 1e9 bytes."),
+        Mistake("untied", _llama_params(**c, tied=False),
+                "you counted the embedding twice: the output head reuses the input embedding (tied), so that matrix is "
+                "stored and counted once. " + _SEC_COUNT),
+        Mistake("full-width k and v", _llama_params(**{**c, "kv_heads": c["heads"]}),
+                "k_proj and v_proj are not hidden × hidden here: with 5 key/value heads of width 64 (grouped-query "
+                "attention) each maps 960 features to 5 × 64 = 320. " + _SEC_COUNT),
+        Mistake("no norms", _llama_params(**c, norms=False),
+                "you left out the RMSNorm weights: two vectors of the hidden size in every layer, and one more after "
+                "the last layer. " + _SEC_COUNT),
+        Mistake("no embedding", _llama_params(**c, embedding=False),
+                "the embedding is a parameter matrix too, vocabulary × hidden size (counted once, since it is tied). " + _SEC_COUNT),
+        Mistake("two MLP matrices", _llama_params(**c, mlp_matrices=2),
+                "a Llama MLP has three matrices, not two: gate and up (hidden → intermediate) and down "
+                "(intermediate → hidden). " + _SEC_COUNT),
     ]
 
 
@@ -213,13 +232,12 @@ ITEMS = {
         },
     ),
     "p4": Numeric(
-        "QLoRA partial total for a 13B base and a 30M adapter",
+        "parameters of a Llama model with hidden size 960, 32 layers, 15 query and 5 key/value heads, tied embedding",
         2,
-        name="qlora_total_gb",
+        name="model_params",
         expected=_p4_expected,
-        rtol=1e-3,
+        rtol=0,
         mistakes=_p4_mistakes,
-        unit="GB",
     ),
     "p5": _BucketFunction(
         "Implement the memory ledger with part of the base unfrozen",

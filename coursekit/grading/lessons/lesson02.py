@@ -121,18 +121,66 @@ def _fmt(x: float) -> str:
 
 # --------------------------------------------------------------------------- items
 
-# P3 and P4: rank-8 adapters on a layer's q_proj (2048 × 2048) and its grouped-query v_proj (2048 × 512), d × m.
-P3_R = 8
-P3_SHAPES = {"q_proj": (2048, 2048), "v_proj": (2048, 512)}
+# P3: the same A and B read under another scale convention. A rank-16 adapter trained with lora_alpha = 32 under
+# PEFT's default s = lora_alpha / r is loaded with use_rslora=True (s = lora_alpha / sqrt(r)).
+P3_CONFIG = dict(r=16, lora_alpha=32)
+
+
+def _p3_factor() -> float:
+    """New s over old s: the factor by which the same adapter's contribution s (X A) B changes."""
+    r, alpha = P3_CONFIG["r"], P3_CONFIG["lora_alpha"]
+    return lora.scaling(alpha, r, use_rslora=True) / lora.scaling(alpha, r)
+
+
+# P4: which entries a rank-2 merge changes. A (d × 2) and B (2 × m) are zero except at these positions; the nonzero
+# values are random, so no sum of products cancels. Entry (i, j) of sAB changes when some k has A[i, k] and B[k, j]
+# both nonzero: the union of the two rank-one pieces' rectangles, which share entry (2, 1).
+P4_SHAPE = (6, 5)
+P4_A_ROWS = ((0, 1, 2), (2, 3))      # nonzero rows of A's column 0 and column 1
+P4_B_COLS = ((0, 1), (1, 2, 3))      # nonzero columns of B's row 0 and row 1
+
+
+def _p4_factors(rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A and B with P4's pattern of nonzeros, filled with random values (away from zero)."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    (d, m), r = P4_SHAPE, len(P4_A_ROWS)
+    A, B = np.zeros((d, r)), np.zeros((r, m))
+    for k in range(r):
+        A[list(P4_A_ROWS[k]), k] = rng.choice([-1, 1], len(P4_A_ROWS[k])) * rng.uniform(0.5, 2, len(P4_A_ROWS[k]))
+        B[k, list(P4_B_COLS[k])] = rng.choice([-1, 1], len(P4_B_COLS[k])) * rng.uniform(0.5, 2, len(P4_B_COLS[k]))
+    return A, B
+
+
+def _p4_changed(A: np.ndarray, B: np.ndarray, s: float = 0.5) -> int:
+    """How many entries of W the merge W + sAB changes, counted on the merged matrix."""
+    W = np.random.default_rng(1).standard_normal((A.shape[0], B.shape[1]))
+    return int(np.count_nonzero(lora.merge(W, A, B, s) != W))
+
+
+def _p4_key() -> int:
+    return _p4_changed(*_p4_factors())
+
+
+def _p4_mistakes() -> list[Mistake]:
+    A, B = _p4_factors()
+    pieces = [_p4_changed(A[:, [k]], B[[k], :]) for k in range(A.shape[1])]
+    rows, cols = np.flatnonzero(A.any(axis=1)), np.flatnonzero(B.any(axis=0))
+    read = "Reread 'Merging: the same layer as one matrix' in Know this."
+    return [
+        Mistake("pieces added", sum(pieces), "you added the two rank-one pieces' counts, but entry (2, 1) is changed by "
+                "both pieces and is one entry of W: count the union. " + read),
+        Mistake("rows × columns", len(rows) * len(cols), "not every row that A touches meets every column that B touches: "
+                "sAB is a sum of rank-one pieces, and each pairs one column of A with the same row of B only. " + read),
+        Mistake("first piece only", pieces[0], "that is the first rank-one piece alone (A's column 0 with B's row 0); "
+                "the second column of A with the second row of B changes entries too. " + read),
+        Mistake("one per rank", A.shape[1], "a rank-2 adapter does not change two weights: each rank-one piece is an outer "
+                "product and changes every entry where its column of A and its row of B are both nonzero. " + read),
+        Mistake("every entry", A.shape[0] * B.shape[1], "rows where A is zero and columns where B is zero stay as they "
+                "were: the merge does not touch every entry. " + read),
+    ]
+
+
 P7_SHAPE = (576, 192)  # d × m of SmolLM2's k_proj
-
-
-def _p3_count(shapes: dict = P3_SHAPES, r: int = P3_R) -> int:
-    return sum(lora.param_count(d, m, r) for d, m in shapes.values())
-
-
-def _p3_dense(shapes: dict = P3_SHAPES) -> int:
-    return sum(lora.dense_param_count(d, m) for d, m in shapes.values())
 
 
 def _p7_key(d: int = P7_SHAPE[0], m: int = P7_SHAPE[1]) -> int:
@@ -198,35 +246,31 @@ ITEMS = {
         mistakes=merge_mistakes,
     ),
     "p3": Numeric(
-        "trainable parameters of rank-8 adapters on a 2048 × 2048 q_proj and a 2048 × 512 v_proj",
+        "the factor by which a rank-16, lora_alpha = 32 adapter's contribution changes when it is loaded with use_rslora=True",
         1,
-        name="n_trainable",
-        expected=_p3_count,
-        rtol=0,
+        name="factor",
+        expected=_p3_factor,
+        rtol=1e-3,
         mistakes=lambda: [
-            Mistake("v square", 2 * lora.param_count(2048, 2048, P3_R),
-                    "that counts v_proj as 2048 × 2048; it maps 2048 features to 512, so its adapter has r (2048 + 512)."),
-            Mistake("q only", lora.param_count(2048, 2048, P3_R), "that is q_proj's adapter alone; add v_proj's, r (2048 + 512)."),
-            Mistake("v only", lora.param_count(2048, 512, P3_R), "that is v_proj's adapter alone; add q_proj's, r (2048 + 2048)."),
-            Mistake("dense", _p3_dense(), "that is the two dense matrices' count; each adapter has r (d + m)."),
+            Mistake("upside down", 1 / _p3_factor(), "that is old over new: rsLoRA divides lora_alpha by sqrt(r) = 4 instead "
+                    "of r = 16, so its s is larger, and so is the contribution. Reread 'The scale s' in Know this."),
+            Mistake("new s", lora.scaling(P3_CONFIG["lora_alpha"], P3_CONFIG["r"], use_rslora=True),
+                    "that is the new scale lora_alpha / sqrt(r) itself; the contribution changes by new s over old s, and "
+                    "the old one was lora_alpha / r. Reread 'The scale s' in Know this."),
+            Mistake("old s", lora.scaling(P3_CONFIG["lora_alpha"], P3_CONFIG["r"]),
+                    "that is the scale the adapter was trained with, lora_alpha / r; the question asks by what factor the "
+                    "contribution changes when s becomes lora_alpha / sqrt(r). Reread 'The scale s' in Know this."),
+            Mistake("r", P3_CONFIG["r"], "the two scales differ by r / sqrt(r) = sqrt(r), not by r: rsLoRA still divides "
+                    "by something, sqrt(r). Reread 'The scale s' in Know this."),
         ],
     ),
     "p4": Numeric(
-        "those adapters' parameters as a percentage of the two dense matrices' entries",
+        "how many entries of a 6 × 5 weight a rank-2 merge with a given pattern of nonzeros changes",
         1,
-        name="percent",
-        expected=lambda: 100 * _p3_count() / _p3_dense(),
-        rtol=1e-4,
-        unit="%",
-        mistakes=lambda: [
-            Mistake("fraction", _p3_count() / _p3_dense(), "that is the fraction; the question asks for percent (× 100)."),
-            Mistake("mean of percentages",
-                    50 * sum(lora.param_count(d, m, P3_R) / lora.dense_param_count(d, m) for d, m in P3_SHAPES.values()),
-                    "that averages the two layers' percentages, which weighs the small v_proj like the large q_proj; divide "
-                    "the total adapter count by the total dense count."),
-            Mistake("v square", 100 * 2 * lora.param_count(2048, 2048, P3_R) / (2 * 2048 * 2048),
-                    "that treats v_proj as 2048 × 2048; it is 2048 × 512."),
-        ],
+        name="n_changed",
+        expected=_p4_key,
+        rtol=0,
+        mistakes=_p4_mistakes,
     ),
     "p5": Function(
         "implement peft_layout_forward (nn.Linear storage)",

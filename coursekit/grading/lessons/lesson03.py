@@ -10,7 +10,6 @@ import numpy as np
 from ... import lora, lowrank
 from .. import Array, Choice, Function, Numeric
 from ..checkers import Case, Feedback, Mistake, as_array
-from ..lora_mistakes import forward_mistakes
 
 READ_RANK = "Reread 'Rank of a product' in Know this."
 READ_SVD = "Reread 'The best rank-k approximation' in Know this."
@@ -210,44 +209,43 @@ def _p6_hidden(rng: np.random.Generator) -> list[Case]:
     return out
 
 
-# --------------------------------------------------------------------------- P4: the public-reports input
+# --------------------------------------------------------------------------- P4: the update's size when r grows
 
-# A small input from public reports: A = ones(4, 8), B = ones(8, 4), x = ones(1, 4), lora_alpha = 16, r = 8.
-# xAB = 32 per entry; s = 16 / 8 = 2 gives 64; lora_alpha alone gives 512; rsLoRA (16 / sqrt 8) about 181.02.
-REPORT = dict(d=4, r=8, m=4, lora_alpha=16)
-
-
-def _report_kwargs() -> dict:
-    d, r, m = REPORT["d"], REPORT["r"], REPORT["m"]
-    return dict(X=np.ones((1, d)), W=np.zeros((d, m)), A=np.ones((d, r)), B=np.ones((r, m)),
-                lora_alpha=REPORT["lora_alpha"], r=r)
+# Factors drawn as in the lesson's plot (x and B with N(0, 1) entries, A with N(0, 1/d) entries): the sum over r
+# independent directions makes the mean of ||xAB||^2 grow exactly like r, so the root-mean-square update
+# ||s xAB|| grows like s(r) sqrt(r). Plain LoRA (s = lora_alpha / r) turns that into 1/sqrt(r). The lesson prints
+# the fitted slopes (-1/2 and 0); P4 asks for the factor between two ranks the student has to work out.
+GROWTH = dict(lora_alpha=16, r_from=4, r_to=64)
 
 
-def report_update() -> float:
-    """One entry of s (x A) B for the report's input (all entries are equal)."""
-    kw = _report_kwargs()
-    s = lora.scaling(kw["lora_alpha"], kw["r"])
-    Y = lora.lora_forward(kw["X"], kw["W"], kw["A"], kw["B"], s)[0]
-    return float(Y[0, 0])
+def _rms_ratio(scale=lambda alpha, r: lora.scaling(alpha, r), grows: bool = True) -> float:
+    """The root-mean-square of ||s xAB|| at r_to over the same at r_from, for a scale rule ``scale(lora_alpha, r)``;
+    ``grows=False`` leaves out the sqrt(r) growth of ||xAB|| (a mistaken variant)."""
+    a, r0, r1 = GROWTH["lora_alpha"], GROWTH["r_from"], GROWTH["r_to"]
+    size = (lambda r: math.sqrt(r)) if grows else (lambda r: 1.0)
+    return scale(a, r1) * size(r1) / (scale(a, r0) * size(r0))
 
 
-_NAMES = {
-    "alpha": "α instead of α/r",
-    "missing s": "no scale at all",
-    "r/alpha": "r/α instead of α/r",
-    "rslora": "α/√r (rsLoRA) instead of α/r",
-}
+def growth_expected() -> float:
+    return _rms_ratio()
 
 
-def report_mistakes() -> list[Mistake]:
-    """The wrong scales of coursekit.grading.lora_mistakes, read off at one entry of the report's input."""
-    want = report_update()
-    out = []
-    for m in forward_mistakes(_report_kwargs())["Y"]:
-        v = float(np.asarray(m.value)[0, 0])
-        if m.label in _NAMES and not math.isclose(v, want):
-            out.append(Mistake(m.label, v, f"{_NAMES[m.label]}: {m.message} {READ_SCALE}"))
-    return out
+def growth_mistakes() -> list[Mistake]:
+    r0, r1 = GROWTH["r_from"], GROWTH["r_to"]
+    return [
+        Mistake("s only", _rms_ratio(grows=False),
+                f"that is how much s = lora_alpha / r shrinks alone. The update xAB also grows: it adds up r independent "
+                f"directions, so its size grows like sqrt(r), sqrt({r1} / {r0}) = {math.sqrt(r1 / r0):g} times. " + READ_SCALE),
+        Mistake("fixed s", _rms_ratio(scale=lambda alpha, r: alpha),
+                f"that is how xAB grows (like sqrt(r)) with the scale held fixed, as if s were lora_alpha; s = lora_alpha / r "
+                f"shrinks {r1 // r0} times at the same time, and that wins. " + READ_SCALE),
+        Mistake("rslora", _rms_ratio(scale=lambda alpha, r: lora.scaling(alpha, r, use_rslora=True)),
+                "that is the rsLoRA scale lora_alpha / sqrt(r), which keeps the update flat; PEFT's default "
+                "lora_alpha / r makes it shrink like 1 / sqrt(r). " + READ_SCALE),
+        Mistake("s upside down", _rms_ratio(scale=lambda alpha, r: r / alpha, grows=False),
+                "s = lora_alpha / r is divided by r: a larger r gives a smaller s, not a larger one, and the update's "
+                "growth like sqrt(r) comes on top. " + READ_SCALE),
+    ]
 
 
 # --------------------------------------------------------------------------- P5: per-module scaling
@@ -373,12 +371,13 @@ ITEMS = {
         1,
     ),
     "p4": Numeric(
-        "one entry of the update s (x A) B for A = ones(4, 8), B = ones(8, 4), x = ones(1, 4), lora_alpha = 16, r = 8",
+        f"the factor by which the typical update size ||s x A B|| changes from r = {GROWTH['r_from']} to r = {GROWTH['r_to']} "
+        f"at lora_alpha = {GROWTH['lora_alpha']}, s = lora_alpha / r",
         1,
-        name="update",
-        expected=report_update,
-        rtol=1e-4,
-        mistakes=report_mistakes,
+        name="factor",
+        expected=growth_expected,
+        rtol=0.05,
+        mistakes=growth_mistakes,
     ),
     "p5": Array(
         "PEFT scaling of " + ", ".join(P5_MODULES) + " under rank_pattern / alpha_pattern",
