@@ -89,7 +89,7 @@ def bwd_hard_coded(D, X, W, A, B, s):
     return np.array([[0.45, -0.2, 0.65]]), np.array([[0.1], [-0.05], [0.15]]), np.array([[1.0, -0.5]])
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 3.5, "p4": {"b", "c", "d"},
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 8.0, "p4": {"b", "c", "d"},
          "p5": "a", "p6": np.array([[-0.56, 0.28]]), "p7": "a"}
 
 
@@ -106,9 +106,9 @@ def _nbgrader_cells():
 
 
 def test_notebook_p3_case_is_the_graded_case():
-    """The arrays printed in the notebook for P3 are the ones the grader computes dA from."""
+    """The arrays printed in the notebook for P3 are the ones the grader computes ∇A from."""
     nb, _ = _nbgrader_cells()
-    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# The P3 case."))
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# The P3 case"))
     ns = {"np": np}
     exec(cell.source, ns)
     for k, v in lesson05.P3_CASE.items():
@@ -317,24 +317,50 @@ def test_p5_key_is_what_autograd_does_with_a_detached_weight():
     assert keys["p5"] == RIGHT["p5"] == "a"
 
 
-@pytest.mark.parametrize(
-    "answer, text",
-    [
-        (1.75, "the scale is missing"),
-        (7.0, "applied twice"),
-        (-1.0, "first token only"),
-        (1.5, "Bᵀ belongs"),
+# P3's batches: two different (X, D) pairs whose Xᵀ D is the G printed in the notebook.
+P3_BATCHES = {
+    "two tokens": (np.array([[1.0, 2.0, 1.0], [0.0, -1.0, 1.0]]), np.array([[1.0, -1.0], [0.5, 2.0]])),
+    "three tokens, X = I": (np.eye(3), lesson05.P3_CASE["G"]),
+}
+
+
+def _autograd_dA(X, D, A, B, s, W=None):
+    """∇A measured by torch autograd on the layer Y = X W + s (X A) B with upstream gradient D."""
+    W = np.ones((X.shape[1], D.shape[1])) if W is None else W
+    At = torch.tensor(A, requires_grad=True)
+    Y = torch.tensor(X) @ torch.tensor(W) + s * (torch.tensor(X) @ At) @ torch.tensor(B)
+    Y.backward(torch.tensor(D))
+    return At.grad.numpy()
+
+
+@pytest.mark.parametrize("batch", sorted(P3_BATCHES))
+def test_p3_key_is_measured_by_autograd_on_any_batch_with_that_G(batch):
+    """P3's key measured: autograd's ∇A on a batch whose Xᵀ D is G, whatever X and D are (and whatever W is)."""
+    X, D = P3_BATCHES[batch]
+    A, B, s = (lesson05.P3_CASE[k] for k in ("A", "B", "s"))
+    np.testing.assert_allclose(X.T @ D, lesson05.P3_CASE["G"], atol=1e-15)
+    W = np.random.default_rng(0).standard_normal((X.shape[1], D.shape[1]))
+    measured = _autograd_dA(X, D, A, B, s, W)[lesson05.P3_INDEX]
+    assert ITEMS["p3"].expected() == pytest.approx(measured, abs=1e-12) == pytest.approx(RIGHT["p3"])
+    assert check("05.p3", float(measured)).full
+
+
+def test_p3_mistakes_are_the_mistaken_variants():
+    """Each named wrong answer of P3 is what a mistaken backward (or a mistaken reading of G) gives on the batch."""
+    X, D = P3_BATCHES["two tokens"]
+    A, B, s, G = (lesson05.P3_CASE[k] for k in ("A", "B", "s", "G"))
+    i, j = lesson05.P3_INDEX
+    variants = [
+        (bwd_missing_s(D, X, np.ones((3, 2)), A, B, s)[1][i, j], "the scale is missing"),
+        (bwd_s_twice(D, X, np.ones((3, 2)), A, B, s)[1][i, j], "applied twice"),
+        (_autograd_dA(X, D, A, B.T, s)[i, j], "Bᵀ belongs"),                   # B where Bᵀ belongs (B is square)
+        (G[i, j], "an entry of G"),
+        (bwd_right(D, X, np.ones((3, 2)), A, B, s)[2][i, j], "the entry of ∇B"),
         (3.0, "not right (tolerance"),
-    ],
-)
-def test_p3_mistakes_are_recognised(answer, text):
-    fb = check("05.p3", answer)
-    assert fb.points == 0 and text in fb.text()
-
-
-def test_p3_expected_comes_from_the_reference():
-    X, D, B, s = (lesson05.P3_CASE[k] for k in ("X", "D", "B", "s"))
-    assert ITEMS["p3"].expected() == pytest.approx((X.T @ (s * D @ B.T))[2, 0]) == pytest.approx(3.5)
+    ]
+    for answer, text in variants:
+        fb = check("05.p3", float(answer))
+        assert fb.points == 0 and text in fb.text(), (answer, fb.text())
 
 
 def measured_p6_change(lr=lesson05.P6_LR):

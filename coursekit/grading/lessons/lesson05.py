@@ -76,33 +76,35 @@ def _p1_hidden(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
-# p3: one entry of dA in a fixed two-token, rank-2 case (printed in the notebook).
+# p3: one entry of ∇A from G = Xᵀ D alone (the gradient W would get), A, B and s (printed in the notebook).
+# G is Xᵀ D of the two tokens X = [[1, 2, 1], [0, -1, 1]], D = [[1, -1], [0.5, 2]]; the student sees only G.
 P3_CASE = dict(
-    D=np.array([[1.0, -1.0], [0.5, 2.0]]),
-    X=np.array([[1.0, 2.0, 1.0], [0.0, -1.0, 1.0]]),
-    W=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+    G=np.array([[1.0, -1.0], [1.5, -4.0], [1.5, 1.0]]),
     A=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]]),
     B=np.array([[0.5, 1.0], [0.0, -1.0]]),
     s=2.0,
 )
-P3_INDEX = (2, 0)
+P3_INDEX = (1, 1)
 
 
 def _p3_expected() -> float:
-    return float(backward(**P3_CASE)[1][P3_INDEX])
+    # ∇A = Xᵀ dZ = Xᵀ (s D Bᵀ) = s (Xᵀ D) Bᵀ = s G Bᵀ; tests/test_lesson05_items.py measures it with autograd
+    # on two batches whose Xᵀ D is G.
+    G, B, s = (P3_CASE[k] for k in ("G", "B", "s"))
+    return float((s * G @ B.T)[P3_INDEX])
 
 
 def _p3_mistakes() -> list[Mistake]:
-    kw = P3_CASE
-    X, D, B, s = kw["X"], kw["D"], kw["B"], kw["s"]
+    G, A, B, s = (P3_CASE[k] for k in ("G", "A", "B", "s"))
     i, j = P3_INDEX
-    first = dict(kw, X=X[:1], D=D[:1])
     return [
-        Mistake("missing s", (X.T @ D @ B.T)[i, j], f"the scale is missing: dZ = s D Bᵀ carries s = {s:g}. " + READ_FOUR),
-        Mistake("s twice", (s * s * X.T @ D @ B.T)[i, j], "the scale is applied twice: s is in dZ, and ∇A = Xᵀ dZ takes no second s. " + READ_FOUR),
-        Mistake("one token", float(backward(**first)[1][P3_INDEX]),
-                "that uses the first token only: ∇A = Xᵀ dZ sums over every row (token) of X and dZ. " + READ_FOUR),
-        Mistake("B not transposed", (s * X.T @ D @ B)[i, j], "you used B where Bᵀ belongs: dZ = s D Bᵀ. " + READ_SHAPES),
+        Mistake("missing s", (G @ B.T)[i, j], f"the scale is missing: dZ = s D Bᵀ carries s = {s:g}, so ∇A = s G Bᵀ. " + READ_FOUR),
+        Mistake("s twice", (s * s * G @ B.T)[i, j], "the scale is applied twice: s is in dZ, and ∇A = Xᵀ dZ takes no second s. " + READ_FOUR),
+        Mistake("B not transposed", (s * G @ B)[i, j], "you used B where Bᵀ belongs: dZ = s D Bᵀ, so ∇A = s Xᵀ D Bᵀ = s G Bᵀ. " + READ_SHAPES),
+        Mistake("G itself", G[i, j], "that is an entry of G, the gradient W would get; the adapter's A sees G only through the "
+                "other factor: ∇A = Xᵀ dZ = s (Xᵀ D) Bᵀ. " + READ_FOUR),
+        Mistake("dB", (s * A.T @ G)[i, j], "that is the entry of ∇B = s Zᵀ D = s Aᵀ (Xᵀ D) = s Aᵀ G, the other factor's "
+                "gradient; ∇A = Xᵀ dZ brings in Bᵀ. " + READ_FOUR),
     ]
 
 
@@ -193,9 +195,9 @@ ITEMS = {
         1,
     ),
     "p3": Numeric(
-        f"dA[{P3_INDEX[0]}, {P3_INDEX[1]}] in the two-token case",
+        f"∇A[{P3_INDEX[0]}, {P3_INDEX[1]}] from G = Xᵀ D, A, B and s alone",
         1,
-        name="dA[2, 0]",
+        name="dA[1, 1]",
         expected=_p3_expected,
         rtol=1e-9,
         atol=1e-12,

@@ -191,7 +191,7 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 # --------------------------------------------------------------------------- numbers
 
 W2_SHAPE = dict(n=3, d=6, m=4, r=2)
-P7 = dict(f=40.0, f3=1.0)   # |f| and |f‴| near the checked point, in float32
+P5 = dict(lora_alpha=16, r=4)   # s_twice_in_dA checked at s = lora_alpha / r = 4
 
 
 def _w2_expected() -> float:
@@ -209,25 +209,27 @@ def _w2_mistakes() -> list[Mistake]:
 
 
 def _p7_expected() -> float:
-    # ε* = (3u|f| / |f‴|)^(1/3) with float32's u = 2⁻²⁴ (gradcheck.optimal_step; Nocedal & Wright, section 8.1).
-    return gc.optimal_step("float32", f_scale=P7["f"], d3_scale=P7["f3"])
+    # The forward difference's error bound ε/2·|f″| + 2u·|f|/ε (f(x + ε) and f(x) each rounded, the difference
+    # divided by ε) is smallest at ε* = 2·√(u·|f| / |f″|); with |f| ≈ |f″| in float64, 2·√u (Nocedal & Wright,
+    # section 8.1). tests/test_lesson07_items.py minimises the bound numerically and runs the sweep.
+    return 2 * np.sqrt(gc.unit_roundoff("float64"))
 
 
 def _p7_mistakes() -> list[Mistake]:
-    f, f3, u = P7["f"], P7["f3"], gc.unit_roundoff("float32")
+    u = gc.unit_roundoff("float64")
     return [
-        Mistake("2eps", (1.5 * u * f / f3) ** (1 / 3), "you balanced the truncation against a round-off of u·|f|/(2ε). Each "
-                "of f(x ± ε) is off by up to u·|f|, so their difference is off by up to 2u·|f|; divided by 2ε that is u·|f|/ε, "
-                "and ε* = (3u·|f|/|f‴|)^(1/3). " + READ_SWEEP),
-        Mistake("unscaled", gc.optimal_step("float32"), "that is float32's ε* for |f| ≈ |f‴|; here |f| = 40 makes the "
-                "round-off 40 times larger, and ε* grows with its cube root. " + READ_SWEEP),
-        Mistake("linear in f", f * gc.optimal_step("float32"), "you scaled ε* by |f| itself; it grows with the cube root of "
-                "|f| / |f‴|. " + READ_SWEEP),
-        Mistake("no cube root", 3 * u * f / f3, "that is 3u·|f|/|f‴|, ε*³: take its cube root. " + READ_SWEEP),
-        Mistake("float64", gc.optimal_step("float64", f_scale=f, d3_scale=f3), "that uses float64's u = 2⁻⁵³; the loss "
-                "is evaluated in float32, whose u = 2⁻²⁴ ≈ 6.0e-8. " + READ_F32),
-        Mistake("u = 1e-7", (3 * 1e-7 * f / f3) ** (1 / 3), "1e-7 is the rough bound on float32's relative rounding; ε* "
-                "uses the unit round-off u = 2⁻²⁴ ≈ 6.0e-8. " + READ_F32),
+        Mistake("one rounding", np.sqrt(2 * u), "you counted the rounding of one value of f. Both f(x + ε) and f(x) are "
+                "rounded, each by up to u·|f|, so their difference is off by up to 2u·|f| and the round-off of the "
+                "quotient is 2u·|f|/ε. " + READ_SWEEP),
+        Mistake("central", gc.optimal_step("float64"), "that is the central difference's ε*, which balances a "
+                "second-order truncation ε²/6 · |f‴|. The forward difference's truncation is first order, ε/2 · |f″| "
+                "(the table in 'Central differences, entry by entry'): minimise ε/2 · |f″| + 2u·|f|/ε instead. " + READ_SWEEP),
+        Mistake("machine epsilon", 2 * np.sqrt(2 * u), "2⁻⁵² ≈ 2.2e-16 is the gap between 1 and the next float64 "
+                "(machine epsilon); the rounding error of one value is at most half of it, the unit round-off "
+                "u = 2⁻⁵³ ≈ 1.1e-16. " + READ_SWEEP),
+        Mistake("float32", 2 * np.sqrt(gc.unit_roundoff("float32")), "that uses float32's u = 2⁻²⁴; the loss is "
+                "evaluated in float64, whose u = 2⁻⁵³ ≈ 1.1e-16. " + READ_F32),
+        Mistake("no square root", 4 * u, "that is 4u·|f|/|f″|, ε*²: take its square root. " + READ_SWEEP),
     ]
 
 
@@ -303,25 +305,25 @@ ITEMS = {
         multi=True,
     ),
     "p5": Choice(
-        "the band of a float64 relative error of 3e-6",
+        f"check_vjp's dA error for s applied twice in dA, lora_alpha = {P5['lora_alpha']}, r = {P5['r']}",
         1,
     ),
     "p6": Ordering(
-        "the ε-sweep regimes, from large ε to small ε",
+        "the smallest error of central and forward differences in float64 and float32, most accurate first",
         2,
         labels={
-            "balance": "the minimum, where truncation and round-off are equal",
-            "collapse": "x ± ε rounds back to x: the difference is 0 and the relative error is 1",
-            "roundoff": "error ∝ 1/ε, grows as ε shrinks",
-            "truncation": "error ∝ ε², falls as ε shrinks",
+            "central_float32": "central difference, loss evaluated in float32",
+            "central_float64": "central difference, loss evaluated in float64",
+            "forward_float32": "forward difference, loss evaluated in float32",
+            "forward_float64": "forward difference, loss evaluated in float64",
         },
     ),
     "p7": Numeric(
-        f"float32's best central-difference step ε* (|f| = {P7['f']:g}, |f‴| = {P7['f3']:g})",
+        "float64's best forward-difference step ε* (|f| ≈ |f″|)",
         1,
         name="eps_star",
         expected=_p7_expected,
-        rtol=1e-2,  # the prompt says within 1 %: u = 6.0e-8 for 2⁻²⁴, or the printed 5.6e-3 scaled by 40^(1/3), both pass
+        rtol=1e-2,  # the prompt says within 1 %: u = 1.1e-16 for 2⁻⁵³ passes
         mistakes=_p7_mistakes,
     ),
     "p8": Choice(

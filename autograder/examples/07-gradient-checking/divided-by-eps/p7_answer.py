@@ -1,2 +1,2 @@
-# The round-off taken as u·|f|/(2ε) (the same missing factor 2 as in P1): ε³ = 1.5u·|f|/|f‴|.
-answer_p7 = (1.5 * 2.0**-24 * 40 / 1) ** (1 / 3)
+# The round-off counted once, u·|f|/ε (the same missing factor 2 as in P1): ε² = 2u·|f|/|f″|.
+answer_p7 = (2 * 2.0**-53) ** 0.5
