@@ -57,7 +57,7 @@ def ratios(c=10.0, lr=0.01):
     return out
 
 
-RIGHT = {"w1": "b", "w2": 0.01, "w3": "c", "p1": factor_update, "p2": trainable_params,
+RIGHT = {"w1": "b", "w2": 135168, "w3": "c", "p1": factor_update, "p2": trainable_params,
          "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "b", "p5": rescaled_grads, "p6": ratios()}
 
 
@@ -192,27 +192,45 @@ def test_p6_mistakes_are_named(answer, text):
     assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_w2_mistakes_are_named():
-    assert "an SGD step" in check("11.w2", 4e-5).text()
-    assert "without the bias correction" in check("11.w2", 0.0316).text()
+@pytest.mark.parametrize("answer,text", [(67584, "that is one moment"), (33792, "not the bytes"), (7077888, "dense d × m weight"),
+                                         (7213056, "frozen base weight moments too"), (36864, "A's state alone"),
+                                         (98304, "B's state alone"), (270336, "weights and gradients as well")])
+def test_w2_mistakes_are_named(answer, text):
+    fb = check("11.w2", answer)
+    assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_w2_key_is_torchs_first_adamw_step():
-    """W2's key measured: torch.optim.AdamW's first step on an entry whose gradient is 0.004 moves it by lr (to 1e-3),
-    and the two named mistakes are what SGD and AdamW without bias correction would move it by."""
+def test_w2_key_is_torchs_adamw_state():
+    """W2's key measured: a torch.optim.AdamW that owns an r = 8 adapter on a 576 × 1536 projection (a PEFT LoraConfig on an
+    nn.Linear, fp32) holds 135,168 bytes in exp_avg and exp_avg_sq after one step, and the lesson's own counter
+    (optim.optimizer_state_bytes, which adds 4 bytes of step count per tensor) agrees; each named mistake is what the
+    mistaken count measures: one moment, numbers instead of bytes, the dense weight, the base owned as well, one factor."""
     import torch
+    from peft import LoraConfig, get_peft_model
 
-    p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
-    opt = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    p.grad = torch.tensor([0.004, 250.0], dtype=torch.float64)          # and a gradient 62,500 times larger
+    from coursekit import optim
+    from coursekit.grading.lessons import lesson11
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential()
+    net.add_module("proj", torch.nn.Linear(576, 1536, bias=False))
+    model = get_peft_model(net, LoraConfig(r=8, lora_alpha=16, target_modules=["proj"]))
+    params = optim.trainable_params(model)
+    assert sorted(tuple(p.shape) for p in params) == [(8, 576), (1536, 8)]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    model(torch.randn(3, 576)).pow(2).sum().backward()
     opt.step()
-    moved = (1.0 - p.detach()).abs()
-    assert check("11.w2", moved[0].item()).full and check("11.w2", moved[1].item()).full
-    assert ITEMS["w2"].expected() == pytest.approx(moved[0].item(), rel=1e-12)
-    sgd = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
-    sgd.grad = torch.tensor([0.004], dtype=torch.float64)
-    torch.optim.SGD([sgd], lr=0.01).step()
-    assert [m.value for m in ITEMS["w2"].mistakes()] == pytest.approx([1.0 - sgd.item(), 0.01 * 0.1 / 0.001 ** 0.5])
+    moments = sum(t.numel() * t.element_size() for p in params for k, t in opt.state[p].items() if k != "step")
+    assert moments == ITEMS["w2"].expected() == 135168
+    assert optim.optimizer_state_bytes(opt) == moments + 4 * len(params)
+    assert check("11.w2", moments).full and check("11.w2", optim.optimizer_state_bytes(opt)).full
+    values = {m.label: m.value for m in ITEMS["w2"].mistakes()}
+    assert values["one moment"] == moments // 2 and values["entries"] == sum(p.numel() for p in params) * 2
+    dense = torch.nn.Parameter(torch.zeros(1536, 576))
+    assert values["dense weight"] == lesson11._moment_bytes([tuple(dense.shape)]) == 2 * 4 * dense.numel()
+    assert values["base owned too"] == moments + values["dense weight"]
+    assert values["one factor"] + values["other factor"] == moments
+    assert values["weights and gradients too"] == moments + sum(p.numel() * p.element_size() for p in params) * 2
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook

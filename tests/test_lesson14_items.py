@@ -42,7 +42,8 @@ def right_walk_D(X, W, A, B, s, target, step):
 
 
 RIGHT = {"w1": 85, "w2": "b", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
-         "p4": [[-0.10630311, 0.10630311]], "p5": 1.034, "p6": [0.9, 0.6], "p7": "d", "p8": 0.6}
+         "p4": [[-0.10630311, 0.10630311]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "d",
+         "p8": -0.24}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -268,17 +269,24 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p5", 1.037488, "loss before the update"),
         ("p5", 1.041, "B moved the wrong way"),
         ("p5", 0.4354, "target class 1"),
-        ("p6", [0.9, 0.9], "outlier's absmax for both blocks"),
-        ("p6", [1, 6], "int4 codes"),
-        ("p6", [0.0, 0.6], "truncated"),
-        ("p6", [0.7875, 0.6125], "Q = 7, not 8"),
-        ("p6", [0.5953, 0.6173], "int8"),
-        ("p6", [0.9, 0.1], "steps absmax / 7"),
-        ("p6", [0.28, 0.02], "rounding errors"),
-        ("p6", [0.6, 0.9], "other order"),
-        ("p8", 1.2, "whole step"),
-        ("p8", 8.4 / 254, "int8's half step"),
-        ("p8", 0.525, "Q = 7, not 8"),
+        ("p6", [[0.63, -0.47], [0.28, 0.91]], "derivative of round is 0"),
+        ("p6", [[0.537983, -0.377983], [0.095966, 1.094034]], "forward pass on W"),
+        ("p6", [[0.529131, -0.329131], [0.058263, 1.141737]], "applied the step to Ŵ"),
+        ("p6", [[0.6, -0.4], [0.2, 1.0]], "W itself after the step"),
+        ("p6", [[0.354344, -0.354344], [0.708687, -0.708687]], "the STE's gradient"),
+        ("p6", [[0.700869, -0.540869], [0.421737, 0.768263]], "uphill"),
+        ("p6", [[0.275656, -0.115656], [-0.428687, 1.618687]], "learning rate"),
+        ("p6", [[0.559131, -0.611737], [0.350869, 1.051737]], "transposed"),
+        ("p6", [[0.559131, -0.599131], [0.138263, 0.651737]], "softmax(XŴ) alone"),
+        ("p8", 0.44, "lesson's input X = [1, 2]"),
+        ("p8", 0.24, "wrong sign"),
+        ("p8", 0.27, "without weighting row i"),
+        ("p8", 0.16, "rounds to 5, not 4"),
+        ("p8", -0.04, "floor"),
+        ("p8", -0.11, "target's logit Y₁ alone"),
+        ("p8", 0.13, "other class's logit Y₀ alone"),
+        ("p8", -2.6, "margin Y₁ − Y₀ on Ŵ itself"),
+        ("p8", -0.09, "transpose"),
         ("w3", [[3, 1], [-2, 5]], "transposed"),
         ("p4", [[0.10630311, -0.10630311]], "wrong sign"),
         ("p4", [[0.35434369, -0.35434369]], "that is D"),
@@ -359,11 +367,53 @@ def test_p5_key_is_the_hand_prediction():
     assert check("14.p5", 1.034).full and not check("14.p5", 1.041).full
 
 
-def test_p6_key_is_each_blocks_own_grid():
-    """0.62 on int4 grids with steps 6.3 / 7 = 0.9 and 0.7 / 7 = 0.1: codes 1 and 6, no rounding ties."""
-    np.testing.assert_allclose(ITEMS["p6"].expected(), [0.9, 0.6], rtol=1e-12)
-    x = lesson14.p6_blocks()
-    assert x.size == 128 and np.abs(x[:64]).max() == 6.3 and np.abs(x[64:]).max() == 0.7
-    for absmax in (6.3, 0.7):
-        frac = (0.62 / absmax * 7) % 1
-        assert abs(frac - 0.5) > 0.1
+def test_p6_key_is_the_ste_step_measured_by_autograd():
+    """P6's key, measured: the straight-through step written as a torch.autograd.Function (forward q, backward the
+    identity), one SGD step at lr 0.2, equals the item's key; so does W − lr·XᵀD with D from run_walk on Ŵ (the course's
+    walk). With round inside the graph autograd's gradient is exactly 0 (the "plain round" mistake); the step moves no code
+    across a rounding boundary, so q(W) after it is the toy base's Ŵ (the "q(W)" mistake) while W itself moved."""
+    import torch
+
+    class STE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w):
+            return (w / 0.2).round() * 0.2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    ex = walk.worked_example()
+    w = torch.tensor(ex["W"], requires_grad=True)
+    torch.nn.functional.cross_entropy(torch.tensor(ex["X"]) @ STE.apply(w), torch.tensor([ex["target"]])).backward()
+    stepped = ex["W"] - 0.2 * w.grad.numpy()
+    np.testing.assert_allclose(ITEMS["p6"].expected(), stepped, rtol=1e-12)
+    W_hat = quant.toy_int4(ex["W"])[1]
+    D = walk.run_walk(**(ex | dict(W=W_hat)), steps=1)[0].D
+    np.testing.assert_allclose(stepped, ex["W"] - 0.2 * ex["X"].T @ D, rtol=1e-12)
+    assert check("14.p6", stepped).full and check("14.p6", np.round(stepped, 4)).full
+    np.testing.assert_array_equal(quant.toy_int4(stepped)[0], quant.toy_int4(ex["W"])[0])
+    values = {m.label: m.value for m in ITEMS["p6"].mistakes()}
+    np.testing.assert_array_equal(values["plain round"], ex["W"])
+    np.testing.assert_allclose(values["q(W)"], quant.toy_int4(stepped)[1])
+    plain = walk.run_walk(**ex, steps=1)[0].D
+    np.testing.assert_allclose(values["W in forward"], ex["W"] - 0.2 * ex["X"].T @ plain, rtol=1e-12)
+
+
+def test_p8_key_is_the_margin_change_of_the_forward_pass():
+    """P8's key, measured on run_walk's forward for X = [1, −2]: the margin Y₁ − Y₀ on Ŵ minus that on W is −0.24, which is
+    the hand prediction X·((Ŵ − W)[:, 1] − (Ŵ − W)[:, 0]); for the lesson's X = [1, 2] the same function gives the lesson's
+    +0.44 (the "lesson's X" mistake); and on this input the rounding raises the loss of target class 1, as a shrinking margin
+    must."""
+    ex = walk.worked_example()
+    X = np.array([[1.0, -2.0]])
+    W_hat = quant.toy_int4(ex["W"])[1]
+    recs = [walk.run_walk(**(ex | dict(X=X, W=w)), steps=1)[0] for w in (ex["W"], W_hat)]
+    measured = (recs[1].Y[0, 1] - recs[1].Y[0, 0]) - (recs[0].Y[0, 1] - recs[0].Y[0, 0])
+    np.testing.assert_allclose(ITEMS["p8"].expected(), measured, rtol=1e-12)
+    np.testing.assert_allclose(measured, -0.24, atol=1e-12)
+    dW = W_hat - ex["W"]
+    np.testing.assert_allclose(measured, (X @ (dW[:, 1] - dW[:, 0]))[0], rtol=1e-12)
+    assert recs[1].loss > recs[0].loss
+    np.testing.assert_allclose(lesson14.margin_change(ex["X"]), 0.44, atol=1e-12)
+    assert check("14.p8", -0.24).full and check("14.p8", -0.2400001).full and not check("14.p8", -0.25).full

@@ -316,14 +316,49 @@ P3 = dict(p=2.5, grads=(4.0, 0.0, 0.0), lr=0.05, wd=0.2)
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
 COST_S = 10
 
-#: W2: one entry's gradient at the first step of a fresh torch.optim.AdamW (PyTorch's default betas and eps, no decay).
-W2 = dict(g=0.004, lr=0.01, b1=0.9, b2=0.999, eps=1e-8)
+#: W2: a LoRA adapter (r = 8) on one 576 × 1536 projection, A d × r and B r × m, trained by torch.optim.AdamW in fp32.
+W2 = dict(d=576, m=1536, r=8)
 
 
-def _first_step(g, lr, b1, b2, eps) -> float:
-    """W2's reference: |Δθ| of AdamW's first step, lr · m̂ / (√v̂ + ε) with m̂ = g and v̂ = g² (weight_decay = 0)."""
-    m_hat, v_hat = (1 - b1) * g / (1 - b1), (1 - b2) * g * g / (1 - b2)
-    return float(lr * abs(m_hat) / (v_hat ** 0.5 + eps))
+def _moment_bytes(shapes, dtype=torch.float32) -> int:
+    """W2's reference, measured: bytes of exp_avg and exp_avg_sq together after one torch.optim.AdamW step on fresh
+    parameters of these shapes (``dtype``), each with a gradient."""
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=dtype)) for shape in shapes]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return sum(opt.state[p][k].numel() * opt.state[p][k].element_size() for p in params for k in ("exp_avg", "exp_avg_sq"))
+
+
+def _w2_shapes(d: int, m: int, r: int) -> list[tuple[int, int]]:
+    return [(d, r), (r, m)]
+
+
+def _w2_mistakes() -> list[Mistake]:
+    d, m, r = W2["d"], W2["m"], W2["r"]
+    right = _moment_bytes(_w2_shapes(d, m, r))
+    return [
+        Mistake("one moment", right // 2,
+                "that is one moment; AdamW keeps two per entry, exp_avg (m) and exp_avg_sq (v), each shaped like the tensor. "
+                + READ_STATE),
+        Mistake("entries", 2 * r * (d + m),
+                "that counts the numbers, not the bytes: each of the two moments is an fp32 tensor, 4 bytes per entry. "
+                + READ_STATE),
+        Mistake("dense weight", _moment_bytes([(d, m)]),
+                "that is the state for the dense d × m weight; the optimizer owns only the adapter, A (d × r) and B (r × m), "
+                "r(d + m) entries. " + READ_STATE),
+        Mistake("base owned too", _moment_bytes(_w2_shapes(d, m, r) + [(d, m)]),
+                "you gave the frozen base weight moments too; an optimizer built from the trainable tensors owns only A and B. "
+                + READ_OWN),
+        Mistake("one factor", _moment_bytes([(d, r)]),
+                "that is A's state alone (d × r); B (r × m) has its own two moments. " + READ_STATE),
+        Mistake("other factor", _moment_bytes([(r, m)]),
+                "that is B's state alone (r × m); A (d × r) has its own two moments. " + READ_STATE),
+        Mistake("weights and gradients too", 16 * r * (d + m),
+                "that is 16 bytes per entry: the adapter's weights and gradients as well as the two moments; the question asks "
+                "for the moments only, 8 bytes per entry. " + READ_STATE),
+    ]
 
 
 ITEMS = {
@@ -339,19 +374,12 @@ ITEMS = {
         },
     ),
     "w2": Numeric(
-        f"how far AdamW's first step moves an entry whose gradient is {W2['g']:g}",
+        f"bytes of AdamW's two moments for an r = {W2['r']} adapter on a {W2['d']} × {W2['m']} projection",
         0,
-        name="step",
-        expected=lambda: _first_step(**W2),
-        rtol=1e-3,
-        mistakes=lambda: [
-            Mistake("SGD", W2["lr"] * W2["g"], "that is lr · g, an SGD step; AdamW divides the (bias-corrected) first moment by "
-                    "the square root of the second, so on the first step m̂ / (√v̂ + ε) = g / (|g| + ε), about 1 whatever g's size. "
-                    + READ_STATE),
-            Mistake("no bias correction", W2["lr"] * (1 - W2["b1"]) * W2["g"] / ((1 - W2["b2"]) ** 0.5 * abs(W2["g"])),
-                    "you used m = (1 − β₁)g and v = (1 − β₂)g² without the bias correction; dividing by 1 − β₁ᵗ and "
-                    "1 − β₂ᵗ (t = 1) gives m̂ = g and v̂ = g², so the step is lr · g / (|g| + ε). " + READ_STATE),
-        ],
+        name="bytes",
+        expected=lambda: float(_moment_bytes(_w2_shapes(**W2))),
+        rtol=1e-3,  # a `step` count (4 bytes per tensor) on top is within it: the question asks for the moments
+        mistakes=_w2_mistakes,
     ),
     "w3": Choice(
         "AdamW(model.parameters(), weight_decay=0.1) on a PEFT model",

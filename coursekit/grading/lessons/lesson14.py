@@ -282,50 +282,108 @@ def _seed_mistakes(attr: str) -> list[Mistake]:
     ]
 
 
-ABSMAX_OUTLIER = 8.4
+READ_QAT = "(Lesson 14, 'QAT and the straight-through estimator'.)"
 
-# P6: two neighbouring int4 blocks of 64 hold the same value; one block's absmax is an outlier, the other's is ordinary.
-P6_VALUE, P6_OUTLIER, P6_ORDINARY = 0.62, 6.3, 0.7
-
-
-def p6_blocks() -> np.ndarray:
-    """The two blocks of P6 as one weight of 128 values: each holds P6_VALUE at position 0 and its absmax at position 1;
-    the other 62 values are smaller than both (they change nothing the question asks)."""
-    rest = 0.5 * P6_ORDINARY * np.sin(np.arange(62))
-    return np.concatenate([[P6_VALUE, P6_OUTLIER], rest, [P6_VALUE, -P6_ORDINARY], rest])
+# P6: the QAT demo's first SGD step with the straight-through estimator: lesson 06's X, W and target class 1, no adapter,
+# q = the toy base's rounding at step 0.2 (codes clamped to −8 … 7), lr 0.2.
+P6_LR = 0.2
 
 
-def p6_reconstructions(bits: int = 4, one_absmax: bool = False) -> np.ndarray:
-    """What P6_VALUE dequantizes to in the outlier's block and in the ordinary block (float64, shape (2,)), with
-    coursekit.quant's absmax quantizer (code = round(x / absmax · Q), x̂ = code / Q · absmax); ``one_absmax`` uses
-    one absmax for both blocks (per tensor)."""
-    x = p6_blocks()
-    bs = x.size if one_absmax else 64
-    codes, absmax = quant.absmax_quantize(x, bits=bits, blocksize=bs)
-    return quant.absmax_dequantize(codes, absmax, bits=bits, blocksize=bs)[[0, 64]]
+def qat_step(graph: str = "ste", lr: float = P6_LR, loss: str = "ce", start: str = "W") -> np.ndarray:
+    """W after one SGD step of lesson 14's QAT demo, measured with autograd. ``graph`` is what the forward multiplies X by:
+    "ste" w + (q(w) − w).detach() (the key: value q(W), gradient that of W), "round" q(w) inside the graph (autograd's
+    gradient through round is 0), "W" the unquantized w (no quantizer). ``loss`` "ce" is cross-entropy with the target,
+    "logsumexp" leaves out the target term (D = softmax alone). ``start`` "W hat" applies the step to Ŵ instead of W."""
+    import torch
+
+    ex = walk.worked_example()
+    w = torch.tensor(ex["W"], requires_grad=True)
+
+    def q(v):
+        return (v / 0.2).round().clamp(-8, 7) * 0.2
+
+    used = {"ste": lambda: w + (q(w) - w).detach(), "round": lambda: q(w), "W": lambda: w}[graph]()
+    Y = torch.tensor(ex["X"]) @ used
+    value = (torch.nn.functional.cross_entropy(Y, torch.tensor([ex["target"]])) if loss == "ce"
+             else torch.logsumexp(Y, dim=1).sum())
+    value.backward()
+    base = quant.toy_int4(ex["W"], 0.2)[1] if start == "W hat" else ex["W"]
+    return base - lr * w.grad.numpy()
 
 
 def _p6_mistakes() -> list[Mistake]:
-    v, q = P6_VALUE, _q(4)
-    steps = np.array([P6_OUTLIER, P6_ORDINARY]) / q
+    W = walk.worked_example()["W"]
+    grad = (W - qat_step()) / P6_LR                                   # the STE's ∇W, from the measured step
     return [
-        Mistake("one absmax", p6_reconstructions(one_absmax=True),
-                f"you used the outlier's absmax for both blocks: that is per-tensor scaling. Each block of 64 has its own "
-                f"absmax, so only the outlier's block gets the coarse step. {READ_OUTLIERS}"),
-        Mistake("codes", np.round(v / steps),
-                f"those are the int4 codes; the question asks what 0.62 dequantizes to: code · absmax / 7. {READ_ABSMAX}"),
-        Mistake("truncated", np.trunc(v / steps) * steps,
-                f"you truncated x / step toward zero (int(...) or floor); a code is the nearest integer. {READ_ABSMAX}"),
-        Mistake("16 levels", np.round(v / (steps * q / 8)) * steps * q / 8,
-                f"signed absmax int4 uses codes −7..7, Q = 7, not 8: the step is absmax / 7. {READ_ABSMAX}"),
-        Mistake("int8", p6_reconstructions(bits=8),
-                f"that is int8 (Q = 127); the blocks are int4, Q = 7. {READ_ABSMAX}"),
-        Mistake("steps", steps, f"those are the two blocks' steps absmax / 7; the question asks what 0.62 dequantizes to "
-                                f"on each grid. {READ_OUTLIERS}"),
-        Mistake("errors", np.abs(p6_reconstructions() - v),
-                f"those are the rounding errors |x̂ − x|; the question asks for the reconstructions x̂. {READ_OUTLIERS}"),
-        Mistake("swapped", p6_reconstructions()[::-1],
-                f"your two values are in the other order: first the outlier's block, then the ordinary one. {READ_OUTLIERS}"),
+        Mistake("plain round", qat_step("round"),
+                f"that is W unchanged: with q(W) itself in the graph, autograd's derivative of round is 0 and W never moves. "
+                f"The STE keeps q(W)'s value in the forward and treats q as the identity in backward, so ∇W = XᵀD. {READ_QAT}"),
+        Mistake("W in forward", qat_step("W"),
+                f"your gradient comes from a forward pass on W; the STE's forward uses q(W) = Ŵ, so D = softmax(XŴ) − onehot(1) "
+                f"is the toy base's D. Only backward pretends q is the identity. {READ_QAT}"),
+        Mistake("stepped W hat", qat_step(start="W hat"),
+                f"you applied the step to Ŵ; in QAT the trainable parameter is the full-precision W, and the next forward "
+                f"recomputes q(W) from it. {READ_QAT}"),
+        Mistake("q(W)", quant.toy_int4(W, 0.2)[1],
+                f"that is Ŵ = q(W), the value the forward uses (this step moves no code across a rounding boundary); the "
+                f"question asks for W itself after the step. {READ_QAT}"),
+        Mistake("gradient", grad, f"that is the STE's gradient ∇W = XᵀD; the question asks for W after the step, W − lr·∇W. {READ_QAT}"),
+        Mistake("sign", qat_step(lr=-P6_LR), f"you stepped uphill: SGD subtracts lr·∇W. {READ_QAT}"),
+        Mistake("no lr", qat_step(lr=1.0), f"you left out the learning rate: the step is W − 0.2·∇W. {READ_QAT}"),
+        Mistake("transposed", W - P6_LR * grad.T, f"your gradient is transposed: ∇W = XᵀD has W's shape, row i from X[i]. {READ_QAT}"),
+        Mistake("no onehot", qat_step(loss="logsumexp"),
+                f"your D is softmax(XŴ) alone: subtract 1 at the target class, D = softmax − onehot(1). {READ_QAT}"),
+    ]
+
+
+# P8: how rounding W to the toy base moves the target's margin Y₁ − Y₀ for another input than the walk's.
+P8_X = np.array([[1.0, -2.0]])
+
+
+def margin_change(X=P8_X, rounding=np.round, sign: float = 1.0, flip: bool = False) -> float:
+    """The change of the margin Y₁ − Y₀ when the walk's W is replaced by 0.2 · rounding(W / 0.2), B = 0, measured on
+    run_walk's forward for the input ``X`` (``sign`` −1: W's margin minus Ŵ's; ``flip``: both bases used transposed, a slip
+    of the hand computation)."""
+    ex = walk.worked_example()
+    margins = []
+    for W_used in (ex["W"], _w_hat(ex["W"], 0.2, rounding)):
+        W_used = W_used.T if flip else W_used
+        Y = walk.run_walk(**(ex | dict(X=np.asarray(X, dtype=np.float64), W=W_used)), steps=1)[0].Y
+        margins.append(float(Y[0, 1] - Y[0, 0]))
+    return sign * (margins[1] - margins[0])
+
+
+def _logit_changes(X=P8_X) -> np.ndarray:
+    ex = walk.worked_example()
+    Ys = [walk.run_walk(**(ex | dict(X=np.asarray(X, dtype=np.float64), W=W_used)), steps=1)[0].Y
+          for W_used in (ex["W"], _w_hat(ex["W"], 0.2))]
+    return (Ys[1] - Ys[0]).ravel()
+
+
+def _p8_mistakes() -> list[Mistake]:
+    ex = walk.worked_example()
+    dY = _logit_changes()
+    margin_hat = float((P8_X @ _w_hat(ex["W"], 0.2) @ np.array([-1.0, 1.0]))[0])
+    return [
+        Mistake("lesson's X", margin_change(ex["X"]),
+                f"that is the change for the lesson's input X = [1, 2]; with X = [1, −2] the second row of Ŵ − W counts "
+                f"twice and negatively. {READ_WALK}"),
+        Mistake("sign", margin_change(sign=-1.0),
+                f"your change has the wrong sign: compute the margin on Ŵ minus the margin on W (Ŵ − W, not W − Ŵ). {READ_WALK}"),
+        Mistake("no X", margin_change(np.array([[1.0, 1.0]])),
+                f"you added up the four roundings without weighting row i of Ŵ − W by X[i]: entry (i, j) moves Y_j by "
+                f"X[i]·(Ŵ − W)[i, j]. {READ_WALK}"),
+        Mistake("truncated", margin_change(rounding=np.trunc),
+                f"your Ŵ has 0.8 where round gives 1.0: 0.91 / 0.2 = 4.55 rounds to 5, not 4 (truncation). {READ_TOY}"),
+        Mistake("floor", margin_change(rounding=np.floor), f"your Ŵ uses floor (−2.35 → −3) instead of round. {READ_TOY}"),
+        Mistake("target logit only", float(dY[1]),
+                f"that is the change of the target's logit Y₁ alone; the margin also loses what Y₀ gains. {READ_WALK}"),
+        Mistake("other logit only", float(dY[0]),
+                f"that is the change of the other class's logit Y₀ alone; the margin is Y₁ − Y₀. {READ_WALK}"),
+        Mistake("margin on W hat", margin_hat,
+                f"that is the margin Y₁ − Y₀ on Ŵ itself; the question asks how much it changed from the margin on W. {READ_WALK}"),
+        Mistake("transposed", margin_change(flip=True),
+                f"you multiplied with the transpose: Y = XW sums over the rows of W, so row i of Ŵ − W is weighted by X[i]. {READ_WALK}"),
     ]
 
 
@@ -475,11 +533,11 @@ ITEMS = {
         mistakes=_p5_mistakes,
     ),
     "p6": Array(
-        "what 0.62 dequantizes to in an int4 block with an outlier (absmax 6.3) and in one with absmax 0.7",
+        "W after the first straight-through (STE) SGD step of the QAT demo, lr 0.2",
         1,
-        name="reconstructions",
-        expected=p6_reconstructions,
-        rtol=1e-4,
+        name="W",
+        expected=qat_step,
+        rtol=5e-4,  # "4 significant digits": 0.1383 for 0.138263; every listed mistake is off by 0.02 or more in some entry
         atol=1e-9,
         mistakes=_p6_mistakes,
     ),
@@ -488,16 +546,11 @@ ITEMS = {
         1,
     ),
     "p8": Numeric(
-        "the largest |x| that rounds to code 0 in an int4 block with absmax 8.4",
+        "predict how rounding W to the toy base changes the margin Y₁ − Y₀ for the input X = [1, −2]",
         1,
-        name="threshold",
-        expected=lambda: 0.5 * ABSMAX_OUTLIER / _q(4),
+        name="change",
+        expected=margin_change,
         rtol=1e-3,
-        mistakes=lambda: [
-            Mistake("full step", ABSMAX_OUTLIER / 7, f"8.4 / 7 = 1.2 is the whole step between levels; a value rounds to 0 up to half a step. {READ_OUTLIERS}"),
-            Mistake("int8", 0.5 * ABSMAX_OUTLIER / 127, f"that is int8's half step (Q = 127); int4 has Q = 7. {READ_OUTLIERS}"),
-            Mistake("int8 step", ABSMAX_OUTLIER / 127, f"that is int8's step (Q = 127); int4 has Q = 7, and a value rounds to 0 up to half a step. {READ_OUTLIERS}"),
-            Mistake("16 levels", 0.5 * ABSMAX_OUTLIER / 8, f"signed absmax int4 uses codes −7..7, Q = 7, not 8. {READ_ABSMAX}"),
-        ],
+        mistakes=_p8_mistakes,
     ),
 }
