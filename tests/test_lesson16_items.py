@@ -212,9 +212,9 @@ def test_stub_and_non_function():
         ("p5", "a", "twelve whole blocks of 128, so every row starts a new block"),
         ("p5", "c", "gate_proj and up_proj are stored 1536 × 576"),
         ("p5", "d", "indexes absmax row by row"),
-        ("p6", "a", "The layers below receive the gradient of the quantized model"),
-        ("p6", "b", "no bf16 rounding enters this backward"),
-        ("p6", "d", "It is the weight that gets no gradient, not the input"),
+        ("p6", "a", "reaches the adapters above it through the forward pass"),
+        ("p6", "b", "a base weight enters the backward only in the gradient it passes further down"),
+        ("p6", "d", "Only layer₂'s adapter sees the change, through its input H"),
         ("p7", "a", "compute_dtype decides what the backward multiplies"),
         ("p7", "c", "does not depend on its compute dtype"),
         ("p7", "d", "on both sides of the comparison"),
@@ -295,20 +295,32 @@ def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocks
     assert measured == [_keys()["p5"]] == [RIGHT["p5"]]
 
 
+def _nf4_linear(w, compute_dtype):
+    """A bitsandbytes Linear4bit holding the NF4 codes of ``w`` (m × d), built as the lesson's nf4_layer builds it."""
+    import bitsandbytes as bnb
+
+    m, d = w.shape
+    layer = bnb.nn.Linear4bit(d, m, bias=False, compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True)
+    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
+    return layer.to("cpu")
+
+
+def _nf4_dequantized(layer):
+    """Ŵ of a Linear4bit in float32, through coursekit.quant (bit for bit bitsandbytes' dequantize)."""
+    from coursekit import quant
+
+    return quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+
+
 def _toy_layer_backward(compute_dtype):
     """The lesson's toy layer (nf4_layer: seed 0, 64 × 128, blocksize 64, double quantization) computing in
     ``compute_dtype``, one backward of the first check's X and D (seed 1): (w, Ŵ in float32, X with its .grad, D)."""
-    import bitsandbytes as bnb
     import torch
-
-    from coursekit import quant
 
     torch.manual_seed(0)
     w = torch.randn(64, 128) * 0.05
-    layer = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True)
-    layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64)
-    layer = layer.to("cpu")
-    W_hat = quant.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    layer = _nf4_linear(w, compute_dtype)
+    W_hat = _nf4_dequantized(layer)
     g = torch.Generator().manual_seed(1)
     X = torch.randn(5, 128, generator=g, requires_grad=True)
     Y = layer(X)
@@ -317,20 +329,51 @@ def _toy_layer_backward(compute_dtype):
     return w, W_hat, X, D
 
 
-def test_p6_key_is_the_measured_gap_between_the_quantized_and_the_original_input_gradient():
-    """P6's key, run: the lesson's toy layer (nf4_layer, seed 0, float32 compute) and its first check's X and D (seed 1).
-    X.grad is there and equals D Ŵ (not d); its gap from D W, the original weight's input gradient, is about 0.1 (c), the
-    size of NF4's error ‖Ŵ − W‖ / ‖W‖ the lesson prints, and far above 1e-6 (a) and a few parts in 10³ (b)."""
+def test_p6_key_is_which_adapters_move_when_the_lower_base_is_unquantized():
+    """P6's key, run: two stacked adapted layers, H = layer₁(X) + s (X A₁) B₁ and Y = layer₂(H) + s (H A₂) B₂, with
+    layer₁ the lesson's toy layer (nf4_layer, seed 0, float32 compute) and layer₂ another NF4 Linear4bit (64 → 64),
+    nonzero B₁ and B₂, Y.backward(D). Swapping layer₁'s base for w_full (its float32 weight, a plain linear map) leaves
+    ∇A₁ and ∇B₁ bit for bit the same and moves ∇A₂ and ∇B₂ by several percent (c): not neither (a), not layer₁'s only
+    (b), not both (d). The same swap made on layer₂ instead moves no adapter gradient at all with a fixed D, which is why
+    the prompt swaps the lower layer."""
     import torch
 
-    w, W_hat, X, D = _toy_layer_backward(torch.float32)
-    assert X.grad is not None and (X.grad - D @ W_hat).abs().max() <= 1e-6   # d is wrong; the hints' "within 1e-6"
-    ref = D @ w
-    gap = ((X.grad - ref).norm() / ref.norm()).item()
-    nf4_error = ((W_hat - w).norm() / w.norm()).item()
-    measured = "a" if (X.grad - ref).abs().max() <= 1e-6 else "b" if 1e-3 <= gap < 1e-2 else "c" if 0.05 < gap < 0.15 else None
+    w1, W_hat1, _, _ = _toy_layer_backward(torch.float32)
+    layer1 = _nf4_linear(w1, torch.float32)
+    torch.manual_seed(2)
+    w2 = torch.randn(64, 64) * 0.05
+    layer2 = _nf4_linear(w2, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    s, r = 2.0, 4
+    A1, B1 = 0.1 * torch.randn(128, r, generator=g), 0.1 * torch.randn(r, 64, generator=g)
+    A2, B2 = 0.1 * torch.randn(64, r, generator=g), 0.1 * torch.randn(r, 64, generator=g)
+    X, D = torch.randn(5, 128, generator=g), torch.randn(5, 64, generator=g)
+
+    def grads(base1, base2):
+        a1, b1, a2, b2 = (t.clone().requires_grad_() for t in (A1, B1, A2, B2))
+        H = base1(X) + s * (X @ a1) @ b1
+        Y = base2(H) + s * (H @ a2) @ b2
+        Y.backward(D)
+        return {"A1": a1.grad, "B1": b1.grad, "A2": a2.grad, "B2": b2.grad}
+
+    quantized = grads(layer1, layer2)
+    swapped = grads(lambda x: x @ w1.T, layer2)
+    rel = {k: ((swapped[k] - quantized[k]).norm() / quantized[k].norm()).item() for k in quantized}
+    changed = {k for k in quantized if not torch.equal(quantized[k], swapped[k])}
+    assert all(rel[k] > 1e-2 for k in changed) and all(rel[k] == 0 for k in set(quantized) - changed)
+    lower, upper = bool(changed & {"A1", "B1"}), bool(changed & {"A2", "B2"})
+    measured = {(False, False): "a", (True, False): "b", (False, True): "c", (True, True): "d"}[(lower, upper)]
     assert measured == _keys()["p6"] == RIGHT["p6"]
-    assert 0.05 < nf4_error < 0.15 and abs(gap / nf4_error - 1) < 0.25   # "about 0.1", "about as large as Ŵ − W next to W"
+    assert changed == {"A2", "B2"} and ((W_hat1 - w1).norm() / w1.norm()).item() > 0.05   # the swap is a real change
+    # the hints' formulas: ∇B₂ = s (H A₂)ᵀ D and ∇A₂ = s Hᵀ (D B₂ᵀ), with H from the swapped layer₁
+    H = X @ w1.T + s * (X @ A1) @ B1
+    torch.testing.assert_close(swapped["B2"], s * (H @ A2).T @ D)
+    torch.testing.assert_close(swapped["A2"], s * H.T @ (D @ B2.T))
+    # the same swap on the upper layer moves nothing with a fixed D
+    W_hat2 = _nf4_dequantized(layer2)
+    upper_swapped = grads(layer1, lambda h: h @ w2.T)
+    assert torch.equal(upper_swapped["A2"], quantized["A2"]) and torch.equal(upper_swapped["B2"], quantized["B2"])
+    assert not torch.equal(upper_swapped["A1"], quantized["A1"]) and not torch.equal(W_hat2, w2)
 
 
 def test_p7_key_is_the_measured_gap_of_a_bf16_compute_layer():

@@ -35,7 +35,7 @@ def measured_policy_gb(n_params, vocab, hidden, n_adapter, heads=2):
 
 
 RIGHT = {"w1": "a", "w2": "c", "w3": "b", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
-         "p2": (24 * 2**30 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9,
+         "p2": 1 / 2**16,
          "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": by_hand, "p6": "b"}
 
 
@@ -152,11 +152,7 @@ def test_p4_sizes_are_smollm2s_and_the_loss_saves_a_tokens_by_vocabulary_fp32_te
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p2", (24e9 - 12 * 20e6) / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9, "24 GiB is 24 · 2³⁰"),
-        ("p2", (24 * 2**30 - 12 * 20e6) / (0.5 + 4 / 64) / 1e9, "one fp32 absmax per block"),
-        ("p2", (24 * 2**30 - 12 * 20e6) / 0.5 / 1e9, "left out the NF4 metadata"),
-        ("p2", 24 * 2**30 / (0.5 + 1 / 64 + 4 / (64 * 256)) / 1e9, "left out the adapter"),
-        ("p2", 49.49e9, "asks for billions"),
+        ("p2", 2.0, "not right (tolerance"),
         ("p1", 0.5 * 6.74 + 12 * 0.04, "the ledger's policy"),
         ("p1", RIGHT["p1"] - 2 * 32_000 * 4_096 * 2 / 1e9, "kept the embedding and the output head in bf16"),
         ("p1", 0.5 * 6.74 + 16 * 0.04, "you quantized the embedding and the output head too"),
@@ -359,3 +355,44 @@ def test_p6_key_is_what_a_bf16_weight_does_with_a_thousand_small_steps():
     assert eps == 2**-7 and round(eps, 4) == 0.0078 and round(1 + eps, 4) == 1.0078 and 1e-3 < eps / 2
     assert torch.nextafter(torch.tensor(1.0, dtype=torch.bfloat16), torch.tensor(2.0, dtype=torch.bfloat16)).item() == 1 + eps
     assert walk(torch.bfloat16, start=0.0, step=1.0, n=300) == 256.0        # d: the running sum of ones
+
+
+def _scaler_step(order: str, true_grad=(0.3, 0.4), max_norm=1.0):
+    """One step of a loop with torch.amp.GradScaler at its default starting scale on a two-entry parameter whose true
+    gradient (of the unscaled loss) is ``true_grad`` (norm 0.5), clipping to ``max_norm``. ``order``: "unscale first"
+    (unscale_, clip, step: the lesson's order), "clip first" (clip, then step, which unscales: P2's loop). Returns the
+    scale, the norm clip_grad_norm_ measured, the norm it left, and the norm of the gradients the optimizer stepped
+    with (scaler.step unscales them in place; SGD with lr 0 leaves the parameter alone)."""
+    import torch
+
+    p = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = torch.optim.SGD([p], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale((p * torch.tensor(true_grad)).sum()).backward()
+    if order == "unscale first":
+        scaler.unscale_(opt)
+    seen = torch.nn.utils.clip_grad_norm_([p], max_norm).item()
+    left = p.grad.norm().item()
+    scaler.step(opt)
+    scaler.update()
+    return {"scale": scaler._init_scale, "seen": seen, "left": left, "stepped": p.grad.norm().item()}
+
+
+def test_p2_key_is_the_measured_norm_when_clipping_runs_before_unscale():
+    """P2's key, run: torch's GradScaler (default starting scale 2¹⁶) and clip_grad_norm_ in the colleague's order (clip,
+    then scaler.step, which unscales): the optimizer steps with norm 1/S. Each named mistake is a number the same loop
+    produces read the wrong way: the lesson's order (unscale_ first) steps with the true 0.5; the clipped gradients before
+    scaler.step have norm 1.0; clip_grad_norm_ measured 0.5 · S."""
+    from coursekit.grading.lessons.lesson17 import P2
+
+    wrong, right = _scaler_step("clip first"), _scaler_step("unscale first")
+    assert wrong["scale"] == P2["scale"] == 2.0**16 and math.isclose(math.hypot(0.3, 0.4), P2["true_norm"])
+    assert check("17.p2", wrong["stepped"]).full and math.isclose(wrong["stepped"], RIGHT["p2"], rel_tol=1e-3)
+    assert math.isclose(ITEMS["p2"].expected(), wrong["stepped"], rel_tol=1e-5)
+    for value, text in ((right["stepped"], "0.5 is what the right order gives"),
+                        (wrong["left"], "1.0 is the norm clip_grad_norm_ leaves"),
+                        (wrong["seen"], "32,768 is the norm clip_grad_norm_ measures")):
+        fb = check("17.p2", value)
+        assert fb.points == 0 and text in fb.text(), (value, fb.text())
+    assert math.isclose(right["stepped"], 0.5, rel_tol=1e-6) and math.isclose(wrong["left"], 1.0, rel_tol=1e-5)
+    assert wrong["seen"] == 0.5 * 2**16 == 32_768 and right["seen"] == pytest.approx(0.5)

@@ -33,8 +33,8 @@ def right_input_grad(D, packed):
     return D @ right_dequantize(packed).astype(np.float64).reshape(packed.shape[0], -1)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": 5.0, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 49152 * 960 // 32 * 34, "p7": "a"}
+RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
+         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -290,23 +290,8 @@ def test_ordering_names_the_first_misplaced_step():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w3", 4, "the code alone"),
-        ("w3", 4.5, "Q4_0"),
-        ("w3", 6, "float32"),
-        ("w3", 20, "bytes per block"),
-        ("w3", 160, "bits per block"),
-        ("w3", 4.127, "double quantization"),
-        ("w3", 5.5, "not right (tolerance"),
-        ("p6", 49152 * 960 * 5 // 8, "Measure, don't assume"),
-        ("p6", 30_081_024, "576 wide"),
-        ("p6", 49152 * 960 * 2, "bf16"),
-        ("p6", 49152 * 960 * 4, "float32"),
-        ("p6", 49152 * 960, "34 bytes per block"),
-        ("p6", 49152 * 960 // 2, "not even 4-bit"),
-        ("p6", 49152 * 960 * 9 // 8, "scale as float32"),
-        ("p6", 49152 * 960 * 9 // 16, "4.5 bits per weight"),
-        ("p6", 49152 * 960 * 17 / 16 / 2**20, "in MiB"),
-        ("p6", 49152 * 960 * 17 / 16 / 1e6, "in MB"),
+        ("w3", 0.02, "not right (tolerance"),
+        ("p6", 0.05, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -314,9 +299,38 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_numeric_expected_values():
-    assert ITEMS["w3"].expected() == 5.0
-    assert ITEMS["p6"].expected() == 50_135_040  # 49,152 × 960 / 32 blocks of 34 bytes
+def test_p6_key_is_gguf_q5_1_on_the_lessons_gaussian_and_the_step_estimate_predicts_it():
+    """P6's key, run: gguf's reference Q5_1 quantizer on the lesson's Gaussian W (seed 18, N(0, 0.05²), 1536 × 576), 0.0379.
+    The lesson's step estimate, Q4_1's measured error times 15/31 (the step d = (max − min) / 31 instead of / 15), lands
+    within 0.1 % of it; the estimate applied to Q5_1's own stored d (32 · d² / 12 per block) within 5 %. Each named mistake
+    is that arithmetic done the mistaken way on the measured Q4_1 error, and each is outside the 1 % tolerance."""
+    from coursekit.grading.lessons.lesson18 import P6_RTOL, gguf_error, p6_weight
+
+    W = p6_weight()
+    np.testing.assert_array_equal(W, (0.05 * np.random.default_rng(18).standard_normal((1536, 576))).astype(np.float32))
+    q41, q51 = gguf_error("Q4_1", W), gguf_error("Q5_1", W)
+    assert ITEMS["p6"].expected() == q51 and round(q41, 4) == 0.0782 and round(q51, 4) == 0.0379
+    assert abs(q41 * 15 / 31 / q51 - 1) < 1e-3 and check("18.p6", q41 * 15 / 31).full
+    assert check("18.p6", RIGHT["p6"]).full and check("18.p6", round(q41, 3) * 15 / 31).full
+
+    # the step estimate on Q5_1's own blocks: d in the first two bytes of each 24-byte block, 32 · d² / 12 per block
+    t = gguf.GGMLQuantizationType.Q5_1
+    packed = gguf.quants.quantize(W, t).reshape(-1, 24)
+    d = packed[:, 0:2].copy().view(np.float16).astype(np.float64).ravel()
+    estimate = np.sqrt(np.sum(32 * d**2 / 12)) / np.linalg.norm(W.astype(np.float64))
+    assert abs(estimate / q51 - 1) < 0.05 and gguf.GGML_QUANT_SIZES[t] == (32, 24)    # the lesson checks Q4_1 to 5 %
+
+    variants = {
+        "you halved Q4_1's error": q41 / 2,
+        "you scaled by (15/31)²": q41 * (15 / 31) ** 2,
+        "you scaled by the storage cost": q41 * 5 / 6,
+        "you scaled by the code widths": q41 * 4 / 5,
+        "that is Q4_1's own error": q41,
+    }
+    for text, value in variants.items():
+        assert abs(value / q51 - 1) > P6_RTOL
+        fb = check("18.p6", value)
+        assert fb.points == 0 and text in fb.text(), (text, value, fb.text())
 
 
 def test_p7_key_is_measured():
@@ -337,3 +351,36 @@ def test_p7_key_is_measured():
     key = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())["keys"]["p7"]
     assert nearest == key == RIGHT["p7"], (both, nearest, key)
     assert abs(both - quoted["a"]) < 0.001 < abs(both - quoted["b"])
+
+
+def test_w3_key_is_gguf_quantizing_the_block_and_each_mistake_is_a_variant_run():
+    """W3's key, run: gguf's reference Q4_1 quantizer on a block from −0.030 to 0.045 holding 0.014, decoded by gguf:
+    0.01501 (code 9 of float16 d = 0.005 and m = −0.030; 0.015 passes). Each named mistake is the same block worked a
+    mistaken way: the code rounded down, a 16-step grid, the code itself, the decode without m, and gguf's Q4_0."""
+    from coursekit.grading.lessons.lesson18 import W3, w3_block
+
+    block = w3_block()
+    t = gguf.GGMLQuantizationType.Q4_1
+    packed = gguf.quants.quantize(block, t)
+    decoded = gguf.quants.dequantize(packed, t).ravel()
+    d, m = packed[0, 0:2].copy().view(np.float16)[0], packed[0, 2:4].copy().view(np.float16)[0]
+    q = np.concatenate([packed[0, 4:] & 0x0F, packed[0, 4:] >> 4])
+    assert (float(block.min()), float(block.max())) == (np.float32(W3["lo"]), np.float32(W3["hi"]))
+    assert q[5] == 9 and d == np.float16(0.005) and m == np.float16(-0.030)
+    assert ITEMS["w3"].expected() == float(decoded[5]) and check("18.w3", float(decoded[5])).full
+    assert check("18.w3", RIGHT["w3"]).full and abs(decoded[5] - 0.015) < 2e-5
+
+    d32, m32 = np.float32(d), np.float32(m)
+    x = np.float32(W3["w"])
+    d16 = np.float32(np.float16((W3["hi"] - W3["lo"]) / 16))
+    q40 = gguf.GGMLQuantizationType.Q4_0
+    variants = {
+        "you dropped the fraction": d32 * np.floor((x - m32) / d32) + m32,
+        "into 16 steps": d16 * np.round((x - m32) / d16) + m32,
+        "that is the code q": float(q[5]),
+        "you left out the minimum": d32 * np.float32(q[5]),
+        "Q4_0's symmetric grid": gguf.quants.dequantize(gguf.quants.quantize(block, q40), q40).ravel()[5],
+    }
+    for text, value in variants.items():
+        fb = check("18.w3", float(value))
+        assert not fb.full and text in fb.text(), (text, value, fb.text())

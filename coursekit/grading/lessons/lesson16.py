@@ -206,7 +206,7 @@ ITEMS = {
         1,
     ),
     "p6": Choice(
-        "the gap between the toy layer's input gradient D Ŵ and D W, with the weight before quantization",
+        "two stacked adapted 4-bit layers, the lower one's base swapped for its float32 weight: which adapters' gradients change",
         1,
     ),
     "p7": Choice(

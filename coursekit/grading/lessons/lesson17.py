@@ -145,7 +145,7 @@ def _p5_mistakes(kwargs: dict, answers: dict) -> dict[str, list[Mistake]]:
     return {"total_gb": _total_mistakes(kwargs["n_params"], kwargs["n_adapter"], kwargs["method"], kwargs["double_quant"])}
 
 
-# --------------------------------------------------------------------------- p1, p2, w2: numbers
+# --------------------------------------------------------------------------- p1, p2, p4: numbers
 
 # P1: the policy this lesson measured on SmolLM2, carried to a 7B-class model with an untied output head. The ledger
 # prices every base parameter at half a byte and the adapter at 12 bytes; what load_model("nf4"),
@@ -207,40 +207,36 @@ def _p1_mistakes() -> list[Mistake]:
     return [m for m in out if not np.isclose(m.value, right, rtol=1e-9)]
 
 
-# P2: the ledger read backwards. The largest base whose QLoRA partial total plus double-quantized NF4 metadata fits a card
-# of 24 GiB, with a 20M adapter. The total grows by 0.5 + 1/64 + 4/(64·256) bytes per base parameter (codes, 8-bit absmax,
-# one fp32 constant per 256 blocks) on top of the adapter's 12 bytes per parameter.
-P2_CARD_BYTES = 24 * 2**30
-P2_ADAPTER = 20e6
+# P2: the loss scaler's order, predicted. A run clips gradients to a total norm of 1.0 under torch.amp.GradScaler at its
+# default starting scale S = 2**16, but calls clip_grad_norm_ before unscale_ (scaler.step unscales afterwards). The
+# true gradients have total norm 0.5. clip_grad_norm_ sees the scaled ones, norm 0.5 · S, scales them to norm 1.0
+# (coefficient max_norm / (norm + 1e-6), torch's own), and scaler.step divides by S: the optimizer steps with norm
+# 1/S, as if the threshold were S times smaller. tests/test_lesson17_items.py runs the loop and each mistaken reading.
+P2 = dict(scale=2.0**16, max_norm=1.0, true_norm=0.5)
+READ_MIXED = "(Lesson 17, 'The mixed-precision contract'.)"
 
 
-def _largest_base(card_bytes: float = P2_CARD_BYTES, a: float = P2_ADAPTER, double_quant: bool = True,
-                  metadata: bool = True) -> float:
-    """The largest base (billions of parameters) whose ledger total fits ``card_bytes``, found by bisection on
-    :func:`coursekit.memory` (the metadata's block counts round up, so the total is a step function of n)."""
-    def total(n: float) -> float:
-        b = memory.total(memory.ledger(n, a, "qlora"))
-        return b + (memory.nf4_metadata_bytes(n, double_quant=double_quant) if metadata else 0.0)
-
-    lo, hi = 0.0, 1e12
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if total(mid) <= card_bytes else (lo, mid)
-    return lo / 1e9
+def _clipped_norm(scale: float = P2["scale"], max_norm: float = P2["max_norm"], true_norm: float = P2["true_norm"],
+                  unscale_after: bool = True) -> float:
+    """The total norm the optimizer steps with when clip_grad_norm_ runs on gradients scaled by ``scale`` (torch's
+    clip: multiply by min(1, max_norm / (norm + 1e-6))), then, if ``unscale_after``, scaler.step divides by ``scale``."""
+    seen = true_norm * scale
+    clipped = seen * min(1.0, max_norm / (seen + 1e-6))
+    return clipped / scale if unscale_after else clipped
 
 
 def _p2_mistakes() -> list[Mistake]:
     return [
-        Mistake("GB for GiB", _largest_base(card_bytes=24e9), "you took the card as 24 · 10⁹ bytes: 24 GiB is 24 · 2³⁰ "
-                f"bytes ≈ 25.77 GB, 7.4 % more. Convert before comparing. {READ_UNITS}"),
-        Mistake("no double quant", _largest_base(double_quant=False), "you counted the metadata as one fp32 absmax per block "
-                f"(0.5 bits per weight): with double quantization each block keeps an 8-bit code, plus one fp32 constant per "
-                f"256 blocks. {READ_META}"),
-        Mistake("no metadata", _largest_base(metadata=False), "you left out the NF4 metadata: the QLoRA column's 0.5 bytes per "
-                f"parameter are the codes alone, and each block of 64 also stores its scale. {READ_META}"),
-        Mistake("no adapter", _largest_base(a=0.0), "you left out the adapter: its weights, gradients and two AdamW moments "
-                f"take 12 bytes per trainable parameter on the same card. {READ_LEDGER}"),
-        Mistake("parameters", _largest_base() * 1e9, "that is the number of parameters; the question asks for billions."),
+        Mistake("as if unscaled first", _clipped_norm(scale=1.0),
+                "0.5 is what the right order gives: unscale_ first, the norm 0.5 is under the threshold and nothing is "
+                "clipped. Here clip_grad_norm_ runs on the scaled gradients, norm 0.5 · S = 32,768, and scales them down "
+                f"to 1.0 before scaler.step divides them by S. {READ_MIXED}"),
+        Mistake("clipped, not unscaled", _clipped_norm(unscale_after=False),
+                "1.0 is the norm clip_grad_norm_ leaves on the scaled gradients; scaler.step still divides them by S "
+                f"before the optimizer uses them, so the step sees 1.0 / S. {READ_MIXED}"),
+        Mistake("the scaled norm", P2["true_norm"] * P2["scale"],
+                "32,768 is the norm clip_grad_norm_ measures (and returns): the scaled gradients, 0.5 · S. Being above "
+                f"1.0, they are scaled down to norm 1.0, and then scaler.step divides them by S. {READ_MIXED}"),
     ]
 
 
@@ -328,10 +324,10 @@ ITEMS = {
         unit="GB",
     ),
     "p2": Numeric(
-        "the largest base whose QLoRA total fits a 24 GiB card (20M adapter, double-quantized metadata)",
+        "the gradient norm the optimizer steps with when clipping to 1.0 runs before the loss scaler's unscale_",
         1,
-        name="billions",
-        expected=_largest_base,
+        name="grad_norm",
+        expected=_clipped_norm,
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p2_mistakes,
     ),

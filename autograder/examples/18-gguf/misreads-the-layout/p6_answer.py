@@ -1,3 +1,3 @@
 # Your answer goes in `answer_p6`.
-# Typical mistake: the file is called Q4_1, so the embedding is sized as Q4_1 (20 bytes per 32 weights).
-answer_p6 = 49152 * 960 * 5 / 8
+# Typical mistake: one more bit doubles the levels (16 to 32), so the error is taken to halve.
+answer_p6 = syn["Q4_1(W) vs W"] / 2
