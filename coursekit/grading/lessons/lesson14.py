@@ -10,7 +10,6 @@ from .. import Array, Choice, Function, Numeric
 
 READ_ABSMAX = "(Lesson 14, 'Absmax scaling'.)"
 READ_BLOCKS = "(Lesson 14, 'Blocks'.)"
-READ_OUTLIERS = "(Lesson 14, 'Outliers and block size'.)"
 READ_TOY = "(Lesson 14, 'The toy INT4 base'.)"
 READ_WALK = "(Lesson 14, 'The rank-one walk on Ŵ'.)"
 READ_BACKWARD = "(Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)"
