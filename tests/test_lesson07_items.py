@@ -80,11 +80,16 @@ def changes_x(f, x, eps):
     return grad
 
 
+# The public answers, computed here: coursekit's numeric_gradient, which the reference calls, is withheld while
+# the student's function runs.
+PUBLIC_P1 = [(case.kwargs["x"].copy(), lesson07.central_difference(**case.kwargs)) for case in lesson07._p1_public()]
+
+
 def hard_coded(f, x, eps):
     # The public answers, whatever the case: passes the public cases, fails the hidden ones.
-    for case in lesson07._p1_public():
-        if case.kwargs["x"].shape == x.shape and np.allclose(case.kwargs["x"], x):
-            return lesson07.central_difference(**case.kwargs)
+    for x_public, answer in PUBLIC_P1:
+        if x_public.shape == x.shape and np.allclose(x_public, x):
+            return answer
     return np.zeros(x.shape)
 
 
@@ -115,9 +120,20 @@ def test_right_answers_score_full(item_id, hidden):
     assert fb.full, fb.text()
 
 
-@pytest.mark.parametrize("fn", [central_on_copies, lesson07.central_difference, gc.numeric_gradient])
-def test_other_correct_central_differences_score_full(fn):
-    assert check("07.p1", fn, hidden=True).full
+def test_another_correct_central_difference_scores_full():
+    assert check("07.p1", central_on_copies, hidden=True).full
+
+
+@pytest.mark.parametrize("item_id, fn, name", [
+    ("p1", gc.numeric_gradient, "gradcheck.numeric_gradient"),
+    ("p1", lesson07.central_difference, "gradcheck.numeric_gradient"),  # the grader's reference calls it
+    ("p2", lambda a, n: float(gc.relative_errors(a, n).max()), "gradcheck.relative_errors"),
+])
+def test_handing_in_coursekits_own_function_fails_here_as_when_graded(item_id, fn, name):
+    """The grader's runner withholds the functions the item asks the student to write; the notebook's check runs the
+    answer the same way (coursekit.grading.checkers.withheld_here), so it says now what grading will say."""
+    fb = check(f"07.{item_id}", fn, hidden=True)
+    assert fb.points == 0 and f"coursekit's {name} is withheld" in fb.text()
 
 
 def test_hidden_cases_are_deterministic_and_random_in_shape():

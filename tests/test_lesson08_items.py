@@ -87,10 +87,15 @@ def _bwd_dot_T(dC, Q, K, V, P):
     return dS @ K * scale, dS.T @ Q * scale, P.T @ dC
 
 
+# The public answers, computed here: the reference calls coursekit's softmax_backward, withheld while the
+# student's function runs.
+PUBLIC_P1 = [(c.kwargs["Pt"].copy(), c.kwargs["dPt"].copy(), lesson08.softmax_backward_kq(**c.kwargs)) for c in lesson08._p1_public()]
+
+
 def hard_coded_softmax(Pt, dPt):
-    for case in lesson08._p1_public():
-        if case.kwargs["Pt"].shape == Pt.shape and np.allclose(case.kwargs["Pt"], Pt) and np.allclose(case.kwargs["dPt"], dPt):
-            return lesson08.softmax_backward_kq(**case.kwargs)
+    for Pt_public, dPt_public, answer in PUBLIC_P1:
+        if Pt_public.shape == Pt.shape and np.allclose(Pt_public, Pt) and np.allclose(dPt_public, dPt):
+            return answer
     return np.zeros_like(Pt)
 
 

@@ -204,8 +204,11 @@ def test_right_answers_score_full(item_id, hidden, capfd):
     assert capfd.readouterr().err == ""
 
 
-def test_whole_block_backward_also_scores_full():
-    assert check("10.p5", o_from_block, hidden=True).full
+def test_taking_the_whole_blocks_backward_from_coursekit_fails_here_as_when_graded():
+    """coursekit's block_backward is withheld while P5 is graded (the item asks for the o projection's step of it);
+    the notebook's check runs the answer the same way, so an answer that reads ∇o off it scores nothing here too."""
+    fb = check("10.p5", o_from_block, hidden=True)
+    assert fb.points == 0 and "coursekit's block.block_backward is withheld" in fb.text()
 
 
 def test_hidden_cases_are_deterministic():

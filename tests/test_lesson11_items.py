@@ -257,3 +257,15 @@ def test_p2_an_answer_that_changes_requires_grad_scores_nothing():
     for fn in (unfreeze_all, freeze_by_name):
         fb = check("11.p2", fn, hidden=True)
         assert fb.points <= 0.5 and "changed requires_grad" in fb.text(), fb.text()  # a model it leaves as is may pass
+
+
+def test_p2_handing_in_coursekits_trainable_params_scores_nothing_here_and_when_graded():
+    """The lesson's own helper is the answer: the grader's runner withholds it (its stub raises), and the notebook's
+    check runs the answer the same way, so the student is told before handing in."""
+    from coursekit import optim
+    from coursekit.grading.remote import withheld_of
+
+    assert withheld_of(ITEMS["p2"]) == ["coursekit.optim:trainable_params"]
+    for fn in (optim.trainable_params, lambda model: list(optim.trainable_params(model))):
+        fb = check("11.p2", fn, hidden=True)
+        assert fb.points == 0 and "coursekit's optim.trainable_params is withheld" in fb.text(), fb.text()

@@ -21,7 +21,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from coursekit import protocol, sandbox
-from coursekit.grading import answer_record, keys, score_record
+from coursekit.grading import answer_record, check, keys, score_record
 from coursekit.guard import ScoreAnswers
 
 KEYS02 = keys.load("02")  # tests/conftest.py points $COURSEKIT_KEYS at autograder/keys
@@ -203,6 +203,23 @@ def test_calling_coursekits_own_kernel_for_the_task_earns_nothing():
            "    return lora.lora_backward(D, c)\n")
     fb = score_record("05.p1", _fn_record("05.p1", src, "lora_backward", lora=lora))
     assert fb.points == 0 and "withheld" in fb.text(), fb.text()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("item, src, name", [
+    ("05.p1", "def lora_backward(D, X, W, A, B, s):\n    _, c = lora.lora_forward(X, W, A, B, s)\n"
+              "    return lora.lora_backward(D, c)\n", "lora_backward"),
+    ("11.p2", "def trainable_params(model):\n    return list(optim.trainable_params(model))\n", "trainable_params"),
+])
+def test_a_borrowed_function_scores_the_same_in_the_notebook_and_in_the_runner(item, src, name):
+    """Handing in the lesson's own helper: the runner's stub raises, and the notebook's check (the real coursekit,
+    watched: coursekit.grading.checkers.withheld_here) raises the same error, so the student learns it before grading."""
+    from coursekit import lora, optim
+
+    here = check(item, _notebook_function(src, name, lora=lora, optim=optim), hidden=True)
+    graded = score_record(item, _fn_record(item, src, name, lora=lora, optim=optim))
+    assert here.points == graded.points == 0, (here.text(), graded.text())
+    assert "is withheld while this item is graded" in here.text() and "is withheld while this item is graded" in graded.text()
 
 
 @needs_sandbox
@@ -758,7 +775,7 @@ def test_a_huge_output_is_cut_to_the_cells_byte_cap(tmp_path, src):
     nb, _ = ex.preprocess(nb, {"unique_key": "tiny", "metadata": {"path": str(tmp_path / "work")}})
     kept = len(json.dumps(nb.cells[0].outputs))
     assert kept <= (1 << 20) + 2000, kept  # GuardedExecute.cell_output_bytes
-    assert "output cut" in nb.cells[0].outputs[-1]["text"]
+    assert "output cut" in nb.cells[0].outputs[-1]["text"], [(o.get("output_type"), o.get("name"), str(o)[:300]) for o in nb.cells[0].outputs]
     assert "after" in nb.cells[1].outputs[0]["text"]
     assert len(nbformat.writes(nb)) < 2 << 20
 

@@ -47,6 +47,7 @@ from .checkers import (
     check_numeric,
     check_ordering,
     formative,
+    withheld_here,
 )
 
 __all__ = [
@@ -367,6 +368,11 @@ def check(item_id: str, answer: Any, hidden: bool | None = None) -> Feedback:
     if item not in items:
         raise KeyError(f"lesson {lesson} has no item {item!r}; items: {sorted(items)}")
     it = items[item]
+    if callable(answer) and not _value_item(it) and not getattr(it, "watches_borrowing", False):
+        from .remote import Remote, withheld_of
+
+        if not isinstance(answer, Remote):  # here, in the student's kernel: the runner's withheld functions, watched
+            answer = withheld_here(answer, withheld_of(it))
     return it.check(answer, _Context(lesson, item, autograding() if hidden is None else hidden))
 
 

@@ -677,6 +677,57 @@ class _CallWatch:
             threading.setprofile(old_threads)
 
 
+def withheld_message(module: str, qualname: str) -> str:
+    """What a withheld coursekit function says when the student's code calls it while its item is graded."""
+    return (f"coursekit's {module.split('.')[-1]}.{qualname} is withheld while this item is graded: "
+            "the task is to compute it in your own code")
+
+
+def withheld_here(fn: Callable, withheld: Sequence[str]) -> Callable:
+    """``fn`` as the grader's runner runs it, for a check in the student's own kernel.
+
+    In the autograde run the item's ``withheld`` coursekit functions (``"module:qualname"``, see
+    :func:`coursekit.grading.remote.withheld_of`) are stubs that raise (:func:`coursekit.grading.remote.stub_files`),
+    so an answer that calls one fails every case that calls it. In the notebook they are the real functions; so the
+    returned function runs ``fn`` under a profile hook (``sys.setprofile``, and ``threading.setprofile`` for the
+    threads it starts) that raises the stub's RuntimeError when one of them is entered, directly or through other
+    code: the notebook's check then says what grading will, pointing at the student's line. Names that do not
+    resolve are skipped; with none left, ``fn`` itself is returned."""
+    import functools
+    import importlib
+
+    codes: dict = {}
+    for w in withheld:
+        mod, _, qual = w.partition(":")
+        try:
+            obj: Any = importlib.import_module(mod)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            continue
+        code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+        if code is not None:
+            codes[code] = withheld_message(mod, qual)
+    if not codes:
+        return fn
+
+    def hook(frame, event, arg):  # an exception raised here propagates from the call it saw (and unsets the hook)
+        if event == "call" and frame.f_code in codes:
+            raise RuntimeError(codes[frame.f_code])
+
+    @functools.wraps(fn)
+    def watched(*args, **kwargs):
+        old, old_threads = sys.getprofile(), threading.getprofile()
+        sys.setprofile(hook)
+        threading.setprofile(hook)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(old)
+            threading.setprofile(old_threads)
+    return watched
+
+
 _CHECKERS_FILE = os.path.abspath(__file__)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from .. import protocol, sandbox
 from ..runner import write_frame
 from .budget import BudgetSpent, Deadline
-from .checkers import CaseTimeout, _case_timeout
+from .checkers import CaseTimeout, _case_timeout, withheld_message
 
 GRADING = Path(__file__).resolve().parent
 
@@ -362,8 +362,7 @@ def stub_files(withheld: Sequence[str], folder: Path) -> dict[str, Path]:
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     qual = child.name if node is tree else f"{getattr(node, 'name', '')}.{child.name}"
                     if qual in quals:
-                        msg = (f"coursekit's {mod.split('.')[-1]}.{qual} is withheld while this item is graded: "
-                               "the task is to compute it in your own code")
+                        msg = withheld_message(mod, qual)
                         child.body = [ast.parse(f"raise RuntimeError({msg!r})").body[0]]
         target = folder / f"{mod}.py"
         target.write_text(ast.unparse(ast.fix_missing_locations(tree)))

@@ -182,6 +182,8 @@ class ParamSelection:
     title: str
     points: float
     name: str = "trainable_params"
+    #: stubbed in the grader's runner (and watched in the notebook): the lesson's own helper is the answer
+    withheld = ("coursekit.optim:trainable_params",)
 
     def cases(self, ctx: Any) -> list[tuple[str, torch.nn.Module]]:
         torch.manual_seed(0)

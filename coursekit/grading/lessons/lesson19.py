@@ -158,6 +158,7 @@ class _ModelItem:
     name: str
     preload = ("transformers", "peft", "bitsandbytes")  # imported by the grader's runner before its time limits start
     withheld = ()  # coursekit functions stubbed in the grader's runner while this item is graded
+    watches_borrowing = True  # each measure watches what the student's function runs (_watched), in the notebook too
 
     def public(self) -> list:
         raise NotImplementedError
