@@ -42,7 +42,7 @@ def _p4_right():
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 2.5,
-         "p4": None, "p5": 11, "p6": 4.002345485592187, "p7": "a"}
+         "p4": None, "p5": 149, "p6": 4.002345485592187, "p7": "a"}
 
 
 def _right(item_id):
@@ -102,7 +102,7 @@ def test_p3_key_and_mistakes_are_measured_with_autograd():
 
 def test_numbers_come_from_coursekit():
     assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors()[0]) == pytest.approx(20 / 8)
-    assert ITEMS["p5"].expected() == 11  # 3 + 3 + 2 + 3 supervised tokens: answer tokens and <|im_end|>
+    assert ITEMS["p5"].expected() == 149  # 152 real tokens, less each row's position 0
     assert [int(p) for p in L.p4_positions()] == [47, 48, 49]  # row 0's prompt, two answer tokens, <|im_end|>
     aligned, twice = L._p6_losses()
     assert aligned == pytest.approx(np.log1p(7 * np.exp(-8.0)))
@@ -327,13 +327,11 @@ def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
         ("p3", 4, "compares a token of the first micro-batch with one of the second"),
         ("p3", 0.625, "which the loop under-weights"),
         ("p3", 0.4, "so its gradient grows"),
-        ("p5", 7, "end-of-turn token <|im_end|> is supervised"),
         ("p6", 0.0023454855921863655, "labels = input_ids"),
         ("p6", float(np.log(8)), "uniform guess"),
         ("p6", 8.0, "every scored position misses"),
         ("p6", 8.002345485592187, "every scored position misses"),
         ("p6", 4.802345485592187, "you scored five positions"),
-        ("p5", 4, "one position per row"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -341,10 +339,60 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p5_attention_count_is_recognised():
-    b = L._p5_batch()
-    fb = check("04.p5", int(b["attention_mask"].sum()))
-    assert fb.points == 0 and "attention_mask.sum()" in fb.text()
+def measured_p5_counts() -> dict:
+    """04.p5 measured by transformers' own causal-LM loss (the one LlamaForCausalLM calls): with all-zero logits every
+    scored position costs log V, so the summed loss (num_items_in_batch=1) over log V counts the positions the loss
+    scores. The right labels and each mistaken variant are run on the lesson's three tickets."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    b = L.p5_batch()
+    ids, mask, B, T = b["input_ids"], b["attention_mask"], *b["input_ids"].shape
+    V = int(ids.max()) + 1
+    logits = torch.zeros(B, T, V)
+
+    def scored(labels, lg=logits):
+        total = ForCausalLMLoss(lg, labels, vocab_size=lg.shape[-1], num_items_in_batch=1)
+        return int(round(float(total) / float(np.log(lg.shape[-1]))))
+
+    def unshifted(labels):  # scoring logit t against label t: the shift forgotten
+        return int(round(float(F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100,
+                                               reduction="sum")) / float(np.log(V))))
+
+    full = ids.masked_fill(mask == 0, -100)
+    return {
+        "right": scored(full),
+        "position 0 counted": unshifted(full),
+        "one shift for the batch": scored(full.reshape(1, -1), logits.reshape(1, B * T, V)),
+        "padding scored": scored(ids),
+        "every position": unshifted(ids),
+        "answer only": scored(b["labels"]),
+        "masked by id": scored(ids.masked_fill(ids == b["pad_id"], -100)),
+    }
+
+
+def test_p5_key_and_mistakes_are_measured_by_the_models_loss():
+    """P5's key is what transformers' ForCausalLMLoss scores on the tickets with full-conversation labels, and every
+    named wrong answer is what the mistaken variant scores; the notebook's tickets are the graded ones."""
+    import nbformat
+
+    counts = measured_p5_counts()
+    assert ITEMS["p5"].expected() == counts["right"] == RIGHT["p5"]
+    b = L.p5_batch()
+    assert counts["position 0 counted"] == int(b["attention_mask"].sum()) == 152   # the number P5's prose quotes
+    assert counts["answer only"] == 7
+    named = {m.label: m.value for m in L._p5_mistakes()}
+    assert set(named) == set(counts) - {"right"}
+    for label, value in named.items():
+        assert value == counts[label], label
+        assert value != counts["right"], label
+        fb = check("04.p5", value)
+        assert fb.points == 0 and label in fb.mistakes, (label, fb.text())
+    assert check("04.p5", counts["right"]).full
+    nb = nbformat.read(ROOT / "solutions" / LID / f"{LID}.ipynb", as_version=4)
+    src = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("tok = load_tokenizer()"))
+    ns = {}
+    exec(src.split("encoded =")[0].split("\n", 1)[1], {}, ns)    # the `tickets = [...]` lines of 'Two masks, two jobs'
+    assert tuple(ns["tickets"]) == L.P5_TICKETS
 
 
 @pytest.mark.parametrize(
@@ -366,7 +414,7 @@ def test_p7_key_is_what_the_id_mask_does_to_smollm2_batches():
 
     tok = model.load_tokenizer()
     assert tok.bos_token == "<|im_start|>" and tok.pad_token_id == tok.eos_token_id
-    rows = [data.encode_example(data.chat_example(t, lab), tok) for t, lab in L.P5_ROWS]
+    rows = [data.encode_example(data.chat_example(t, lab), tok) for t, lab in L.P5_TICKETS]
     for row in rows:  # P9's model answer: three <|im_end|> per row, only the answer's supervised; no <|im_start|> is
         pairs = list(zip(row["input_ids"], row["labels"]))
         assert sum(i == tok.eos_token_id for i, _ in pairs) == 3

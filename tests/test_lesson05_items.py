@@ -467,6 +467,33 @@ def test_p7_key_and_p9_identity_hold_for_the_reference_backward():
     np.testing.assert_allclose(dB1, 1.5 * A.T @ G, rtol=1e-12)
 
 
+def test_p9_a_nonzero_G_outside_both_factors_gives_the_adapter_no_gradient():
+    """P9's model answer, measured with autograd: for r < d and r < m, G = u vᵀ with Aᵀ u = 0 and B v = 0 is a nonzero
+    ∇W (what a trainable W gets), while ∇A and ∇B are zero, so an SGD step leaves A and B unchanged; the adapter's
+    gradients are s G Bᵀ (d × r) and s Aᵀ G (r × m), r·(d + m) numbers against G's d·m."""
+    rng = np.random.default_rng(9)
+    d, m, r, s = 6, 5, 2, 1.5
+    A, B = rng.standard_normal((d, r)), rng.standard_normal((r, m))
+    u = np.linalg.svd(A.T)[2][-1]              # a unit vector with Aᵀ u = 0 (A has rank r < d)
+    v = np.linalg.svd(B)[2][-1]                # a unit vector with B v = 0 (B has rank r < m)
+    G = np.outer(u, v)
+    X, D = np.eye(d), G                        # a batch of d tokens whose Xᵀ D is G
+    Xt, Wt, At, Bt = (torch.tensor(a, requires_grad=True) for a in (X, rng.standard_normal((d, m)), A, B))
+    ((Xt @ Wt + s * (Xt @ At) @ Bt) * torch.tensor(D)).sum().backward()
+    np.testing.assert_allclose(Wt.grad.numpy(), G, atol=1e-12)
+    assert np.abs(G).max() > 0.1
+    np.testing.assert_allclose(At.grad.numpy(), 0, atol=1e-12)
+    np.testing.assert_allclose(Bt.grad.numpy(), 0, atol=1e-12)
+    lr = 0.1
+    np.testing.assert_allclose(A - lr * At.grad.numpy(), A, atol=1e-12)
+    np.testing.assert_allclose(B - lr * Bt.grad.numpy(), B, atol=1e-12)
+    assert At.grad.numel() + Bt.grad.numel() == r * (d + m) < d * m == Wt.grad.numel()
+    # and a generic G does reach both factors
+    Xt.grad = Wt.grad = At.grad = Bt.grad = None
+    ((Xt @ Wt + s * (Xt @ At) @ Bt) * torch.tensor(rng.standard_normal((d, m)))).sum().backward()
+    assert np.abs(At.grad.numpy()).max() > 1e-3 and np.abs(Bt.grad.numpy()).max() > 1e-3
+
+
 def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
     """P2's key, computed: an nn.Linear A (r × d weight) on a b × n × d batch gets an r × d gradient equal to dZᵀ X
     with the b · n tokens flattened, and not Xᵀ dZ's d × r."""

@@ -322,6 +322,19 @@ def test_log_softmax_backward_mistakes(fn, text):
     assert fb.points < 2 and text in fb.text(), fb.text()
 
 
+def test_p7_stub_documents_log_softmax_backward_without_stating_its_rule():
+    """The docstring the student reads in P7's answer cell (the release keeps it as the whole body) says what
+    log_softmax_backward takes and returns, not the rule dx = g − softmax(x) · Σ_j g_j that the item grades."""
+    release = ROOT / "lessons" / "06-the-rank-one-walk" / "06-the-rank-one-walk.ipynb"
+    for path in (NOTEBOOK, release):
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "p7_answer")
+        doc = cell.source.split('"""')[1]
+        assert "log_softmax(x)" in doc and "n x m" in doc, doc
+        for rule in ("softmax(x) *", "softmax(x) ·", "row sum", "sum(", "g -", "g −", "Σ"):
+            assert rule not in doc, f"{path.name}: P7's docstring states the answer ({rule!r}): {doc}"
+
+
 def test_hidden_cases_are_deterministic():
     a = check("06.p2", adamw_step, hidden=True).text()
     b = check("06.p2", adamw_step, hidden=True).text()

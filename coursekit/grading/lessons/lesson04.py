@@ -320,41 +320,52 @@ def _p4_mistakes() -> list[Mistake]:
     return out
 
 
-# P5: the student predicts N from the answers' token counts (printed by the lesson's cell) and the rule: each row scores
-# its answer tokens and its <|im_end|>; prompt and padding score nothing.
-P5_ROWS = (("The 24 V power supply output has dropped to 18 V on the case packer.", "electrical"),
-           ("Oil is dripping from the hydraulic manifold of the stamping press.", "hydraulic"),
-           ("The scheduling software skips queued jobs.", "software"),
-           ("One phase of the three-phase supply is missing at the paint booth.", "electrical"))
+# P5 asks for a configuration the lesson does not print: the three tickets of 'Two masks, two jobs' (152 real tokens, 7
+# scored under assistant-only labels) trained on every real token, prompt included, with -100 on the padding only. The
+# student predicts N from the printed 152 and the one shift: no logit predicts position 0, so each row loses one position.
+P5_TICKETS = (("The drive motor overheats on the case packer.", "thermal"),
+              ("The fieldbus reports communication timeouts.", "network"),
+              ("Ticket: a bolt on the mounting bracket has sheared off (the laser cutter).", "mechanical"))
 
 
 @lru_cache(maxsize=1)
-def _p5_batch() -> dict:
+def p5_batch() -> dict:
+    """The lesson's three tickets collated as 'Two masks, two jobs' collates them (assistant-only ``labels``), with
+    ``full_labels``: input_ids on every real token, -100 on the padding (read from the attention mask)."""
     from ... import data, model
 
     tok = model.load_tokenizer()
-    rows = [data.encode_example(data.chat_example(t, l), tok) for t, l in P5_ROWS]
-    return data.collate(rows, pad_id=tok.pad_token_id)
+    rows = [data.encode_example(data.chat_example(t, l), tok) for t, l in P5_TICKETS]
+    batch = data.collate(rows, pad_id=tok.pad_token_id)
+    full = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+    return dict(batch, full_labels=full, pad_id=tok.pad_token_id)
 
 
 def _p5_expected() -> float:
-    return float(count_supervised(_p5_batch()["labels"]))
+    return float(count_supervised(p5_batch()["full_labels"]))
 
 
 def _p5_mistakes() -> list[Mistake]:
-    b = _p5_batch()
-    n = count_supervised(b["labels"])
-    B = b["labels"].shape[0]
+    b = p5_batch()
+    ids, full = b["input_ids"], b["full_labels"]
+    B, T = ids.shape
+    n_real = int(b["attention_mask"].sum())
+    by_id = ids.masked_fill(ids == b["pad_id"], IGNORE_INDEX)  # padding masked by id: pad == eos here
     return [
-        Mistake("attention", int(b["attention_mask"].sum()), "that is attention_mask.sum(): every real token, prompt included. "
-                "The loss counts only positions whose label is not -100. " + READ_MASKS),
-        Mistake("numel", b["labels"].numel(), "that is every position of the padded batch; count labels != -100."),
-        Mistake("no eos", n - B, "you counted the answer tokens only: each row's end-of-turn token <|im_end|> is supervised "
-                "too (masking every id equal to pad_id drops it, because pad == eos here). " + READ_PAD),
-        Mistake("one per row", B, "one position per row would be a one-token answer and no end token: count each answer's "
-                "tokens (the cell prints them) and add its <|im_end|>. " + READ_MASKS),
-        Mistake("eos only", 2 * B, "that is two positions per row, as for a one-token answer: count each answer's tokens (the "
-                "cell prints them) and add its <|im_end|>."),
+        Mistake("position 0 counted", n_real, f"that is every real token, {n_real}: no logit predicts a row's first token "
+                "(the shift compares logits[:, :-1] with labels[:, 1:]), so each row's position 0 is never scored. "
+                + READ_SHIFT),
+        Mistake("one shift for the batch", n_real - 1, "you dropped one position for the whole batch: the shift happens in "
+                "every row, so each row's first token goes unscored, one per row. " + READ_SHIFT),
+        Mistake("padding scored", B * (T - 1), f"that counts the padding too ({B} rows × {T - 1} shifted positions): "
+                "its labels are -100, so the loss skips it. " + READ_MASKS),
+        Mistake("every position", B * T, f"that is every position of the padded {B} × {T} batch: the padding is -100, and "
+                "no logit predicts a row's first token. " + READ_MASKS),
+        Mistake("answer only", count_supervised(b["labels"]), "that is the assistant-only count printed in 'Two masks, two "
+                "jobs'; here the prompt is a target as well. " + READ_MASKS),
+        Mistake("masked by id", count_supervised(by_id), "that is what is left after masking every token whose id equals "
+                "pad_id: with pad == eos that also removes every real <|im_end|>, prompt turns included. The padding is "
+                "decided by the attention mask here. " + READ_PAD),
     ]
 
 
@@ -475,7 +486,7 @@ ITEMS = {
         mistakes=_p4_mistakes,
     ),
     "p5": Numeric(
-        "predict the supervised tokens of a collated batch",
+        "predict the positions the loss scores when three tickets are trained on every real token",
         1,
         name="n_supervised",
         expected=_p5_expected,
