@@ -15,28 +15,35 @@ from coursekit.grading.lessons.lesson00 import ITEMS
 NB = Path(__file__).resolve().parents[1] / "solutions" / "00-setup-and-probes" / "00-setup-and-probes.ipynb"
 
 
-def right_pack(codes):
-    q = np.asarray(codes).astype(np.int64)
-    if q.size % 2:
-        q = np.concatenate([q, [0]])
-    return ((q[0::2] << 4) | q[1::2]).astype(np.uint8)
+def right_compare(a, b):
+    """Right for P4: split at the dots (leaving out a local label after "+"), pad with 0, compare as numbers."""
+    parts = lambda v: [int(x) for x in v.split("+")[0].split(".")]  # noqa: E731
+    x, y = parts(a), parts(b)
+    n = max(len(x), len(y))
+    x, y = x + [0] * (n - len(x)), y + [0] * (n - len(y))
+    return int(x > y) - int(x < y)
 
 
-def low_first_pack(codes):
-    q = np.asarray(codes).astype(np.int64)
-    if q.size % 2:
-        q = np.concatenate([q, [0]])
-    return ((q[1::2] << 4) | q[0::2]).astype(np.uint8)
+def strings_compare(a, b):
+    """The classic slip: version strings compared as text, so "0.9" > "0.10"."""
+    return int(a > b) - int(a < b)
 
 
-def int64_pack(codes):
-    return right_pack(codes).astype(np.int64)
+def unpadded_compare(a, b):
+    """Numbers, but tuples of different lengths: (0, 45) < (0, 45, 0)."""
+    x, y = (tuple(int(p) for p in v.split("+")[0].split(".")) for v in (a, b))
+    return int(x > y) - int(x < y)
 
 
-def no_pad_pack(codes):
-    q = np.asarray(codes).astype(np.int64)
-    n = q.size // 2 * 2
-    return ((q[0:n:2] << 4) | q[1:n:2]).astype(np.uint8)
+def patch_ignored_compare(a, b):
+    """Major and minor only: a patch release never counts."""
+    x, y = (tuple(int(p) for p in v.split("+")[0].split("."))[:2] for v in (a, b))
+    return int(x > y) - int(x < y)
+
+
+def bool_compare(a, b):
+    """Answers "is a at least b?" instead of the order: a bool."""
+    return right_compare(a, b) >= 0
 
 
 def measured_dequantizations(first_input_needs_grad=False):
@@ -65,7 +72,7 @@ def measured_dequantizations(first_input_needs_grad=False):
 RIGHT = {
     "w1": "b", "w2": "a", "w3": "b", "p1": {"b", "c", "d"}, "p2": "a", "p5": {"a"},
     "p3": 3,
-    "p4": right_pack,
+    "p4": right_compare,
     "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,
     "p7": ["small", "small_outlier", "big", "big_outlier"],
 }
@@ -100,9 +107,10 @@ WRONG = [
     ("p7", ["small", "big", "small_outlier", "big_outlier"], "far more than one ruined block of 64"),
     ("p7", ["small_outlier", "small", "big", "big_outlier"], "63 weights out of 884,736"),
     ("p7", ["big_outlier", "small", "small_outlier", "big"], "ruins 4095 weights"),
-    ("p4", low_first_pack, "LOW nibble"),
-    ("p4", no_pad_pack, "pad with one 0 code"),
-    ("p4", int64_pack, "dtype is int64"),
+    ("p4", strings_compare, "character by character"),
+    ("p4", unpadded_compare, "Count a missing part as 0"),
+    ("p4", patch_ignored_compare, "first two numbers only"),
+    ("p4", bool_compare, "got bool"),
     ("p4", 42, "should be a function"),
 ]
 
@@ -263,20 +271,55 @@ def test_wrong_answers_score_less_and_teach(item, answer, text, hidden):
 
 
 def test_p4_hidden_cases_catch_a_hard_coded_answer():
-    table = {(1, 2): [0x12], (15, 0, 3, 9): [0xF0, 0x39], (7, 8, 5): [0x78, 0x50], tuple(range(16)): right_pack(np.arange(16))}
+    from coursekit.grading.lessons.lesson00 import _version_cases
 
-    def hard_coded(codes):
-        return np.asarray(table.get(tuple(int(c) for c in codes), [0]), dtype=np.uint8)
+    table = {(c.kwargs["a"], c.kwargs["b"]): right_compare(**c.kwargs) for c in _version_cases()}
+
+    def hard_coded(a, b):
+        return table.get((a, b), 0)
 
     public = check("00.p4", hard_coded, hidden=False)
     graded = check("00.p4", hard_coded, hidden=True)
     assert public.full
-    assert graded.points < ITEMS["p4"].points / 2, graded.text()
+    assert graded.points < ITEMS["p4"].points * 0.9, graded.text()
     assert "hidden case" in graded.text()
 
 
+def test_p4_key_is_the_packaging_order_and_the_by_hand_rule():
+    """The reference is packaging's Version order (what pip uses) with the local label left out; the by-hand rule of the
+    model solution agrees with it on every public and hidden case, on random versions and on the installed torch and
+    bitsandbytes, and the lesson's questions come out as the prose expects (0.50.2 has a 0.45.0 fix, torch is past 2.5)."""
+    import bitsandbytes
+    import torch
+
+    from coursekit.grading.lessons.lesson00 import _version_cases, _version_hidden, version_order
+
+    rng = np.random.default_rng(0)
+    cases = [c.kwargs for c in _version_cases()] + [c.kwargs for seed in range(5)
+                                                    for c in _version_hidden(np.random.default_rng(seed))]
+    for _ in range(300):
+        cases.append({k: ".".join(str(int(x)) for x in rng.integers(0, 12, size=int(rng.integers(1, 4))))
+                      + ("+cpu" if rng.random() < 0.3 else "") for k in ("a", "b")})
+    cases += [{"a": torch.__version__, "b": "2.5"}, {"a": bitsandbytes.__version__, "b": "0.45.0"}]
+    for kw in cases:
+        assert version_order(**kw) == right_compare(**kw), kw
+    assert version_order(bitsandbytes.__version__, "0.45.0") == 1 and version_order(torch.__version__, "2.5") == 1
+    hidden = [c.kwargs for c in _version_hidden(np.random.default_rng(1))]
+    assert {version_order(**kw) for kw in hidden} >= {-1, 1} and any("+" in kw["a"] + kw["b"] for kw in hidden)
+
+
+@pytest.mark.parametrize("fn,label", [(strings_compare, "strings compared"), (unpadded_compare, "unpadded parts"),
+                                      (patch_ignored_compare, "patch ignored")])
+def test_p4_each_mistaken_variant_is_named(fn, label):
+    """Each named mistake is what that mistaken variant, run as a student's function, actually returns: the feedback
+    names it, with and without the hidden cases, and the variant loses points."""
+    for hidden in (False, True):
+        fb = check("00.p4", fn, hidden=hidden)
+        assert not fb.full and label in fb.mistakes, (label, fb.mistakes, fb.text())
+
+
 def test_p4_stub_scores_zero():
-    def stub(codes):
+    def stub(a, b):
         raise NotImplementedError()
 
     fb = check("00.p4", stub, hidden=True)

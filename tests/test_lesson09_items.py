@@ -387,6 +387,75 @@ def test_p5s_key_a_token_with_a_closed_gate_trains_none_of_the_three_adapters():
     assert keys["p5"] == RIGHT["p5"] == "c"
 
 
+
+def test_p8s_model_answer_zero_up_projection_measured_with_autograd():
+    """P8's model answer (explain, W_up = 0 at the start) measured with autograd on a gated MLP: in the first backward
+    pass dW_gate, dW_down and the MLP's dX are exactly zero and dW_up is not; after one SGD step all three weights get
+    a nonzero gradient."""
+    gen = torch.Generator().manual_seed(98)
+    n, d, f = 4, 3, 5
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    X, dY = rnd(n, d).requires_grad_(), rnd(n, d)
+    Wg, Wu, Wd = rnd(d, f).requires_grad_(), torch.zeros(d, f, dtype=torch.float64, requires_grad=True), rnd(f, d).requires_grad_()
+    (F.silu(X @ Wg) * (X @ Wu) @ Wd).backward(dY)
+    assert torch.equal(Wg.grad, torch.zeros_like(Wg)) and torch.equal(Wd.grad, torch.zeros_like(Wd))
+    assert torch.equal(X.grad, torch.zeros_like(X))
+    assert Wu.grad.abs().min() > 0
+    with torch.no_grad():
+        for w in (Wg, Wu, Wd):
+            w -= 0.1 * w.grad
+            w.grad = None
+    (F.silu(X @ Wg) * (X @ Wu) @ Wd).backward(dY)
+    assert all(w.grad.abs().max() > 1e-3 for w in (Wg, Wu, Wd))
+
+
+def test_p9s_model_answer_a_dropped_adapter_path_passes_a_check_at_b_zero_only():
+    """P9's model answer (explain) measured with the course's functions: dH from the adapted down projection is
+    dY W_downᵀ + s dY B_downᵀ A_downᵀ; with B_down = 0 the colleague's dH = dY W_downᵀ is exact, so every adapter gradient
+    matches autograd, and after one SGD step (B_down ≠ 0) the gate and up adapters' gradients and dX no longer do."""
+    from coursekit import lora
+
+    rng = np.random.default_rng(99)
+    n, d, f, r, s = 4, 3, 5, 2, 2.0
+    X, dY = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    W = {"gate": rng.standard_normal((d, f)), "up": rng.standard_normal((d, f)), "down": rng.standard_normal((f, d))}
+    A = {p: rng.standard_normal((W[p].shape[0], r)) for p in W}
+    B = {p: np.zeros((r, W[p].shape[1])) for p in W}
+
+    def by_hand(B, colleague):
+        G, c_gate = lora.lora_forward(X, W["gate"], A["gate"], B["gate"], s)
+        U, c_up = lora.lora_forward(X, W["up"], A["up"], B["up"], s)
+        H, c_sw = mlp.swiglu_forward(G, U)
+        _, c_down = lora.lora_forward(H, W["down"], A["down"], B["down"], s)
+        dH, dA_down, dB_down = lora.lora_backward(dY, c_down)
+        np.testing.assert_allclose(dH, dY @ W["down"].T + s * dY @ B["down"].T @ A["down"].T, rtol=1e-12, atol=1e-12)
+        if colleague:
+            dH = dY @ W["down"].T
+        dG, dU = mlp.swiglu_backward(dH, c_sw)
+        dX_g, dA_gate, dB_gate = lora.lora_backward(dG, c_gate)
+        dX_u, dA_up, dB_up = lora.lora_backward(dU, c_up)
+        return dict(X=dX_g + dX_u, A_gate=dA_gate, B_gate=dB_gate, A_up=dA_up, B_up=dB_up, A_down=dA_down, B_down=dB_down)
+
+    def autograd(B):
+        t = {k: torch.tensor(v, requires_grad=True) for k, v in
+             dict(X=X, **{f"A_{p}": A[p] for p in W}, **{f"B_{p}": B[p] for p in W}).items()}
+        proj = lambda p, x: x @ torch.tensor(W[p]) + s * (x @ t[f"A_{p}"]) @ t[f"B_{p}"]
+        proj("down", F.silu(proj("gate", t["X"])) * proj("up", t["X"])).backward(torch.tensor(dY))
+        return {k: v.grad.numpy() for k, v in t.items()}
+
+    start = autograd(B)
+    colleague = by_hand(B, colleague=True)
+    for k in start:                                                       # at B = 0 the check passes
+        np.testing.assert_allclose(colleague[k], start[k], rtol=1e-12, atol=1e-12, err_msg=k)
+    assert np.abs(start["B_down"]).max() > 1e-3                          # so one step moves B_down
+    B1 = {p: B[p] - 0.1 * start[f"B_{p}"] for p in W}
+    later, colleague, right = autograd(B1), by_hand(B1, colleague=True), by_hand(B1, colleague=False)
+    for k in later:
+        np.testing.assert_allclose(right[k], later[k], rtol=1e-10, atol=1e-12, err_msg=k)
+    rel = lambda k: np.abs(colleague[k] - later[k]).max() / np.abs(later[k]).max()
+    assert all(rel(k) > 1e-2 for k in ("X", "A_gate", "B_gate", "A_up", "B_up")), {k: rel(k) for k in later}
+    assert rel("A_down") < 1e-12 and rel("B_down") < 1e-12               # the down adapter's own D is dY either way
+
 # --------------------------------------------------------------------------- wrong answers: other items
 
 

@@ -347,7 +347,7 @@ def test_the_check_of_the_example_class_passes_and_names_who_differs(serial, tmp
     assert "00-setup-and-probes ex-perfect" in written and guide.read_text().startswith("before\n")
     real = example_class.expected_scores
     monkeypatch.setattr(example_class, "expected_scores",
-                        lambda root, aid: {**real(root, aid), "ex-low-first": 5.0})
+                        lambda root, aid: {**real(root, aid), "ex-strings-compared": 5.0})
     assert cli.main(["grade", "--examples", "00", "--check", "--course", str(serial)]) == 1
     err = capsys.readouterr().err
-    assert "00-setup-and-probes ex-low-first: scored 6.00, expected 5.00" in err, err
+    assert "00-setup-and-probes ex-strings-compared: scored 7.71, expected 5.00" in err, err

@@ -1,7 +1,7 @@
 """Graded items of lesson 00, "Setup and probes" (solutions/00-setup-and-probes).
 
 Choice and ordering keys live in the instructor's ``autograder/keys/00.json``; numeric answers are computed here; the implement item
-``p4`` is checked against :func:`coursekit.probes.nibble_pack`.
+``p4`` is checked against :func:`version_order` (the packaging library's version order).
 """
 
 from __future__ import annotations
@@ -41,55 +41,99 @@ def _dequant_mistakes() -> list[Mistake]:
     ]
 
 
-# --------------------------------------------------------------------------- p4: nibble_pack
+# --------------------------------------------------------------------------- p4: compare_versions
 
 
-def _pack_cases() -> list[Case]:
+def version_order(a: str, b: str) -> int:
+    """00.p4's reference: −1 if release ``a`` comes before release ``b``, 0 if they are the same release, 1 if ``a``
+    comes after. Versions are dot-separated numbers, compared part by part as numbers, a missing part counting as 0;
+    a local label after "+" (torch's "2.13.0+cpu") names a build, not a release, and is left out. The packaging
+    library's ``Version`` (the order pip uses) decides; tests/test_lesson00_items.py checks a by-hand rule against it."""
+    from packaging.version import Version
+
+    va, vb = Version(a.split("+")[0]), Version(b.split("+")[0])
+    return int(va > vb) - int(va < vb)
+
+
+def _parts(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("+")[0].split("."))
+
+
+def _sign(x, y) -> int:
+    return int(x > y) - int(x < y)
+
+
+def _strings_compared(a: str, b: str) -> int:
+    return _sign(a, b)
+
+
+def _unpadded(a: str, b: str) -> int:
+    return _sign(_parts(a), _parts(b))
+
+
+def _patch_ignored(a: str, b: str) -> int:
+    return _sign(_parts(a)[:2], _parts(b)[:2])
+
+
+def _version_cases() -> list[Case]:
     return [
-        Case({"codes": np.array([1, 2])}, "two codes [1, 2] → one byte"),
-        Case({"codes": np.array([15, 0, 3, 9])}, "four codes → two bytes"),
-        Case({"codes": np.array([7, 8, 5])}, "odd count: the last byte is padded with a 0 code"),
-        Case({"codes": np.arange(16)}, "all sixteen codes 0..15"),
+        Case({"a": "0.50.2", "b": "0.45.0"}, "a later minor release"),
+        Case({"a": "0.50.2", "b": "0.50.2"}, "the very version"),
+        Case({"a": "0.9.1", "b": "0.10.0"}, "0.9 comes before 0.10"),
+        Case({"a": "2.13.0+cpu", "b": "2.9.1"}, "torch's local label +cpu"),
+        Case({"a": "0.45", "b": "0.45.0"}, "a missing part counts as 0"),
+        Case({"a": "0.50.1", "b": "0.50.2"}, "an earlier patch release"),
     ]
 
 
-def _pack_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case({"codes": rng.integers(0, 16, size=int(n))}) for n in rng.integers(1, 64, size=6)]
+def _version_hidden(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for k in range(8):
+        a = [int(rng.integers(0, 3)), int(rng.integers(1, 20)), 0 if k % 4 == 3 else int(rng.integers(0, 12))]
+        b = list(a)
+        b[1 + k % 2] = max(b[1 + k % 2] + int(rng.choice([-1, 1])) * int(rng.integers(1, 9)), 0)  # minor or patch moves
+        va, vb = ".".join(map(str, a)), ".".join(map(str, b))
+        if k % 4 == 3:
+            va = va[:-2]                                                  # "1.14" for "1.14.0"
+        if k % 3 == 1:
+            va += "+cpu"
+        cases.append(Case({"a": va, "b": vb} if k % 2 else {"a": vb, "b": va}))
+    return cases
 
 
-def _low_first(codes: np.ndarray) -> np.ndarray:
-    q = np.asarray(codes).astype(np.int64)
-    if q.size % 2:
-        q = np.concatenate([q, [0]])
-    return ((q[1::2] << 4) | q[0::2]).astype(np.uint8)
+# Each message names the rule, never the case's versions: hidden cases show them as hints. "unpadded parts" comes
+# first: where one case's answer equals two mistakes, the first listed is named unless other cases say otherwise.
+_VERSION_MISTAKES = (
+    ("unpadded parts", _unpadded,
+     "your parts are numbers, but a version with fewer parts comes out smaller: (0, 45) < (0, 45, 0) for tuples. "
+     "Count a missing part as 0 before comparing (Know this: 'Verify against your installed version')."),
+    ("strings compared", _strings_compared,
+     "you compared the version strings character by character, so \"0.9\" comes after \"0.10\" (the character 9 "
+     "sorts after 1). Split at the dots and compare the parts as numbers (Know this: 'Verify against your installed "
+     "version')."),
+    ("patch ignored", _patch_ignored,
+     "you compared the first two numbers only, so a patch release (the third number) never counts, and fixes often "
+     "arrive in one. Compare every part (Know this: 'Verify against your installed version')."),
+)
 
 
-def _pack_mistakes(kwargs: dict, answers: dict) -> dict:
-    codes = np.asarray(kwargs["codes"])
-    # The messages quote the packing rule's fixed numbers (element 2i, shift 4, a 0 pad code), never the case's
-    # codes: hidden cases show them as hints, with the section to reread.
-    low_first = ("you put the first code of each pair in the LOW nibble. bitsandbytes puts element 2i in the high "
-                 "nibble: packed = (q[0::2] << 4) | q[1::2] (Know this: 'Reading the bytes').")
-    ms = [Mistake("low-first", _low_first(codes), low_first, hint=low_first)]
-    if codes.size % 2:
-        ms.append(Mistake("no-pad", nibble_pack(codes)[:-1],
-                          "with an odd number of codes the last code still needs a byte: pad with one 0 code.",
-                          hint="with an odd number of codes the last code still needs a byte: pad with one 0 code "
-                               "(Know this: 'Reading the bytes')."))
-    else:
-        ms.append(Mistake("bytes-per-code", codes.astype(np.float64),
-                          "one byte per code wastes half the storage: two 4-bit codes share one byte.",
-                          hint="one byte per code wastes half the storage: two 4-bit codes share one byte (Know this: "
-                               "'Reading the bytes')."))
+def _version_mistakes(kwargs: dict, answers: dict) -> dict:
+    right = version_order(**kwargs)
+    ms = []
+    for label, variant, msg in _VERSION_MISTAKES:
+        try:
+            got = variant(**kwargs)
+        except ValueError:  # int("0+cpu"): that variant cannot answer this case
+            continue
+        if got != right:
+            ms.append(Mistake(label, got, msg, hint=msg))
     return {"result": ms}
 
 
-def _pack_dtype(fn, case: Case) -> list[str] | None:
-    got = fn(**{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.kwargs.items()})
-    dt = str(getattr(got, "dtype", type(got).__name__)).replace("torch.", "")
-    if dt != "uint8":
-        return [f"values are right but the dtype is {dt}; return uint8 (one byte per pair of codes), "
-                f"e.g. np.asarray(..., dtype=np.uint8)."]
+def _version_type(fn, case: Case) -> list[str] | None:
+    got = fn(**dict(case.kwargs))
+    if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
+        return [f"the value is right but it is a {type(got).__name__}; return the int −1, 0 or 1."]
     return None
 
 
@@ -137,10 +181,10 @@ ITEMS = {
         "How many levels does a 4-bit code address, and how many codes fit in a byte?", 0,
         key="a",
         explain={
-            "a": "Four bits hold 2⁴ = 16 different values, so a code indexes a table of 16 levels, and a byte (8 bits) holds two codes, one per nibble: a packed 4-bit weight takes half a byte per value. (Lesson 00, 'Reading the bytes'.)",
-            "b": "Four bits hold 2⁴ = 16 values, not 4: the 4 is the number of bits. (Lesson 00, 'Reading the bytes'.)",
-            "c": "A byte has 8 bits, room for two 4-bit codes, not four. (Lesson 00, 'Reading the bytes'.)",
-            "d": "A 4-bit code has no separate sign bit: it is an index, and the table it indexes holds negative and positive levels. Two codes share a byte. (Lesson 00, 'Reading the bytes'.)",
+            "a": "Four bits hold 2⁴ = 16 different values, so a code indexes a table of 16 levels, and a byte (8 bits) holds two codes, one per nibble: a packed 4-bit weight takes half a byte per value. (Lesson 00, 'A 4-bit round trip on this CPU'.)",
+            "b": "Four bits hold 2⁴ = 16 values, not 4: the 4 is the number of bits. (Lesson 00, 'A 4-bit round trip on this CPU'.)",
+            "c": "A byte has 8 bits, room for two 4-bit codes, not four. (Lesson 00, 'A 4-bit round trip on this CPU'.)",
+            "d": "A 4-bit code has no separate sign bit: it is an index, and the table it indexes holds negative and positive levels. Two codes share a byte. (Lesson 00, 'A 4-bit round trip on this CPU'.)",
         },
     ),
     "w3": Choice(
@@ -167,9 +211,9 @@ ITEMS = {
         unit="dequantizations",
     ),
     "p4": Function(
-        "Implement nibble_pack(codes): two 4-bit codes per byte, as bitsandbytes packs them", 3, name="nibble_pack",
-        reference=nibble_pack, public=_pack_cases, hidden=_pack_hidden, mistakes=_pack_mistakes, extra=_pack_dtype,
-        rtol=0, atol=0,
+        "Implement compare_versions(a, b): −1, 0 or 1 as release a comes before, is, or comes after release b", 3,
+        name="compare_versions", reference=version_order, public=_version_cases, hidden=_version_hidden,
+        mistakes=_version_mistakes, extra=_version_type, rtol=0, atol=0,
     ),
     "p5": Choice(
         "Which dequantize_4bit calls, by stored shape, hand the work to the pure-torch code?", 1, options="abcd",
