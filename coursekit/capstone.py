@@ -77,6 +77,7 @@ __all__ = [
     "peak_memory",
     "heldout_results",
     "merge_comparison",
+    "scored_against",
     "run",
     "RUN_LABELS",
     "SCORING_LABELS",
@@ -690,6 +691,35 @@ def _changed_codes(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
     return changed / total
 
 
+def scored_against(pred: list[str], reference_pred: list[str] | None, examples: list[dict]) -> dict:
+    """One model's per-ticket labels on ``examples`` (tickets with "id", "label", "symptom"), scored, and paired with
+    the reference's labels on the same tickets.
+
+    Returns ``{"n", "correct", "accuracy", "interval" (95 % Wilson, ``coursekit.evaluate.wilson_interval``),
+    "predictions" ([{"id", "label", "pred"}], the form of ``coursekit.evaluate.evaluate``)}`` and, unless
+    ``reference_pred`` is None, ``"paired"``: ``coursekit.paired.compare(this model, the reference, symptoms)``, so
+    ``a_only`` counts the tickets only this model gets right (gained against the reference), ``b_only`` those only the
+    reference gets right (lost), ``p_value`` is McNemar's exact p, ``interval`` resamples whole symptoms. Raises
+    ValueError when the predictions and the tickets differ in number."""
+    from . import paired
+
+    if len(pred) != len(examples) or (reference_pred is not None and len(reference_pred) != len(examples)):
+        raise ValueError(f"need one label per ticket: {len(pred)} labels"
+                         + ("" if reference_pred is None else f" and {len(reference_pred)} reference labels")
+                         + f" for {len(examples)} tickets")
+
+    def result(labels: list[str]) -> dict:
+        correct = sum(p == ex["label"] for p, ex in zip(labels, examples))
+        return {"n": len(examples), "correct": correct, "accuracy": correct / len(examples),
+                "interval": list(ceval.wilson_interval(correct, len(examples))),
+                "predictions": [{"id": ex["id"], "label": ex["label"], "pred": p} for p, ex in zip(labels, examples)]}
+
+    out = result(list(pred))
+    if reference_pred is not None:
+        out["paired"] = paired.compare(out, result(list(reference_pred)), {ex["id"]: ex["symptom"] for ex in examples})
+    return out
+
+
 def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "unseen_symptom") -> dict:
     """Reload the adapter of ``run`` on a fresh NF4 base, then compare three merged models with it on ``split``.
 
@@ -701,12 +731,18 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
     label starts with its own token), the accuracy read off that token, the share whose greedy first token starts
     no label at all, and the share whose greedy first token is exactly the untrained base's (which answers
     "The …"). The untrained NF4 base, read the same way, is the row ``"base"`` beside them: what a merge that
-    changed nothing would give. Returns ``{"reload_max_abs_diff", "n", "base_accuracy", "reference_accuracy",
-    "nf4_codes_changed", "base": row, "merges": {name: row}}``, each row ``{"max_abs_diff", "mean_abs_diff",
-    "agreement", "accuracy", "no_label", "same_token_as_base"}``."""
+    changed nothing would give. Every row also keeps its per-ticket labels and its paired test against the
+    reference (:func:`scored_against`): two models on the same tickets are compared by McNemar's exact test on the
+    discordant tickets (``coursekit.paired.compare``, as lesson 19's other paired lines), and every accuracy carries
+    its n and a 95 % Wilson interval. Returns ``{"reload_max_abs_diff", "n", "base_accuracy", "reference_accuracy",
+    "nf4_codes_changed", "reference": scored, "base": row, "merges": {name: row}}``, the reference ``{"n", "correct",
+    "accuracy", "interval", "predictions"}`` (:func:`scored_against` without "paired"), each row those and
+    ``{"max_abs_diff", "mean_abs_diff", "agreement", "no_label", "same_token_as_base", "paired"}``."""
     record, recipe = run.record, run.recipe
     key = {"adapter": record["adapter_sha"], "run": record["name"], "split": split, "matmul": _matmul(),
-           "code": recipe_key(recipe, store, "merges"), "rows": "untrained base and three merges"}
+           "code": recipe_key(recipe, store, "merges"), "rows": "untrained base and three merges",
+           # results stored before rows kept their per-ticket labels and paired test have another key: computed again
+           "per_row": "per-ticket labels, Wilson interval, paired test against the reference"}
 
     def compute() -> dict:
         examples = cdata.load_split(split)
@@ -733,11 +769,12 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
             return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
                     "agreement": sum(a == b for a, b in zip(pred, ref_pred)) / len(pred), "accuracy": accuracy(pred),
                     "same_token_as_base": float((logits.argmax(dim=-1) == base_tokens).float().mean()),
-                    "no_label": sum(p == "(other)" for p in pred) / len(pred)}
+                    "no_label": sum(p == "(other)" for p in pred) / len(pred),
+                    **scored_against(pred, ref_pred, examples)}
 
         out = {"reload_max_abs_diff": float((trained - ref).abs().max()), "n": len(examples),
-               "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred), "base": row(base_logits),
-               "merges": {}}
+               "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred),
+               "reference": scored_against(ref_pred, None, examples), "base": row(base_logits), "merges": {}}
         path = cmodel.prepare_model(progress=False)
         builders = {MERGES[0][0]: lambda: recipe.merge_for_deployment(adapter_dir, path),
                     MERGES[1][0]: lambda: ctrain.merge_into_dequantized(adapter_dir),
@@ -866,13 +903,16 @@ def format_report(report: dict) -> str:
                          f"CPU s, keeps {r['cost']['kept_mb']:.2f} MB{' + the base' if r['cost']['needs_base'] else ''}")
     m = report["merge"]
     lines += ["", f"reload on a fresh NF4 base: largest |logit difference| {m['reload_max_abs_diff']:.3g}",
-              f"merged models against the trained function (NF4 + adapter, accuracy {100 * m['reference_accuracy']:.1f} %) "
+              f"merged models against the trained function (NF4 + adapter, accuracy {_pct(m['reference'])}) "
               f"on {m['n']} unseen-symptom tickets; first answer token"]
     for name, r in [("untrained base, no merge", m["base"]), *m["merges"].items()]:
+        c = r["paired"]
         lines.append(f"  {name:26s} max |Δlogit| {r['max_abs_diff']:6.2f}  mean {r['mean_abs_diff']:.3f}  "
-                     f"same greedy label {100 * r['agreement']:5.1f} %  accuracy {100 * r['accuracy']:5.1f} %  "
+                     f"same greedy label {100 * r['agreement']:5.1f} %  accuracy {_pct(r)} (n={r['n']})  "
+                     f"loses {c['b_only']:3d} gains {c['a_only']:3d} (McNemar exact p = {c['p_value']:.2g})  "
                      f"no label {100 * r['no_label']:5.1f} %  same first token as the untrained base "
                      f"{100 * r['same_token_as_base']:5.1f} %")
-    lines.append(f"  (the NF4 merge changed {100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes)")
+    lines.append(f"  (the NF4 merge changed {100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes; loses and gains: "
+                 f"tickets right only for the trained function, and only for the merged model)")
     lines.append(f"\nwall time {report['wall_seconds']:.0f} s")
     return "\n".join(lines)

@@ -96,15 +96,22 @@ def markdown(report: dict[str, Any]) -> str:
                       f"{c['features_seconds']:.0f} s ({c['features_cpu_seconds']:.0f} CPU s)."]
     m = report.get("merge")
     if m:
-        lines += ["", f"| merged model against the trained function (NF4 + adapter, {100 * m['reference_accuracy']:.1f} %) "
-                      f"| same greedy label | accuracy |", "|---|---:|---:|",
-                  f"| reload on a fresh NF4 base: largest logit difference {m['reload_max_abs_diff']:g} | | |",
+        def paired_cells(r: dict) -> str:  # accuracy with n and interval; the paired test against the trained function
+            c = r["paired"]
+            return (f"{_pct(r)} (n={r['n']}) | {c['b_only']} / {c['a_only']} | {c['p_value']:.2g} |")
+
+        lines += ["", f"| merged model against the trained function (NF4 + adapter, {_pct(m['reference'])}, "
+                      f"n={m['reference']['n']}) | same greedy label | accuracy, 95 % Wilson | loses / gains | "
+                      f"McNemar exact p |", "|---|---:|---:|---:|---:|",
+                  f"| reload on a fresh NF4 base: largest logit difference {m['reload_max_abs_diff']:g} | | | | |",
                   f"| the untrained base, no adapter (what a merge that changed nothing gives) | "
-                  f"{100 * m['base']['agreement']:.1f} % | {100 * m['base']['accuracy']:.1f} % |"]
+                  f"{100 * m['base']['agreement']:.1f} % | {paired_cells(m['base'])}"]
         for name, r in m["merges"].items():
             extra = (f" ({100 * m['nf4_codes_changed']:.4f} % of the 4-bit codes change)"
                      if name.startswith("into NF4") else "")
-            lines.append(f"| merged {name}{extra} | {100 * r['agreement']:.1f} % | {100 * r['accuracy']:.1f} % |")
+            lines.append(f"| merged {name}{extra} | {100 * r['agreement']:.1f} % | {paired_cells(r)}")
+        lines.append("\nloses / gains: tickets right only for the trained function / only for the merged model (the "
+                     "discordant tickets McNemar's exact test reads).")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import data as cdata
 
-__all__ = ["search_findings", "few_shot_bias", "peak_difference", "cue_words", "merge_findings"]
+__all__ = ["search_findings", "few_shot_bias", "peak_difference", "cue_words", "merge_findings", "merge_paired_findings"]
 
 
 def _pct(x: float) -> str:
@@ -152,4 +152,40 @@ def merge_findings(merge: dict[str, Any]) -> list[str]:
                    + (", and as many labels agree)." if by_agree is None else ", and more labels agree)."))
     else:
         out.append(f"the two measures disagree: {by_agree} keeps more labels, {by_logit} moves the logits less.")
+    return out
+
+
+def _acc(r: dict[str, Any]) -> str:
+    lo, hi = r["interval"]
+    return f"{100 * r['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def merge_paired_findings(merge: dict[str, Any]) -> list[str]:
+    """Each merged model of ``coursekit.capstone.merge_comparison`` against the trained function, read from its paired
+    test on the same tickets (``row["paired"]``, ``coursekit.paired.compare`` with the merge as A and the trained
+    function as B): its accuracy with n and Wilson interval, the tickets it loses (right only for the trained function)
+    and gains (right only for the merge), McNemar's exact p, and the verdict: a direction only where ``compare``
+    names a winner (McNemar's p and the interval resampling whole symptoms agree), otherwise that this test cannot
+    tell the two apart, with the share of tickets the merge still answers differently."""
+    ref = merge["reference"]
+    out = [f"the trained function: {_acc(ref)} on {ref['n']} tickets (95 % Wilson interval)."]
+    for name, r in merge["merges"].items():
+        c = r["paired"]
+        lost, gained = c["b_only"], c["a_only"]
+        lo, hi = (100 * v for v in c["interval"])
+        head = (f"{name}: {_acc(r)} on {r['n']}; it loses {lost} ticket{'s' * (lost != 1)} the trained function got "
+                f"right and gains {gained} (McNemar exact p = {c['p_value']:.2g}; interval resampling whole symptoms "
+                f"[{lo:+.1f}, {hi:+.1f}] points): ")
+        if c["winner"] == "b":
+            out.append(head + "worse than the trained function; the test and the interval agree.")
+        elif c["winner"] == "a":
+            out.append(head + "better than the trained function; the test and the interval agree.")
+        elif lost == gained == 0:
+            out.append(head + "right on exactly the tickets the trained function gets right"
+                       + ("." if r["agreement"] == 1 else f", though it answers {_pct(1 - r['agreement'])} of them "
+                                                          f"with another label."))
+        else:
+            out.append(head + "this test cannot tell it from the trained function"
+                       + ("." if r["agreement"] == 1 else f", though it answers {_pct(1 - r['agreement'])} of the "
+                                                          f"tickets with another label."))
     return out

@@ -104,3 +104,36 @@ def test_runs_differ_from_qlora_in_one_thing_each():
     for name, (quantize, cfg, _) in capstone.RUNS.items():
         changed = (quantize != base[0]) + sum(getattr(cfg, f) != getattr(base[1], f) for f in vars(cfg))
         assert changed == (name != "qlora"), name
+
+
+# --------------------------------------------------------------------------- a merge row's paired test
+
+
+def test_a_scored_row_pairs_its_tickets_with_the_reference_by_the_course_s_mcnemar_test():
+    """merge_comparison's rows: the per-ticket labels kept in coursekit.evaluate's form, the accuracy with n and its
+    Wilson interval, and the paired test against the reference (coursekit.paired.compare, this row as A): a_only the
+    tickets gained (right only for the row), b_only those lost (right only for the reference), McNemar's exact p."""
+    from coursekit import evaluate, paired
+
+    examples = [{"id": f"t{i}", "label": "hydraulic" if i % 2 else "electrical", "symptom": f"s{i // 3}"}
+                for i in range(30)]
+    true = [ex["label"] for ex in examples]
+    ref = list(true)
+    ref[:6] = ["(other)"] * 6  # the reference misses tickets 0-5
+    pred = list(true)
+    pred[3:5] = ["(other)"] * 2  # the row gets 0-2 and 5 right where the reference did not
+    pred[10:17] = ["(other)"] * 7  # and loses 10-16, which the reference got right
+    row = capstone.scored_against(pred, ref, examples)
+    c = row["paired"]
+    assert (c["a_only"], c["b_only"]) == (4, 7) and c["n"] == row["n"] == 30
+    right = [p == t for p, t in zip(pred, true)]
+    assert c["p_value"] == paired.mcnemar_exact(right, [p == t for p, t in zip(ref, true)])["p_value"]
+    assert row["correct"] == sum(right) == 21 and row["accuracy"] == 21 / 30
+    assert row["interval"] == list(evaluate.wilson_interval(21, 30))
+    assert [p["pred"] for p in row["predictions"]] == pred and [p["id"] for p in row["predictions"]] == [
+        ex["id"] for ex in examples]
+    assert c["n_groups"] == 10 and c["grouped"]  # the clustered interval resamples the symptoms
+    alone = capstone.scored_against(ref, None, examples)
+    assert "paired" not in alone and alone["correct"] == 24
+    with pytest.raises(ValueError, match="one label per ticket"):
+        capstone.scored_against(pred[:-1], ref, examples)

@@ -101,3 +101,22 @@ def test_readme_is_written_only_by_a_cold_run(capsys):
 
     assert main(["capstone", "--readme", "docs/capstone.md"]) == 2  # refused before anything runs
     assert "add --retrain" in capsys.readouterr().err
+
+
+def test_the_merge_table_gives_each_row_its_n_interval_and_paired_test_against_the_trained_function():
+    from coursekit import capstone
+
+    examples = data.load_split("unseen_symptom")
+    true = [ex["label"] for ex in examples]
+    ref = [t if i % 5 else "(other)" for i, t in enumerate(true)]
+    w16 = [t if i % 4 else "(other)" for i, t in enumerate(true)]
+    row = lambda pred: {"agreement": sum(a == b for a, b in zip(pred, ref)) / len(pred),  # noqa: E731
+                        **capstone.scored_against(pred, ref, examples)}
+    merge = {"reload_max_abs_diff": 0.0, "reference": capstone.scored_against(ref, None, examples), "n": len(examples),
+             "nf4_codes_changed": 1e-5, "base": row(["(other)"] * len(examples)), "merges": {"onto W16 (bf16 base)": row(w16)}}
+    text = cm.markdown({**_report(), "merge": merge})
+    c = merge["merges"]["onto W16 (bf16 base)"]["paired"]
+    assert f"(NF4 + adapter, {cm._pct(merge['reference'])}, n=144)" in text
+    assert (f"| merged onto W16 (bf16 base) | {100 * merge['merges']['onto W16 (bf16 base)']['agreement']:.1f} % | "
+            f"{cm._pct(merge['merges']['onto W16 (bf16 base)'])} (n=144) | {c['b_only']} / {c['a_only']} | "
+            f"{c['p_value']:.2g} |") in text

@@ -167,11 +167,56 @@ def test_reload_is_exact_and_the_merges_rank_as_the_lesson_says(report):
     assert abs(nf4["no_label"] - base["no_label"]) < 0.05 and nf4["mean_abs_diff"] > 10 * dq["mean_abs_diff"]
 
 
+def test_each_merge_row_carries_its_paired_test_against_the_trained_function(report):
+    """Lesson 19 section 6's paired columns, recomputed from the stored per-ticket labels: every row (the untrained
+    base and each merge) and the reference keep one label per unseen-symptom ticket, in the split's order; a row's
+    losses and gains are the tickets right only for the trained function and only for the row, its p-value is the
+    course's McNemar exact test on them (coursekit.paired.mcnemar_exact), its accuracy carries n and its Wilson
+    interval, and the agreement column is the share of the same labels. The lesson's sentences
+    (findings.merge_paired_findings) name a direction only where the paired test found one."""
+    from coursekit import evaluate, findings, paired
+
+    m = report["merge"]
+    examples = data.load_split("unseen_symptom")
+    n = len(examples)
+    ref = m["reference"]
+    assert [(p["id"], p["label"]) for p in ref["predictions"]] == [(ex["id"], ex["label"]) for ex in examples]
+    ref_pred = [p["pred"] for p in ref["predictions"]]
+    ref_right = [p == ex["label"] for p, ex in zip(ref_pred, examples)]
+    assert ref["n"] == m["n"] == n and ref["correct"] == sum(ref_right) and ref["accuracy"] == m["reference_accuracy"]
+    assert ref["interval"] == list(evaluate.wilson_interval(sum(ref_right), n))
+    for name, r in [("base", m["base"]), *m["merges"].items()]:
+        assert [(p["id"], p["label"]) for p in r["predictions"]] == [(ex["id"], ex["label"]) for ex in examples], name
+        pred = [p["pred"] for p in r["predictions"]]
+        right = [p == ex["label"] for p, ex in zip(pred, examples)]
+        lost = sum(b and not a for a, b in zip(right, ref_right))
+        gained = sum(a and not b for a, b in zip(right, ref_right))
+        c = r["paired"]
+        assert (c["b_only"], c["a_only"], c["n"]) == (lost, gained, n), name
+        assert c["p_value"] == paired.mcnemar_exact(right, ref_right)["p_value"], name
+        assert r["n"] == n and r["correct"] == sum(right) and r["accuracy"] == sum(right) / n, name
+        assert r["interval"] == list(evaluate.wilson_interval(sum(right), n)), name
+        assert r["agreement"] == sum(a == b for a, b in zip(pred, ref_pred)) / n, name
+        assert c["grouped"] and c["n_groups"] == 48, name
+    lines = findings.merge_paired_findings(m)
+    assert len(lines) == 1 + len(m["merges"])
+    for line, (name, r) in zip(lines[1:], m["merges"].items()):
+        c = r["paired"]
+        assert line.startswith(f"{name}: ") and f"loses {c['b_only']} ticket" in line and f"gains {c['a_only']} " in line
+        assert ("worse than the trained function" in line) == (c["winner"] == "b"), line
+        assert ("better than the trained function" in line) == (c["winner"] == "a"), line
+    # the NF4 merge, which answers like the untrained base, loses every ticket the trained function got right
+    nf4 = m["merges"][capstone.MERGES[2][0]]["paired"]
+    assert nf4["b_only"] >= sum(ref_right) - 5 and nf4["winner"] == "b"
+
+
 def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     """19.p9's key, read off the run's merge rows (each statement as its hint argues it): (a) the W16 merge relabelled
     more tickets than its accuracy fell, so some had been wrong; (b) its accuracy lies inside the trained function's own
     95 % Wilson interval on these n tickets, which reaches about 7 points below it; (c) the dequant(W4) merge kept every label but its
-    logits moved (largest |Δlogit| > 0); (d) the W16 merge relabelled about one ticket in six."""
+    logits moved (largest |Δlogit| > 0); (d) the W16 merge relabelled about one ticket in six. (b) is false by the paired
+    test its hint quotes: the W16 merge loses more tickets than it gains, yet McNemar's p is above 0.05 and the interval
+    resampling whole symptoms includes 0, so no winner."""
     from coursekit import evaluate
 
     m = report["merge"]
@@ -181,7 +226,7 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     lo, hi = evaluate.wilson_interval(round(ref * n), n)
     truth = {
         "a": relabelled - fell >= 1 / n - 1e-9,
-        "b": not lo <= w16["accuracy"] <= hi,
+        "b": w16["paired"]["winner"] == "b",
         "c": dq["agreement"] == 1.0 and dq["max_abs_diff"] == 0.0,
         "d": abs(relabelled - 1 / 6) <= 0.04,
     }
@@ -191,6 +236,8 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     # and its thread setting: a loaded CI run flipped one of 144), and the logits moved
     assert dq["agreement"] >= 1 - 2 / n and dq["max_abs_diff"] > 0
     assert n == 144 and 0 < fell < 0.1 and 0.065 <= ref - lo <= 0.08   # "a few points on 144 tickets", "about 7 points below"
+    c = w16["paired"]  # (b)'s hint: inside the interval, more lost than gained, and no verdict from the paired test
+    assert lo <= w16["accuracy"] <= hi and c["b_only"] > c["a_only"] and c["p_value"] > 0.05 and c["interval"][0] < 0 < c["interval"][1]
 
 
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):

@@ -131,3 +131,28 @@ def test_merge_findings_take_the_closer_merge_from_the_numbers():
     assert flipped[-1].startswith("closer to the trained function: onto W16 (bf16 base)")
     mixed = findings.merge_findings(_merge(0.99, 0.80, 3.0, 0.1))
     assert mixed[-1] == "the two measures disagree: onto W16 (bf16 base) keeps more labels, onto dequant(W4), in bf16 moves the logits less."
+
+
+def _paired_merge(w16, dq):
+    """A merge_comparison result whose rows carry only what merge_paired_findings reads: (a_only, b_only, p, winner,
+    agreement) per merge."""
+    def row(a_only, b_only, p, winner, agreement):
+        return {"n": 144, "accuracy": 0.7, "interval": [0.62, 0.77], "agreement": agreement,
+                "paired": {"a_only": a_only, "b_only": b_only, "p_value": p, "interval": [-0.05, 0.02], "winner": winner}}
+    return {"reference": {"n": 144, "accuracy": 0.72, "interval": [0.64, 0.79]},
+            "merges": {"onto W16 (bf16 base)": row(*w16), "onto dequant(W4), in bf16": row(*dq),
+                       "into NF4 (re-quantized)": row(0, 100, 1e-30, "b", 0.0)}}
+
+
+def test_merge_paired_findings_state_a_direction_only_where_the_paired_test_found_one():
+    lines = findings.merge_paired_findings(_paired_merge((9, 12, 0.66, None, 0.833), (0, 0, 1.0, None, 1.0)))
+    assert lines[0] == "the trained function: 72.0 % [64.0, 79.0] on 144 tickets (95 % Wilson interval)."
+    assert lines[1] == ("onto W16 (bf16 base): 70.0 % [62.0, 77.0] on 144; it loses 12 tickets the trained function got "
+                        "right and gains 9 (McNemar exact p = 0.66; interval resampling whole symptoms [-5.0, +2.0] "
+                        "points): this test cannot tell it from the trained function, though it answers 16.7 % of the "
+                        "tickets with another label.")
+    assert lines[2].endswith("right on exactly the tickets the trained function gets right.")
+    assert lines[3].endswith("worse than the trained function; the test and the interval agree.")
+    worse = findings.merge_paired_findings(_paired_merge((1, 20, 1e-5, "b", 0.85), (0, 1, 1.0, None, 0.99)))
+    assert "loses 20 tickets" in worse[1] and worse[1].endswith("worse than the trained function; the test and the interval agree.")
+    assert "loses 1 ticket the" in worse[2] and worse[2].endswith("though it answers 1.0 % of the tickets with another label.")
