@@ -54,7 +54,7 @@ def own_base(base, adapter_dir):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": "b", "p2": 8_847_840, "p3": right_reload,
-         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "b"}
+         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -149,6 +149,54 @@ def test_p1s_key_is_what_load_adapter_checked_does_with_a_bfloat16_base(tmp_path
     assert measured == keys["p1"] == RIGHT["p1"]
 
 
+def test_p6s_key_is_measured_by_attaching_the_adapter_to_its_merged_model(tmp_path):
+    """P6's key measured: an adapter exported from TinyNet(seed=0), merged with merge_and_unload(), then attached again
+    with PeftModel.from_pretrained. It loads (not d); its eval-mode logits are those of weights W + 2sAB (c), not the
+    adapter's own (a) nor the base's (b). The hint of d says load_adapter_checked would refuse it: checked too."""
+    import json
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from coursekit import artifacts
+
+    torch.manual_seed(0)
+    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_()                                  # a trained-looking adapter
+    folder = artifacts.export_adapter(model, tmp_path / "adapter")
+    X, _ = artifacts.tiny_data(n=64, d_in=8, n_classes=4, seed=0)
+    once = PeftModel.from_pretrained(artifacts.TinyNet(seed=0), folder).eval()
+    deltas = {name.split(".")[-1]: mod.get_delta_weight("default").detach().clone()
+              for name, mod in once.named_modules() if hasattr(mod, "get_delta_weight")}
+    with torch.no_grad():
+        adapter_logits = once(X)
+        base_logits = artifacts.TinyNet(seed=0).eval()(X)
+        doubled = artifacts.TinyNet(seed=0).eval()
+        for layer, delta in deltas.items():
+            getattr(doubled, layer).weight += 2 * delta          # W + 2sAB
+        doubled_logits = doubled(X)
+    merged = PeftModel.from_pretrained(artifacts.TinyNet(seed=0), folder).merge_and_unload()
+    try:
+        twice = PeftModel.from_pretrained(merged, folder).eval()
+    except Exception:
+        measured = "d"
+    else:
+        with torch.no_grad():
+            logits = twice(X)
+        matches = [letter for letter, ref in (("a", adapter_logits), ("b", base_logits), ("c", doubled_logits))
+                   if torch.allclose(logits, ref, rtol=1e-5, atol=1e-4)]
+        assert len(matches) == 1, matches
+        measured = matches[0]
+    assert sorted(deltas) == ["fc1", "fc2"] and not torch.allclose(adapter_logits, doubled_logits, atol=1e-3)
+    with pytest.raises(ValueError, match="same shapes but other weights"):      # d's hint: the course's check refuses
+        artifacts.load_adapter_checked(PeftModel.from_pretrained(artifacts.TinyNet(seed=0), folder).merge_and_unload(),
+                                       folder)
+    keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]
+    assert measured == keys["p6"] == RIGHT["p6"]
+
+
 # --------------------------------------------------------------------------- wrong answers
 
 
@@ -166,8 +214,9 @@ def test_p1s_key_is_what_load_adapter_checked_does_with_a_bfloat16_base(tmp_path
         ("p1", "a", "the structure fingerprint hashes every base tensor's name, shape and dtype"),
         ("p1", "c", "compared only when the structures agree"),
         ("p1", "d", "It does not load at all"),
-        ("p6", "a", "no adapter left to save"),
-        ("p6", "d", "W + sAB, not W"),
+        ("p6", "a", "PEFT cannot tell"),
+        ("p6", "b", "it subtracts nothing"),
+        ("p6", "d", "it loads silently"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):

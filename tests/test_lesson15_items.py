@@ -57,7 +57,7 @@ def right_block_argmin(x, levels):
 
 
 RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
-         "p4": 179, "p5": 0.4557, "p6": "c", "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
+         "p4": 0.1690, "p5": 0.4557, "p6": "c", "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -201,9 +201,9 @@ def test_block_mistakes(fn, text, partial):
     [
         ("p3", [11, 1, 10, 6, 15, 7], "gave them the UPPER code"),
         ("p3", [4, 14, 6, 9, 0, 9], "count from the top"),
-        ("p4", 59, "HIGH nibble"),
-        ("p4", 113, "decimal digits"),
-        ("p4", 14, "added the two codes"),
+        ("p4", -0.0455, "from the HIGH nibble"),
+        ("p4", 0.0845, "ignore rows"),
+        ("p4", 5.5, "index into the NF4 table"),
         ("p5", 0.4156, "the negative half has only 7 levels"),
         ("p5", 0.9114, "at most half the gap"),
         ("p5", 0.1519, "multiply by absmax"),
@@ -280,7 +280,33 @@ def test_p7_key_is_each_statement_run_here():
 
 def test_numeric_expected_values_come_from_coursekit():
     assert ITEMS["p5"].expected() == pytest.approx(0.4557108, abs=1e-6)  # 3 · (1 − 0.6961928) / 2
-    assert ITEMS["p4"].expected() == 0xB3
+    assert ITEMS["p4"].expected() == pytest.approx(0.1689576, abs=1e-6)   # table[0x6B & 0xF = 11] · absmax[1] = 0.33792 · 0.5
+
+
+def test_p4_key_and_mistakes_are_bitsandbytes_dequantizing_the_printed_bytes():
+    """P4's key, measured: bitsandbytes' own dequantize_4bit on a 3 × 50 NF4 weight whose bytes 50..52 and absmax are
+    the ones the task prints; each named mistake is the hand decoder run with that mistake, and differs from the key."""
+    import bitsandbytes.functional as bnbF
+
+    packed, state = bnbF.quantize_4bit(torch.randn(*L.P4_SHAPE, generator=torch.Generator().manual_seed(0)),
+                                       blocksize=64, quant_type="nf4")
+    assert tuple(packed.shape) == (75, 1) and state.absmax.numel() == 3      # three blocks over 150 values, not rows
+    for position, byte in L.P4_BYTES.items():
+        packed[position, 0] = byte
+    state.absmax = torch.tensor(L.P4_ABSMAX, dtype=torch.float32)
+    W_hat = bnbF.dequantize_4bit(packed, state).reshape(L.P4_SHAPE)
+    assert W_hat[L.P4_ENTRY].item() == L.p4_decode() == ITEMS["p4"].expected()
+    assert check("15.p4", W_hat[L.P4_ENTRY].item()).full
+    by_label = {m.label: m.value for m in ITEMS["p4"].mistakes()}
+    assert by_label == {"nibbles swapped": L.p4_decode(odd_in_high=True),
+                        "absmax per row": L.p4_decode(blocks_per_row=True), "code as level": L.p4_decode(table=False)}
+    # each mistake, run by bitsandbytes where it can be: the swapped nibble of byte 51, the absmax of row 2
+    swapped = packed.clone()
+    swapped[51, 0] = ((L.P4_BYTES[51] & 0xF) << 4) | (L.P4_BYTES[51] >> 4)
+    assert bnbF.dequantize_4bit(swapped, state).reshape(L.P4_SHAPE)[L.P4_ENTRY].item() == by_label["nibbles swapped"]
+    assert W_hat[L.P4_ENTRY].item() / L.P4_ABSMAX[1] * L.P4_ABSMAX[2] == pytest.approx(by_label["absmax per row"], rel=1e-6)
+    for value in by_label.values():
+        assert not check("15.p4", value).full
 
 
 def test_function_stub_and_non_function():

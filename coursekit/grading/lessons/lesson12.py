@@ -303,7 +303,7 @@ ITEMS = {
         multi=True,
     ),
     "p6": Choice(
-        "merge_and_unload() then save_pretrained()",
+        "predict the logits of the same adapter attached again to a model it was already merged into",
         1,
     ),
 }

@@ -223,7 +223,46 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 P3_LITERALS = (0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018)   # as printed in the task
 P3_SCALED = np.array(P3_LITERALS, dtype=np.float32)
-P4_CODES = (11, 3)  # codes of elements 6 and 7 (2i and 2i+1, i = 3)
+# P4: read one entry of a stored NF4 weight back from its bytes. A 3 × 50 weight (150 values) has three blocks of 64
+# over the flattened tensor (the last one short), so three absmax values, one per block, not one per row.
+P4_SHAPE = (3, 50)
+P4_ENTRY = (2, 3)                                  # flat index 2 · 50 + 3 = 103: block 1, byte 51, low nibble
+P4_ABSMAX = (0.8, 0.5, 0.25)
+P4_BYTES = {50: 0x9C, 51: 0x6B, 52: 0x4F}         # the bytes the task prints, by position in the packed codes
+
+
+def p4_decode(*, blocks_per_row: bool = False, odd_in_high: bool = False, table: bool = True) -> float:
+    """P4: the value bitsandbytes' dequantization gives for W[P4_ENTRY], decoded by hand from P4_BYTES and P4_ABSMAX
+    (``code[q] · absmax[block]`` in fp32). The flags run the likely mistakes: one block (and absmax) per row, element
+    2i+1 read from the high nibble, the code itself used as the level. tests/test_lesson15_items.py checks the
+    default against bitsandbytes' ``dequantize_4bit`` on those bytes."""
+    row, col = P4_ENTRY
+    flat = row * P4_SHAPE[1] + col                 # blocks run over the flattened, row-major tensor
+    block = row if blocks_per_row else flat // 64
+    byte = P4_BYTES[flat // 2]
+    odd = flat % 2 == 1
+    q = (byte >> 4) if (odd == odd_in_high) else (byte & 0xF)   # element 2i in the high nibble, 2i+1 in the low one
+    level = quant.nf4_code()[q] if table else torch.tensor(float(q))
+    return float(level * torch.tensor(P4_ABSMAX[block], dtype=torch.float32))
+
+
+def _p4_mistakes() -> list[Mistake]:
+    row, col = P4_ENTRY
+    flat = row * P4_SHAPE[1] + col
+    return [
+        Mistake("nibbles swapped", p4_decode(odd_in_high=True),
+                f"you read W[{row}, {col}]'s code from the HIGH nibble. Its flat index {flat} is odd, element 2i+1 of "
+                f"its byte, and bitsandbytes puts element 2i+1 in the LOW nibble: code = byte & 0xF. {READ_PACK}"),
+        Mistake("absmax per row", p4_decode(blocks_per_row=True),
+                f"you scaled by the absmax of row {row}, but bitsandbytes' blocks run over the flattened tensor and "
+                f"ignore rows: W[{row}, {col}] is flat element {flat}, in block {flat} // 64 = {flat // 64}. That there "
+                f"are three absmax values for three rows is a coincidence of 150 values in blocks of 64. {READ_BLOCK}"),
+        Mistake("code as level", p4_decode(table=False),
+                f"you multiplied the code itself by absmax; a code is an index into the NF4 table, and dequantization "
+                f"is table[code] · absmax. {READ_BLOCK}"),
+    ]
+
+
 P5_ABSMAX = 3.0  # P5: the worst round-trip error of a block with this absmax
 
 
@@ -423,21 +462,12 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Numeric(
-        "the byte holding codes 11 (element 6) and 3 (element 7)",
+        "predict the value bitsandbytes dequantizes for W[2, 3] of a 3 × 50 NF4 weight from its bytes and absmax",
         1,
-        name="byte",
-        expected=lambda: float((P4_CODES[0] << 4) | P4_CODES[1]),
-        rtol=0,
-        atol=0,
-        mistakes=lambda: [
-            Mistake("nibbles swapped", (P4_CODES[1] << 4) | P4_CODES[0],
-                    f"that is 0x{(P4_CODES[1] << 4) | P4_CODES[0]:02X}: element 7's code in the high nibble. bitsandbytes "
-                    f"puts element 2i (here 6) in the HIGH nibble: byte = (code[6] << 4) | code[7]. {READ_PACK}"),
-            Mistake("decimal digits", 10 * P4_CODES[0] + P4_CODES[1],
-                    f"you wrote the codes side by side as decimal digits; a nibble is 4 bits, so the high one is worth 16: "
-                    f"byte = 16 · code[6] + code[7]. {READ_PACK}"),
-            Mistake("sum", P4_CODES[0] + P4_CODES[1], f"you added the two codes; the high one is shifted by 4 bits first. {READ_PACK}"),
-        ],
+        name="value",
+        expected=lambda: p4_decode(),
+        rtol=1e-3,  # the prompt asks for 3 significant digits
+        mistakes=_p4_mistakes,
     ),
     "p5": Numeric(
         f"predict the worst NF4 round-trip error in a block of absmax {P5_ABSMAX:g}",
