@@ -100,7 +100,7 @@ def rel_error(a, n):
 
 RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"a", "c"}, "p4": {"b", "c", "d"},
          "p5": "b", "p6": ["central_float64", "forward_float64", "central_float32", "forward_float32"], "p7": 2.107e-8,
-         "p8": {"a", "c"}}
+         "p8": {"b", "c"}}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -269,9 +269,9 @@ def test_multi_choice_partial_credit_and_hints():
     assert 0 < fb.points < 1 and "three times as large" in fb.text() and "other tokens' z" in fb.text()
     fb = check("07.p8", {"a", "b", "c"})
     assert fb.points == pytest.approx(1.0) and "compares 0 with 0" in fb.text()
-    fb = check("07.p8", {"a"})
+    fb = check("07.p8", {"b"})
     assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
-    fb = check("07.p8", {"b", "d"})
+    fb = check("07.p8", {"a", "d"})
     assert fb.points == 0 and "dZ Aᵀ" in fb.text()
 
 
@@ -310,6 +310,34 @@ def test_p3_and_p4_keys_are_the_cases_whose_check_fails(seed):
     p4 = {"a": _case(1, 2, 2.0, seed=seed), "b": _case(3, 2, 2.0, same_rows=True, seed=seed),
           "c": _case(3, 2, 2.0, zero_B=True, seed=seed), "d": _case(3, 2, 2.0, one_row_D=True, seed=seed)}
     assert {k for k, c in p4.items() if _check_fails(tokens_summed_first, c)} == {"b", "c", "d"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_p8_key_is_the_parts_whose_bug_fails_the_check_at_A_zero(seed):
+    """P8's key measured: at A = 0, B random, s = 2, n = 3, d ≠ m, a bug in each part of the backward fails check_vjp
+    exactly for the keyed parts; each bug does fail a case with A and B both random, so it is a real bug."""
+    def bug_in(part):
+        def backward(D, cache):
+            dX, dA, dB = lora.lora_backward(D, cache)
+            X, W, A, B, Z, s = (cache[k] for k in ("X", "W", "A", "B", "Z", "s"))
+            dZ = s * D @ B.T
+            if part == "a":
+                dB = Z.T @ D                          # dB without s
+            elif part == "b":
+                dA = X.T @ (D @ B.T)                  # dZ without s in dA
+            elif part == "c":
+                dX = 2 * D @ W.T + dZ @ A.T           # base path doubled
+            else:
+                dX = D @ W.T + 2 * dZ @ A.T           # adapter path doubled
+            return dX, dA, dB
+        return backward
+
+    X, W, A, B, s, D = _case(3, 2, 2.0, seed=seed)
+    zero_A = (X, W, np.zeros_like(A), B, s, D)
+    assert X.shape[1] != D.shape[1] and np.any(B) and s != 1.0
+    assert all(_check_fails(bug_in(part), (X, W, A, B, s, D)) for part in "abcd")
+    tested = {part for part in "abcd" if _check_fails(bug_in(part), zero_A)}
+    assert tested == RIGHT["p8"] and check("07.p8", tested).full
 
 
 # --------------------------------------------------------------------------- P5, P6 and P7 measured

@@ -327,7 +327,7 @@ ITEMS = {
         mistakes=_p7_mistakes,
     ),
     "p8": Choice(
-        "what a check at B = 0 actually tests",
+        "what a check at A = 0 (B random) actually tests",
         2,
         options="abcd",
         multi=True,
