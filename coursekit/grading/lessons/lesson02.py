@@ -208,9 +208,9 @@ ITEMS = {
         name="s",
         expected=lambda: lora.scaling(32, 8),
         mistakes=lambda: [
-            Mistake("alpha", 32, "that is lora_alpha itself; s = lora_alpha / r."),
-            Mistake("r/alpha", 8 / 32, "that is r / lora_alpha, upside down; s = lora_alpha / r."),
-            Mistake("rslora", 32 / 8**0.5, "that is the rsLoRA scale lora_alpha / sqrt(r); plain LoRA divides by r."),
+            Mistake("alpha", 32, "that is lora_alpha itself; s = lora_alpha / r. Reread 'The scale s' in Know this."),
+            Mistake("r/alpha", 8 / 32, "that is r / lora_alpha, upside down; s = lora_alpha / r. Reread 'The scale s' in Know this."),
+            Mistake("rslora", 32 / 8**0.5, "that is the rsLoRA scale lora_alpha / sqrt(r); plain LoRA divides by r. Reread 'The scale s' in Know this."),
         ],
     ),
     "w3": Choice(
@@ -218,10 +218,10 @@ ITEMS = {
         0,
         key="b",
         explain={
-            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0.",
-            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'Shapes first'.)",
-            "c": "The whole layer equals X W; the adapter's own contribution is zero.",
-            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros.",
+            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0. Reread 'The scale s' in Know this.",
+            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'The scale s'.)",
+            "c": "The whole layer equals X W; the adapter's own contribution is zero. Reread 'The scale s' in Know this.",
+            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros. Reread 'The scale s' in Know this.",
         },
     ),
     "p1": Function(
@@ -293,10 +293,10 @@ ITEMS = {
         expected=_p7_key,
         rtol=0,
         mistakes=lambda: [
-            Mistake("equal", _p7_key() + 1, "at that rank r (d + m) equals d·m exactly: not smaller. Take the next rank down."),
-            Mistake("square d", _p7_key(576, 576), "that is the answer for a 576 × 576 matrix; here m = 192, so r < d·m / (d + m)."),
-            Mistake("square m", _p7_key(192, 192), "that is the answer for a 192 × 192 matrix; here d = 576, so r < d·m / (d + m)."),
-            Mistake("half the side", 576 // 2, "half the side is the break-even of a square matrix only; here r < d·m / (d + m)."),
+            Mistake("equal", _p7_key() + 1, "at that rank r (d + m) equals d·m exactly: not smaller. Take the next rank down. Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("square d", _p7_key(576, 576), "that is the answer for a 576 × 576 matrix; here m = 192, so r < d·m / (d + m). Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("square m", _p7_key(192, 192), "that is the answer for a 192 × 192 matrix; here d = 576, so r < d·m / (d + m). Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("half the side", 576 // 2, "half the side is the break-even of a square matrix only; here r < d·m / (d + m). Reread 'Counting what LoRA trains' in Know this."),
         ],
     ),
 }
