@@ -22,7 +22,7 @@ def right_ledger(n_params, n_adapter, method, n_unfrozen):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
-         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 361_821_120, "p5": right_ledger, "p6": "a"}
+         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 361_821_120, "p5": right_ledger, "p6": "b"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -63,9 +63,9 @@ def test_letters_are_forgiving_about_case_and_format():
         ("p1", "a", "only the answer's form is wrong"),
         ("p1", "c", "no fact is missing"),
         ("p1", "d", "nothing here calls for training"),
-        ("p6", "b", "70 GB"),
-        ("p6", "c", "not the weights, and the bf16 base alone is 140 GB"),
-        ("p6", "d", "840 GB"),
+        ("p6", "a", "so does an 8-bit base"),
+        ("p6", "c", "not the weights, and the bf16 base alone is 68 GB"),
+        ("p6", "d", "408 GB"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -75,21 +75,27 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     assert text in joined and "Reread Know this" in joined
 
 
-def test_p6_key_is_the_only_start_whose_persistent_tensors_fit_48_gb():
-    """Measured with coursekit.memory for a 70B base: the persistent tensors each option keeps whatever its activation
-    lever (checkpointing and accumulation shrink activations only). Only the NF4 base fits 48 GB; the hints' numbers
-    (35, 70, 140 and 840 GB) are these."""
+def test_p6_key_is_the_most_precise_base_that_fits_48_gb():
+    """Measured with coursekit.memory for a 34B base: the persistent tensors each option keeps whatever its activation
+    lever (checkpointing and accumulation shrink activations only), plus the 10 GB the question keeps free. The NF4
+    and the 8-bit base both fit 48 GB; of those the 8-bit base stores more bits per weight. The hints' numbers
+    (17, 34, 68 and 408 GB) are these."""
     from coursekit.grading.keys import load as key_file
 
-    n = 70e9
+    n = 34e9
+    bytes_per_weight = {"a": 0.5, "b": 1, "c": 2}
     gb = {
         "a": memory.to_gb(memory.ledger(n, 0, "qlora")["base_weights"]),
         "b": memory.to_gb(memory.ledger(n, 0, "lora", weight_bytes=1)["base_weights"]),
         "c": memory.to_gb(memory.ledger(n, 0, "lora")["base_weights"]),
         "d": memory.to_gb(memory.total(memory.ledger(n, 0, "full"))),
     }
-    assert gb == {"a": 35, "b": 70, "c": 140, "d": 840}
-    assert [k for k, v in gb.items() if v < 48] == [RIGHT["p6"]] == [key_file("01")["keys"]["p6"]]
+    assert gb == {"a": 17, "b": 34, "c": 68, "d": 408}
+    assert {k: gb[k] / (n / 1e9) for k in bytes_per_weight} == bytes_per_weight
+    fits = [k for k, v in gb.items() if v + 10 <= 48]
+    assert fits == ["a", "b"]
+    most_precise = max(fits, key=bytes_per_weight.get)
+    assert most_precise == RIGHT["p6"] == key_file("01")["keys"]["p6"]
 
 
 @pytest.mark.parametrize("blank", [None, ..., "", "z", 3])

@@ -103,13 +103,52 @@ def test_p4_key_is_the_number_of_entries_a_peft_merge_changes():
     assert "Likely mistake" not in check("02.p4", 9).text()
 
 
-def test_p7_is_the_largest_rank_below_break_even_of_a_non_square_matrix():
-    d, m = 576, 192
-    key = max(r for r in range(1, m + 1) if r * (d + m) < d * m)
-    assert key == 143 and 144 * (d + m) == d * m           # break-even d·m/(d + m) = 144 exactly: not smaller
+def _peft_trainable(layers, shapes, r, targets):
+    """Trainable parameters PEFT gives a stack of ``layers`` blocks holding bias-free nn.Linear projections of
+    ``shapes`` (name -> (d, m)), adapted with LoraConfig(r, target_modules=targets)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, (d, m) in shapes.items():
+                setattr(self, name, nn.Linear(d, m, bias=False))
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block() for _ in range(layers)])
+
+    with torch.device("meta"):
+        base = Stack()
+    dense = sum(p.numel() for n, p in base.named_parameters() if n.split(".")[-2] in targets)
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=16, target_modules=list(targets)))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), dense
+
+
+def test_p7_key_and_mistakes_are_counted_by_peft():
+    """P7's key is the trainable-parameter count PEFT reports for rank-8 adapters on q_proj (576 × 576) and v_proj
+    (576 × 192) in 30 blocks; each named mistake is that count for the mistaken configuration (one block, a square
+    v_proj, q_proj alone) or the frozen dense weights' count."""
+    from coursekit.grading.lessons.lesson02 import ITEMS, P7_CONFIG
+
+    shapes = {"q_proj": (576, 576), "v_proj": (576, 192)}
+    assert P7_CONFIG == dict(layers=30, shapes=shapes, r=8)
+    key, dense = _peft_trainable(30, shapes, 8, ("q_proj", "v_proj"))
+    measured = {
+        "one layer": _peft_trainable(1, shapes, 8, ("q_proj", "v_proj"))[0],
+        "square v_proj": _peft_trainable(30, {"q_proj": (576, 576), "v_proj": (576, 576)}, 8, ("q_proj", "v_proj"))[0],
+        "q_proj only": _peft_trainable(30, shapes, 8, ("q_proj",))[0],
+        "dense": dense,
+    }
+    assert ITEMS["p7"].expected() == key == 460_800
+    assert {mk.label: mk.value for mk in ITEMS["p7"].mistakes()} == measured
     assert check("02.p7", key).points == 1
-    assert "not smaller" in check("02.p7", 144).text()
-    assert "576 × 576" in check("02.p7", 287).text()
+    for label, value in measured.items():
+        fb = check("02.p7", value)
+        assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
 
 
 def test_p6_scaling_x_by_a_power_of_two_scales_the_rounding_difference_exactly():

@@ -225,10 +225,10 @@ ITEMS = {
         2,
         labels={
             "base": "choose a supported base model",
-            "baseline": "tune a prompt for that base on the training examples only, then score it on the held-out evaluation set",
-            "compare": "compare the trained adapter with that baseline: task quality, peak memory and speed",
-            "data": "build clean training examples in the chosen base's chat format, and hold evaluation examples out of them",
-            "method": "if the baseline falls short, pick the adapter: LoRA if the base's 16-bit weights fit the budget, QLoRA if base memory is the limit",
+            "baseline": "tune a prompt on the training examples only, then score it on the held-out evaluation set",
+            "compare": "measure the trained adapter against the best prompt's score: task quality, peak memory and speed",
+            "data": "build clean training examples in the model's chat format, and hold evaluation examples out of them",
+            "method": "only if the best prompt falls short, pick the adapter: LoRA if the 16-bit weights fit the budget, QLoRA if memory for the base is the limit",
         },
     ),
     "p4": Numeric(
@@ -252,7 +252,7 @@ ITEMS = {
         atol=0.5,
     ),
     "p6": Choice(
-        "A 70B base on a 48 GB GPU",
+        "A 34B base on a 48 GB GPU, 10 GB kept free, base as precise as fits",
         2,
         options="abcd",
     ),

@@ -180,11 +180,20 @@ def _p4_mistakes() -> list[Mistake]:
     ]
 
 
-P7_SHAPE = (576, 192)  # d × m of SmolLM2's k_proj
+# P7: the trainable parameters of one whole configuration, counted per adapted matrix and summed (the lesson's own
+# counts are per matrix: 4096 × 4096 and the 48 × 48 crossover). SmolLM2-135M: 30 layers, q_proj 576 × 576,
+# v_proj 576 × 192 (3 key-value heads of width 64).
+P7_CONFIG = dict(layers=30, shapes={"q_proj": (576, 576), "v_proj": (576, 192)}, r=8)
 
 
-def _p7_key(d: int = P7_SHAPE[0], m: int = P7_SHAPE[1]) -> int:
-    return max(r for r in range(1, min(d, m) + 1) if lora.param_count(d, m, r) < lora.dense_param_count(d, m))
+def _p7_count(layers: int = P7_CONFIG["layers"], shapes: dict | None = None, r: int = P7_CONFIG["r"]) -> int:
+    shapes = P7_CONFIG["shapes"] if shapes is None else shapes
+    return layers * sum(lora.param_count(d, m, r) for d, m in shapes.values())
+
+
+def _p7_key() -> int:
+    return _p7_count()
+
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
@@ -208,9 +217,9 @@ ITEMS = {
         name="s",
         expected=lambda: lora.scaling(32, 8),
         mistakes=lambda: [
-            Mistake("alpha", 32, "that is lora_alpha itself; s = lora_alpha / r."),
-            Mistake("r/alpha", 8 / 32, "that is r / lora_alpha, upside down; s = lora_alpha / r."),
-            Mistake("rslora", 32 / 8**0.5, "that is the rsLoRA scale lora_alpha / sqrt(r); plain LoRA divides by r."),
+            Mistake("alpha", 32, "that is lora_alpha itself; s = lora_alpha / r. Reread 'The scale s' in Know this."),
+            Mistake("r/alpha", 8 / 32, "that is r / lora_alpha, upside down; s = lora_alpha / r. Reread 'The scale s' in Know this."),
+            Mistake("rslora", 32 / 8**0.5, "that is the rsLoRA scale lora_alpha / sqrt(r); plain LoRA divides by r. Reread 'The scale s' in Know this."),
         ],
     ),
     "w3": Choice(
@@ -218,10 +227,10 @@ ITEMS = {
         0,
         key="b",
         explain={
-            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0.",
-            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'Shapes first'.)",
-            "c": "The whole layer equals X W; the adapter's own contribution is zero.",
-            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros.",
+            "a": "A is random, but B = 0 multiplies it away: (XA)B = 0. Reread 'The scale s' in Know this.",
+            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'The scale s'.)",
+            "c": "The whole layer equals X W; the adapter's own contribution is zero. Reread 'The scale s' in Know this.",
+            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros. Reread 'The scale s' in Know this.",
         },
     ),
     "p1": Function(
@@ -287,16 +296,22 @@ ITEMS = {
         1,
     ),
     "p7": Numeric(
-        "largest rank whose adapter is smaller than a dense 576 × 192 matrix",
+        "trainable parameters of rank-8 adapters on q_proj (576 × 576) and v_proj (576 × 192) in 30 layers",
         1,
-        name="r_max",
+        name="n_trainable",
         expected=_p7_key,
         rtol=0,
         mistakes=lambda: [
-            Mistake("equal", _p7_key() + 1, "at that rank r (d + m) equals d·m exactly: not smaller. Take the next rank down."),
-            Mistake("square d", _p7_key(576, 576), "that is the answer for a 576 × 576 matrix; here m = 192, so r < d·m / (d + m)."),
-            Mistake("square m", _p7_key(192, 192), "that is the answer for a 192 × 192 matrix; here d = 576, so r < d·m / (d + m)."),
-            Mistake("half the side", 576 // 2, "half the side is the break-even of a square matrix only; here r < d·m / (d + m)."),
+            Mistake("one layer", _p7_count(layers=1), "that is one layer's two adapters; every one of the 30 layers has its "
+                    "own q_proj and v_proj, and each gets its own A and B. Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("square v_proj", _p7_count(shapes={"q_proj": (576, 576), "v_proj": (576, 576)}),
+                    "you counted v_proj as 576 × 576; it maps 576 features to 192, so its adapter has r (576 + 192) "
+                    "entries. Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("q_proj only", _p7_count(shapes={"q_proj": (576, 576)}),
+                    "that counts q_proj's adapters only; v_proj is adapted too. Reread 'Counting what LoRA trains' in Know this."),
+            Mistake("dense", P7_CONFIG["layers"] * sum(lora.dense_param_count(d, m) for d, m in P7_CONFIG["shapes"].values()),
+                    "that is the count of the dense q_proj and v_proj weights, which stay frozen; the adapter trains "
+                    "r (d + m) entries per matrix. Reread 'Counting what LoRA trains' in Know this."),
         ],
     ),
 }

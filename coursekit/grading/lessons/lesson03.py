@@ -209,6 +209,50 @@ def _p6_hidden(rng: np.random.Generator) -> list[Case]:
     return out
 
 
+# --------------------------------------------------------------------------- P2: a diagonal target with a negative entry
+
+# The lesson's plot already shows every residual of the spectrum [4, 2, 1, 0.5]; P2 asks for one it has not printed.
+# The singular values of a diagonal matrix are the absolute values of its entries, sorted largest first (the signs go
+# into U), so the best rank-2 approximation keeps -4 and 3, not the first two entries and not the two largest signed.
+P2_DIAG = (1.0, -4.0, 0.0, 3.0, 2.0)
+
+
+def _diag_residual(keep, norm: str = "fro") -> float:
+    """||M - M_keep|| for M = diag(P2_DIAG) and M_keep the diagonal matrix that keeps only the entries at ``keep``."""
+    d = np.array(P2_DIAG)
+    kept = np.zeros_like(d)
+    kept[list(keep)] = d[list(keep)]
+    return float(np.linalg.norm(np.diag(d) - np.diag(kept), 2 if norm == "2" else None))
+
+
+def p2_expected() -> float:
+    return lowrank.rank_k_residual(lowrank.singular_values(np.diag(P2_DIAG)), 2)
+
+
+def p2_mistakes() -> list[Mistake]:
+    d = np.array(P2_DIAG)
+    by_size = np.argsort(-np.abs(d))
+    dropped = np.abs(d)[by_size[2:]]
+    read_pieces = "Reread 'SVD: a matrix as a sum of rank-one pieces' in Know this."
+    return [
+        Mistake("signed", _diag_residual(np.argsort(-d)[:2]),
+                "you kept the two largest entries by signed value (3 and 2). Singular values are never negative: the sign of "
+                "-4 goes into a singular vector, and its strength is 4, the largest. " + read_pieces),
+        Mistake("in order", _diag_residual([0, 1]),
+                "you kept the first two diagonal entries in the order they are written; the best rank-2 approximation keeps "
+                "the two largest singular values wherever they sit. " + read_pieces),
+        Mistake("no sqrt", p2_expected() ** 2, "that is the squared residual: take the square root. " + READ_SVD),
+        Mistake("plain sum", float(dropped.sum()), "you added the discarded singular values; the Frobenius residual is the "
+                "square root of the sum of their squares. " + READ_SVD),
+        Mistake("rank 1", _diag_residual(by_size[:1]), "that is the rank-1 residual; rank 2 keeps two singular values. " + READ_SVD),
+        Mistake("spectral", _diag_residual(by_size[:2], norm="2"),
+                "that is the spectral-norm residual (the largest discarded singular value); the question asks for the "
+                "Frobenius norm. " + READ_SVD),
+        Mistake("relative", p2_expected() / float(np.linalg.norm(d)),
+                "that is the residual relative to ||M||_F; the question asks for the absolute residual. " + READ_SVD),
+    ]
+
+
 # --------------------------------------------------------------------------- P4: the update's size when r grows
 
 # Factors drawn as in the lesson's plot (x and B with N(0, 1) entries, A with N(0, 1/d) entries): the sum over r
@@ -230,6 +274,20 @@ def growth_expected() -> float:
     return _rms_ratio()
 
 
+def _plot_estimate() -> float:
+    """The same ratio read off the lesson's plot: its code (seed 7, d = m = 256, ranks 1, 2, 4, ..., 256 drawn in that
+    order), whose root-mean-square over only 20 draws per rank is a noisy estimate of the typical size."""
+    g = np.random.default_rng(7)
+    d, m, alpha = 256, 256, GROWTH["lora_alpha"]
+    sizes = {}
+    for r in 2 ** np.arange(0, 9):
+        r = int(r)
+        sq = [np.linalg.norm(g.standard_normal((1, d)) @ (g.standard_normal((d, r)) / math.sqrt(d)) @ g.standard_normal((r, m))) ** 2
+              for _ in range(20)]
+        sizes[r] = lora.scaling(alpha, r) * math.sqrt(np.mean(sq))
+    return sizes[GROWTH["r_to"]] / sizes[GROWTH["r_from"]]
+
+
 def growth_mistakes() -> list[Mistake]:
     r0, r1 = GROWTH["r_from"], GROWTH["r_to"]
     return [
@@ -245,6 +303,10 @@ def growth_mistakes() -> list[Mistake]:
         Mistake("s upside down", _rms_ratio(scale=lambda alpha, r: r / alpha, grows=False),
                 "s = lora_alpha / r is divided by r: a larger r gives a smaller s, not a larger one, and the update's "
                 "growth like sqrt(r) comes on top. " + READ_SCALE),
+        Mistake("20 draws", _plot_estimate(),
+                "that is the ratio of the plot's two points, each a root-mean-square over only 20 random draws: an "
+                "estimate that scatters from draw to draw. The question asks for the typical size itself, the value the "
+                "estimate approaches with many draws: work it out from how s and the mean of ||xAB||^2 depend on r. " + READ_SCALE),
     ]
 
 
@@ -347,24 +409,12 @@ ITEMS = {
         atol=1e-8,
     ),
     "p2": Numeric(
-        "the Frobenius residual of the best rank-2 approximation, singular values [4, 2, 1, 0.5]",
+        f"the Frobenius residual of the best rank-2 approximation of diag{P2_DIAG}",
         1,
         name="residual",
-        expected=lambda: lowrank.rank_k_residual(SEED_SPECTRUM, 2),
+        expected=p2_expected,
         rtol=1e-4,
-        mistakes=lambda: [
-            Mistake("no sqrt", lowrank.rank_k_residual(SEED_SPECTRUM, 2) ** 2, "that is the squared residual: take the square root. " + READ_SVD),
-            Mistake("plain sum", sum(SEED_SPECTRUM[2:]), "you added the discarded singular values; the Frobenius residual is "
-                    "sqrt(1² + 0.5²). " + READ_SVD),
-            Mistake("largest dropped", math.sqrt(sum(x * x for x in SEED_SPECTRUM[:2])),
-                    "you discarded the two largest values: the best rank-2 approximation keeps 4 and 2. " + READ_SVD),
-            Mistake("rank 1", lowrank.rank_k_residual(SEED_SPECTRUM, 1), "that is the rank-1 residual (≈ 2.291); rank 2 also keeps 2. " + READ_SVD),
-            Mistake("rank 3", lowrank.rank_k_residual(SEED_SPECTRUM, 3), "that is the rank-3 residual; rank 2 keeps only 4 and 2. " + READ_SVD),
-            Mistake("spectral", lowrank.rank_k_residual(SEED_SPECTRUM, 2, norm="2"),
-                    "that is the spectral-norm residual (the largest discarded value); the question asks for the Frobenius norm. " + READ_SVD),
-            Mistake("relative", lowrank.rank_k_residual(SEED_SPECTRUM, 2) / lowrank.rank_k_residual(SEED_SPECTRUM, 0),
-                    "that is the residual relative to ||M||_F; the question asks for the absolute residual. " + READ_SVD),
-        ],
+        mistakes=p2_mistakes,
     ),
     "p3": Choice(
         "what r = 8 counts in a 30-block model with adapters on q_proj and v_proj",
