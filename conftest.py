@@ -10,37 +10,12 @@ import tempfile
 
 import pytest
 
-# One OpenMP thread per process. pytest-xdist runs a worker per core and one more (pytest_xdist_auto_num_workers
-# below), and each worker's notebook kernels and nbgrader kernels run torch; with torch's default of one thread per
-# core, several spinning threads share each core and a 6-minute training cell (lesson 19) took over 40 minutes.
+# One OpenMP thread per process. pytest-xdist runs two workers on this 2-core machine, and each worker's
+# notebook kernels and nbgrader kernels run torch; with torch's default of one thread per core, four or
+# more spinning threads share two cores and a 6-minute training cell (lesson 19) took over 40 minutes.
 # Set before torch is imported anywhere; the workers and every kernel they start inherit it. Override by
 # exporting OMP_NUM_THREADS (e.g. on a machine with more cores than workers).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-# How many pytest-xdist workers `-n auto` (pyproject.toml) starts: one per core, and one more. About half of a
-# worker's time is spent waiting, not computing: on a kernel or a sandboxed runner starting, a hostile example
-# student's time limit running out, nbgrader's gradebook writes, Chromium. With two workers on two cores the
-# machine was about half idle (the 2026-12-06 CI run: 33 min of CPU in 30 min of wall time); a third worker fills
-# those waits. Each worker may hold the model and a grading kernel (under 2 GiB together), so the memory bounds it
-# too. PYTEST_XDIST_AUTO_NUM_WORKERS overrides it, as in pytest-xdist itself; `-n 2` on the command line also does.
-WORKER_GIB = 3
-
-
-def auto_workers(cores: int, memory_gib: float) -> int:
-    """Workers for ``cores`` usable cores and ``memory_gib`` GiB of memory: ``cores + 1``, at most one per
-    :data:`WORKER_GIB` GiB, at least one."""
-    return max(1, min(cores + 1, int(memory_gib // WORKER_GIB)))
-
-
-@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown under -p no:xdist
-def pytest_xdist_auto_num_workers(config):
-    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    if env:
-        return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return auto_workers(cores, memory_gib)
-
 
 # nbval waits a hard-coded 5 s for each iopub message after a cell's execute_reply (nbval 0.11,
 # plugin.py: ``self.output_timeout = 5``; not configurable, see computationalmodelling/nbval#136 and

@@ -81,22 +81,3 @@ def _log(what):
     order = log.read_text().split()
     assert "slow" in order[:2], order[:4]
     assert order.index("reader") > order.index("many"), order
-
-
-def test_auto_starts_a_worker_per_core_and_one_more_within_memory():
-    c = _root_conftest()
-    assert c.auto_workers(2, 24) == 3  # this machine: two cores, 24 GiB
-    assert c.auto_workers(8, 64) == 9
-    assert c.auto_workers(16, 8) == 2  # memory binds: 3 GiB a worker
-    assert c.auto_workers(1, 2) == 1  # never none
-
-
-def test_auto_workers_can_be_overridden_as_in_pytest_xdist(monkeypatch):
-    c = _root_conftest()
-    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")
-    assert c.pytest_xdist_auto_num_workers(None) == 2
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    import os
-
-    cores = len(os.sched_getaffinity(0))
-    assert c.pytest_xdist_auto_num_workers(None) >= min(cores + 1, 2)
