@@ -22,7 +22,7 @@ def right_backward(D, codes, absmax, code, blocksize):
     return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
 
 
-RIGHT = {"w1": "c", "w2": "a", "w3": "d", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
+RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
          "p4": "b", "p5": "b", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
@@ -203,9 +203,9 @@ def test_stub_and_non_function():
         ("w2", "b", "added back exactly"),
         ("w2", "c", "dynamic map they index is signed"),
         ("w2", "d", "rounded up"),
-        ("w3", "a", "0.16 GB"),
-        ("w3", "b", "0.04 GB"),
-        ("w3", "c", "0.11 GB"),
+        ("w3", "a", "only a description"),
+        ("w3", "c", "finds the linear weights already in 4 bits"),
+        ("w3", "d", "Nothing waits for the first forward pass"),
         ("p4", "a", "the loss get a grad_fn"),
         ("p4", "c", "stops at lm_head's input"),
         ("p4", "d", "checkpointed like the others"),
@@ -226,13 +226,34 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
     assert "(Lesson 1" in fb.text()  # every hint says where to reread
 
 
-def test_ledger_numbers_in_w3_hints_match_coursekit():
-    from coursekit import memory
+def test_w3_key_is_measured_on_a_real_4bit_load(tmp_path):
+    """W3's key: from_pretrained with a quantization_config leaves Params4bit codes at once (before any forward pass or
+    prepare_model_for_kbit_training), the config holds no weights, and the preparation leaves the codes as they are."""
+    import warnings
 
-    led = memory.ledger(7e9, 20e6, "qlora")
-    assert led["base_weights"] == pytest.approx(3.5e9)
-    assert 20e6 * 2 * 4 == pytest.approx(0.16e9) and 20e6 * 2 == pytest.approx(0.04e9)
-    assert memory.nf4_metadata_bytes(7e9) / 1e9 == pytest.approx(0.11, abs=0.005)
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+    bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                    bnb_4bit_compute_dtype=torch.bfloat16)
+    assert not any(isinstance(v, torch.Tensor) for v in vars(bnb_config).values())          # (a): no weights in it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=bnb_config, dtype=torch.bfloat16,
+                                                     device_map="cpu")
+    linears = [mod for name, mod in model.named_modules() if name.endswith(("q_proj", "down_proj"))]
+    assert linears and all(type(m.weight).__name__ == "Params4bit" and m.weight.dtype == torch.uint8 for m in linears)
+    assert all(m.weight.numel() * 2 == m.in_features * m.out_features for m in linears)    # (b): two codes per byte, no forward yet
+    before = [m.weight.data.clone() for m in linears]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = prepare_model_for_kbit_training(model)                                   # (c): already 4-bit, left alone
+    assert all(type(m.weight).__name__ == "Params4bit" and torch.equal(m.weight.data, b) for m, b in zip(linears, before))
 
 
 @pytest.mark.parametrize(

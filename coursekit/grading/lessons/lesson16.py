@@ -163,14 +163,14 @@ ITEMS = {
         },
     ),
     "w3": Choice(
-        "the dominant persistent memory term: 7B base in 4 bits, 20M-parameter adapter",
+        "which of the recipe's four calls turns the checkpoint's linear weights into 4-bit codes",
         0,
-        key="d",
+        key="b",
         explain={
-            "a": "AdamW keeps two fp32 moments per *adapter* parameter: 20M × 8 bytes = 0.16 GB, against 3.5 GB for 7B weights at 4 bits. (Lesson 17, 'The ledger, bucket by bucket'.)",
-            "b": "The adapter's gradients are 20M × 2 bytes = 0.04 GB; the base has no gradients at all. (Lesson 17, 'The ledger, bucket by bucket'.)",
-            "c": "With double quantization the constants cost about 0.127 bits per weight, 7e9 × 0.127 / 8 ≈ 0.11 GB: small next to the 4-bit codes themselves. (Lesson 15, 'Bits per parameter, counted'.)",
-            "d": "7e9 weights × 0.5 byte (two 4-bit codes per byte) = 3.5 GB. Everything else is small: the adapter's AdamW moments are 20M × 8 bytes = 0.16 GB, its bf16 weights and gradients 0.04 GB each, the double-quantized absmax about 0.11 GB, and the frozen base has no gradients or optimizer state. (Lesson 17, 'The ledger, bucket by bucket'.)",
+            "a": "A BitsAndBytesConfig is only a description (4 bits, NF4, double quantization, bf16 compute): it holds no weights and writes nothing, and the checkpoint on disk stays bf16. from_pretrained reads that description and quantizes each linear weight as it loads it. (Lesson 16, 'The recipe in four calls'.)",
+            "b": "Given a quantization_config, from_pretrained replaces every nn.Linear except the output head by a bitsandbytes Linear4bit and quantizes each weight as it is loaded: right after the call, before any other call or any forward pass, q_proj's weight is already a Params4bit of packed uint8 codes, two per byte. (Lesson 16, 'The recipe in four calls'.)",
+            "c": "prepare_model_for_kbit_training finds the linear weights already in 4 bits: it freezes every parameter, casts the parameters that stayed in 16 bits (the embedding, the norms) to fp32, leaves every Params4bit as it is, and switches gradient checkpointing on. (Lesson 16, 'What prepare_model_for_kbit_training does'.)",
+            "d": "Nothing waits for the first forward pass: right after from_pretrained, before any forward, the linear weights are already Params4bit codes. Every forward (and every backward) dequantizes them again, but they are quantized once, at load. (Lesson 16, 'The recipe in four calls'.)",
         },
     ),
     "p1": Function(
