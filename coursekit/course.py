@@ -371,7 +371,7 @@ def grade_class(lessons: Iterable[str] | None = None, root: str | os.PathLike | 
 
 
 CAPSTONE = "19-capstone-a-real-qlora-run"
-MODEL_LESSONS = {"08", "09", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model (08: its config)
+MODEL_LESSONS = {"04", "08", "09", "10", "13", "15", "16", "17", "18", "19"}  # lessons whose notebooks load the converted embedded model (08: its config)
 
 
 def handed_in(submitted: Path, aid: str) -> bool:

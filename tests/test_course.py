@@ -156,7 +156,7 @@ def test_the_model_lessons_are_the_ones_whose_notebooks_load_the_model():
         return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
 
     loads = {aid[:2] for aid in course.lesson_ids(root)
-             if re.search(r"prepare_model|default_checkpoint|load_base|capstone\.", code(aid))}
+             if re.search(r"prepare_model|load_model\(|default_checkpoint|load_base|capstone\.", code(aid))}
     assert loads == course.MODEL_LESSONS
 
 
