@@ -37,7 +37,9 @@ c.Exchange.root = os.environ.get("COURSEKIT_EXCHANGE", "/usr/local/share/nbgrade
 c.ExchangeFactory.collect = "coursekit.exchange.LinkSafeCollect"
 # Absolute step folders: nbgrader joins root with them, and an absolute path wins.
 c.CourseDirectory.source_directory = os.path.join(REPO, "solutions")
-c.CourseDirectory.release_directory = os.path.join(REPO, "lessons")
+# The release folder is lessons/; COURSEKIT_RELEASE names another (a copy), so that grading, which generates the
+# lessons it grades into the release folder again, leaves the repository's lessons/ as they are (the tests use it).
+c.CourseDirectory.release_directory = os.environ.get("COURSEKIT_RELEASE") or os.path.join(REPO, "lessons")
 # Only lesson folders are assignments; AUTHORING.md and friends are not.
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.md"]
 

@@ -56,7 +56,12 @@ def term(tmp_path_factory):
     # Inside the repository, as the course folder is by default (autograder/course/), so that the formgrader's server,
     # rooted at the repository, links it; in a folder git ignores, removed at the end.
     course_dir = Path(tempfile.mkdtemp(prefix="exchange-course-", dir=ROOT / ".artifacts")) / "course"
-    env = {**os.environ, "COURSEKIT_EXCHANGE": str(exchange), "COURSEKIT_COURSE": str(course_dir)}
+    # A copy of lessons/ as the release folder: `coursekit grade 00` generates lesson 00 into it again, and the
+    # repository's lessons/00 is read meanwhile by other tests (the browser's JupyterLab test, nbval).
+    release_copy = course_dir.parent / "release"
+    shutil.copytree(ROOT / "lessons", release_copy)
+    env = {**os.environ, "COURSEKIT_EXCHANGE": str(exchange), "COURSEKIT_COURSE": str(course_dir),
+           "COURSEKIT_RELEASE": str(release_copy)}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     student_env = {"COURSEKIT_EXCHANGE": str(exchange)}
     users = {s: accounts.add_user(s) for s in STUDENTS}
