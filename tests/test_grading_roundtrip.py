@@ -22,6 +22,7 @@ from graded_examples import (BROKEN_FILES, EXACT, EXACT_SCORE, EXAMPLES, HOSTILE
                              score_table, submission_scores)
 
 ROOT = Path(__file__).resolve().parents[1]
+L00 = "00-setup-and-probes"
 L02 = "02-lora-inside-one-matmul"
 LESSONS = course.lesson_ids(ROOT)
 REGRADED_IN_PARALLEL = {L02}  # the second run is graded_examples.regraded_in_parallel's (with broken files added)
@@ -228,8 +229,9 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
     """The class's course folder graded again, in place (a copy: the first run's folder is shared, read-only). For a
     lesson of :data:`REGRADED_IN_PARALLEL`, the copy is graded with two workers and has lesson 00's broken files
     handed in besides: the students of the first run keep their grades, and the broken ones are added. For the other
-    lessons the hostile, broken, blank and perfect submissions are graded again, and the students who did not hand in
-    again keep the grades the gradebook holds."""
+    lessons the hostile and broken submissions are graded again (and the blank and perfect ones in lesson 00's run, whose
+    hostile submissions are broken files that never execute: every other lesson's second run executes hostile
+    notebooks), and the students who did not hand in again keep the grades the gradebook holds."""
     shared, table = graded
     before = course.read_grades_csv(shared / "grades.csv")
     if self.AID in REGRADED_IN_PARALLEL:
@@ -241,10 +243,12 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
         assert added == set(BROKEN_FILES), f"the re-run added or lost students: {sorted(added)}"
         after = [r for r in after if r["student_id"] not in added]
     else:
-        # The hostile and broken submissions are handed in again, with the blank and perfect ones; the ordinary
-        # mistakes are not (each would only execute the lesson again): their grades must stay as they were.
+        # The hostile and broken submissions are handed in again; the ordinary mistakes are not (each would only
+        # execute the lesson again), nor, but in lesson 00, the blank and perfect ones (a notebook that executes the
+        # lesson again is graded again in every other lesson's second run: its hostile ones): the grades of those who
+        # did not hand in again must stay as they were.
         work = regradable_copy(shared, tmp_path / "course")
-        again_in = {"ex-blank", "ex-perfect"} | {sid for aid, sid in HOSTILE if aid == self.AID}
+        again_in = ({"ex-blank", "ex-perfect"} if self.AID == L00 else set()) | {sid for aid, sid in HOSTILE if aid == self.AID}
         for folder in (work / "submitted").iterdir():
             if folder.name not in again_in:
                 shutil.rmtree(folder)
