@@ -305,7 +305,11 @@ def test_plain_tcp_to_the_tls_scheduler_says_to_use_tls(cluster, tmp_path):
             f"sys.exit(cli.main(['grade', '02', '--scheduler', {plain!r}, '--course', {str(tmp_path / 'c')!r}]))")
     (tmp_path / "c" / "submitted" / "ana" / AID).mkdir(parents=True)
     shutil.copyfile(ROOT / "lessons" / AID / f"{AID}.ipynb", tmp_path / "c" / "submitted" / "ana" / AID / f"{AID}.ipynb")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # A copy of lessons/ as the release folder (read by autograder/nbgrader_config.py): grading may generate lesson 02
+    # into it again before it connects, and other tests read the repository's lessons/ meanwhile.
+    shutil.copytree(ROOT / "lessons", tmp_path / "release")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "COURSEKIT_RELEASE": str(tmp_path / "release")})
     assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
     assert "speaks TLS" in done.stderr and f"--scheduler {addr}" in done.stderr, done.stderr[-2000:]
 
