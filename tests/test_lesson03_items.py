@@ -27,7 +27,7 @@ def right_residual_curve(sigma):
     return np.array([math.sqrt(np.sum(s[k:] ** 2)) for k in range(len(s) + 1)])
 
 
-RIGHT = {"w1": 16, "w2": "a", "w3": 0.25, "p1": right_best_rank_k, "p2": math.sqrt(5), "p3": "b", "p4": 0.25,
+RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(5), "p3": "b", "p4": 0.25,
          "p5": [2.0, 1.0, 0.5], "p6": right_residual_curve}
 
 
@@ -206,9 +206,10 @@ def test_residual_curve_mistakes_are_named(fn, text):
         ("w1", 4096, "rank(A B) <= r"),
         ("w1", 32, "do not add their ranks"),
         ("w1", 131072, "parameter count"),
-        ("w3", 1, "depends on r"),
-        ("w3", 4, "not a larger one"),
-        ("w3", 0.5, "rsLoRA"),
+        ("w3", 4, "have their own directions"),
+        ("w3", 16, "do not multiply"),
+        ("w3", 576, "full 576 × 576 matrix"),
+        ("w3", 9216, "parameter count"),
         ("p2", 5, "squared residual"),
         ("p2", 3, "added the discarded"),
         ("p2", math.sqrt(17), "by signed value"),
@@ -226,6 +227,41 @@ def test_residual_curve_mistakes_are_named(fn, text):
 def test_numeric_mistakes_are_recognised(item, answer, text):
     fb = check(f"03.{item}", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_w3s_key_and_mistakes_are_measured():
+    """W3's key is measured: two rank-4 adapters with random factors on one 576 × 576 weight, their updates added with
+    coursekit's own merge (W + sAB, from W = 0), and the rank of the sum taken with NumPy; it equals the rank of the one
+    product [A1 A2][B1; B2]. Every named mistake is the mistaken variant run: one adapter's rank alone, the two ranks
+    multiplied, the rank of a dense random 576 × 576 matrix, and the two adapters' parameter count."""
+    from coursekit import lora
+    from coursekit.grading.lessons.lesson03 import W3
+
+    assert W3 == dict(adapters=2, r=4, d=576, m=576)
+    g = np.random.default_rng(30)
+    d, m, r = W3["d"], W3["m"], W3["r"]
+    factors = [(g.standard_normal((d, r)), g.standard_normal((r, m))) for _ in range(W3["adapters"])]
+    merged = np.zeros((d, m))
+    for A, B in factors:
+        merged = lora.merge(merged, A, B, 1.0)
+    key = np.linalg.matrix_rank(merged)
+    A_cat, B_cat = np.hstack([A for A, _ in factors]), np.vstack([B for _, B in factors])
+    np.testing.assert_allclose(A_cat @ B_cat, merged, rtol=1e-10, atol=1e-10)
+    one = [np.linalg.matrix_rank(A @ B) for A, B in factors]
+    measured = {
+        "one adapter": one[0],
+        "ranks multiplied": one[0] * one[1],
+        "dense": np.linalg.matrix_rank(g.standard_normal((d, m))),
+        "params": sum(A.size + B.size for A, B in factors),
+    }
+    named = {mk.label: mk.value for mk in ITEMS["w3"].mistakes()}
+    assert set(named) == set(measured)
+    assert key == np.linalg.matrix_rank(A_cat @ B_cat) == RIGHT["w3"]
+    assert check("03.w3", int(key)).full
+    for label, value in measured.items():
+        assert named[label] == value, label
+        fb = check("03.w3", int(value))
+        assert not fb.full and fb.mistakes == [label], (label, fb.text())
 
 
 def _measured_update_rms(r, scale, draws=3000, d=96, m=96, seed=0):

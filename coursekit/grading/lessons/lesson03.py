@@ -352,7 +352,8 @@ def p5_mistakes() -> list[Mistake]:
 # --------------------------------------------------------------------------- items
 
 W1_SHAPES = dict(d=4096, r=16, m=4096)
-W3 = dict(lora_alpha=16, r_from=4, r_to=16)
+# W3: two adapters of the same rank on one square weight, their updates added (A₁B₁ + A₂B₂ = [A₁ A₂][B₁; B₂]).
+W3 = dict(adapters=2, r=4, d=576, m=576)
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
@@ -385,15 +386,22 @@ ITEMS = {
         },
     ),
     "w3": Numeric(
-        f"the factor by which s changes when r goes from {W3['r_from']} to {W3['r_to']} at lora_alpha = {W3['lora_alpha']}",
+        f"the rank of A₁B₁ + A₂B₂: {W3['adapters']} rank-{W3['r']} adapters with random factors on one "
+        f"{W3['d']} × {W3['m']} weight, their updates added",
         0,
-        name="factor",
-        expected=lambda: lora.scaling(W3["lora_alpha"], W3["r_to"]) / lora.scaling(W3["lora_alpha"], W3["r_from"]),
+        name="rank",
+        expected=lambda: min(W3["adapters"] * W3["r"], W3["d"], W3["m"]),
+        rtol=0,
         mistakes=lambda: [
-            Mistake("unchanged", 1.0, "s = lora_alpha / r depends on r: at fixed lora_alpha, a larger r gives a smaller s. " + READ_SCALE),
-            Mistake("upside down", W3["r_to"] / W3["r_from"], "s is divided by r, so a 4× larger r gives a 4× smaller s, not a larger one. " + READ_SCALE),
-            Mistake("rslora", math.sqrt(W3["r_from"] / W3["r_to"]), "that is the rsLoRA factor sqrt(r_old / r_new); "
-                    "plain LoRA divides by r itself. " + READ_SCALE),
+            Mistake("one adapter", W3["r"], "each update has rank 4, but the two adapters have their own directions and the sum "
+                    "keeps both: A₁B₁ + A₂B₂ = [A₁ A₂][B₁; B₂], one product whose inner width is 4 + 4 = 8. No rank-4 "
+                    "adapter can represent it; one rank-8 adapter can. " + READ_RANK),
+            Mistake("ranks multiplied", W3["r"] * W3["r"], "the ranks of a sum add at most, they do not multiply: "
+                    "A₁B₁ + A₂B₂ = [A₁ A₂][B₁; B₂] has inner width 4 + 4 = 8. " + READ_RANK),
+            Mistake("dense", min(W3["d"], W3["m"]), "that is the rank of a full 576 × 576 matrix; the sum is one product "
+                    "[A₁ A₂][B₁; B₂] with inner width 8, so its rank is at most 8. " + READ_RANK),
+            Mistake("params", W3["adapters"] * lora.param_count(W3["d"], W3["m"], W3["r"]),
+                    "that is the two adapters' parameter count, 2 r (d + m), not a rank. " + READ_RANK),
         ],
     ),
     "p1": _FactorsAwareFunction(

@@ -612,7 +612,7 @@ ITEMS = {
         mistakes=_p6_mistakes,
     ),
     "p7": Choice(
-        "which adapters of a layer a one-token sequence trains",
+        "which adapters of a layer a sequence of one repeated token trains",
         1,
     ),
     "p10": Function(

@@ -1,3 +1,3 @@
 # Your answer goes in `answer_w3`.
-# Same misconception: if the scale were lora_alpha alone, changing r would not change it.
-answer_w3 = 1
+# A rank slip: each adapter's update has rank 4, so their sum is taken to have rank 4 as well.
+answer_w3 = 4
