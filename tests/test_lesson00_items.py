@@ -41,6 +41,21 @@ def patch_ignored_compare(a, b):
     return int(x > y) - int(x < y)
 
 
+def packaging_compare(a, b):
+    """A library answer, allowed, that forgets the label rule: packaging sorts "2.5+cpu" after "2.5.0"."""
+    from packaging.version import Version
+
+    return int(Version(a) > Version(b)) - int(Version(a) < Version(b))
+
+
+def packaging_label_dropped(a, b):
+    """A library answer that follows the rules: the label left out, then packaging's order."""
+    from packaging.version import Version
+
+    va, vb = Version(a.split("+")[0]), Version(b.split("+")[0])
+    return int(va > vb) - int(va < vb)
+
+
 def bool_compare(a, b):
     """Answers "is a at least b?" instead of the order: a bool."""
     return right_compare(a, b) >= 0
@@ -70,7 +85,7 @@ def measured_dequantizations(first_input_needs_grad=False):
 
 
 RIGHT = {
-    "w1": "b", "w2": "a", "w3": "b", "p1": {"b", "c", "d"}, "p2": "a", "p5": {"a"},
+    "w1": "b", "w2": "a", "w3": "b", "p1": {"a", "b", "d"}, "p2": "a", "p5": {"a"},
     "p3": 3,
     "p4": right_compare,
     "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,
@@ -87,8 +102,8 @@ WRONG = [
     ("w3", "c", "binds Python code, not torch's C++ kernels"),
     ("p1", {"b", "d"}, "the LUT quantizer"),
     ("p1", {"a", "b", "c", "d"}, "torch ops only"),
-    ("p1", {"c", "d"}, "counts only an op's own kernel"),
-    ("p1", {"b", "c"}, "576, is even"),
+    ("p1", {"a", "d"}, "counts only an op's own kernel"),
+    ("p1", {"a", "b"}, "576, is even"),
     ("p2", "b", "rounds to the nearest level and moves"),
     ("p2", "c", "off by its own magnitude"),
     ("p2", "d", "the ends of the NF4 table"),
@@ -140,12 +155,12 @@ def recorded_native_calls():
     W = torch.randn(1536, 576, generator=g)
     q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
     x = torch.randn(3, 576, generator=g)
-    code = F.create_dynamic_map(signed=True)
+    q_dq, st_dq = F.quantize_4bit(W, blocksize=64, quant_type="nf4", compress_statistics=True)
     runs = {
-        "a": lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4"),
+        "a": lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4", compress_statistics=True),
         "b": lambda: bnb.matmul_4bit(x, q.t(), quant_state=st),
-        "c": lambda: F.quantize_blockwise(torch.randn(512, generator=g), code=code, blocksize=256),
-        "d": lambda: F.dequantize_4bit(q, st),
+        "c": lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4"),
+        "d": lambda: F.dequantize_4bit(q_dq, st_dq),
     }
     out = {}
     for letter, run in runs.items():
@@ -157,17 +172,21 @@ def recorded_native_calls():
 
 def test_p1_key_is_what_the_recorder_sees_here():
     """The key lists the calls whose recorded native functions are not empty; the hints name what each one calls:
-    gemm_4bit's default (b) calls only the native dequantize, not a gemm kernel of its own."""
+    quantize_4bit's default calls nothing native (c) until double quantization hands the absmax to quantize_blockwise
+    (a), and gemm_4bit's default (b) calls only the native dequantize, not a gemm kernel of its own."""
     import re
 
     from coursekit.grading.keys import load as key_file
 
     seen = recorded_native_calls()
     assert {k for k, ob in seen.items() if ob["native_calls"]} == RIGHT["p1"] == set(key_file("00")["keys"]["p1"])
-    assert seen["a"]["native_calls"] == [] and not seen["a"]["torch_fallback"]
+    assert seen["c"]["native_calls"] == [] and not seen["c"]["torch_fallback"]
+    # double quantization: the absmax values go through quantize_blockwise's LUT kernel, the codes do not
+    assert seen["a"]["native_calls"] and all(re.match(r"cquantize_blockwise_cpu_", c) for c in seen["a"]["native_calls"])
     assert seen["b"]["native_calls"] and all(re.match(r"cdequantize_blockwise_cpu_nf4_", c) for c in seen["b"]["native_calls"])
-    assert all(re.match(r"cquantize_blockwise_cpu_", c) for c in seen["c"]["native_calls"])
-    assert all(re.match(r"cdequantize_blockwise_cpu_nf4_", c) for c in seen["d"]["native_calls"])
+    # the nested absmax (8-bit, rebuilt by dequantize_blockwise's kernel), then the NF4 codes
+    assert any(re.match(r"cdequantize_blockwise_cpu_nf4_", c) for c in seen["d"]["native_calls"])
+    assert all(re.match(r"cdequantize_blockwise_cpu_", c) for c in seen["d"]["native_calls"])
     assert not seen["d"]["torch_fallback"] and 576 % 2 == 0
 
 
@@ -309,13 +328,24 @@ def test_p4_key_is_the_packaging_order_and_the_by_hand_rule():
 
 
 @pytest.mark.parametrize("fn,label", [(strings_compare, "strings compared"), (unpadded_compare, "unpadded parts"),
-                                      (patch_ignored_compare, "patch ignored")])
+                                      (patch_ignored_compare, "patch ignored"), (packaging_compare, "label ordered")])
 def test_p4_each_mistaken_variant_is_named(fn, label):
     """Each named mistake is what that mistaken variant, run as a student's function, actually returns: the feedback
     names it, with and without the hidden cases, and the variant loses points."""
     for hidden in (False, True):
         fb = check("00.p4", fn, hidden=hidden)
         assert not fb.full and label in fb.mistakes, (label, fb.mistakes, fb.text())
+
+
+def test_p4_a_library_answer_is_held_to_the_same_rules():
+    """The task allows a library (nothing could check that it is not used) and asks for its rules: packaging's Version
+    on the raw strings orders the +cpu label and loses the public case that shows it, with the reason; the same
+    library with the label left out scores full."""
+    for hidden in (False, True):
+        fb = check("00.p4", packaging_compare, hidden=hidden)
+        assert 0 < fb.points < ITEMS["p4"].points and fb.mistakes == ["label ordered"], fb.text()
+        assert "leave it out before comparing" in fb.text() and "+cpu build of 2.5" in fb.text(), fb.text()
+        assert check("00.p4", packaging_label_dropped, hidden=hidden).full
 
 
 def test_p4_stub_scores_zero():

@@ -22,7 +22,7 @@ def right_ledger(n_params, n_adapter, method, n_unfrozen):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
-         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 361_821_120, "p5": right_ledger, "p6": "b"}
+         "p3": ["base", "data", "baseline", "method", "compare"], "p4": 409_007_040, "p5": right_ledger, "p6": "b"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -155,8 +155,8 @@ def _measured_llama_params(drop=(), **overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
-               num_key_value_heads=5, head_dim=64, vocab_size=49_152, tie_word_embeddings=True,
+    cfg = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=16,
+               num_key_value_heads=4, head_dim=64, vocab_size=49_152, tie_word_embeddings=False,
                attention_bias=False, mlp_bias=False)
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**{**cfg, **overrides}))
@@ -170,21 +170,23 @@ def _measured_llama_params(drop=(), **overrides):
 
 def test_p4_key_and_named_mistakes_are_measured_on_the_model_transformers_builds():
     """P4's key is the parameter count of the Llama model transformers builds from the question's configuration, and
-    every named mistake is the count of that model built or counted the mistaken way. The same arithmetic gives
-    SmolLM2-135M's 134,515,008 of Real-world reps (checked there against the model file)."""
-    from coursekit.grading.lessons.lesson01 import P4_CONFIG, _llama_params
+    every named mistake is the count of that model built or counted the mistaken way; "tied" is Real-world reps'
+    count of SmolLM2-135M (134,515,008, checked there against the model file) copied with P4's constants."""
+    from coursekit.grading.lessons.lesson01 import P4_CONFIG, P4_TIED, _llama_params
 
     key = _measured_llama_params()
     assert ITEMS["p4"].expected() == key == RIGHT["p4"]
     assert check("01.p4", key).full
     assert _llama_params(576, 1536, 30, 9, 3, 64, 49_152) == 134_515_008
-    assert P4_CONFIG == dict(hidden=960, inter=2560, layers=32, heads=15, kv_heads=5, head_dim=64, vocab=49_152)
+    assert P4_CONFIG == dict(hidden=960, inter=2560, layers=32, heads=16, kv_heads=4, head_dim=64, vocab=49_152)
+    assert not P4_TIED and P4_CONFIG["heads"] * P4_CONFIG["head_dim"] != P4_CONFIG["hidden"]   # what SmolLM2-135M lacks
 
     made = {
-        "untied": _measured_llama_params(tie_word_embeddings=False),
-        "full-width k and v": _measured_llama_params(num_key_value_heads=15),
+        "tied": _measured_llama_params(tie_word_embeddings=True),       # Real-world reps' formula, copied
+        "q and o hidden × hidden": _measured_llama_params(num_attention_heads=15),   # 15 × 64 = 960
+        "full-width k and v": _measured_llama_params(num_key_value_heads=16),
         "no norms": _measured_llama_params(drop=("norm",)),
-        "no embedding": _measured_llama_params(drop=("embed_tokens",)),
+        "no embeddings": _measured_llama_params(drop=("embed_tokens", "lm_head")),
         "two MLP matrices": _measured_llama_params(drop=("gate_proj",)),
     }
     named = {m.label: m.value for m in ITEMS["p4"].mistakes()}

@@ -56,7 +56,7 @@ def right_block_argmin(x, levels):
     return (q[0::2] * 16 + q[1::2]).tolist(), am
 
 
-RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [11, 1, 9, 6, 15, 6],
+RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [0, 7],
          "p4": 0.1690, "p5": 0.4557, "p6": "c", "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
 
 
@@ -116,10 +116,6 @@ def test_references_match_bitsandbytes():
         packed, st = bnbF.quantize_4bit(torch.from_numpy(kw["x"]), blocksize=64, quant_type="nf4")
         ours, am = L.quantize_block_nf4(**kw)
         assert np.array_equal(packed.flatten().numpy(), ours) and st.absmax.item() == am
-    # the P3 codes, ties included, are bitsandbytes' codes (a block whose absmax is 1)
-    x = torch.cat([torch.from_numpy(L.P3_SCALED), torch.tensor([1.0, 0.0])])
-    packed, _ = bnbF.quantize_4bit(x, blocksize=64, quant_type="nf4")
-    assert quant.unpack_nibbles(packed, 6).tolist() == L.nf4_codes_of(L.P3_SCALED).tolist() == RIGHT["p3"]
 
 
 def test_tie_cases_really_tie():
@@ -199,8 +195,11 @@ def test_block_mistakes(fn, text, partial):
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p3", [11, 1, 10, 6, 15, 7], "gave them the UPPER code"),
-        ("p3", [4, 14, 6, 9, 0, 9], "count from the top"),
+        ("p3", [5, 7], "every block is divided by its own absmax"),
+        ("p3", [0, 0], "whose code is not 0000"),
+        ("p3", [7, 0], "sits in the HIGH nibble"),
+        ("p3", [15, 7], "Dividing by max(x) made it +1"),
+        ("p3", [0, 8], "NF4 has an exact zero level"),
         ("p4", -0.0455, "from the HIGH nibble"),
         ("p4", 0.0845, "ignore rows"),
         ("p4", 5.5, "index into the NF4 table"),
@@ -353,13 +352,34 @@ def test_level_order_mistakes(fn, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p3_float64_literals_are_named():
-    lit = np.array([0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018])       # float64, as typed
-    code = quant.nf4_code().double().numpy()
-    codes = np.searchsorted((code[:-1] + code[1:]) / 2, lit).tolist()
-    assert codes != RIGHT["p3"]
-    fb = check("15.p3", codes)
-    assert 0 < fb.points < 2 and "float64 literals" in fb.text(), fb.text()
+def _bnb_last_byte_codes(w, blocksize=64):
+    bnbF = pytest.importorskip("bitsandbytes.functional")
+    packed, state = bnbF.quantize_4bit(w, blocksize=blocksize, quant_type="nf4")
+    last = int(packed.reshape(-1)[-1])
+    return [last >> 4, last & 0xF], state
+
+
+def test_p3_key_and_mistakes_are_measured_with_bitsandbytes():
+    """P3's key is the last packed byte bitsandbytes writes for the weight the question describes, and its by-hand
+    quantizer (which runs every named mistake) agrees with bitsandbytes and coursekit.quant; each named mistake is that
+    quantizer run the mistaken way, and "one absmax for the tensor" is also what bitsandbytes writes with one block."""
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    w = L.p3_weight()
+    assert w.numel() == 129 and w.abs().max() == 2.0 == w[100] and w[128] == np.float32(-0.3)
+    key, state = _bnb_last_byte_codes(w)
+    assert state.absmax.numel() == 3 and state.absmax[-1] == np.float32(0.3)       # w[128] alone in the third block
+    packed_ck, _ = quant.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    assert int(packed_ck.reshape(-1)[-1]) == key[0] * 16 + key[1]
+    assert L.p3_last_byte_codes() == key == RIGHT["p3"] == list(ITEMS["p3"].expected())
+    assert quant.nf4_code()[key[0]] == -1 and quant.nf4_code()[key[1]] == 0         # −1 · 0.3, and the pad on zero
+    assert L.p3_last_byte_codes(blocksize=256) == _bnb_last_byte_codes(w, blocksize=256)[0]
+    sym = L.p3_symmetric_table()
+    assert sym.numel() == 16 and (sym > 0).sum() == 8 and not (sym == 0).any()
+    named = {m.label: list(m.value) for m in ITEMS["p3"].mistakes()}
+    assert len({tuple(v) for v in named.values()} | {tuple(key)}) == len(named) + 1   # all different, none the key
+    for label, value in named.items():
+        fb = check("15.p3", value)
+        assert fb.points == 0.5 and fb.mistakes == [label], (label, fb.text())
 
 
 @pytest.mark.parametrize("answer, text", [("a", "the 8-bit dynamic map is not symmetric"),

@@ -350,4 +350,4 @@ def test_the_check_of_the_example_class_passes_and_names_who_differs(serial, tmp
                         lambda root, aid: {**real(root, aid), "ex-strings-compared": 5.0})
     assert cli.main(["grade", "--examples", "00", "--check", "--course", str(serial)]) == 1
     err = capsys.readouterr().err
-    assert "00-setup-and-probes ex-strings-compared: scored 7.71, expected 5.00" in err, err
+    assert "00-setup-and-probes ex-strings-compared: scored 7.60, expected 5.00" in err, err

@@ -75,6 +75,15 @@ def _patch_ignored(a: str, b: str) -> int:
     return _sign(_parts(a)[:2], _parts(b)[:2])
 
 
+def _label_ordered(a: str, b: str) -> int:
+    """The packaging library's order on the strings as they are: it sorts a local label (+cpu) after the bare release,
+    so a library answer that does not leave the label out gets the same release wrong."""
+    from packaging.version import Version
+
+    va, vb = Version(a), Version(b)
+    return int(va > vb) - int(va < vb)
+
+
 def _version_cases() -> list[Case]:
     return [
         Case({"a": "0.50.2", "b": "0.45.0"}, "a later minor release"),
@@ -83,6 +92,7 @@ def _version_cases() -> list[Case]:
         Case({"a": "2.13.0+cpu", "b": "2.9.1"}, "torch's local label +cpu"),
         Case({"a": "0.45", "b": "0.45.0"}, "a missing part counts as 0"),
         Case({"a": "0.50.1", "b": "0.50.2"}, "an earlier patch release"),
+        Case({"a": "2.5+cpu", "b": "2.5.0"}, "a +cpu build of 2.5 is release 2.5.0"),
     ]
 
 
@@ -111,6 +121,10 @@ _VERSION_MISTAKES = (
      "you compared the version strings character by character, so \"0.9\" comes after \"0.10\" (the character 9 "
      "sorts after 1). Split at the dots and compare the parts as numbers (Know this: 'Verify against your installed "
      "version')."),
+    ("label ordered", _label_ordered,
+     "you let the label after + take part in the order, so a +cpu build came out after its own release. The packaging "
+     "library's Version does that (it sorts a local label after the bare release); a label names a build, not a "
+     "release: leave it out before comparing (Know this: 'Verify against your installed version')."),
     ("patch ignored", _patch_ignored,
      "you compared the first two numbers only, so a patch release (the third number) never counts, and fixes often "
      "arrive in one. Compare every part (Know this: 'Verify against your installed version')."),

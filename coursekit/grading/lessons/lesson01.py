@@ -23,9 +23,12 @@ _SEC_LEDGER = "Reread Know this, 'The memory ledger'."
 
 _SEC_COUNT = "Real-world reps counts SmolLM2-135M the same way."
 
-#: P4's model: SmolLM2-135M's architecture at a larger size (Llama: q, k, v, o; gate, up, down; two RMSNorm weights per
-#: layer and a final one; no biases; input and output embeddings tied).
-P4_CONFIG = dict(hidden=960, inter=2560, layers=32, heads=15, kv_heads=5, head_dim=64, vocab=49_152)
+#: P4's model: a Llama model bigger than SmolLM2-135M and laid out differently from it (q, k, v, o; gate, up, down; two
+#: RMSNorm weights per layer and a final one; no biases). Two features the lesson's count of SmolLM2-135M does not have:
+#: the input and output embeddings are NOT tied (the output layer has its own vocab × hidden matrix), and the attention
+#: is wider than the hidden size (16 heads × 64 = 1024 against 960), so q and o are not hidden × hidden.
+P4_CONFIG = dict(hidden=960, inter=2560, layers=32, heads=16, kv_heads=4, head_dim=64, vocab=49_152)
+P4_TIED = False
 
 
 def _llama_params(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int, *,
@@ -40,24 +43,31 @@ def _llama_params(hidden: int, inter: int, layers: int, heads: int, kv_heads: in
 
 
 def _p4_expected() -> int:
-    return _llama_params(**P4_CONFIG)
+    return _llama_params(**P4_CONFIG, tied=P4_TIED)
 
 
 def _p4_mistakes() -> list[Mistake]:
-    c = P4_CONFIG
+    c, tied = P4_CONFIG, P4_TIED
+    width = c["heads"] * c["head_dim"]
     return [
-        Mistake("untied", _llama_params(**c, tied=False),
-                "you counted the embedding twice: the output head reuses the input embedding (tied), so that matrix is "
-                "stored and counted once. " + _SEC_COUNT),
-        Mistake("full-width k and v", _llama_params(**{**c, "kv_heads": c["heads"]}),
-                "k_proj and v_proj are not hidden × hidden here: with 5 key/value heads of width 64 (grouped-query "
-                "attention) each maps 960 features to 5 × 64 = 320. " + _SEC_COUNT),
-        Mistake("no norms", _llama_params(**c, norms=False),
+        Mistake("tied", _llama_params(**c, tied=True),
+                "you counted the embedding once, as for a tied model; here the input and output embeddings are not tied, "
+                "so the output layer has a vocabulary × hidden matrix of its own, counted as well. " + _SEC_COUNT),
+        Mistake("q and o hidden × hidden", _llama_params(**{**c, "heads": c["hidden"] // c["head_dim"]}, tied=tied),
+                f"q_proj and o_proj are not hidden × hidden here: {c['heads']} query heads of width {c['head_dim']} make "
+                f"the attention {width} wide, so q maps {c['hidden']} features to {width} and o maps {width} back to "
+                f"{c['hidden']}. " + _SEC_COUNT),
+        Mistake("full-width k and v", _llama_params(**{**c, "kv_heads": c["heads"]}, tied=tied),
+                f"k_proj and v_proj are as wide as q here only if every query head has its own key/value head: with "
+                f"{c['kv_heads']} key/value heads of width {c['head_dim']} (grouped-query attention) each maps "
+                f"{c['hidden']} features to {c['kv_heads']} × {c['head_dim']} = {c['kv_heads'] * c['head_dim']}. " + _SEC_COUNT),
+        Mistake("no norms", _llama_params(**c, tied=tied, norms=False),
                 "you left out the RMSNorm weights: two vectors of the hidden size in every layer, and one more after "
                 "the last layer. " + _SEC_COUNT),
-        Mistake("no embedding", _llama_params(**c, embedding=False),
-                "the embedding is a parameter matrix too, vocabulary × hidden size (counted once, since it is tied). " + _SEC_COUNT),
-        Mistake("two MLP matrices", _llama_params(**c, mlp_matrices=2),
+        Mistake("no embeddings", _llama_params(**c, embedding=False),
+                "the input embedding and the output layer are parameter matrices too, vocabulary × hidden each (two of "
+                "them, since they are not tied). " + _SEC_COUNT),
+        Mistake("two MLP matrices", _llama_params(**c, tied=tied, mlp_matrices=2),
                 "a Llama MLP has three matrices, not two: gate and up (hidden → intermediate) and down "
                 "(intermediate → hidden). " + _SEC_COUNT),
     ]
@@ -232,7 +242,7 @@ ITEMS = {
         },
     ),
     "p4": Numeric(
-        "parameters of a Llama model with hidden size 960, 32 layers, 15 query and 5 key/value heads, tied embedding",
+        "parameters of a Llama model with hidden size 960, 32 layers, 16 query and 4 key/value heads, untied embedding",
         2,
         name="model_params",
         expected=_p4_expected,

@@ -52,13 +52,6 @@ def quantize_block_nf4(x, levels):
     return packed.reshape(-1).numpy(), float(state.absmax[0])
 
 
-def nf4_codes_of(scaled) -> np.ndarray:
-    """Code of each scaled value: the number of fp32 midpoints strictly below it (ties go to the lower code)."""
-    code = quant.nf4_code()
-    bounds = (code[:-1] + code[1:]) / 2
-    return torch.bucketize(torch.as_tensor(np.asarray(scaled, dtype=np.float32)), bounds, right=False).numpy()
-
-
 @lru_cache(maxsize=None)
 def clean_ties() -> tuple[float, ...]:
     """NF4 midpoints that are exactly halfway between their two levels in float32 *and* float64, so that
@@ -221,8 +214,75 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 # --------------------------------------------------------------------------- P3 .. P5
 
-P3_LITERALS = (0.3, -0.7, 0.20352125, -0.1, 0.95, -0.045525018)   # as printed in the task
-P3_SCALED = np.array(P3_LITERALS, dtype=np.float32)
+# P3: the last byte of an odd-length weight. 129 values in blocks of 64 make two full blocks and a third that holds w[128]
+# alone; 129 codes fill 64.5 bytes, so bitsandbytes pads the scaled values with one 0 before packing.
+P3_N = 129
+P3_PEAK = (100, 2.0)          # the tensor's largest magnitude, in block 1
+P3_LAST = -0.3                # w[128], alone in the last block
+
+
+def p3_weight() -> torch.Tensor:
+    """P3's weight (float32, 1-D): evenly spread values in [−1.5, 1.5], w[100] = 2.0 and w[128] = −0.3."""
+    w = torch.linspace(-1.5, 1.5, P3_N)
+    w[P3_PEAK[0]] = P3_PEAK[1]
+    w[-1] = P3_LAST
+    return w
+
+
+def p3_last_byte_codes(*, blocksize: int = 64, signed_max: bool = False, pad_code: int | None = None,
+                       swapped: bool = False, table: torch.Tensor | None = None, ties_up: bool = False) -> list[int]:
+    """P3: ``[high nibble, low nibble]`` of the last packed byte of :func:`p3_weight`, quantized as bitsandbytes does
+    (blocks of ``blocksize`` over the flat tensor, each divided by its own absmax, the odd count padded with a scaled 0,
+    ``torch.bucketize`` on the table's midpoints, element 2i in the high nibble). The flags run the likely mistakes: a
+    block divided by max(x) instead of max(|x|), the padding written as the nibble ``pad_code`` instead of the code of
+    0, the two nibbles read the other way round, another table (``table``) and ties sent up. tests/test_lesson15_items.py
+    checks the default against bitsandbytes' ``quantize_4bit``."""
+    w = p3_weight()
+    levels = (quant.nf4_code() if table is None else table).float()
+    mids = (levels[:-1] + levels[1:]) / 2
+    scaled = []
+    for start in range(0, P3_N, blocksize):
+        block = w[start:start + blocksize]
+        scale = block.max() if signed_max else block.abs().max()
+        scaled.append(torch.clamp(block / scale, -1, 1))
+    codes = torch.bucketize(torch.cat(scaled + [torch.zeros(1)]), mids, right=ties_up)  # the pad: a scaled 0
+    if pad_code is not None:
+        codes[-1] = pad_code
+    high, low = int(codes[-2]), int(codes[-1])           # element 128 (even): the high nibble
+    return [low, high] if swapped else [high, low]
+
+
+def p3_symmetric_table() -> torch.Tensor:
+    """The 8 + 8 table with no zero (the mistake of P1 and W1): NF4's 8 positive quantiles and their mirror images."""
+    pos8, _ = _grid_levels(quant.NF4_OFFSET, 8, 7)
+    levels = torch.cat([-pos8, pos8]).sort().values
+    return levels / levels.max()
+
+
+def _p3_mistakes() -> list[Mistake]:
+    at, peak = P3_PEAK
+    return [
+        Mistake("one absmax for the tensor", p3_last_byte_codes(blocksize=256),
+                f"you divided w[128] by the tensor's largest magnitude, {peak:g} (w[{at}]). The blocks run over the flat "
+                f"tensor 64 values at a time: {P3_N} values make two full blocks and a third that holds w[128] alone, "
+                f"and every block is divided by its own absmax. {READ_BLOCK}"),
+        Mistake("padding as 0000", p3_last_byte_codes(pad_code=0),
+                f"the other half of the last byte is padding ({P3_N} codes fill {P3_N / 2:g} bytes), and the padding is "
+                f"a value, a scaled 0, quantized like the others: NF4 stores it exactly, on its zero level, whose code "
+                f"is not 0000. {READ_LEVELS}"),
+        Mistake("nibbles swapped", p3_last_byte_codes(swapped=True),
+                f"w[128] is element 2i of its byte (128 is even), so its code sits in the HIGH nibble and the padding in "
+                f"the low one. {READ_PACK}"),
+        Mistake("signed max", p3_last_byte_codes(signed_max=True),
+                f"a block of one value is divided by its own magnitude, max(|x|), and w[128] is negative: "
+                f"{P3_LAST:g} / {abs(P3_LAST):g} = −1, the lowest level. Dividing by max(x) made it +1. {READ_BLOCK}"),
+        Mistake("no zero level, tie up", p3_last_byte_codes(table=p3_symmetric_table(), ties_up=True),
+                "the padding, a scaled 0, got the code above the middle of the table, as if 0 lay on a midpoint "
+                "between two levels and the tie went up. NF4 has an exact zero level (8 positive levels, 7 negative "
+                f"ones and 0), so the padding is stored exactly on it. {READ_LEVELS}"),
+    ]
+
+
 # P4: read one entry of a stored NF4 weight back from its bytes. A 3 × 50 weight (150 values) has three blocks of 64
 # over the flattened tensor (the last one short), so three absmax values, one per block, not one per row.
 P4_SHAPE = (3, 50)
@@ -288,28 +348,6 @@ def _p5_mistakes() -> list[Mistake]:
                 "densest; the question asks for the worst case, in the sparse tail. " + READ_LEVELS),
         Mistake("evenly spaced", P5_ABSMAX / 7 / 2, "that is int4 absmax's worst error (15 evenly spaced levels, step absmax/7); "
                 "NF4's levels are not evenly spaced. " + READ_LEVELS),
-    ]
-
-
-def _p3_mistakes() -> list[Mistake]:
-    code = quant.nf4_code()
-    bounds = (code[:-1] + code[1:]) / 2
-    up = torch.bucketize(torch.from_numpy(P3_SCALED), bounds, right=True).numpy()
-    right = nf4_codes_of(P3_SCALED)
-    lit64 = np.array(P3_LITERALS, dtype=np.float64)                  # the literals as typed, read as float64
-    code64 = code.double().numpy()
-    as64 = np.searchsorted((code64[:-1] + code64[1:]) / 2, lit64, side="left")
-    return [
-        Mistake("float64 literals", as64,
-                "you computed with the values as float64 literals. The task's values are float32 "
-                "(np.array([...], dtype=np.float32), or torch.tensor([...])), and only in float32 do the two ties sit "
-                f"exactly on a midpoint; in float64 one of them lands just above it. {READ_BLOCK}"),
-        Mistake("ties rounded up", up,
-                "two of the values sit exactly on a midpoint, and you gave them the UPPER code; a tie goes to the lower "
-                f"code (the number of midpoints strictly below the value). {READ_BLOCK}"),
-        Mistake("counted from the top", 15 - right,
-                f"your codes count from the top of the table (+1 is code 15, not 0): code = index in the sorted table, "
-                f"−1 at 0. {READ_LEVELS}"),
     ]
 
 
@@ -453,10 +491,10 @@ ITEMS = {
         atol=0,
     ),
     "p3": Array(
-        "NF4 codes of six scaled values",
+        "predict the two codes of the last packed byte of a 129-value NF4 weight (blocksize 64)",
         2,
         name="codes",
-        expected=lambda: nf4_codes_of(P3_SCALED),
+        expected=lambda: p3_last_byte_codes(),
         rtol=0,
         atol=0,
         mistakes=_p3_mistakes,
