@@ -269,3 +269,15 @@ def test_p2_handing_in_coursekits_trainable_params_scores_nothing_here_and_when_
     for fn in (optim.trainable_params, lambda model: list(optim.trainable_params(model))):
         fb = check("11.p2", fn, hidden=True)
         assert fb.points == 0 and "coursekit's optim.trainable_params is withheld" in fb.text(), fb.text()
+
+
+def test_p5_answer_is_stated_only_after_its_question():
+    """The student's notebook derives nothing of P5 above it: the gradients of the rescaled factors, ∇A/c and c·∇B, and
+    their measured ratios appear only after P5's check (the cell above it prints how far they are from ∇A and ∇B)."""
+    nb = nbformat.read(ROOT / "lessons" / "11-optimizers-and-preflight" / "11-optimizers-and-preflight.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("**P5 (implement).**"))
+    before = "\n".join(c.source for c in nb.cells[:at])
+    after = "\n".join(c.source for c in nb.cells[at:])
+    for answer in ("∇A/c", "c·∇B", "∇(cA) / ∇A", "∇(B/c) / ∇B"):
+        assert answer not in before and answer in after, answer
+    assert "largest |∇(cA) − ∇A|" in before
