@@ -127,9 +127,9 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w2", "a", "for accuracy, not speed"),
         ("w2", "c", "address levels"),
         ("w2", "d", "codes are frozen"),
-        ("p7", "a", "quantization-aware training"),
-        ("p7", "b", "no gradient for an integer code"),
-        ("p7", "c", "DŴᵀ + s D Bᵀ Aᵀ"),
+        ("p7", "a", "only W_leaf's gradient takes that path"),
+        ("p7", "b", "A and B never pass through the rounding"),
+        ("p7", "c", "whatever Ŵ was computed from"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -398,6 +398,42 @@ def test_p6_key_is_the_ste_step_measured_by_autograd():
     np.testing.assert_allclose(values["q(W)"], quant.toy_int4(stepped)[1])
     plain = walk.run_walk(**ex, steps=1)[0].D
     np.testing.assert_allclose(values["W in forward"], ex["W"] - 0.2 * ex["X"].T @ plain, rtol=1e-12)
+
+
+def test_p7_key_is_measured_with_the_rounding_inside_the_graph():
+    """P7's key, run: the lesson's autograd check (B = [0.3, −0.2]) once with the constant Ŵ and once with
+    Ŵ = 0.2 · round(W_leaf / 0.2) built in the graph from a leaf that requires grad. ∇X, ∇A and ∇B come out bit for bit
+    the same (d), none of them is zero (a, b), ∇X is DŴᵀ + sDBᵀAᵀ and not DWᵀ + sDBᵀAᵀ (c), and W_leaf's gradient is all
+    zeros."""
+    import json
+
+    import torch
+
+    ex = walk.worked_example()
+    s, target = ex["s"], torch.tensor([ex["target"]])
+
+    def grads(inside):
+        X = torch.tensor(ex["X"], requires_grad=True)
+        A = torch.tensor(ex["A"], requires_grad=True)
+        B = torch.tensor([[0.3, -0.2]], dtype=torch.float64, requires_grad=True)
+        W_leaf = torch.tensor(ex["W"], requires_grad=inside)
+        W_hat = (W_leaf / 0.2).round() * 0.2
+        Y = X @ (W_hat if inside else W_hat.detach()) + s * (X @ A) @ B
+        torch.nn.functional.cross_entropy(Y, target).backward()
+        return X.grad, A.grad, B.grad, W_leaf.grad, Y.detach()
+
+    const, inside = grads(False), grads(True)
+    for a, b in zip(const[:3], inside[:3]):
+        assert torch.equal(a, b)                                           # (d): nothing changes
+        assert a.abs().sum() > 0                                           # (a), (b): nothing becomes 0
+    assert const[3] is None and inside[3] is not None and torch.all(inside[3] == 0)
+    D = torch.softmax(inside[4], dim=1) - torch.nn.functional.one_hot(target, 2)
+    B, A = torch.tensor([[0.3, -0.2]], dtype=torch.float64), torch.tensor(ex["A"])
+    W_hat, W = torch.tensor(quant.toy_int4(ex["W"], 0.2)[1]), torch.tensor(ex["W"])
+    torch.testing.assert_close(inside[0], D @ W_hat.T + s * D @ B.T @ A.T)
+    assert (inside[0] - (D @ W.T + s * D @ B.T @ A.T)).abs().max() > 0.01  # (c) is a different number
+    key = json.loads((ROOT / "autograder" / "keys" / "14.json").read_text())["keys"]["p7"]
+    assert key == RIGHT["p7"] == "d"
 
 
 def test_p8_key_is_the_margin_change_of_the_forward_pass():

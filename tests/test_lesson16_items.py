@@ -22,7 +22,7 @@ def right_backward(D, codes, absmax, code, blocksize):
     return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
 
 
-RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"a", "c", "d"}, "p3": {"a", "b"},
+RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"b", "d"}, "p3": {"a", "b"},
          "p4": "b", "p5": "b", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
@@ -259,9 +259,11 @@ def test_w3_key_is_measured_on_a_real_4bit_load(tmp_path):
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p2", {"a", "b", "d"}, "straight-through or otherwise"),
-        ("p2", {"a", "c", "d", "e"}, "stays packed in 4 bits"),
-        ("p2", {"a", "d"}, "(c) is missing from your set. True: MatMul4Bit.forward keeps only the packed codes"),
+        ("p2", {"a", "d"}, "as soon as some adapter below it has contributed to it"),
+        ("p2", {"b", "c", "d"}, "the trap costs the backward, not the forward"),
+        ("p2", {"b"}, "(d) is missing from your set. True: a repacked layer passes no gradient to its input"),
+        ("p2", {"d"}, "(b) is missing from your set. True: Linear4bit repacks in eval mode only when"),
+        ("p2", {"b", "e"}, "A layer's own adapter does not go through the base's backward"),
         ("p3", {"a", "b", "c", "d"}, "skips exactly the part of the function it names"),
         ("p3", {"a", "b", "e"}, "the loss is a constant with no grad_fn"),
         ("p3", {"a", "b", "f"}, "The cast skips Params4bit"),
@@ -287,6 +289,65 @@ def _keys():
     import json
 
     return json.loads((ROOT / "autograder" / "keys" / "16.json").read_text())["keys"]
+
+
+def test_p2_key_is_measured_on_the_real_model_with_the_repack_shortcut_left_on():
+    """P2's key, run: the lesson's NF4 SmolLM2 with r = 16 adapters on every linear layer (attach_adapter), bitsandbytes'
+    CPU shortcut switched back on (support_avx512bf16_for_cpu, as bitsandbytes ships it). An eval-mode loss with grad enabled
+    repacks exactly layer 0's q_proj, k_proj and v_proj (b, not a), and agrees with the untrapped eval loss to within bf16
+    rounding (c is false). The next training step still gives every lora_B, those three included, a nonzero gradient (d;
+    e is false). Under torch.no_grad() all 210 layers repack (the contrast (a) draws)."""
+    import torch
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbF
+
+    from coursekit import data, train
+    from coursekit import model as cmodel
+
+    if not bnbF.has_avx512bf16():
+        pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never takes the repack shortcut here")
+    tokenizer = cmodel.load_tokenizer()
+    model = cmodel.load_model("nf4")
+    if cmodel.matmul_dtype() == torch.float32:
+        cmodel.compute_in_float32(model)
+    cfg = train.TrainConfig(r=16, lora_alpha=32, steps=1, micro_batch=1, warmup_steps=0, lr=1e-3, seed=0)
+    torch.manual_seed(0)
+    peft_model = train.attach_adapter(model, cfg)
+    batch = data.collate([data.encode_example(data.load_split("train")[0], tokenizer)], tokenizer.pad_token_id)
+    layers = {n: m for n, m in peft_model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert len(layers) == 210
+
+    def repacked():
+        return sorted(n for n, m in layers.items() if getattr(m.weight.quant_state, "packing_format_for_cpu", False))
+
+    def lora_B_grads():
+        peft_model.train()
+        peft_model.zero_grad(set_to_none=True)
+        peft_model(**batch).loss.backward()
+        grads = {n: p.grad for n, p in peft_model.named_parameters() if "lora_B" in n}
+        peft_model.zero_grad(set_to_none=True)
+        return grads
+
+    peft_model.eval()
+    loss_untrapped = peft_model(**batch).loss.item()             # the shortcut still off: the reference
+    for m in layers.values():
+        m.support_avx512bf16_for_cpu = True                      # as bitsandbytes ships it on this CPU
+    assert repacked() == []
+    peft_model.eval()
+    loss_trapped = peft_model(**batch).loss.item()               # grad enabled: the colleague forgot torch.no_grad()
+    three = [f"base_model.model.model.layers.0.self_attn.{p}.base_layer" for p in ("k_proj", "q_proj", "v_proj")]
+    assert repacked() == three                                    # (b); (a) is false
+    assert abs(loss_trapped - loss_untrapped) < 1e-2 * loss_untrapped  # (c) is false: the forward is the same
+    grads = lora_B_grads()
+    assert len(grads) == 210 and all(g is not None and g.abs().sum() > 0 for g in grads.values())   # (d)
+    for p in ("q_proj", "k_proj", "v_proj"):                     # (e) is false
+        g = grads[f"base_model.model.model.layers.0.self_attn.{p}.lora_B.default.weight"]
+        assert g is not None and g.abs().sum() > 0
+    with torch.no_grad():
+        peft_model.eval()
+        peft_model(**batch)
+    assert len(repacked()) == 210                                # what (a) describes needs torch.no_grad()
+    assert _keys()["p2"] == sorted(RIGHT["p2"]) == ["b", "d"]
 
 
 def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocksize_128():

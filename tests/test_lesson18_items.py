@@ -257,9 +257,9 @@ def test_function_stub_and_non_function():
         ("w2", "a", "has no offset"),
         ("w2", "b", "is Q4_0"),
         ("w2", "d", "not the other way round"),
-        ("p5", "a", "Nothing in the format forbids gradients"),
-        ("p5", "b", "the Q4_1 rounding is kept"),
-        ("p5", "d", "quantization-aware training"),
+        ("p5", "a", "An average over weights counts weights, not tensors"),
+        ("p5", "b", "only about a fifth of the weights are embedding weights"),
+        ("p5", "d", "A Q4_1 weight costs 5 bits, not 4"),
         ("p7", "b", "add in quadrature, not linearly"),
         ("p7", "c", "a full fresh rounding"),
         ("p7", "d", "essentially NF4's own error"),
@@ -351,6 +351,39 @@ def test_p7_key_is_measured():
     key = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())["keys"]["p7"]
     assert nearest == key == RIGHT["p7"], (both, nearest, key)
     assert abs(both - quoted["a"]) < 0.001 < abs(both - quoted["b"])
+
+
+def test_p5_key_is_the_file_measured_with_its_embedding_quantized_to_q4_1():
+    """P5's key, run: the shipped file's tensor table (5.74 bits per weight), with token_embd.weight decoded from Q8_0 and
+    quantized to Q4_1 by gguf's reference quantizer and its bytes counted, averages 5.007 bits per weight (c, "about 5.0").
+    Each wrong option is the arithmetic done the mistaken way: the shipped average (a), 5.74 − 3.5 (b), and 4-bit codes
+    without d and m (d); each is further from the measurement than the key. The hints' numbers are checked too."""
+    import json
+
+    from coursekit import gguf_file as gf
+    from coursekit import model as cmodel
+
+    reader = gf.open_reader(cmodel.gguf_path())
+    table = gf.tensor_table(reader)
+    n = sum(t.n_elements for t in table)
+    shipped = 8 * sum(t.n_bytes for t in table) / n
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    W_emb = gguf.quants.dequantize(emb.data, emb.tensor_type)
+    packed = gguf.quants.quantize(W_emb, gguf.GGMLQuantizationType.Q4_1)
+    other = sum(t.n_bytes for t in table if t.name != "token_embd.weight")
+    as_q4_1 = 8 * (other + packed.nbytes) / n
+    assert len(table) == 272 and round(shipped, 2) == 5.74 and round(as_q4_1, 3) == 5.007
+    share = emb.n_elements / n
+    assert round(emb.n_elements / 1e6, 1) == 28.3 and round(n / 1e6, 1) == 134.5 and round(share, 2) == 0.21
+    assert round(shipped - as_q4_1, 2) == 0.74 and gf.bits_per_weight("Q8_0") - gf.bits_per_weight("Q4_1") == 3.5
+    codes_only = 8 * sum(t.n_bytes for t in table if t.type == "F32") / n + 4 * (n - sum(
+        t.n_elements for t in table if t.type == "F32")) / n                      # (d): 4-bit codes, no d and m
+    quoted = {"a": shipped, "b": shipped - 3.5, "c": 5.0, "d": codes_only}
+    assert round(codes_only, 1) == 4.0 and round(shipped - 3.5, 1) == 2.2
+    nearest = min(quoted, key=lambda k: abs(quoted[k] - as_q4_1))
+    key = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())["keys"]["p5"]
+    assert nearest == key == RIGHT["p5"] == "c"
+    assert all(abs(v - as_q4_1) > 0.5 for k, v in quoted.items() if k != "c")
 
 
 def test_w3_key_is_gguf_quantizing_the_block_and_each_mistake_is_a_variant_run():

@@ -541,7 +541,7 @@ ITEMS = {
         mistakes=_p6_mistakes,
     ),
     "p7": Choice(
-        "what QLoRA's backward needs from the quantized base",
+        "predict ∇X, ∇A and ∇B of the toy base's autograd check with the rounding put inside the graph",
         1,
     ),
     "p8": Numeric(

@@ -186,7 +186,7 @@ ITEMS = {
         atol=1e-6,
     ),
     "p2": Choice(
-        "how gradients flow when the base weights are 4-bit codes",
+        "an eval-mode validation pass without torch.no_grad, the repack shortcut left on: which layers repack, what it costs",
         2,
         options="abcde",
         multi=True,

@@ -324,8 +324,8 @@ ITEMS = {
         0,
         key="b",
         explain={
-            "a": "GGUF does not fix one encoding: each tensor in the file carries its own type (F32, Q8_0, Q4_1, ...). The shipped file mixes three. (Lesson 18, 'A container, not an encoding'.)",
-            "b": "A GGUF file is a header of key–value metadata (architecture, sizes, tokenizer, chat template), a tensor table (name, shape, type and offset of every tensor) and the tensor bytes, and the type belongs to each tensor, not to the file. The course's file mixes three: Q4_1 for the 210 linear projections, Q8_0 for the tied embedding and F32 for the 61 norm vectors. (Lesson 18, 'A container, not an encoding'.)",
+            "a": "GGUF does not fix one encoding: each tensor in the file carries its own type, a float type or one of many quantized encodings. The shipped file mixes three. (Lesson 18, 'A container, not an encoding'.)",
+            "b": "A GGUF file is a header of key–value metadata (architecture, sizes, tokenizer, chat template), a tensor table (name, shape, type and offset of every tensor) and the tensor bytes, and the type belongs to each tensor, not to the file. The course's file mixes three types, and its tensor table says which tensor has which. (Lesson 18, 'A container, not an encoding'.)",
             "c": "GGUF is a file format: it stores metadata and tensors and runs nothing; no autograd lives in it. (Lesson 18, 'A container, not an encoding'.)",
             "d": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments in the file, and nothing about it forbids or provides them. (Lesson 18, 'A container, not an encoding'.)",
         },
@@ -382,16 +382,16 @@ ITEMS = {
         2,
         labels={
             "adapter": "attach LoRA adapters (A, B) to the target modules",
-            "bf16": "save the dequantized weights as a bf16 checkpoint",
+            "bf16": "save the weights as a bf16 checkpoint",
             "dequantize": "dequantize every tensor to floats (Q4_1: w = d·q + m)",
-            "nf4": "load that checkpoint with BitsAndBytesConfig: each linear weight is quantized again, to NF4",
+            "nf4": "load a 16-bit checkpoint with BitsAndBytesConfig: each linear weight is quantized again, to NF4",
             "read": "read the GGUF's metadata and tensor table",
             "train": "train A and B; the gradient reaches them through the frozen NF4 base",
             "validate": "merge or export the adapter and measure it again on the base you will serve",
         },
     ),
     "p5": Choice(
-        "GGUF and backpropagation",
+        "predict the whole file's bits per weight with the tied embedding stored as Q4_1",
         1,
     ),
     "p6": Numeric(

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p2`.
-answer_p2 = {"a", "d"}
+answer_p2 = {"b"}
