@@ -264,7 +264,7 @@ def test_multi_choice_partial_credit_and_hints():
     fb = check("07.p3", {"c"})
     assert 0 < fb.points < 1 and "dB = s Zᵀ D does not contain B" in fb.text()
     fb = check("07.p4", {"a", "b", "c", "d"})
-    assert 0 < fb.points < 1 and "With one token" not in fb.text() and "the single product" in fb.text()
+    assert 0 < fb.points < 1 and "With one token" not in fb.text() and "one token in disguise" in fb.text()
     fb = check("07.p4", {"c"})
     assert 0 < fb.points < 1 and "three times as large" in fb.text() and "other tokens' z" in fb.text()
     fb = check("07.p8", {"a", "b", "c"})
@@ -275,14 +275,18 @@ def test_multi_choice_partial_credit_and_hints():
     assert fb.points == 0 and "dZ Aᵀ" in fb.text()
 
 
-def _case(n, r, s, zero_B=False, same_rows=False, one_row_D=False, seed=0):
+def _case(n, r, s, zero_B=False, same_rows=False, one_row_D=False, one_row_X=False, d=5, symmetric_W=False, seed=0):
     rng = np.random.default_rng(seed)
-    X, A, D = rng.standard_normal((n, 5)), rng.standard_normal((5, r)), rng.standard_normal((n, 4))
-    W, B = rng.standard_normal((5, 4)), np.zeros((r, 4)) if zero_B else rng.standard_normal((r, 4))
+    X, A, D = rng.standard_normal((n, d)), rng.standard_normal((d, r)), rng.standard_normal((n, 4))
+    W, B = rng.standard_normal((d, 4)), np.zeros((r, 4)) if zero_B else rng.standard_normal((r, 4))
+    if symmetric_W:
+        W = (W + W.T) / 2
     if same_rows:
         X = np.repeat(X[:1], n, axis=0)
     if one_row_D:
         D[1:] = 0.0
+    if one_row_X:
+        X[1:] = 0.0
     return X, W, A, B, s, D
 
 
@@ -307,8 +311,9 @@ def test_p3_and_p4_keys_are_the_cases_whose_check_fails(seed):
           "c": _case(3, 16, lora.scaling(16, 16, use_rslora=True), seed=seed),
           "d": _case(3, 64, lora.scaling(8, 64, use_rslora=True), seed=seed)}
     assert {k for k, c in p3.items() if _check_fails(without_s, c)} == {"a", "c"}
-    p4 = {"a": _case(1, 2, 2.0, seed=seed), "b": _case(3, 2, 2.0, same_rows=True, seed=seed),
-          "c": _case(3, 2, 2.0, zero_B=True, seed=seed), "d": _case(3, 2, 2.0, one_row_D=True, seed=seed)}
+    p4 = {"a": _case(3, 2, 2.0, one_row_X=True, one_row_D=True, seed=seed),
+          "b": _case(3, 2, 2.0, same_rows=True, seed=seed),
+          "c": _case(2, 2, 1.0, d=4, symmetric_W=True, seed=seed), "d": _case(3, 2, 2.0, one_row_D=True, seed=seed)}
     assert {k for k, c in p4.items() if _check_fails(tokens_summed_first, c)} == {"b", "c", "d"}
 
 

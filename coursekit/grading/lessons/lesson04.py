@@ -414,10 +414,10 @@ ITEMS = {
         0,
         key="b",
         explain={
-            "a": "-100 is not a token id (ids are >= 0); padding gets its own id, pad_id. -100 is a label value that the loss skips. Reread 'Two masks, two jobs' in Know this.",
+            "a": "-100 is not a token id (ids are >= 0); padding gets its own id, pad_id. -100 is a label value that the loss skips. Reread '−100: the label the loss skips' in Know this.",
             "b": "−100 is PyTorch's default ignore_index: F.cross_entropy gives a position with label −100 no loss, and with reduction=\"mean\" leaves it out of the denominator too. The mean runs over the N supervised positions only. (Lesson 04, '−100: the label the loss skips'.)",
             "c": "Which positions may be attended to is the attention mask's job; a -100 label leaves attention alone. Reread 'Two masks, two jobs' in Know this.",
-            "d": "Nothing is penalised: the position contributes exactly zero to the loss and to the count N. Reread 'Two masks, two jobs' in Know this.",
+            "d": "Nothing is penalised: the position contributes exactly zero to the loss and to the count N. Reread '−100: the label the loss skips' in Know this.",
         },
     ),
     "w2": Choice(
