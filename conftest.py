@@ -139,7 +139,7 @@ SCOPE_SECONDS = {  # one core's seconds, rounded, from the 2026-12-04 run of doc
     "lesson 00's graded example class": 200,  # its round trip, the four ways of grading, Ctrl-C (estimated)
     "tests/test_exchange.py": 60,  # estimated
     "tests/test_book.py": 40,  # the web book built (about 20 s, shared with test_key_leaks' scan of it) and Chromium
-    "tests/test_grading_roundtrip.py::TestRoundTrip19": 160,
+    "tests/test_grading_roundtrip.py::TestRoundTrip19": 115,  # three notebooks since its two wrong students merged
     "tests/test_grading_roundtrip.py::TestRoundTrip18": 145,
     "tests/test_grading_roundtrip.py::TestRoundTrip03": 135,
     "tests/test_grading_roundtrip.py::TestRoundTrip16": 125,
