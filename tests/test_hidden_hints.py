@@ -9,6 +9,8 @@ draws (the lesson's seed from its key file) and check both halves of that contra
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from pathlib import Path
@@ -83,22 +85,26 @@ def _hidden_mistakes() -> Iterator[tuple[str, int, dict, Mistake]]:
                     yield f"{lesson}.{iid}", k, case.kwargs, m
 
 
-HIDDEN = list(_hidden_mistakes())
+@functools.cache
+def hidden_mistakes() -> list:
+    """Every (item, case number, inputs, mistake) of :func:`_hidden_mistakes`, walked once, when a test first asks
+    (not while pytest collects, on a worker that may run none of these tests)."""
+    return list(_hidden_mistakes())
 
 
 def test_the_walk_sees_hidden_mistakes_of_every_quantization_lesson():
-    items = {item for item, *_ in HIDDEN}
+    items = {item for item, *_ in hidden_mistakes()}
     assert {"14.p1", "14.p2", "14.p3", "15.p1", "15.p2", "16.p1", "17.p5", "18.p2", "18.p3"} <= items
 
 
 def test_every_mistake_that_quotes_numbers_has_a_hint():
-    missing = sorted({(item, m.label) for item, _, _, m in HIDDEN if _quotes_numbers(m.message) and not m.hint.strip()})
+    missing = sorted({(item, m.label) for item, _, _, m in hidden_mistakes() if _quotes_numbers(m.message) and not m.hint.strip()})
     assert not missing, f"{len(missing)} mistakes quote numbers but carry no hint (a hidden case shows only their name): {missing}"
 
 
 def test_no_hint_quotes_its_hidden_inputs():
     leaks = set()
-    for item, k, kwargs, m in HIDDEN:
+    for item, k, kwargs, m in hidden_mistakes():
         if not m.hint:
             continue
         shown = set(NUMBER.findall(m.hint))
