@@ -67,24 +67,51 @@ def dx_w_o_untransposed(dh, cache):
     return dh + block.rmsnorm_backward(_du1(dh, cache, o_transposed=False), cache["norm1"])[0]
 
 
-def params_right(shapes, targets, r):
-    return sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+def _v_students(dh, cache, o_base=True, o_adapter=True, through_o=True, head=2, x_input=False, scale=True):
+    """A student's v_adapter_grads, written the way a student writes it (plain NumPy from the cache), with one slip."""
+    po, pv = cache["proj"]["o"], cache["proj"]["v"]
+    if through_o:
+        dmh = dh @ po["W"].T if o_base else 0 * dh
+        if "A" in po and o_adapter:
+            dmh = dmh + (po["s"] * dh @ po["B"].T) @ po["A"].T
+    else:
+        dmh = dh
+    D = attention.merge_heads(attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])[head])
+    X = cache["x"] if x_input else pv["X"]
+    s = pv["s"] if scale else 1.0
+    return X.T @ (s * D @ pv["B"].T), s * (X @ pv["A"]).T @ D
 
 
-def params_square(shapes, targets, r):
-    return sum(2 * r * shapes[t][0] for t in targets)
+def v_right(dh, cache):
+    return _v_students(dh, cache)
 
 
-def params_dense(shapes, targets, r):
-    return sum(shapes[t][0] * shapes[t][1] for t in targets)
+def v_frozen_o_passes_nothing(dh, cache):
+    return _v_students(dh, cache, o_base=False)
 
 
-def params_all_shapes(shapes, targets, r):
-    return sum(r * (d + m) for d, m in shapes.values())
+def v_o_adapter_left_out(dh, cache):
+    return _v_students(dh, cache, o_adapter=False)
 
 
-def params_twice(shapes, targets, r):
-    return 2 * params_right(shapes, targets, r)
+def v_o_skipped(dh, cache):
+    return _v_students(dh, cache, through_o=False)
+
+
+def v_fed_dQ(dh, cache):
+    return _v_students(dh, cache, head=0)
+
+
+def v_fed_dK(dh, cache):
+    return _v_students(dh, cache, head=1)
+
+
+def v_input_x(dh, cache):
+    return _v_students(dh, cache, x_input=True)
+
+
+def v_missing_s(dh, cache):
+    return _v_students(dh, cache, scale=False)
 
 
 def _dh(dy, cache):
@@ -126,7 +153,7 @@ def o_from_block(dy, cache):
     return g["A_o"], g["B_o"]
 
 
-RIGHT = {"w1": "c", "w2": 5.5, "w3": "a", "p1": dx_right, "p2": params_right, "p3": 2.5,
+RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": dx_right, "p2": v_right, "p3": 2.5,
          "p4": "b", "p5": o_right, "p6": {"a", "b", "c"}}
 
 
@@ -157,15 +184,50 @@ def test_smollm2_shapes_match_the_prepared_checkpoint():
     assert cfg["num_hidden_layers"] == lesson10.SMOLLM2_LAYERS
 
 
-def test_w2_key_is_autograds_gradient_at_the_fork():
-    """W2's key (5.5) measured: torch autograd through u -> (u W_gate, u W_up), frozen weights, the given output gradients."""
+def _tiny_llama(tied=True):
+    """A Llama with SmolLM2-135M's layer count and tied embedding, shrunk in width (what PEFT selects depends on the
+    module tree, not on the widths)."""
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    c = lesson10.W2_CASE
-    u = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
-    G, U = u * torch.tensor(c["w_gate"], dtype=torch.float64), u * torch.tensor(c["w_up"], dtype=torch.float64)
-    torch.autograd.backward([G, U], [torch.tensor(c["dG"], dtype=torch.float64), torch.tensor(c["dU"], dtype=torch.float64)])
-    assert u.grad.item() == ITEMS["w2"].expected() == RIGHT["w2"]
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
+                      num_hidden_layers=lesson10.SMOLLM2_LAYERS, tie_word_embeddings=tied)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # PEFT calls the renamed method
+def test_w2_key_and_mistakes_are_what_peft_creates():
+    """W2's key (240) is the number of lora_A / lora_B weights PEFT creates for q, k, v and o on a Llama with SmolLM2's 30
+    layers; "adapters" is its number of adapted modules, "one layer" the factor matrices of layer 0 alone."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny_llama(), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    factors = [n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n]
+    adapted = {n for n, _ in model.named_modules() if n.endswith(".lora_A")}
+    assert len(factors) == ITEMS["w2"].expected() == RIGHT["w2"]
+    mistakes = {m.label: m.value for m in lesson10._w2_mistakes()}
+    assert len(adapted) == mistakes["adapters"]
+    assert sum(1 for n in factors if ".layers.0." in n) == mistakes["one layer"]
+    assert sum(1 for n in adapted if ".layers.0." in n) == mistakes["one layer's adapters"]
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # PEFT calls the renamed method
+def test_w3_key_is_what_all_linear_selects():
+    """W3's key: on a Llama with a tied embedding, all-linear adapts the seven projections of every layer and nothing
+    else (not lm_head, not the embedding, not the RMSNorm gains)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny_llama(), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    adapted = {n.removesuffix(".lora_A") for n, _ in model.named_modules() if n.endswith(".lora_A")}
+    linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n
+              and not any(n.startswith(a + ".") for a in adapted)}
+    assert {n.split(".")[-1] for n in adapted} == {block.HF_NAMES[p] for p in block.PROJECTIONS}
+    assert len(adapted) == len(block.PROJECTIONS) * lesson10.SMOLLM2_LAYERS
+    assert linear - adapted == {"base_model.model.lm_head"}
+    assert not any("embed" in n or "norm" in n for n in adapted)
+    assert ITEMS["w3"].key == RIGHT["w3"] == "a"
 
 
 def _p3_block_dx(detach_down):
@@ -212,7 +274,7 @@ def test_taking_the_whole_blocks_backward_from_coursekit_fails_here_as_when_grad
 
 
 def test_hidden_cases_are_deterministic():
-    for item, fn, n in (("p1", dx_right, 3), ("p2", params_right, 4), ("p5", o_right, 3)):
+    for item, fn, n in (("p1", dx_right, 3), ("p2", v_right, 3), ("p5", o_right, 3)):
         a = check(f"10.{item}", fn, hidden=True).text()
         assert a == check(f"10.{item}", fn, hidden=True).text() and a.count("hidden case") == n
 
@@ -237,9 +299,32 @@ def test_p1_reference_is_torch_autograds_dx():
         assert not np.allclose(dx, _dh(dy, cache))        # the attention branch adds something, frozen o_proj or not
 
 
-def test_p1_withholds_the_block_kernels_but_not_attentions():
-    assert set(ITEMS["p1"].withheld) == {"coursekit.block:block_backward", "coursekit.block:projection_backward",
-                                         "coursekit.lora:lora_backward"}
+def test_p2_reference_is_torch_autograds_v_adapter_gradients():
+    """P2's reference, fed the dh that the block's backward reaches at h = x + o, is torch autograd's ∇A_v, ∇B_v of the
+    same block (torch_block_forward, frozen base weights as plain tensors), with o frozen, o adapted and all seven adapted."""
+    import torch
+
+    for targets in (("q", "v"), ("v", "o"), block.PROJECTIONS):
+        rng = np.random.default_rng(8)
+        T, d, H, f, s = 5, 8, 2, 12, 2.0
+        weights, adapters = block.init_block(rng, d=d, n_heads=H, f=f, targets=targets, r=2)
+        x0, dy = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+        _, cache = block.block_forward(x0, weights, adapters, s=s, n_heads=H)
+        ad = {p: tuple(torch.tensor(m, requires_grad=True) for m in pair) for p, pair in adapters.items()}
+        y = block.torch_block_forward(torch.tensor(x0), {k: torch.tensor(v) for k, v in weights.items()}, ad, s=s, n_heads=H)
+        y.backward(torch.tensor(dy))
+        dA, dB = lesson10.v_adapter_grads(_dh(dy, cache), cache)
+        np.testing.assert_allclose(dA, ad["v"][0].grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(dB, ad["v"][1].grad.numpy(), rtol=1e-10, atol=1e-12)
+        for wrong in (v_frozen_o_passes_nothing, v_o_skipped, v_fed_dQ, v_fed_dK, v_input_x, v_missing_s):
+            assert not np.allclose(wrong(_dh(dy, cache), cache)[1], dB), wrong.__name__   # each slip changes the answer
+
+
+def test_p1_and_p2_withhold_the_block_kernels_but_not_attentions():
+    for item in ("p1", "p2"):
+        assert set(ITEMS[item].withheld) == {"coursekit.block:block_backward", "coursekit.block:projection_backward",
+                                             "coursekit.lora:lora_backward"}
+
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -257,10 +342,13 @@ def _likely(fb):
         ("p1", dx_no_residual, "the attention branch alone"),
         ("p1", dx_skipped_norm, "without passing it back through RMSNorm"),
         ("p1", dx_w_o_untransposed, "not dh W_o"),
-        ("p2", params_square, "as if every projection were square"),
-        ("p2", params_dense, "size of the dense weights"),
-        ("p2", params_all_shapes, "count only the target modules"),
-        ("p2", params_twice, "don't double it"),
+        ("p2", v_frozen_o_passes_nothing, "as if the frozen W_o were detached"),
+        ("p2", v_o_adapter_left_out, "a second road from dh to the heads"),
+        ("p2", v_o_skipped, "you split dh into heads directly"),
+        ("p2", v_fed_dQ, "the queries' gradient dQ"),
+        ("p2", v_fed_dK, "the keys' gradient dK"),
+        ("p2", v_input_x, "v_proj reads u1 = RMSNorm(x)"),
+        ("p2", v_missing_s, "the scale s is missing: dB_v"),
         ("p5", o_residual_only, "the residual path alone"),
         ("p5", o_mlp_only, "only the MLP branch's gradient"),
         ("p5", o_missing_s, "is missing: dB_o = s"),
@@ -290,6 +378,24 @@ def test_p1_wrong_code_is_labelled_with_the_mistake_it_makes(fn, label):
     assert fb.points == 0 and fb.mistakes == [label], (fb.mistakes, fb.text())
 
 
+@pytest.mark.parametrize(
+    "fn, label",
+    [
+        (v_frozen_o_passes_nothing, "frozen o passes nothing"),
+        (v_o_adapter_left_out, "o adapter path left out"),
+        (v_o_skipped, "o_proj skipped"),
+        (v_fed_dQ, "dQ for v"),
+        (v_fed_dK, "dK for v"),
+        (v_input_x, "input x"),
+        (v_missing_s, "missing s"),
+    ],
+)
+def test_p2_wrong_code_is_labelled_with_the_mistake_it_makes(fn, label):
+    """Each P2 label is what real wrong code produces, and only that one is recorded."""
+    fb = check("10.p2", fn, hidden=True)
+    assert not fb.full and fb.mistakes == [label], (fb.mistakes, fb.text())
+
+
 def test_swapped_outputs_get_a_shape_message():
     fb = check("10.p5", o_swapped)
     assert fb.points == 0 and "dA_o has shape" in fb.text()
@@ -309,10 +415,9 @@ def test_stubs_and_non_functions():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w2", 6, "the gate's share alone"),
-        ("w2", -0.5, "the up projection's share alone"),
-        ("w2", 1, "without passing each back through its projection"),
-        ("w2", 0, "they stay in the graph"),
+        ("w2", 120, "that is the number of adapters"),
+        ("w2", 8, "that is one layer's count"),
+        ("w2", 4, "the number of adapters in one layer"),
         ("p3", 4.375, "the block without the cut"),
         ("p3", 1, "the residual share alone"),
         ("p3", 0, "dx would still be dy"),
@@ -332,12 +437,12 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
         ("w1", "a", "its own projection's input"),
         ("w1", "b", "what q, k and v"),
         ("w1", "d", "has no projection weight"),
-        ("w3", "b", "Freezing only stops W_o from being updated"),
-        ("w3", "c", "bypasses attention entirely"),
-        ("w3", "d", "same side of o_proj"),
-        ("p4", "a", "output is a constant"),
-        ("p4", "c", "layers below are still reached"),
-        ("p4", "d", "it is absent"),
+        ("w3", "b", "leaves the output layer out on purpose"),
+        ("w3", "c", "LoRA wraps nn.Linear modules only"),
+        ("w3", "d", "That is the Q/V configuration"),
+        ("p4", "a", "That is what a detached o_proj does"),
+        ("p4", "c", "a detached K is still there with its value"),
+        ("p4", "d", "the adapters of layers 0–2 included"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -392,3 +497,36 @@ def test_p6s_key_measured_with_the_first_norm_computed_under_no_grad():
     assert not torch.allclose(dx_ref, dx_cut)                                            # c is true
     keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
     assert set(keys["p6"]) == RIGHT["p6"] == {"a", "b", "c"}
+
+
+def test_p4_key_measured_with_layer_3s_k_proj_under_no_grad():
+    """P4's key (b) measured with autograd on a stack of three blocks with Q/V adapters (below, the cut one, above), once
+    as it is and once with the middle block's frozen k_proj detached: the forward is the same, the cut block's and the
+    upper block's adapters get the same gradients, the lower block's a different one, and none is zero."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    T, d, H, f, s = 5, 8, 2, 12, 2.0
+    blocks = [block.init_block(rng, d=d, n_heads=H, f=f, targets=("q", "v"), r=2) for _ in range(3)]
+    x0, dy = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+
+    def run(cut):
+        z = torch.tensor(x0, requires_grad=True)
+        leaves = []
+        for i, (w, ad) in enumerate(blocks):
+            ad_t = {p: tuple(torch.tensor(m, requires_grad=True) for m in pair) for p, pair in ad.items()}
+            leaves.append(ad_t)
+            z = block.torch_block_forward(z, {k: torch.tensor(v) for k, v in w.items()}, ad_t, s=s, n_heads=H,
+                                          detach=("k",) if cut and i == 1 else ())
+        z.backward(torch.tensor(dy))
+        return z.detach(), [{f"{m}_{p}": t.grad for p, pair in ad_t.items() for m, t in zip("AB", pair)} for ad_t in leaves]
+
+    y_ref, g_ref = run(False)
+    y_cut, g_cut = run(True)
+    assert torch.equal(y_ref, y_cut)
+    assert all(g is not None and bool(torch.any(g != 0)) for layer in g_cut for g in layer.values())     # a, c, d's "no gradient"
+    for i in (1, 2):                                                                                       # the cut block and above
+        assert all(torch.allclose(g_ref[i][k], g_cut[i][k], rtol=1e-12, atol=1e-14) for k in g_ref[i])
+    assert not any(torch.allclose(g_ref[0][k], g_cut[0][k]) for k in g_ref[0])                             # below: d is false
+    keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
+    assert keys["p4"] == RIGHT["p4"] == "b"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import attention, block, lora, mlp
+from ... import attention, block, mlp
 from ..checkers import Case, Mistake
 from .. import Choice, Function, Numeric
 
@@ -100,70 +100,101 @@ def _p1_mistakes(kw: dict, got: dict) -> dict:
     ]}
 
 
-# --------------------------------------------------------------------------- P2: LoRA parameters of one block
+# --------------------------------------------------------------------------- P2: the v adapter's gradients, from dh
 
 
-def lora_param_count(shapes, targets, r):
-    """Reference for P2: ``Σ_{t in targets} r (d_in + d_out)`` over one block."""
-    return sum(lora.param_count(int(shapes[t][0]), int(shapes[t][1]), int(r)) for t in targets)
+def v_adapter_grads(dh, cache):
+    """Reference for P2: ``(dA_v, dB_v)`` for the gradient dh at h = x + o: dh goes back through o_proj (base path
+    and, when o is adapted, its adapter's path) into the heads, attention's backward hands dV to v, and v's adapter
+    (input u1 = RMSNorm(x)) takes ∇B = s (u1 A_v)ᵀ dV and ∇A = u1ᵀ (s dV B_vᵀ). Equals ``block_backward``'s A_v, B_v."""
+    return _v_grads(dh, cache)
+
+
+def _v_grads(dh, cache, o_base=True, o_adapter=True, through_o=True, head="v", v_input="u1", scale=True):
+    """The v adapter's factor gradients from dh by the lesson's rules; the flags build the wrong variants P2 names:
+    ``o_base=False`` drops o's frozen path dh W_oᵀ (frozen taken for detached), ``o_adapter=False`` drops o's adapter
+    path, ``through_o=False`` feeds dh to the heads as if o were not there, ``head`` picks the head gradient handed to v,
+    ``v_input="x"`` uses the block input x instead of u1, ``scale=False`` leaves s out of v's factor gradients."""
+    if through_o:
+        pc = cache["proj"]["o"]
+        dmh = dh @ pc["W"].T if o_base else np.zeros_like(pc["X"])
+        if "A" in pc and o_adapter:
+            dmh = dmh + (pc["s"] * dh @ pc["B"].T) @ pc["A"].T
+    else:
+        dmh = dh
+    dQ, dK, dV = attention.attention_backward(attention.split_heads(dmh, cache["n_heads"]), cache["attn"])
+    D = attention.merge_heads({"q": dQ, "k": dK, "v": dV}[head])
+    pv = cache["proj"]["v"]
+    X = pv["X"] if v_input == "u1" else cache["x"]
+    s = pv["s"] if scale else 1.0
+    return X.T @ (s * D @ pv["B"].T), s * (X @ pv["A"]).T @ D
 
 
 def _p2_public() -> list[Case]:
+    rng = np.random.default_rng(102)
     return [
-        Case(dict(shapes=dict(SMOLLM2_SHAPES), targets=["q_proj", "v_proj"], r=8), "SmolLM2's shapes, Q/V, r = 8"),
-        Case(dict(shapes={"q_proj": (4096, 4096)}, targets=["q_proj"], r=16), "lesson 02's 4096 × 4096 at r = 16"),
-        Case(dict(shapes=dict(SMOLLM2_SHAPES), targets=["gate_proj", "down_proj"], r=4), "gate and down, r = 4"),
+        Case(_p1_case(rng, ("q", "v"), T=4, d=8, n_heads=2, f=12, r=2, s=2.0), "Q/V adapters, o_proj frozen"),
+        Case(_p1_case(rng, ("v", "o"), T=5, d=6, n_heads=3, f=10, r=1, s=0.5), "v and o adapted: o's adapter is a second road"),
+        Case(_p1_case(rng, block.PROJECTIONS, T=3, d=8, n_heads=4, f=16, r=3, s=4.0), "all seven adapted"),
     ]
 
 
 def _p2_hidden(rng: np.random.Generator) -> list[Case]:
     cases = []
-    for _ in range(4):
-        d, f, kv = (int(v) for v in rng.integers(8, 300, size=3))
-        shapes = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d),
-                  "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
-        k = int(rng.integers(1, 7))  # never all seven, so "summed every shape" differs from the answer
-        targets = [str(t) for t in rng.choice(sorted(shapes), size=k, replace=False)]
-        cases.append(Case(dict(shapes=shapes, targets=targets, r=int(rng.choice([2, 4, 8, 16, 32])))))
+    for _ in range(3):
+        n_heads = int(rng.integers(1, 4))
+        d = n_heads * int(rng.integers(2, 5))
+        others = [p for p in block.PROJECTIONS if p != "v" and rng.random() < 0.5]
+        cases.append(Case(_p1_case(rng, ["v"] + others, T=int(rng.integers(2, 7)), d=d, n_heads=n_heads,
+                                   f=int(rng.integers(4, 17)), r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
     return cases
 
 
 def _p2_mistakes(kw: dict, got: dict) -> dict:
-    shapes, targets, r = kw["shapes"], kw["targets"], kw["r"]
-    sel = [shapes[t] for t in targets]
-    return {"result": [
-        Mistake("dense", sum(d * m for d, m in sel), "that is the size of the dense weights d·m; an adapter has r(d + m) entries (A is d × r, B is r × m). " + READ_COUNT),
-        Mistake("square", sum(2 * r * d for d, _ in sel), "you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT,
-                hint="you used 2·r·d_in, as if every projection were square: k_proj, v_proj (GQA) and the MLP are not. Use each module's own d_in and d_out. " + READ_COUNT),
-        Mistake("all shapes", sum(r * (d + m) for d, m in shapes.values()), "you summed over every module in shapes; count only the target modules. " + READ_COUNT),
-        Mistake("twice", 2 * sum(r * (d + m) for d, m in sel), "r(d + m) already counts both factors (r·d for A, r·m for B); don't double it. " + READ_COUNT),
-        Mistake("r²", sum(r * (d + m) + r * r for d, m in sel), "there is no r × r matrix in LoRA: A is d × r and B is r × m. " + READ_COUNT),
-    ]}
+    dh, cache = kw["dh"], kw["cache"]
+    out = {"dA_v": [], "dB_v": []}
+
+    def add(label, msg, **flags):
+        dA, dB = _v_grads(dh, cache, **flags)
+        out["dA_v"].append(Mistake(label, dA, msg, msg))   # no message quotes a number of the case: each is its own hint
+        out["dB_v"].append(Mistake(label, dB, msg, msg))
+
+    add("frozen o passes nothing", "you let only o's adapter (if any) pass dh back to the heads, as if the frozen W_o were "
+        "detached. Frozen is not detached: o_proj passes dh W_oᵀ back to the heads, plus its adapter's path when o is "
+        "adapted. " + READ_DETACH, o_base=False)
+    add("o adapter path left out", "o_proj's adapter is a second road from dh to the heads: the gradient at mh is "
+        "dh W_oᵀ + (s dh B_oᵀ) A_oᵀ when o is adapted, not dh W_oᵀ alone. " + READ_BACK, o_adapter=False)
+    add("o_proj skipped", "you split dh into heads directly; the heads' output mh reaches h only through o = mh W_o, so "
+        "the gradient at mh is dh W_oᵀ (+ o's adapter path). " + READ_BACK, through_o=False)
+    add("dQ for v", "you fed v's adapter the queries' gradient dQ; each adapter takes the upstream gradient of its own "
+        "projection's output, and v's is dV from attention's backward. " + READ_BACK, head="q")
+    add("dK for v", "you fed v's adapter the keys' gradient dK; each adapter takes the upstream gradient of its own "
+        "projection's output, and v's is dV from attention's backward. " + READ_BACK, head="k")
+    add("input x", "you used the block input x as the adapter's input; v_proj reads u1 = RMSNorm(x), "
+        "cache['proj']['v']['X']. " + READ_BACK, v_input="x")
+    add("missing s", "the scale s is missing: dB_v = s (u1 A_v)ᵀ dV and dA_v = u1ᵀ (s dV B_vᵀ). " + READ_BACK, scale=False)
+    return out
 
 
-# --------------------------------------------------------------------------- W2: a fork, by hand
+# --------------------------------------------------------------------------- W2: factor matrices PEFT creates
 
-#: W2's one-number MLP fork (lesson 09): u feeds G = u W_gate and U = u W_up, both frozen; backward has reached G and U.
-W2_CASE = dict(w_gate=3.0, w_up=0.5, dG=2.0, dU=-1.0)
+#: W2's configuration: SmolLM2-135M's layers, adapters on the four attention projections.
+W2_TARGETS = ("q", "k", "v", "o")
 
 
 def _w2_expected() -> float:
-    c = W2_CASE
-    return c["dG"] * c["w_gate"] + c["dU"] * c["w_up"]
+    return float(block.factor_count(W2_TARGETS, SMOLLM2_LAYERS))
 
 
 def _w2_mistakes() -> list[Mistake]:
-    c = W2_CASE
+    n, L = len(W2_TARGETS), SMOLLM2_LAYERS
     return [
-        Mistake("gate only", c["dG"] * c["w_gate"], "that is the gate's share alone; u also feeds up_proj, and where one tensor "
-                "feeds two projections their input gradients add: du = dG W_gateᵀ + dU W_upᵀ. " + READ_BACK),
-        Mistake("up only", c["dU"] * c["w_up"], "that is the up projection's share alone; u also feeds gate_proj, and the two "
-                "shares add: du = dG W_gateᵀ + dU W_upᵀ. " + READ_BACK),
-        Mistake("weights left out", c["dG"] + c["dU"], "you added the output gradients without passing each back through its "
-                "projection: each share is D Wᵀ, here dG · W_gate and dU · W_up. " + READ_BACK),
-        Mistake("frozen passes nothing", 0.0, "frozen weights get no gradient of their own, but they stay in the graph and pass "
-                "D Wᵀ back to their input (lesson 05). " + READ_BACK),
-        Mistake("averaged", _w2_expected() / 2, "the two shares add; they are not averaged. " + READ_BACK),
+        Mistake("adapters", float(block.adapter_count(W2_TARGETS, L)), "that is the number of adapters, one per adapted "
+                "projection in each layer; each adapter owns two factor matrices, lora_A and lora_B. " + READ_COUNT),
+        Mistake("one layer", float(2 * n), "that is one layer's count; each of the model's layers gets its own adapters. "
+                + READ_COUNT),
+        Mistake("one layer's adapters", float(n), "that is the number of adapters in one layer; each of the model's layers "
+                "gets its own, and each adapter owns two factor matrices. " + READ_COUNT),
     ]
 
 
@@ -291,22 +322,22 @@ ITEMS = {
         },
     ),
     "w2": Numeric(
-        "the gradient at a tensor that feeds two frozen projections",
+        "factor matrices PEFT creates for q, k, v and o adapters on SmolLM2-135M",
         0,
-        name="∂L/∂u",
+        name="factor matrices",
         expected=_w2_expected,
-        rtol=1e-9,
+        rtol=0,
         mistakes=_w2_mistakes,
     ),
     "w3": Choice(
-        "a frozen o_proj between the loss and the q/v adapters",
+        'the modules target_modules="all-linear" adapts on SmolLM2-135M',
         0,
         key="a",
         explain={
-            "a": "requires_grad=False only stops autograd from forming ∇W_o; the product o = mh W_o stays in the graph, so the gradient dh arriving at o's output goes back as dh W_oᵀ, is split into heads, and attention's backward hands dQ to q's adapter and dV to v's. Only a detach (or torch.no_grad()) on o_proj would cut that road. (Lesson 10, 'Frozen is not detached, block edition'.)",
-            "b": "Freezing only stops W_o from being updated (no ∇W_o is formed); the product mh W_o stays in the graph, so dh W_oᵀ reaches the attention heads. Reread 'Frozen is not detached, block edition' in Know this.",
-            "c": "The residual h = x + o bypasses attention entirely: q and v sit inside the attention branch, and they are fed through o_proj, frozen or not. Reread 'Frozen is not detached, block edition' in Know this.",
-            "d": "q and v are on the same side of o_proj; both get gradient through it (q via the scores, v via the weighted sum). Reread 'Frozen is not detached, block edition' in Know this.",
+            "a": "PEFT's all-linear selects every nn.Linear except the output layer: in each of the 30 layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj. lm_head is left out (on SmolLM2 it is tied to the embedding anyway), and the embedding and the RMSNorm gains are not nn.Linear modules, so they get none. (Lesson 10, 'The real model'.)",
+            "b": "all-linear leaves the output layer out on purpose: lm_head is the one nn.Linear it skips (on SmolLM2 it is tied to the embedding anyway). Reread 'The real model' in Know this.",
+            "c": "LoRA wraps nn.Linear modules only: the embedding is an nn.Embedding and the RMSNorm gains are vectors, so neither gets an adapter, and all-linear also skips lm_head, the output layer. Reread 'The real model' in Know this.",
+            "d": "That is the Q/V configuration, which you name explicitly with target_modules=[\"q_proj\", \"v_proj\"]; all-linear takes every nn.Linear but the output layer, all seven projections of every layer. Reread 'The real model' in Know this.",
         },
     ),
     "p1": Function(
@@ -324,15 +355,18 @@ ITEMS = {
         withheld=("coursekit.block:block_backward", "coursekit.block:projection_backward", "coursekit.lora:lora_backward"),
     ),
     "p2": Function(
-        "LoRA parameters of one block",
+        "the v adapter's gradients, from the gradient at h",
         3,
-        name="lora_param_count",
-        reference=lora_param_count,
+        name="v_adapter_grads",
+        reference=v_adapter_grads,
         public=_p2_public,
         hidden=_p2_hidden,
+        outputs=("dA_v", "dB_v"),
         mistakes=_p2_mistakes,
-        rtol=0,
-        atol=0,
+        rtol=1e-7,
+        atol=1e-10,
+        # as in P1: the per-projection backward is what the item asks for; attention's and RMSNorm's kernels stay available
+        withheld=("coursekit.block:block_backward", "coursekit.block:projection_backward", "coursekit.lora:lora_backward"),
     ),
     "p3": Numeric(
         "∂L/∂x of a one-number block whose down_proj is detached",
@@ -343,7 +377,7 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Choice(
-        "a blanket detach of a frozen o_proj",
+        "a blanket detach of a frozen k_proj",
         2,
     ),
     "p5": Function(

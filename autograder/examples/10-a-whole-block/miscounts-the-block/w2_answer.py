@@ -1,2 +1,2 @@
 # Your answer goes in `answer_w2`.
-answer_w2 = 0   # "the frozen projections pass nothing back"
+answer_w2 = 4 * 30   # one per target module in each layer: the adapters counted, not their two factors each
