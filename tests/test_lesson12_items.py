@@ -384,3 +384,76 @@ def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
     assert {letter for letter, differs in measured.items() if differs} == RIGHT["p5"] == {"b", "c", "d"}
     keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]
     assert set(keys["p5"]) == RIGHT["p5"]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_p7s_model_answer_is_measured_by_a_look_before_the_first_resumed_step(tmp_path):
+    """P7's model answer measured: the lesson's run with dropout, resumed with everything; one forward over X under
+    no_grad before step k + 1 keeps the run bitwise the uninterrupted one in eval mode, and changes step k + 1's loss in
+    training mode (it draws dropout masks from the restored torch RNG)."""
+    from test_artifacts import _steps
+
+    X, y, build = _lesson_run()
+    torch.manual_seed(0)
+    model, opt, sched, sampler = build()
+    _steps(model, opt, sched, sampler, 6, X, y)
+    path = artifacts.save_checkpoint(tmp_path / "step6.pt", model, opt, sched, step=6, data_state=sampler.state_dict())
+    reference = _steps(model, opt, sched, sampler, 6, X, y)
+
+    def resumed(look):
+        torch.manual_seed(12345)
+        m, o, s, smp = build()
+        state = artifacts.load_checkpoint(path, m, o, s)
+        smp.load_state_dict(state["data_state"])
+        if look == "eval":
+            m.eval()
+        if look is not None:
+            with torch.no_grad():
+                m(X)
+        return _steps(m, o, s, smp, 6, X, y)          # _steps puts the model back in training mode
+
+    def same(run):
+        return all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference))
+
+    assert same(resumed(None)) and same(resumed("eval"))
+    in_train = resumed("train")
+    assert in_train[0][0] != reference[0][0]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_p8s_model_answer_is_measured_on_bases_the_fingerprint_cannot_tell_apart(tmp_path):
+    """P8's model answer measured: load_adapter_checked accepts the lesson's adapter on TinyNet(seed=0, p_drop=0.5) and
+    on a TinyNet(seed=0) whose forward uses GELU; the first gives the trained logits bit for bit in eval mode, the
+    second other logits. And SmolLM2's rms_norm_eps is no tensor: a Llama model with another one has the same
+    fingerprint."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class GeluNet(artifacts.TinyNet):
+        def forward(self, x):
+            return self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(x))))
+
+    X, y, build = _lesson_run()
+    torch.manual_seed(0)
+    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_()                                  # a trained-looking adapter
+    folder = artifacts.export_adapter(model, tmp_path / "adapter")
+    model.eval()
+    with torch.no_grad():
+        trained = model(X)
+        drop = artifacts.load_adapter_checked(artifacts.TinyNet(seed=0, p_drop=0.5), folder)   # accepted
+        gelu = artifacts.load_adapter_checked(GeluNet(seed=0), folder)                         # accepted
+        assert not drop.training and not gelu.training
+        assert torch.equal(drop(X), trained)
+        assert not torch.allclose(gelu(X), trained, atol=1e-3)
+
+    def fingerprint(eps):
+        cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+                          intermediate_size=32, vocab_size=16, rms_norm_eps=eps)
+        torch.manual_seed(0)
+        return artifacts.base_fingerprint(LlamaForCausalLM(cfg))
+
+    assert fingerprint(1e-5) == fingerprint(1e-3)
