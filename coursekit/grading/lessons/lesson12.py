@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ... import artifacts, lora
+from ... import artifacts
 from .. import Choice, Numeric, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Feedback, Mistake, _consistent, compare_arrays, describe_exception, probe,
                         quiet)
@@ -19,28 +19,35 @@ READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new on
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
 READ_CKPT = "Reread 'Two artifacts' and 'A resumable checkpoint' in Know this."
 
-# SmolLM2-135M (the course's base): hidden 576, 9 query heads and 3 KV heads of width 64, 30 decoder layers.
-SMOL = dict(hidden=576, head_dim=64, kv_heads=3, layers=30)
-#: P1's rank; its modules are k_proj and v_proj, both 576 → 192 (grouped-query attention): a count lesson 10 does not
-#: print (it prints q_proj and v_proj at r = 8, and all seven projections).
-P1_R = 16
+#: P2: the lesson's optimizer and schedule (AdamW at lr 1e-2, LinearLR from factor 1.0 to 0.1 over TOTAL steps) and
+#: its checkpoint step K.
+P2_LR, P2_TOTAL, P2_K = 1e-2, 12, 6
 
 
-def smol_kv_params(r: int = P1_R) -> int:
-    """Adapter parameters of LoRA rank r on k_proj and v_proj (576 → 192 each) in every layer: r(d + m) each."""
-    d, kv = SMOL["hidden"], SMOL["kv_heads"] * SMOL["head_dim"]
-    return SMOL["layers"] * 2 * lora.param_count(d, kv, r)
+def _lesson_optimizer(params) -> tuple[torch.optim.Optimizer, Any]:
+    opt = torch.optim.AdamW(params, lr=P2_LR)
+    return opt, torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=P2_TOTAL)
 
 
-def kv_tensors() -> int:
-    """P1's adapter as tensors: lora_A and lora_B of k_proj and v_proj in every layer."""
-    return SMOL["layers"] * 2 * 2
-
-
-def checkpoint_tensor_bytes() -> int:
-    """P2: the bytes of tensor data a resumable checkpoint holds for P1's float32 adapter and its AdamW: the values, m
-    and v (one float32 each per value) and one float32 step counter per tensor (torch.optim.AdamW's ``state``)."""
-    return 3 * 4 * smol_kv_params() + 4 * kv_tensors()
+def resumed_lr(load_optimizer: bool = False, load_scheduler: bool = True, at: int = P2_K) -> float:
+    """P2: the learning rate the optimizer holds (the one its next step applies) after a resume from a checkpoint taken
+    after step ``at``: a fresh AdamW and LinearLR, into which the saved optimizer state (``load_optimizer``) and the
+    saved scheduler state (``load_scheduler``) are loaded, as ``artifacts.load_checkpoint`` does. The learning rates
+    do not depend on the gradients, so the run that writes the states steps on a zero gradient."""
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt, sched = _lesson_optimizer([w])
+    for _ in range(at):
+        w.grad = torch.zeros_like(w)
+        opt.step()
+        sched.step()
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    w2 = torch.nn.Parameter(torch.zeros(2))
+    opt2, sched2 = _lesson_optimizer([w2])
+    if load_optimizer:
+        opt2.load_state_dict(saved_opt)
+    if load_scheduler:
+        sched2.load_state_dict(saved_sched)
+    return float(opt2.param_groups[0]["lr"])
 
 
 # --------------------------------------------------------------------------- p3: reload(base, adapter_dir)
@@ -234,7 +241,7 @@ ITEMS = {
         explain={
             "a": "A is not regenerated: training changed it, and B alone means nothing without the A it was trained with. Reread 'Two artifacts' in Know this.",
             "b": "Inference must rebuild the adapted layers exactly: both trained factors of every target module, the configuration that says where they go and how they scale (r, lora_alpha, target_modules, so s = lora_alpha / r), and the identity of the base, because the frozen base weights are not saved but bound by identity. Its test is that the reloaded logits equal the trained model's. (Lesson 12, 'Two artifacts'.)",
-            "c": "Optimizer moments are for resuming training; an inference export does not need them. Reread 'Two artifacts' in Know this.",
+            "c": "Optimizer moments are for resuming training; an inference export does not need them. And it lacks what inference does need: the LoraConfig, which says where the factors go and how they scale (s = lora_alpha / r), and the identity of the base they correct. Reread 'Two artifacts' in Know this.",
             "d": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it to its base. Reread 'Two artifacts' in Know this.",
         },
     ),
@@ -265,22 +272,21 @@ ITEMS = {
         1,
     ),
     "p2": Numeric(
-        "bytes of tensor data that a 737,280-value adapter and its AdamW state put in a resumable checkpoint",
+        "the learning rate of the first resumed step, with the scheduler's state restored and the optimizer's left out",
         1,
-        name="n_bytes",
-        expected=lambda: checkpoint_tensor_bytes(),
-        rtol=0,
+        name="lr",
+        expected=lambda: resumed_lr(),
+        rtol=1e-6,
         mistakes=lambda: [
-            Mistake("export only", 4 * smol_kv_params(), "that is the adapter export, the values alone; a resumable checkpoint "
-                    "adds AdamW's two moments (m and v, float32, one per value) and a step counter per tensor. " + READ_CKPT),
-            Mistake("two copies", 8 * smol_kv_params() + 4 * kv_tensors(), "you counted two float32 copies of the adapter; "
-                    "a resumable checkpoint holds three: the values themselves, which step k + 1 reads, and both of AdamW's "
-                    "moments, m (exp_avg) and v (exp_avg_sq). " + READ_CKPT),
-            Mistake("no step counters", 12 * smol_kv_params(), "you left out the step counters: AdamW keeps one per parameter "
-                    "tensor (lora_A and lora_B of every adapted module), and the bias correction reads it. " + READ_CKPT),
-            Mistake("step per value", 16 * smol_kv_params(), "the step counter is one per tensor, not one per value: every "
-                    "entry of a tensor has taken the same number of steps. " + READ_CKPT),
-            Mistake("params", 3 * smol_kv_params() + kv_tensors(), "that counts numbers; each float32 takes 4 bytes. " + READ_CKPT),
+            Mistake("scheduler's lr", resumed_lr(load_optimizer=True),
+                    "that is the uninterrupted run's learning rate at step k + 1. Restoring the scheduler brings back "
+                    "its counter (last_epoch), not the learning rate: the rate a step applies sits in the optimizer's "
+                    "param_groups, and a fresh AdamW holds its initial lr there until the scheduler's next step() "
+                    "writes a new one. " + READ_CKPT),
+            Mistake("step k's lr", resumed_lr(load_optimizer=True, at=P2_K - 1),
+                    "that is the learning rate of step k, the last step before the checkpoint; and a fresh AdamW does "
+                    "not hold the schedule's rate anyway: restoring the scheduler brings back its counter, the "
+                    "learning rate sits in the optimizer's param_groups. " + READ_CKPT),
         ],
     ),
     "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
