@@ -15,15 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "13-merging" / "13-merging.ipynb"
 
 
-def right_merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
-    return weight + (lora_alpha / r) * (lora_B @ lora_A)
+def right_merge_unmerge(weight, lora_A, lora_B, lora_alpha, r):
+    """P1 as the prompt describes PEFT: merge() adds the float32 ΔW in place (the sum stored in bf16), unmerge() casts
+    ΔW to bf16 and subtracts it."""
+    delta = (lora_alpha / r) * (lora_B @ lora_A)
+    w = weight.clone()
+    w += delta
+    return w - delta.to(w.dtype)
 
 
-def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
-    return weight_merged - (lora_alpha / r) * (lora_B @ lora_A)
+def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
+    delta = (lora_alpha / r) * (lora_B @ lora_A)
+    return weight_merged - (delta.T if fan_in_fan_out else delta)
 
 
-RIGHT = {"w1": "b", "w2": "b", "w3": "b", "p1": right_merge, "p2": right_unmerge,
+RIGHT = {"w1": "b", "w2": "b", "w3": "b", "p1": right_merge_unmerge, "p2": right_unmerge,
          "p3": 2.0, "p4": 0.5625, "p5": "a", "p6": "c"}
 
 
@@ -55,32 +61,33 @@ def test_right_answers_score_full(item_id, hidden):
     assert fb.full, fb.text()
 
 
-def test_right_merge_works_on_torch_tensors_too():
-    import torch
+def test_right_unmerge_works_on_torch_tensors_too():
+    def torch_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
+        w, a, b = (torch.tensor(t) for t in (weight_merged, lora_A, lora_B))
+        delta = (lora_alpha / r) * b @ a
+        return w - (delta.T if fan_in_fan_out else delta)
 
-    def torch_merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
-        w, a, b = (torch.tensor(t) for t in (weight, lora_A, lora_B))
-        return w + (lora_alpha / r) * b @ a
-
-    assert check("13.p1", torch_merge, hidden=True).full
+    assert check("13.p2", torch_unmerge, hidden=True).full
 
 
 def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
-    a = check("13.p1", right_merge, hidden=True).text()
-    assert a == check("13.p1", right_merge, hidden=True).text() and a.count("hidden case") == 5
-    publics = [c.kwargs for c in ITEMS["p1"].public()]
-    table = [(kw["weight"].shape, right_merge(**kw)) for kw in publics]
+    a = check("13.p2", right_unmerge, hidden=True).text()
+    assert a == check("13.p2", right_unmerge, hidden=True).text() and a.count("hidden case") == 5
+    publics = [c.kwargs for c in ITEMS["p2"].public()]
 
-    def lookup(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+    def lookup(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
         for kw in publics:
-            if kw["weight"].shape == weight.shape and np.array_equal(kw["weight"], weight):
-                return right_merge(**kw)
-        return weight  # no idea
+            if kw["weight_merged"].shape == weight_merged.shape and np.array_equal(kw["weight_merged"], weight_merged):
+                return right_unmerge(**kw)
+        return weight_merged + 1.0  # no idea
 
-    assert len(table) == 3
-    assert check("13.p1", lookup, hidden=False).full
-    fb = check("13.p1", lookup, hidden=True)
-    assert fb.points == pytest.approx(3 * 3 / 8) and "unchanged" not in fb.text()
+    assert len(publics) == 3 and [kw["fan_in_fan_out"] for kw in publics] == [False, True, True]
+    assert check("13.p2", lookup, hidden=False).full
+    fb = check("13.p2", lookup, hidden=True)
+    assert fb.points == pytest.approx(2 * 3 / 8)
+    p1_publics = [c.kwargs["weight"] for c in ITEMS["p1"].public()]
+    assert check("13.p1", right_merge_unmerge, hidden=True).text() == check("13.p1", right_merge_unmerge, hidden=True).text()
+    assert all(w.dtype == torch.bfloat16 for w in p1_publics)
 
 
 # --------------------------------------------------------------------------- wrong answers
@@ -117,57 +124,152 @@ def test_blank_or_malformed_choice_scores_zero(blank):
     assert fb.points == 0 and fb.lines
 
 
-def _merge_with(f):
-    def fn(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
-        return f(weight, lora_A, lora_B, lora_alpha / r, lora_dropout, lora_alpha, r)
+def _mu_unchanged(weight, lora_A, lora_B, lora_alpha, r):
+    return weight.clone()                                    # "unmerge undoes merge": exact arithmetic
+
+
+def _mu_merged_only(weight, lora_A, lora_B, lora_alpha, r):
+    return (weight.float() + (lora_alpha / r) * lora_B @ lora_A).bfloat16()
+
+
+def _mu_added_twice(weight, lora_A, lora_B, lora_alpha, r):
+    delta = (lora_alpha / r) * lora_B @ lora_A
+    return (weight.float() + delta).bfloat16() + delta.bfloat16()
+
+
+def _mu_float32(weight, lora_A, lora_B, lora_alpha, r):
+    delta = (lora_alpha / r) * lora_B @ lora_A
+    return weight.float() + delta - delta                    # the merged weight kept in float32
+
+
+def _mu_no_scale(weight, lora_A, lora_B, lora_alpha, r):
+    delta = lora_B @ lora_A
+    return (weight.float() + delta).bfloat16() - delta.bfloat16()
+
+
+@pytest.mark.parametrize(
+    "fn, label, text",
+    [
+        (_mu_unchanged, "unchanged", "you returned the base weight"),
+        (_mu_float32, "unchanged", "or a float32 weight"),
+        (_mu_merged_only, "merged only", "that is the merged weight"),
+        (_mu_added_twice, "added twice", "you added ΔW a second time"),
+        (_mu_no_scale, "scale missing", "the scale is missing"),
+    ],
+)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_merge_unmerge_mistakes_lose_every_case_with_a_diagnosis(fn, label, text, hidden):
+    fb = check("13.p1", fn, hidden=hidden)
+    assert fb.points == 0 and text in fb.text() and fb.mistakes == [label], (fb.mistakes, fb.text())
+
+
+def test_p1_key_is_what_peft_leaves_after_merge_and_unmerge():
+    """P1's key, run through PEFT itself on every public and hidden case: an nn.Linear whose weight is the case's bf16
+    weight, a LoRA adapter (PEFT keeps it in float32) with the case's lora_A and lora_B, merge(), unmerge(): the weight
+    it leaves equals the reference bit for bit, and differs from the base in every case (the prompt's prediction: the
+    base does not come back). ΔW is a bf16 number in every case, so rounding it to bf16 before the merge's addition
+    changes nothing (a student may read PEFT's merge either way)."""
+    from peft import LoraConfig, get_peft_model
+
+    from coursekit.grading.lessons.lesson13 import merge_unmerge
+
+    class One(torch.nn.Module):
+        def __init__(self, d, m):
+            super().__init__()
+            self.proj = torch.nn.Linear(d, m, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    rng = np.random.default_rng(0)
+    cases = [c.kwargs for c in ITEMS["p1"].public()] + [c.kwargs for c in ITEMS["p1"].hidden(rng)]
+    for kw in cases:
+        m, d = kw["weight"].shape
+        model = One(d, m).to(torch.bfloat16)
+        with torch.no_grad():
+            model.proj.weight.copy_(kw["weight"])
+        peft_model = get_peft_model(model, LoraConfig(r=kw["r"], lora_alpha=kw["lora_alpha"], target_modules=["proj"]))
+        layer = peft_model.base_model.model.proj
+        assert layer.lora_A["default"].weight.dtype == torch.float32 and layer.base_layer.weight.dtype == torch.bfloat16
+        with torch.no_grad():
+            layer.lora_A["default"].weight.copy_(kw["lora_A"])
+            layer.lora_B["default"].weight.copy_(kw["lora_B"])
+        layer.merge()
+        layer.unmerge()
+        back = layer.base_layer.weight.detach()
+        assert torch.equal(back.double(), merge_unmerge(**kw)) and torch.equal(back, right_merge_unmerge(**kw))
+        assert not torch.equal(back, kw["weight"])
+        delta = (kw["lora_alpha"] / kw["r"]) * kw["lora_B"] @ kw["lora_A"]
+        rounded_first = (kw["weight"] + delta.bfloat16()) - delta.bfloat16()
+        assert torch.equal(rounded_first, back)
+
+
+def _unmerge_with(f):
+    def fn(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
+        return f(weight_merged, lora_A, lora_B, lora_alpha / r, fan_in_fan_out)
     return fn
 
 
 @pytest.mark.parametrize(
-    "fn, text",
+    "fn, label, text",
     [
-        (_merge_with(lambda w, A, B, s, p, a, r: w + (1 - p) * s * B @ A), "multiplied the update by (1 − p)"),
-        (_merge_with(lambda w, A, B, s, p, a, r: w + s * B @ A / (1 - p)), "divided the update by (1 − p)"),
-        (_merge_with(lambda w, A, B, s, p, a, r: w + B @ A), "the scale is missing"),
-        (_merge_with(lambda w, A, B, s, p, a, r: w + a * B @ A), "you scaled by lora_alpha"),
-        (_merge_with(lambda w, A, B, s, p, a, r: w + (r / a) * B @ A), "r / lora_alpha"),
-        (_merge_with(lambda w, A, B, s, p, a, r: s * B @ A), "only the update"),
-        (_merge_with(lambda w, A, B, s, p, a, r: w.T + s * A.T @ B.T), "row-vector layout"),
+        (_unmerge_with(lambda Wm, A, B, s, fan: Wm + s * ((B @ A).T if fan else B @ A)), "added", "added the update a second time"),
+        (_unmerge_with(lambda Wm, A, B, s, fan: Wm - ((B @ A).T if fan else B @ A)), "scale missing", "the scale is missing"),
+        (_unmerge_with(lambda Wm, A, B, s, fan: Wm), "unchanged", "unchanged"),
+        (_unmerge_with(lambda Wm, A, B, s, fan: (Wm - s * ((B @ A).T if fan else B @ A)).T), "row-vector layout", "the transpose of the layer's"),
     ],
 )
-@pytest.mark.parametrize("hidden", [False, True])
-def test_merge_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
-    fb = check("13.p1", fn, hidden=hidden)
-    assert fb.points < 3 and text in fb.text(), fb.text()
-
-
-def test_transposed_update_is_named_on_square_weights():
-    fb = check("13.p1", _merge_with(lambda w, A, B, s, p, a, r: w + s * (B @ A).T))
-    assert fb.points < 3
-    assert "added the update transposed" in fb.text()
-    assert "could not be broadcast" in fb.text()  # rectangular cases fail loudly, and are reported, not raised
-
-
-@pytest.mark.parametrize(
-    "fn, text",
-    [
-        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged + lora_alpha / r * lora_B @ lora_A, "added the update a second time"),
-        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged - lora_B @ lora_A, "the scale is missing"),
-        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: weight_merged, "unchanged"),
-        (lambda weight_merged, lora_A, lora_B, lora_alpha, r: (weight_merged - lora_alpha / r * lora_B @ lora_A).T, "transposed (d × m)"),
-    ],
-)
-def test_unmerge_mistakes(fn, text):
+def test_unmerge_mistakes(fn, label, text):
     fb = check("13.p2", fn)
-    assert fb.points < 2 and text in fb.text(), fb.text()
+    assert fb.points == 0 and text in fb.text() and fb.mistakes == [label], (fb.mistakes, fb.text())
+
+
+def test_unmerge_that_ignores_fan_in_fan_out_is_named():
+    """The nn.Linear formula on a Conv1D layer: right on the nn.Linear case, a broadcast error where d ≠ m, and the named
+    mistake on the square Conv1D case."""
+    fb = check("13.p2", _unmerge_with(lambda Wm, A, B, s, fan: Wm - s * B @ A))
+    assert fb.points == pytest.approx(2 / 3) and "update not transposed" in fb.mistakes and "PEFT transposes the update" in fb.text()
+
+
+def test_p2_key_is_what_peft_merges_into_linear_and_conv1d():
+    """P2's key, run: PEFT merges s · lora_B @ lora_A into an nn.Linear weight (m × d) and its transpose into a
+    transformers Conv1D weight (d × m, fan_in_fan_out=True); the reference unmerge gives each base back."""
+    from peft import LoraConfig, get_peft_model
+    from transformers.pytorch_utils import Conv1D
+
+    from coursekit.grading.lessons.lesson13 import unmerge
+
+    class One(torch.nn.Module):
+        def __init__(self, proj):
+            super().__init__()
+            self.proj = proj
+
+        def forward(self, x):
+            return self.proj(x)
+
+    d, m, r, alpha = 5, 3, 2, 8
+    torch.manual_seed(0)
+    for fan, proj in ((False, torch.nn.Linear(d, m, bias=False)), (True, Conv1D(m, d))):
+        base = proj.weight.detach().clone().double()
+        assert tuple(base.shape) == ((d, m) if fan else (m, d))
+        peft_model = get_peft_model(One(proj), LoraConfig(r=r, lora_alpha=alpha, target_modules=["proj"], fan_in_fan_out=fan))
+        layer = peft_model.base_model.model.proj
+        with torch.no_grad():
+            layer.lora_B["default"].weight.copy_(torch.randn(m, r))
+        A, B = (layer.lora_A["default"].weight.detach().double().numpy(), layer.lora_B["default"].weight.detach().double().numpy())
+        layer.merge()
+        merged = layer.base_layer.weight.detach().double().numpy()
+        assert not np.allclose(merged, base.numpy())
+        np.testing.assert_allclose(unmerge(merged, A, B, alpha, r, fan), base.numpy(), atol=1e-6)
+        np.testing.assert_allclose(right_unmerge(merged, A, B, alpha, r, fan), base.numpy(), atol=1e-6)
 
 
 def test_function_stub_and_non_function():
-    def stub(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
+    def stub(weight, lora_A, lora_B, lora_alpha, r):
         raise NotImplementedError()
 
     assert check("13.p1", stub).points == 0
-    fb = check("13.p1", "merge")
+    fb = check("13.p1", "merge_unmerge")
     assert fb.points == 0 and "should be a function" in fb.text()
 
 

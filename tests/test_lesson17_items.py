@@ -46,7 +46,7 @@ def measured_policy_gb(n_params, vocab, hidden, n_adapter, heads=2):
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
          "p2": 1 / 2**16,
-         "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": hooked, "p6": "b"}
+         "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": hooked, "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -150,9 +150,9 @@ def test_right_answers_score_full(item_id, hidden):
         ("p3", "a", "takes log_softmax over every row of the logits first"),
         ("p3", "c", "still need their log-probabilities"),
         ("p3", "d", "the label tensor itself"),
-        ("p6", "a", "a weight kept in fp32 ends at 2.00005"),
-        ("p6", "c", "does not lose a share of the steps"),
-        ("p6", "d", "256 is where a running sum of ones stops"),
+        ("p6", "a", "no weight gets a gradient any more"),
+        ("p6", "b", "it reaches them only through layers 29 down to 15"),
+        ("p6", "d", "needs its weight, not its input"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -335,29 +335,72 @@ def test_p3_key_is_what_the_models_own_loss_saves_with_masked_labels():
     assert round(128 * vocab * 4 / MB) == 25                                  # the 25 MB the prompt quotes
 
 
-def test_p6_key_is_what_a_bf16_weight_does_with_a_thousand_small_steps():
-    """P6's key, run: 1.0 plus 1,000 steps of +0.001, rounded to bf16 after each step, stays 1.0 (b); in fp32 it ends at
-    2.00005 (a's hint); bf16's spacing between 1 and 2 is 2⁻⁷ ≈ 0.0078 (the next number above 1 is 1.0078), and a running
-    sum of ones kept in bf16 stops at 256 (d), as the lesson measured."""
+def _saved_per_layer(peft_model, batch):
+    """Bytes autograd saves during one forward, as memory.SavedTensors counts them (each distinct storage once, the
+    model's parameters and buffers left out), each storage credited to the decoder layer running when it is first saved
+    (None: outside every decoder layer)."""
+    layers = peft_model.get_base_model().model.layers
+    current = [None]
+    hooks = [h for i, layer in enumerate(layers)
+             for h in (layer.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i)),
+                       layer.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))]
+    own = {t.untyped_storage().data_ptr() for t in [*peft_model.parameters(), *peft_model.buffers()]}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in own and st.data_ptr() not in seen:
+            seen[st.data_ptr()] = (st, current[0])
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = peft_model(**batch).loss
+    finally:
+        for h in hooks:
+            h.remove()
+    per_layer = [0] * len(layers)
+    for st, i in seen.values():
+        if i is not None:
+            per_layer[i] += st.nbytes()
+    with memory.SavedTensors(exclude=peft_model) as counted:
+        loss2 = peft_model(**batch).loss
+    assert counted.nbytes == sum(st.nbytes() for st, _ in seen.values())      # the lesson's count, split by layer
+    del loss, loss2
+    return per_layer
+
+
+def test_p6_key_is_what_frozen_upper_layers_save_with_adapters_only_below():
+    """P6's key, measured on the lesson's model and batch shape (SmolLM2-135M in NF4, attach_adapter's r = 16 on every
+    linear layer of the decoder, 2 rows × 64 tokens, every token supervised, no checkpointing): with the adapter on
+    layers 0–14 only, the upper 15 layers save less for backward than with adapters of their own, and more than
+    nothing (c): not the same (a), not nothing (b), not more (d). The layers below keep what they saved before."""
     import json
 
-    import torch
+    from coursekit import model as cmodel, train
 
-    def walk(dtype, start=1.0, step=1e-3, n=1000):
-        w = torch.tensor(start, dtype=dtype)
-        for _ in range(n):
-            w = w + torch.tensor(step, dtype=dtype)
-        return w.item()
-
-    bf16, fp32 = walk(torch.bfloat16), walk(torch.float32)
-    measured = "b" if bf16 == 1.0 else "a" if abs(bf16 - 2) < 0.01 else "c" if 1.8 < bf16 < 1.99 else None
-    keys = json.loads((Path(__file__).resolve().parents[1] / "autograder" / "keys" / "17.json").read_text())["keys"]
-    assert measured == keys["p6"] == RIGHT["p6"]
-    assert round(fp32, 5) == 2.00005
-    eps = torch.finfo(torch.bfloat16).eps
-    assert eps == 2**-7 and round(eps, 4) == 0.0078 and round(1 + eps, 4) == 1.0078 and 1e-3 < eps / 2
-    assert torch.nextafter(torch.tensor(1.0, dtype=torch.bfloat16), torch.tensor(2.0, dtype=torch.bfloat16)).item() == 1 + eps
-    assert walk(torch.bfloat16, start=0.0, step=1.0, n=300) == 256.0        # d: the running sum of ones
+    lower = r"model\.layers\.([0-9]|1[0-4])\.(self_attn|mlp)\.\w+_proj"
+    tokenizer = cmodel.load_tokenizer()
+    text = "Ticket 4471: the hydraulic press on line 3 loses pressure after ten minutes and the pump gets loud. " * 3
+    enc = tokenizer([text, text.replace("4471", "4472")], return_tensors="pt", truncation=True, max_length=64)
+    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": enc["input_ids"].clone()}
+    assert batch["input_ids"].shape == (2, 64)
+    per = {}
+    for name, targets in (("every layer", "all-linear"), ("layers 0-14", lower)):
+        peft_model = train.attach_adapter(cmodel.load_model("nf4"), train.TrainConfig(target_modules=targets))
+        peft_model.train()
+        adapted = {n.split(".layers.")[1].split(".")[0] for n, p in peft_model.named_parameters() if p.requires_grad}
+        assert adapted == {str(i) for i in (range(30) if name == "every layer" else range(15))}
+        assert sum("lora_A" in n for n, p in peft_model.named_parameters() if p.requires_grad) == 7 * len(adapted)
+        per[name] = _saved_per_layer(peft_model, batch)
+    upper_before, upper_after = sum(per["every layer"][15:]), sum(per["layers 0-14"][15:])
+    assert all(b > 0 for b in per["layers 0-14"][15:])                              # every upper layer saves something
+    ratio = upper_after / upper_before
+    measured = ("a" if abs(ratio - 1) < 0.01 else "b" if upper_after == 0 else "c" if 0 < ratio < 0.99
+                else "d" if ratio > 1.01 else None)
+    keys = json.loads((ROOT / "autograder" / "keys" / "17.json").read_text())["keys"]
+    assert measured == keys["p6"] == RIGHT["p6"], (ratio, upper_after, upper_before)
+    assert per["layers 0-14"][1:15] == per["every layer"][1:15]                    # below the cut nothing changes
 
 
 def _scaler_step(order: str, true_grad=(0.3, 0.4), max_norm=1.0):

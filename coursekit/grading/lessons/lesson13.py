@@ -3,135 +3,149 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ... import lora, merging
-from ..checkers import Case, Mistake
+from ..checkers import Case, Mistake, worded
 from .. import Choice, Function, Numeric
-from ..lora_mistakes import merge_mistakes
 
 READ_LAYOUT = "(Lesson 13, 'The merge in PEFT's layout'.)"
-READ_DROPOUT = "(Lesson 13, 'Dropout, eval mode and the (1 − p) trap'.)"
 READ_PRECISION = "(Lesson 13, 'Merging in low precision'.)"
 
 
 # --------------------------------------------------------------------------- references
 
 
-def merge(weight, lora_A, lora_B, lora_alpha, r, lora_dropout):
-    """Reference for p1: ``weight + (lora_alpha / r) lora_B @ lora_A`` (m × d); lora_dropout plays no part."""
-    return merging.merge_peft(weight, lora_A, lora_B, lora.scaling(lora_alpha, r))
+def _delta(lora_A, lora_B, lora_alpha, r):
+    """ΔW = (lora_alpha / r) · lora_B @ lora_A in float32, as PEFT's get_delta_weight computes it for a float32 adapter."""
+    return lora.scaling(lora_alpha, r) * (torch.as_tensor(lora_B).float() @ torch.as_tensor(lora_A).float())
 
 
-def unmerge(weight_merged, lora_A, lora_B, lora_alpha, r):
-    """Reference for p2: ``weight_merged − (lora_alpha / r) lora_B @ lora_A`` (m × d)."""
-    return merging.unmerge_peft(weight_merged, lora_A, lora_B, lora.scaling(lora_alpha, r))
+def merge_unmerge(weight, lora_A, lora_B, lora_alpha, r):
+    """Reference for p1: the bf16 weight a PEFT LoRA layer holds after merge() then unmerge() (peft 0.21,
+    LoraLayer.merge without safe_merge, then unmerge). merge() adds the float32 ΔW in place, ``weight.data += ΔW``:
+    torch computes the sum in float32 and stores it in bf16 (rounded once); unmerge() casts ΔW to bf16 and subtracts
+    it in bf16 (rounded again). tests/test_lesson13_items.py runs PEFT itself on every case."""
+    w = torch.as_tensor(weight)
+    dW = _delta(lora_A, lora_B, lora_alpha, r)
+    merged = (w.float() + dW).to(w.dtype)
+    return (merged - dW.to(w.dtype)).double()          # bf16 values, in float64 (NumPy, which compares, has no bf16)
+
+
+def unmerge(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
+    """Reference for p2: the base weight from a merged one, in the layer's own layout. nn.Linear stores weight m × d
+    (out × in) and ΔW = s · lora_B @ lora_A; transformers' Conv1D (GPT-2) stores it d × m, PEFT is told with
+    ``fan_in_fan_out=True`` and transposes the update: ΔW = s · (lora_B @ lora_A)ᵀ (get_delta_weight)."""
+    delta = lora.scaling(lora_alpha, r) * (np.asarray(lora_B) @ np.asarray(lora_A))
+    return np.asarray(weight_merged) - (delta.T if fan_in_fan_out else delta)
 
 
 # --------------------------------------------------------------------------- cases
 
+# P1's adapters are drawn on a coarse grid (lora_A in quarters, lora_B in multiples of 2⁻¹⁰, r = 2 or 4, s a power of
+# two), so that ΔW itself is a bf16 number: whether it is rounded to bf16 before the merge's addition or not, the merge
+# rounds once, and only the rounding the question is about decides the answer.
 
-def _random_case(rng: np.random.Generator, square: bool = False) -> dict:
-    d = int(rng.integers(2, 7))
-    m = d if square else int(rng.integers(2, 7))
-    r = int(rng.integers(2, 5))  # r >= 2 and lora_alpha != r: every wrong scale shows
-    lora_alpha = float(rng.choice([a for a in (1, 2, 4, 8, 16, 32) if a != r]))
-    return dict(
-        weight=rng.standard_normal((m, d)),
-        lora_A=rng.standard_normal((r, d)),
-        lora_B=rng.standard_normal((m, r)),  # nonzero B: with B = 0 every wrong merge is right
-        lora_alpha=lora_alpha,
-        r=r,
-        lora_dropout=float(rng.choice([0.05, 0.1, 0.2])),
-    )
+
+def _p1_case(rng: np.random.Generator) -> dict:
+    while True:
+        d, m = int(rng.integers(3, 7)), int(rng.integers(3, 7))
+        r = int(rng.choice([2, 4]))
+        lora_alpha = float(rng.choice([a for a in (1, 2, 4, 8, 16, 32) if a != r]))
+        kw = dict(
+            weight=torch.tensor(rng.standard_normal((m, d)), dtype=torch.bfloat16),
+            lora_A=torch.tensor(rng.integers(-4, 5, (r, d)) / 4, dtype=torch.float32),
+            lora_B=torch.tensor(rng.integers(-8, 9, (m, r)) * 2.0**-10, dtype=torch.float32),
+            lora_alpha=lora_alpha,
+            r=r,
+        )
+        got = merge_unmerge(**kw)
+        dW = _delta(kw["lora_A"], kw["lora_B"], lora_alpha, r)
+        # every case: ΔW is a bf16 number, the round trip misses the base somewhere, and each named mistake misses too
+        if (torch.equal(dW.bfloat16().float(), dW) and not torch.equal(got, kw["weight"].double())
+                and all(not np.allclose(got.numpy(), mk.value) for mk in p1_mistakes(kw)["weight"])):
+            return kw
 
 
 def _p1_public() -> list[Case]:
     rng = np.random.default_rng(13)
-    return [
-        Case(_random_case(rng, square=True), "square weight (m = d), lora_dropout > 0"),
-        Case(_random_case(rng), "rectangular weight"),
-        Case(_random_case(rng), "another rectangular weight"),
-    ]
+    return [Case(_p1_case(rng), "bf16 weight, float32 adapter"), Case(_p1_case(rng), "another layer"),
+            Case(_p1_case(rng), "a third layer")]
 
 
 def _p1_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case(_random_case(rng, square=(i % 2 == 0))) for i in range(5)]
+    return [Case(_p1_case(rng)) for _ in range(5)]
 
 
-def _without_dropout(kw: dict) -> dict:
-    return {k: v for k, v in kw.items() if k != "lora_dropout"}
-
-
-def _p2_case(kw: dict) -> dict:
-    kw = _without_dropout(kw)
-    w = kw.pop("weight")
-    kw["weight_merged"] = merge(w, kw["lora_A"], kw["lora_B"], kw["lora_alpha"], kw["r"], 0.0)
-    return kw
+def _p2_case(rng: np.random.Generator, fan_in_fan_out: bool, square: bool) -> dict:
+    d = int(rng.integers(2, 7))
+    m = d if square else int(rng.choice([k for k in range(2, 7) if k != d]))
+    r = int(rng.integers(2, 5))  # r >= 2 and lora_alpha != r: every wrong scale shows
+    lora_alpha = float(rng.choice([a for a in (1, 2, 4, 8, 16, 32) if a != r]))
+    shape = (d, m) if fan_in_fan_out else (m, d)
+    return dict(weight_merged=rng.standard_normal(shape), lora_A=rng.standard_normal((r, d)),
+                lora_B=rng.standard_normal((m, r)),  # nonzero B: with B = 0 every wrong unmerge is right
+                lora_alpha=lora_alpha, r=r, fan_in_fan_out=fan_in_fan_out)
 
 
 def _p2_public() -> list[Case]:
     rng = np.random.default_rng(31)
-    return [Case(_p2_case(_random_case(rng, square=True)), "square weight"), Case(_p2_case(_random_case(rng)), "rectangular weight")]
+    return [Case(_p2_case(rng, False, False), "nn.Linear layout (fan_in_fan_out=False)"),
+            Case(_p2_case(rng, True, False), "Conv1D layout (fan_in_fan_out=True), d ≠ m"),
+            Case(_p2_case(rng, True, True), "Conv1D layout (fan_in_fan_out=True), square")]
 
 
 def _p2_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case(_p2_case(_random_case(rng, square=(i == 0)))) for i in range(4)]
+    return [Case(_p2_case(rng, fan, sq)) for fan, sq in ((True, True), (True, False), (False, False), (True, True), (False, True))]
 
 
 # --------------------------------------------------------------------------- mistakes
 
 
-def _row_vector(weight, lora_A, lora_B, **kw) -> dict:
-    """The course's row-vector names: W = weight.T (d × m), A = lora_A.T (d × r), B = lora_B.T (r × m)."""
-    return dict(W=np.asarray(weight).T, A=np.asarray(lora_A).T, B=np.asarray(lora_B).T, lora_alpha=kw["lora_alpha"], r=kw["r"])
-
-
-def _scale_mistakes(rv: dict) -> list[Mistake]:
-    """lesson 02's merge mistakes (wrong scales, update only), brought back to PEFT's m × d layout."""
-    return [Mistake(m.label, m.value.T, m.message, m.hint) for m in merge_mistakes(rv)["W_merged"] if m.label != "transposed"]
-
-
 def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
-    weight, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("weight", "lora_A", "lora_B"))
-    s, p = lora.scaling(kw["lora_alpha"], kw["r"]), float(kw["lora_dropout"])
-    delta = s * B @ A
-    out = _scale_mistakes(_row_vector(**kw))
-    out += [
-        Mistake("times (1-p)", weight + (1 - p) * delta,
-                f"you multiplied the update by (1 − p) = {1 - p:g}. PEFT's lora_dropout is inverted dropout: it already "
-                f"divides by (1 − p) while training, so in eval mode the adapter path is exactly s (XA) B and the merge "
-                f"takes no dropout factor. {READ_DROPOUT}",
-                hint=f"you multiplied the update by (1 − p). PEFT's lora_dropout is inverted dropout: it already divides "
-                     f"by (1 − p) while training, so in eval mode the adapter path is exactly s (XA) B and the merge takes "
-                     f"no dropout factor. {READ_DROPOUT}"),
-        Mistake("over (1-p)", weight + delta / (1 - p),
-                f"you divided the update by (1 − p) = {1 - p:g}: in eval mode dropout is the identity, so the merge takes no "
-                f"dropout factor at all. {READ_DROPOUT}",
-                hint=f"you divided the update by (1 − p): in eval mode dropout is the identity, so the merge takes no "
-                     f"dropout factor at all. {READ_DROPOUT}"),
-        Mistake("row-vector layout", (weight.T + s * A.T @ B.T),
-                f"you returned the merged weight in the row-vector layout (d × m, W + s A B). In PEFT's layout weight is "
-                f"m × d (out × in), and the merged weight must keep that shape: weight + s · lora_B @ lora_A. {READ_LAYOUT}"),
+    w = torch.as_tensor(kw["weight"])
+    dW = _delta(kw["lora_A"], kw["lora_B"], kw["lora_alpha"], kw["r"])
+    merged = (w.float() + dW).to(w.dtype)
+    out = [
+        Mistake("unchanged", w.double().numpy(),
+                "you returned the base weight, as exact arithmetic (or a float32 weight) would: the layer's weight is bf16, "
+                "so merge() stores W + ΔW rounded to bf16's grid, and the subtraction rounds again: an entry whose update "
+                f"did not survive the merge whole comes back off the base. {READ_PRECISION}"),
+        Mistake("merged only", merged.double().numpy(),
+                f"that is the merged weight: unmerge() then subtracts ΔW (cast to bf16) from it, in bf16. {READ_PRECISION}"),
+        Mistake("added twice", (merged + dW.to(w.dtype)).double().numpy(),
+                f"you added ΔW a second time: unmerge subtracts it. {READ_PRECISION}"),
+        Mistake("scale missing", ((w.float() + dW / lora.scaling(kw["lora_alpha"], kw["r"])).to(w.dtype)
+                                  - (dW / lora.scaling(kw["lora_alpha"], kw["r"])).to(w.dtype)).double().numpy(),
+                f"the scale is missing: ΔW = (lora_alpha / r) · lora_B @ lora_A. {READ_LAYOUT}"),
     ]
-    if weight.shape[0] == weight.shape[1]:
-        out.append(Mistake("update transposed", weight + delta.T,
-                           f"you added the update transposed ((lora_B @ lora_A)ᵀ = lora_Aᵀ lora_Bᵀ): in PEFT's layout the update "
-                           f"is lora_B @ lora_A, m × d like weight. {READ_LAYOUT}"))
-    return {"weight_merged": out}
+    return {"weight": worded(out)}   # the messages quote no case's values
 
 
 def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     Wm, A, B = (np.asarray(kw[k], dtype=np.float64) for k in ("weight_merged", "lora_A", "lora_B"))
     s = lora.scaling(kw["lora_alpha"], kw["r"])
-    # Unmerging is merging with −B: lesson 02's wrong scales apply unchanged.
-    out = _scale_mistakes(_row_vector(Wm, A, -B, lora_alpha=kw["lora_alpha"], r=kw["r"]))
-    out += [
-        Mistake("added", Wm + s * B @ A, "you added the update a second time: unmerge subtracts it, weight_merged − s · lora_B @ lora_A."),
-        Mistake("row-vector layout", (Wm - s * B @ A).T,
-                f"your base weight is transposed (d × m): in PEFT's layout it keeps weight_merged's shape, m × d. {READ_LAYOUT}"),
-        Mistake("unchanged", Wm, "you returned weight_merged unchanged: subtract s · lora_B @ lora_A to get the base back."),
+    fan = bool(kw["fan_in_fan_out"])
+    delta = s * B @ A
+    layout = (lambda x: x.T) if fan else (lambda x: x)
+    right = Wm - layout(delta)
+    out = [
+        Mistake("added", Wm + layout(delta), "you added the update a second time: unmerge subtracts it."),
+        Mistake("unchanged", Wm, "you returned weight_merged unchanged: subtract the update to get the base back."),
+        Mistake("scale missing", Wm - layout(B @ A), f"the scale is missing: the update is (lora_alpha / r) · lora_B @ lora_A. {READ_LAYOUT}"),
+        Mistake("row-vector layout", right.T,
+                f"your base weight is the transpose of the layer's: it keeps weight_merged's shape and layout. {READ_LAYOUT}"),
     ]
-    return {"weight": out}
+    if fan and Wm.shape[0] == Wm.shape[1]:
+        out.append(Mistake("update not transposed", Wm - delta,
+                           "you subtracted lora_B @ lora_A as nn.Linear lays it out (m × d). With fan_in_fan_out=True the "
+                           "layer stores its weight d × m (in × out, Conv1D), and PEFT transposes the update to match: "
+                           f"weight_merged − s · (lora_B @ lora_A)ᵀ. {READ_LAYOUT}"))
+    if not fan and Wm.shape[0] == Wm.shape[1]:
+        out.append(Mistake("update transposed", Wm - delta.T,
+                           "you transposed the update on an nn.Linear layer (fan_in_fan_out=False): there weight is m × d, "
+                           f"like lora_B @ lora_A. {READ_LAYOUT}"))
+    return {"weight": worded([mk for mk in out if mk.value.shape != right.shape or not np.allclose(mk.value, right)])}
 
 
 # --------------------------------------------------------------------------- items
@@ -177,17 +191,19 @@ ITEMS = {
         },
     ),
     "p1": Function(
-        "implement merge (PEFT layout)",
+        "implement merge_unmerge: the bf16 weight PEFT's merge() then unmerge() leaves",
         3,
-        name="merge",
-        reference=merge,
+        name="merge_unmerge",
+        reference=merge_unmerge,
         public=_p1_public,
         hidden=_p1_hidden,
-        outputs=("weight_merged",),
+        outputs=("weight",),
         mistakes=p1_mistakes,
+        rtol=0,
+        atol=0,   # bf16 numbers: the round trip is exact arithmetic on the grid, either right or a spacing off
     ),
     "p2": Function(
-        "implement unmerge (PEFT layout)",
+        "implement unmerge for nn.Linear and Conv1D (fan_in_fan_out) layers",
         2,
         name="unmerge",
         reference=unmerge,

@@ -357,7 +357,7 @@ ITEMS = {
         withheld=("coursekit.memory:SavedTensors.__init__", "coursekit.memory:saved_activation_bytes"),
     ),
     "p6": Choice(
-        "a bf16 weight of 1.0 after 1,000 steps of +0.001",
+        "what the upper 15 decoder layers save for backward when only layers 0–14 carry adapters",
         1,
     ),
 }
