@@ -103,7 +103,6 @@ def test_p3_key_and_mistakes_are_measured_with_autograd():
 def test_numbers_come_from_coursekit():
     assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors()[0]) == pytest.approx(20 / 8)
     assert ITEMS["p5"].expected() == 149  # 152 real tokens, less each row's position 0
-    assert [int(p) for p in L.p4_positions()] == [47, 48, 49]  # row 0's prompt, two answer tokens, <|im_end|>
     aligned, twice = L._p6_losses()
     assert aligned == pytest.approx(np.log1p(7 * np.exp(-8.0)))
     assert twice == pytest.approx(4.0 + aligned)  # two of the four scored positions are hit by the repeated token
@@ -395,15 +394,53 @@ def test_p5_key_and_mistakes_are_measured_by_the_models_loss():
     assert tuple(ns["tickets"]) == L.P5_TICKETS
 
 
+def test_p4_key_is_measured_with_transformers_left_padding_collator():
+    """P4's key measured with transformers' own collator: DataCollatorForSeq2Seq pads input_ids, attention_mask and
+    labels (with -100) on the tokenizer's padding side; on the left, row 0's answer and <|im_end|> are the batch's last
+    two positions, T - 2 and T - 1, where collate (right padding) has them at 47 and 48."""
+    from transformers import DataCollatorForSeq2Seq
+
+    from coursekit import model
+    from coursekit.data import collate
+
+    tok = model.load_tokenizer()
+    tok.padding_side = "left"
+    rows = [dict(r) for r in L.p4_rows()]
+    batch = DataCollatorForSeq2Seq(tok, label_pad_token_id=-100, return_tensors="pt")(rows)
+    T = batch["input_ids"].shape[1]
+    measured = [t for t, lab in enumerate(batch["labels"][0].tolist()) if lab != -100]
+    assert measured == _p4_right() == [T - 2, T - 1]
+    assert torch.equal(batch["attention_mask"], L.left_collate(list(L.p4_rows()), tok.pad_token_id)["attention_mask"])
+    right = collate(list(L.p4_rows()), pad_id=tok.pad_token_id)
+    assert [t for t, lab in enumerate(right["labels"][0].tolist()) if lab != -100] == [47, 48]
+    assert len(L.p4_rows()[0]["input_ids"]) == 49 < T   # row 0 is not the longest: its padding is real
+
+
 @pytest.mark.parametrize(
-    "shift, text",
-    [("drop_last", "<|im_end|>"), ("row 0", "row 0's positions"), (-1, "one to the left"), (1, "one position to the right")],
+    "wrong, label, text",
+    [("right", "right padding", "padding on the right"), ("shift", "shifted", "one position to the left"),
+     ("from1", "counted from 1", "positions count from 0"), ("by_id", "masked by id", "<|im_end|>")],
 )
-def test_p4_position_mistakes(shift, text):
-    pos = np.array(_p4_right())
-    wrong = pos[:-1] if shift in ("drop_last", "row 0") else pos + shift
-    fb = check("04.p4", list(wrong))
-    assert fb.points < 1 and text in fb.text(), fb.text()
+def test_p4_mistakes_are_the_mistaken_variants_run(wrong, label, text):
+    """Each named wrong answer is produced here by running the mistaken variant, not written down."""
+    from coursekit import model, objective
+    from coursekit.data import collate
+
+    pad_id = model.load_tokenizer().pad_token_id
+    rows = list(L.p4_rows())
+    left = L.left_collate(rows, pad_id)
+
+    def row0(labels):
+        return [t for t, lab in enumerate(labels[0].tolist()) if lab != -100]
+
+    answers = {
+        "right": row0(collate(rows, pad_id=pad_id)["labels"]),                 # collate's right padding
+        "shift": row0(objective.shift_left(left["labels"])),                   # labels shifted by hand
+        "from1": [t for t, lab in enumerate(left["labels"][0].tolist(), start=1) if lab != -100],  # 1-based count
+        "by_id": row0(left["labels"].masked_fill(left["input_ids"] == pad_id, -100)),  # padding masked by id
+    }
+    fb = check("04.p4", answers[wrong])
+    assert fb.points < 1 and label in fb.mistakes and text in fb.text(), fb.text()
 
 
 def test_p7_key_is_what_the_id_mask_does_to_smollm2_batches():

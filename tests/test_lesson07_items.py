@@ -98,9 +98,9 @@ def rel_error(a, n):
     return float(np.max(np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), 1e-12)))
 
 
-RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"a", "c"}, "p4": {"b", "c", "d"},
+RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"b", "c"}, "p4": {"b", "c", "d"},
          "p5": "b", "p6": ["central_float64", "forward_float64", "central_float32", "forward_float32"], "p7": 2.107e-8,
-         "p8": {"b", "c"}}
+         "p8": {"a", "b"}}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -259,26 +259,31 @@ def test_ordering_partial_credit_names_the_first_misplaced_check():
 
 
 def test_multi_choice_partial_credit_and_hints():
-    fb = check("07.p3", {"b", "d"})
-    assert fb.points == 0 and "a missing factor 1 changes nothing" in fb.text() and "8 / √64 = 1" in fb.text()
+    fb = check("07.p3", {"a", "d"})
+    assert fb.points == 0 and "compares 0 with 0" in fb.text() and "8 / √64 = 1" in fb.text()
     fb = check("07.p3", {"c"})
-    assert 0 < fb.points < 1 and "dB = s Zᵀ D does not contain B" in fb.text()
+    assert 0 < fb.points < 1 and "contains no X" in fb.text()
     fb = check("07.p4", {"a", "b", "c", "d"})
     assert 0 < fb.points < 1 and "With one token" not in fb.text() and "one token in disguise" in fb.text()
     fb = check("07.p4", {"c"})
     assert 0 < fb.points < 1 and "three times as large" in fb.text() and "other tokens' z" in fb.text()
     fb = check("07.p8", {"a", "b", "c"})
-    assert fb.points == pytest.approx(1.0) and "compares 0 with 0" in fb.text()
-    fb = check("07.p8", {"b"})
-    assert fb.points == pytest.approx(1.0) and "missing" in fb.text()
-    fb = check("07.p8", {"a", "d"})
-    assert fb.points == 0 and "dZ Aᵀ" in fb.text()
+    assert fb.points == pytest.approx(1.0) and "covered by rtol" in fb.text()
+    fb = check("07.p8", {"a"})
+    assert fb.points == pytest.approx(1.0) and "still reports 1/3" in fb.text()
+    fb = check("07.p8", {"c", "d"})
+    assert fb.points == 0 and "absolute tolerance cannot see" in fb.text() and "tiny floor" in fb.text()
 
 
-def _case(n, r, s, zero_B=False, same_rows=False, one_row_D=False, one_row_X=False, d=5, symmetric_W=False, seed=0):
+def _case(n, r, s, zero_B=False, same_rows=False, one_row_D=False, one_row_X=False, d=5, symmetric_W=False, seed=0,
+          zero_A=False, zero_X=False):
     rng = np.random.default_rng(seed)
     X, A, D = rng.standard_normal((n, d)), rng.standard_normal((d, r)), rng.standard_normal((n, 4))
     W, B = rng.standard_normal((d, 4)), np.zeros((r, 4)) if zero_B else rng.standard_normal((r, 4))
+    if zero_A:
+        A = np.zeros_like(A)
+    if zero_X:
+        X = np.zeros_like(X)
     if symmetric_W:
         W = (W + W.T) / 2
     if same_rows:
@@ -307,42 +312,86 @@ def test_p3_and_p4_keys_are_the_cases_whose_check_fails(seed):
         dX, dA, _ = lora.lora_backward(D, cache)
         return dX, dA, cache["s"] * np.outer(cache["Z"].sum(axis=0), D.sum(axis=0))
 
-    p3 = {"a": _case(3, 2, lora.scaling(4, 2), zero_B=True, seed=seed), "b": _case(3, 8, lora.scaling(8, 8), seed=seed),
+    p3 = {"a": _case(3, 2, lora.scaling(4, 2), zero_A=True, zero_B=True, seed=seed),
+          "b": _case(3, 2, lora.scaling(4, 2), zero_X=True, seed=seed),
           "c": _case(3, 16, lora.scaling(16, 16, use_rslora=True), seed=seed),
           "d": _case(3, 64, lora.scaling(8, 64, use_rslora=True), seed=seed)}
-    assert {k for k, c in p3.items() if _check_fails(without_s, c)} == {"a", "c"}
+    assert {k for k, c in p3.items() if _check_fails(without_s, c)} == RIGHT["p3"]
+    # None of P3's cases is a row of the lesson's table (B = 0 alone, n = 1, s = 1, d = m, all four): the hints' reasons
+    # hold, B = 0 alone and A = 0 alone (B random) do expose the missing s at s = 2.
+    assert _check_fails(without_s, _case(3, 2, 2.0, zero_B=True, seed=seed))
+    assert _check_fails(without_s, _case(3, 2, 2.0, zero_A=True, seed=seed))
     p4 = {"a": _case(3, 2, 2.0, one_row_X=True, one_row_D=True, seed=seed),
           "b": _case(3, 2, 2.0, same_rows=True, seed=seed),
           "c": _case(2, 2, 1.0, d=4, symmetric_W=True, seed=seed), "d": _case(3, 2, 2.0, one_row_D=True, seed=seed)}
     assert {k for k, c in p4.items() if _check_fails(tokens_summed_first, c)} == {"b", "c", "d"}
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_p8_key_is_the_parts_whose_bug_fails_the_check_at_A_zero(seed):
-    """P8's key measured: at A = 0, B random, s = 2, n = 3, d ≠ m, a bug in each part of the backward fails check_vjp
-    exactly for the keyed parts; each bug does fail a case with A and B both random, so it is a real bug."""
-    def bug_in(part):
-        def backward(D, cache):
-            dX, dA, dB = lora.lora_backward(D, cache)
-            X, W, A, B, Z, s = (cache[k] for k in ("X", "W", "A", "B", "Z", "s"))
-            dZ = s * D @ B.T
-            if part == "a":
-                dB = Z.T @ D                          # dB without s
-            elif part == "b":
-                dA = X.T @ (D @ B.T)                  # dZ without s in dA
-            elif part == "c":
-                dX = 2 * D @ W.T + dZ @ A.T           # base path doubled
-            else:
-                dX = D @ W.T + 2 * dZ @ A.T           # adapter path doubled
-            return dX, dA, dB
-        return backward
+def _lesson_layer(seed=None):
+    """The layer of the lesson's 'The vector–Jacobian check' (seed 7, n = 3, d = 5, m = 4, r = 2, lora_alpha = 4), or
+    another draw of the same shapes."""
+    rng = np.random.default_rng(7 if seed is None else seed)
+    n, d, m, r = 3, 5, 4, 2
+    X, W, A, B, D = (rng.standard_normal(shape) for shape in ((n, d), (d, m), (d, r), (r, m), (n, m)))
+    return X, W, A, B, lora.scaling(4, r), D
 
-    X, W, A, B, s, D = _case(3, 2, 2.0, seed=seed)
-    zero_A = (X, W, np.zeros_like(A), B, s, D)
-    assert X.shape[1] != D.shape[1] and np.any(B) and s != 1.0
-    assert all(_check_fails(bug_in(part), (X, W, A, B, s, D)) for part in "abcd")
-    tested = {part for part in "abcd" if _check_fails(bug_in(part), zero_A)}
-    assert tested == RIGHT["p8"] and check("07.p8", tested).full
+
+def _scaled_verdicts(backward, c, layer):
+    """(check_vjp's verdict, torch.autograd.gradcheck's verdict) on the layer whose output is multiplied by c, the
+    backward receiving c·D, with the lesson's settings for both checkers."""
+    import torch
+
+    X, W, A, B, s, D = layer
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    grads = dict(zip("XAB", backward(c * D, cache)))
+    ours = gc.check_vjp(lambda X, A, B: c * lora.lora_forward(X, W, A, B, s)[0], dict(X=X, A=A, B=B), grads, D).ok
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, X, A, B, W, s):
+            Y, ctx.cache = lora.lora_forward(X, W, A, B, s)
+            return c * Y
+
+        @staticmethod
+        def backward(ctx, D):
+            return (*backward(c * D.contiguous(), ctx.cache), None, None)
+
+    Xt, At, Bt = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (X, A, B))
+    theirs = torch.autograd.gradcheck(Scaled.apply, (Xt, At, Bt, torch.tensor(W), s), eps=1e-6, atol=1e-6, rtol=1e-5,
+                                      raise_exception=False)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("seed", [None, 0, 1])
+def test_p8_key_is_measured_with_both_checkers_on_a_scaled_output(seed):
+    """P8's key measured: with the layer's output multiplied by c = 1e-8 gradcheck's atol lets the backward without s
+    pass while check_vjp fails it and passes the right one; at c = 1e8 gradcheck still passes the right backward.
+    At c = 1 both flag the bug, as the lesson prints."""
+    def without_s(D, cache):
+        return lora.lora_backward(D, {**cache, "s": 1.0})
+
+    layer = _lesson_layer(seed)
+    assert _scaled_verdicts(without_s, 1.0, layer) == (False, False)
+    ours_bug, theirs_bug = _scaled_verdicts(without_s, 1e-8, layer)
+    ours_right, theirs_right = _scaled_verdicts(lora.lora_backward, 1e-8, layer)
+    _, theirs_right_big = _scaled_verdicts(lora.lora_backward, 1e8, layer)
+    statements = {"a": theirs_bug, "b": not ours_bug, "c": not theirs_right_big, "d": not ours_right}
+    assert {k for k, holds in statements.items() if holds} == RIGHT["p8"] and check("07.p8", RIGHT["p8"]).full
+    assert theirs_right  # gradcheck passes the right backward at c = 1e-8 too: it passes everything there
+
+
+def test_p8_hint_numbers_are_measured():
+    """The hints quote 1/3 for the missing s on dA at c = 1e-8 (as at c = 1) and gradients of order 1e-8."""
+    X, W, A, B, s, D = _lesson_layer()
+    c = 1e-8
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    bad = lora.lora_backward(c * D, {**cache, "s": 1.0})
+    rep = gc.check_vjp(lambda X, A, B: c * lora.lora_forward(X, W, A, B, s)[0], dict(X=X, A=A, B=B),
+                       dict(zip("XAB", bad)), D)
+    assert rep["A"].rel_error == pytest.approx(1 / 3, rel=1e-6)
+    right = lora.lora_backward(c * D, cache)
+    scale = max(np.abs(g).max() for g in right)
+    assert 1e-9 < scale < 1e-6   # "of order 1e-8": far above the tiny floor 1e-12, far below atol 1e-6
 
 
 # --------------------------------------------------------------------------- P5, P6 and P7 measured

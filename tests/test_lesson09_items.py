@@ -497,3 +497,15 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
     fb = check(f"09.{item_id}", answer)
     assert fb.points == 0 and text in fb.text(), fb.text()
+
+
+def test_p2_formulas_come_after_its_check_in_the_release():
+    """P2 asks the student to derive dG and dU: neither formula, nor the diagram that labels its arrows with them, is in
+    the release above P2's check; both follow it ('The gate, derived')."""
+    nb = nbformat.read(ROOT / "lessons" / LID / f"{LID}.ipynb", as_version=4)
+    check_at = next(i for i, c in enumerate(nb.cells) if 'grade("09.p2"' in c.source)
+    formulas = ("dH ⊙ U ⊙ SiLU′(G)", "dH ⊙ SiLU(G)", "mlp_backward_graph")
+    above = "\n".join(c.source for c in nb.cells[:check_at])
+    below = "\n".join(c.source for c in nb.cells[check_at + 1:check_at + 3])
+    assert not [f for f in formulas if f in above]
+    assert all(f in below for f in formulas) and "**The gate, derived.**" in below

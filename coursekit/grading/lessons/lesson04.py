@@ -276,48 +276,65 @@ def _p3_mistakes() -> list[Mistake]:
     ]
 
 
-# P4 asks for a configuration the lesson does not print: row 0's ticket of 'Two masks, two jobs' ("thermal", one token,
-# supervised at [47, 48] of 49) relabelled "mechanical" (two tokens). The student predicts from the template's layout.
-P4_TICKET = "The drive motor overheats on the case packer."
-P4_LABEL = "mechanical"
-P4_SHOWN_LABEL = "thermal"
+# P4 asks for a configuration the lesson does not print: the three tickets of 'Two masks, two jobs' (rows of 49, 46 and
+# 57 tokens, right-padded there, row 0 supervised at [47, 48]) collated with the padding on the LEFT, as batched
+# generation pads. Labels move with their tokens: row 0's supervised positions become the last two of the padded row.
 
 
-@lru_cache(maxsize=2)
-def _p4_encoded(label: str = P4_LABEL) -> dict:
+def left_collate(rows: list[dict], pad_id: int) -> dict:
+    """``collate`` with the padding first: each row's -100 labels, 0 mask and pad_id ids precede its tokens."""
+    T = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+    for b, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[b, T - n:] = torch.tensor(r["input_ids"])
+        mask[b, T - n:] = 1
+        labels[b, T - n:] = torch.tensor(r["labels"])
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+@lru_cache(maxsize=1)
+def p4_rows() -> tuple[dict, ...]:
+    """The three tickets of 'Two masks, two jobs' (P5_TICKETS), encoded as the lesson encodes them."""
     from ... import data, model
 
-    return data.encode_example(data.chat_example(P4_TICKET, label), model.load_tokenizer())
+    tok = model.load_tokenizer()
+    return tuple(data.encode_example(data.chat_example(t, l), tok) for t, l in P5_TICKETS)
 
 
-def _supervised(label: str) -> np.ndarray:
-    return np.array([i for i, l in enumerate(_p4_encoded(label)["labels"]) if l != IGNORE_INDEX], dtype=np.float64)
+def _row0(labels) -> np.ndarray:
+    return np.array([t for t, l in enumerate(labels[0].tolist()) if l != IGNORE_INDEX], dtype=np.float64)
 
 
 def p4_positions() -> np.ndarray:
-    """Positions whose label is not -100 when the lesson's row 0 ticket is labelled "mechanical" (the course's tokenizer)."""
-    return _supervised(P4_LABEL)
+    """Row 0's positions whose label is not -100 when the three tickets are collated with left padding."""
+    return _row0(left_collate(list(p4_rows()), pad_id=0)["labels"])
 
 
 def _p4_mistakes() -> list[Mistake]:
-    pos = p4_positions()
-    shown = _supervised(P4_SHOWN_LABEL)
-    out = [
-        Mistake("shifted", pos - 1, "these are the positions one to the left: labels are aligned with input_ids and the model "
-                "shifts them once itself. " + READ_SHIFT),
-        Mistake("shifted right", pos + 1, "these are one position to the right: the prompt is the same tokens as row 0's, so the "
-                "answer still starts right after it; labels sit on the answer tokens themselves."),
+    from ... import model
+    from ...data import collate
+
+    rows = list(p4_rows())
+    pad_id = model.load_tokenizer().pad_token_id  # SmolLM2's pad id is its <|im_end|> id ('When pad == eos')
+    left = left_collate(rows, pad_id=pad_id)
+    pos = _row0(left["labels"])
+    by_id = left["input_ids"].masked_fill(left["input_ids"] == pad_id, IGNORE_INDEX)
+    by_id = by_id.masked_fill(left["labels"] == IGNORE_INDEX, IGNORE_INDEX)
+    return [
+        Mistake("right padding", _row0(collate(rows, pad_id=pad_id)["labels"]), "those are row 0's positions with the "
+                "padding on the right, as 'Two masks, two jobs' printed them. With the padding first, every token of row 0 "
+                "moves right by the padding's length (T minus the row's own length), and its labels move with it. " + READ_MASKS),
+        Mistake("shifted", _row0(objective.shift_left(left["labels"])), "these are one position to the left: labels stay "
+                "aligned with input_ids, and the model shifts them once itself. " + READ_SHIFT),
+        Mistake("counted from 1", pos + 1, "these are one position to the right: positions count from 0, so the last "
+                "position of a batch of length T is T − 1. " + READ_MASKS),
+        Mistake("masked by id", _row0(by_id), "the end-of-turn token <|im_end|> after the answer is supervised too, at the "
+                "row's last position: it teaches the model to stop. Masking the padding by id (pad == eos) would drop it. "
+                + READ_PAD),
     ]
-    if np.array_equal(shown, pos[:-1]):  # row 0's positions are also this answer without its end token
-        out.insert(0, Mistake("no end token", shown, "those are row 0's positions, the answer tokens alone here: the "
-                              "end-of-turn token <|im_end|> after a two-token answer is supervised too (it teaches the model "
-                              "to stop), one position further right. " + READ_PAD))
-    else:
-        out[:0] = [Mistake("no end token", pos[:-1], "the end-of-turn token <|im_end|> that closes the answer is supervised "
-                           "too: it teaches the model to stop. " + READ_PAD),
-                   Mistake("one answer token", shown, "those are row 0's positions, for a one-token answer: count the new "
-                           "answer's tokens and add its <|im_end|>. " + READ_MASKS)]
-    return out
 
 
 # P5 asks for a configuration the lesson does not print: the three tickets of 'Two masks, two jobs' (152 real tokens, 7
@@ -477,7 +494,7 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Array(
-        "predict the supervised positions of a relabelled example",
+        "predict row 0's supervised positions when the three tickets are padded on the left",
         1,
         name="positions",
         expected=p4_positions,

@@ -293,7 +293,7 @@ ITEMS = {
         mistakes=_p2_mistakes,
     ),
     "p3": Choice(
-        "the cases that expose a backward without s",
+        "the untabled cases (A = B = 0, X = 0, rsLoRA) that expose a backward without s",
         1,
         options="abcd",
         multi=True,
@@ -327,7 +327,7 @@ ITEMS = {
         mistakes=_p7_mistakes,
     ),
     "p8": Choice(
-        "what a check at A = 0 (B random) actually tests",
+        "gradcheck's atol and check_vjp's relative error when every gradient is scaled by c",
         2,
         options="abcd",
         multi=True,

@@ -11,7 +11,7 @@ from .. import Choice, Function, Numeric
 
 READ_SILU = "Reread 'SiLU and its slope' in Know this."
 READ_MLP = "Reread 'The gated MLP' in Know this."
-READ_GATE = "Reread 'Through the gate' in Know this."
+READ_GATE = "Reread 'Through the gate' in Know this and 'The gate, derived' after P2."
 READ_BRANCH = "Reread 'Branches add' in Know this."
 READ_RESID = "Reread 'Residuals pass the gradient to both operands' in Know this."
 READ_LORA = "Reread 'Where LoRA fits' in Know this."
