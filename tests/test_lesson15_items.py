@@ -57,7 +57,7 @@ def right_block_argmin(x, levels):
 
 
 RIGHT = {"w1": "b", "w2": "d", "w3": "a", "p1": right_levels, "p2": right_block, "p3": [0, 7],
-         "p4": 0.1690, "p5": 0.4557, "p6": "c", "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
+         "p4": 0.1690, "p5": 56_180, "p6": "c", "p7": ["a", "c", "e"], "p8": [0, -1_769_472]}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -203,11 +203,12 @@ def test_block_mistakes(fn, text, partial):
         ("p4", -0.0455, "from the HIGH nibble"),
         ("p4", 0.0845, "ignore rows"),
         ("p4", 5.5, "index into the NF4 table"),
-        ("p5", 0.4156, "the negative half has only 7 levels"),
-        ("p5", 0.9114, "at most half the gap"),
-        ("p5", 0.1519, "multiply by absmax"),
-        ("p5", 0.1194, "the narrowest gap"),
-        ("p5", 3.0 / 14, "int4 absmax's worst error"),
+        ("p5", 58_752, "storage without double quantization"),
+        ("p5", 57_056, "blocksize 128: 110,592 / 128 = 864 blocks"),
+        ("p5", 111_476, "a byte holds two 4-bit codes"),
+        ("p5", 56_176, "one fp32 number (4 bytes) short"),
+        ("p5", 56_177.5, "whole fp32 numbers"),
+        ("p5", 449_440, "the count in bits"),
     ],
 )
 def test_value_mistakes_are_recognised(item_id, answer, text):
@@ -278,7 +279,7 @@ def test_p7_key_is_each_statement_run_here():
 
 
 def test_numeric_expected_values_come_from_coursekit():
-    assert ITEMS["p5"].expected() == pytest.approx(0.4557108, abs=1e-6)  # 3 · (1 − 0.6961928) / 2
+    assert ITEMS["p5"].expected() == 56_180  # 55,296 codes + 864 absmax codes + 4 · 4 second-level absmax + 4 offset
     assert ITEMS["p4"].expected() == pytest.approx(0.1689576, abs=1e-6)   # table[0x6B & 0xF = 11] · absmax[1] = 0.33792 · 0.5
 
 
@@ -426,16 +427,33 @@ def test_notebook_guards_the_native_library_comparison():
     assert "if bnb_native:" in lut_cell and "torch.equal(q_bnb.long(), q_near)" in lut_cell
 
 
-def test_p5_worst_error_is_what_the_round_trip_leaves():
-    """P5's key is a bound that a real round trip reaches: values swept across [−3, 3] in blocks whose absmax is 3."""
-    import torch
+def test_p5_key_and_mistakes_are_the_bytes_bitsandbytes_stores():
+    """P5's key, measured: the bytes of every tensor bitsandbytes' quantize_4bit stores for a 192 × 576 weight (k_proj's
+    shape) with blocksize 128 and double quantization. The named mistakes that bitsandbytes can run are its own tensors
+    too: no double quantization, and blocksize 64; the others are counts of those tensors done the mistaken way."""
+    import bitsandbytes.functional as bnbF
 
-    x = torch.linspace(-3.0, 3.0, 64 * 4000, dtype=torch.float32).reshape(-1, 64)
-    x[:, 0] = 3.0
-    err = (x - quant.round_trip_4bit(x.reshape(-1), 64).reshape(x.shape)).abs()
-    assert float(err.max()) == pytest.approx(ITEMS["p5"].expected(), rel=1e-3)
-    worst = x.reshape(-1)[int(err.reshape(-1).argmax())]
-    assert -3.0 < float(worst) < -2.0  # in the negative tail, between the levels −1 and −0.6962 (times 3)
+    def stored(packed, st):
+        size = packed.numel() * packed.element_size() + st.absmax.numel() * st.absmax.element_size()
+        if st.nested:
+            size += st.state2.absmax.numel() * st.state2.absmax.element_size() + st.offset.numel() * st.offset.element_size()
+        return size
+
+    W = torch.randn(*L.P5_SHAPE, generator=torch.Generator().manual_seed(5))
+    packed, st = bnbF.quantize_4bit(W, blocksize=L.P5_BLOCKSIZE, quant_type="nf4", compress_statistics=True)
+    assert stored(packed, st) == ITEMS["p5"].expected() == RIGHT["p5"]
+    assert check("15.p5", stored(packed, st)).full
+    assert st.absmax.dtype == torch.uint8 and st.state2.absmax.numel() == 4 and st.state2.blocksize == L.P5_GROUP
+    by_label = {m.label: m.value for m in ITEMS["p5"].mistakes()}
+    assert by_label["no double quantization"] == stored(*bnbF.quantize_4bit(W, blocksize=L.P5_BLOCKSIZE, quant_type="nf4",
+                                                                             compress_statistics=False))
+    assert by_label["blocksize 64"] == stored(*bnbF.quantize_4bit(W, blocksize=64, quant_type="nf4", compress_statistics=True))
+    assert by_label["one code per byte"] == stored(packed, st) + packed.numel()             # a byte per code
+    assert by_label["one fp32 short"] == stored(packed, st) - 4                             # the partial group left out
+    assert by_label["per-parameter formula"] == W.numel() * quant.bits_per_parameter(L.P5_BLOCKSIZE, True) / 8 + 4
+    assert by_label["bits"] == 8 * stored(packed, st)
+    assert len(set(by_label.values()) | {stored(packed, st)}) == len(by_label) + 1           # all different from the key
+    assert quant.measured_bits_per_parameter(packed, st) * W.numel() / 8 == pytest.approx(stored(packed, st))
 
 
 @pytest.mark.parametrize(

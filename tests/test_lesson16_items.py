@@ -22,7 +22,7 @@ def right_backward(D, codes, absmax, code, blocksize):
     return D @ (code[codes] * absmax[np.arange(m * d) // blocksize].reshape(m, d))
 
 
-RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"b", "d"}, "p3": {"a", "b"},
+RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"b", "d"}, "p3": {"b", "f"},
          "p4": "b", "p5": "b", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
@@ -264,9 +264,11 @@ def test_w3_key_is_measured_on_a_real_4bit_load(tmp_path):
         ("p2", {"b"}, "(d) is missing from your set. True: a repacked layer passes no gradient to its input"),
         ("p2", {"d"}, "(b) is missing from your set. True: Linear4bit repacks in eval mode only when"),
         ("p2", {"b", "e"}, "A layer's own adapter does not go through the base's backward"),
-        ("p3", {"a", "b", "c", "d"}, "skips exactly the part of the function it names"),
-        ("p3", {"a", "b", "e"}, "the loss is a constant with no grad_fn"),
-        ("p3", {"a", "b", "f"}, "The cast skips Params4bit"),
+        ("p3", {"a", "f"}, "every projection weight is a plain bf16 parameter"),
+        ("p3", {"b", "c", "f"}, "one tensor shared by two modules"),
+        ("p3", {"b", "d", "f"}, "installed only together with gradient checkpointing"),
+        ("p3", {"b", "e", "f"}, "the loss is a constant with no grad_fn"),
+        ("p3", {"f"}, "(b) is missing from your set. True: every parameter of the bf16 model"),
     ],
 )
 def test_multi_mistakes_cost_points_and_say_why(item_id, answer, text):
@@ -505,23 +507,29 @@ def test_p8_key_is_the_measured_order_on_lesson_13s_layer():
 
 
 def test_p3_key_is_what_the_call_without_checkpointing_leaves():
-    """P3's key, run: a fresh NF4 SmolLM2 after prepare_model_for_kbit_training(use_gradient_checkpointing=False)."""
-    import bitsandbytes as bnb
+    """P3's key, run: a fresh bf16 SmolLM2 (no Params4bit) after prepare_model_for_kbit_training(use_gradient_checkpointing=False)."""
     import torch
     from peft import prepare_model_for_kbit_training
 
     from coursekit import data, model as cmodel
 
-    m = prepare_model_for_kbit_training(cmodel.load_model("nf4"), use_gradient_checkpointing=False)
+    m = cmodel.load_model("bf16")
+    footprint_before = cmodel.footprint(m)
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())                    # the premise the prompt states
+    m = prepare_model_for_kbit_training(m, use_gradient_checkpointing=False)
     tokenizer = cmodel.load_tokenizer()
     emb = m.get_input_embeddings()
     batch = data.collate([data.encode_example(data.load_split("train")[0], tokenizer)], tokenizer.pad_token_id)
+    projections = [x.weight for n, x in m.named_modules() if n.endswith("_proj")]
+    assert len(projections) == 210
+    ratio = cmodel.footprint(m) / footprint_before
     holds = {
-        "a": all(not p.requires_grad for p in m.parameters()),
-        "b": m.model.norm.weight.dtype == emb.weight.dtype == m.lm_head.weight.dtype == torch.float32,
-        "c": m.is_gradient_checkpointing,
+        "a": all(w.dtype == torch.bfloat16 for w in projections),
+        "b": 1.9 < ratio < 2.1,
+        "c": m.lm_head.weight.dtype == torch.bfloat16 and emb.weight.dtype == torch.float32,
         "d": bool(emb._forward_hooks),
         "e": m(**batch).loss.grad_fn is not None,
-        "f": any(x.weight.dtype == torch.float32 for x in m.modules() if isinstance(x, bnb.nn.Linear4bit)),
+        "f": all(not p.requires_grad for p in m.parameters()),
     }
+    assert all(w.dtype == torch.float32 for w in projections) and m.lm_head.weight is emb.weight   # a's and c's hints
     assert sorted(k for k, v in holds.items() if v) == _keys()["p3"] == sorted(RIGHT["p3"])

@@ -34,7 +34,7 @@ def right_input_grad(D, packed):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["read", "dequantize", "bf16", "nf4", "adapter", "train", "validate"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
+         "p4": ["attn_v", "norms", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -283,8 +283,49 @@ def test_multi_choice_partial_credit(answer, text):
 
 
 def test_ordering_names_the_first_misplaced_step():
-    fb = check("18.p4", ["read", "dequantize", "nf4", "bf16", "adapter", "train", "validate"])
-    assert 0 < fb.points < 2 and "'nf4'" in fb.text()
+    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"])   # norms assumed tiny
+    assert 0 < fb.points < 2 and "'norms'" in fb.text() and "F32" in fb.text(), fb.text()
+    fb = check("18.p4", ["attn_v", "norms", "attn_output", "up_gguf", "up_nf4", "up_bf16", "token_embd"])   # NF4 taken as larger
+    assert 0 < fb.points < 2 and "more than its NF4 copy" in fb.text(), fb.text()
+
+
+def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
+    """P4's key, measured: the GGUF tensors' bytes from the course's own file, the NF4 copy's bytes from bitsandbytes'
+    quantize_4bit (blocksize 64, double quantization, as load_model("nf4") stores it) of the decoded up_proj, and the bf16
+    copy's bytes from that decoded tensor in bf16. The hints quote these sizes."""
+    import json
+
+    import bitsandbytes.functional as bnbF
+    import torch
+
+    from coursekit import gguf_file as gf
+
+    reader = gf.open_reader()
+    by_name = {t.name: t for t in gf.tensor_table(reader)}
+    up = torch.from_numpy(gf.dequantize_tensor(next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"))).bfloat16()
+    packed, st = bnbF.quantize_4bit(up, blocksize=64, quant_type="nf4", compress_statistics=True)
+    nf4_bytes = packed.numel() + st.absmax.numel() * st.absmax.element_size() + st.state2.absmax.numel() * 4 + st.offset.numel() * 4
+    norms = [t for name, t in by_name.items() if name.endswith("norm.weight")]
+    sizes = {
+        "attn_v": by_name["blk.0.attn_v.weight"].n_bytes,
+        "attn_output": by_name["blk.0.attn_output.weight"].n_bytes,
+        "norms": sum(t.n_bytes for t in norms),
+        "token_embd": by_name["token_embd.weight"].n_bytes,
+        "up_gguf": by_name["blk.0.ffn_up.weight"].n_bytes,
+        "up_nf4": nf4_bytes,
+        "up_bf16": up.numel() * up.element_size(),
+    }
+    assert set(sizes) == set(ITEMS["p4"].labels)
+    assert len(norms) == 61 and all(t.type == "F32" for t in norms) and by_name["token_embd.weight"].type == "Q8_0"
+    assert {name for name, t in by_name.items() if t.type == "F32"} == {t.name for t in norms}   # the F32 row the prompt cites
+    assert up.shape == (1536, 576) and by_name["blk.0.ffn_up.weight"].type == "Q4_1"
+    order = sorted(sizes, key=sizes.get)
+    ratios = [sizes[b] / sizes[a] for a, b in zip(order, order[1:])]
+    assert min(ratios) > 1.2, sizes                                                # no near-tie
+    keys = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())
+    assert order == keys["keys"]["p4"] == RIGHT["p4"]
+    for label, n in sizes.items():                                               # each hint quotes its piece's bytes
+        assert f"{n:,}" in keys["hints"]["p4"][label], label
 
 
 @pytest.mark.parametrize(

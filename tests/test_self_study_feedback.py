@@ -167,15 +167,15 @@ def test_the_check_cell_prints_the_explanation(repository, capsys):
 
 
 def test_graded_feedback_of_a_multi_select_says_why(monkeypatch):
-    """What ScoreAnswers writes for 16.p3 answered {"a", "e"}: the wrong pick and every true statement left out,
+    """What ScoreAnswers writes for 16.p3 answered {"b", "e"}: the wrong pick and every true statement left out,
     each with its reason; the right pick is not commented on."""
     monkeypatch.setenv(keymod.ENV, str(ROOT / "autograder" / "keys"))
     hints, key = REAL_KEYS["16"]["hints"]["p3"], set(REAL_KEYS["16"]["keys"]["p3"])
-    assert "a" in key and "e" not in key and len(key) > 1
-    fb = score_record("16.p3", {"item": "16.p3", "answer": protocol.encode({"a", "e"})})
+    assert "b" in key and "e" not in key and len(key) > 1
+    fb = score_record("16.p3", {"item": "16.p3", "answer": protocol.encode({"b", "e"})})
     assert fb.points == 0 and fb.mistakes == ["(e)"]
     assert fb.lines == [f"(e) should not be chosen. {hints['e']}"] + [f"({o}) is missing from your set. {hints[o]}"
-                                                                     for o in sorted(key - {"a"})]
+                                                                     for o in sorted(key - {"b"})]
 
 
 def test_graded_feedback_of_an_ordering_says_why(monkeypatch):

@@ -323,31 +323,55 @@ def _p4_mistakes() -> list[Mistake]:
     ]
 
 
-P5_ABSMAX = 3.0  # P5: the worst round-trip error of a block with this absmax
+# P5: every byte of a double-quantized NF4 weight, for a shape and blocksize no cell runs. k_proj of SmolLM2's first layer
+# (192 × 576 = 110,592 values) in blocks of 128 has 864 blocks, and 864 absmax codes make 3 whole groups of 256 and a
+# partial fourth, which keeps its own fp32 absmax as a short last block does.
+P5_SHAPE = (192, 576)
+P5_BLOCKSIZE = 128
+P5_GROUP = 256                # double quantization's blocksize over the absmax values
 
 
-def _p5_gaps() -> tuple[float, np.ndarray]:
-    """P5: (the worst round-trip error for absmax P5_ABSMAX, the gaps between neighbouring NF4 levels). A value is rounded
-    to its nearest level, so its error is at most half the gap it falls in, times absmax; the widest gap is at the negative
-    end, because the negative half has 7 levels to the positive half's 8."""
-    gaps = np.diff(quant.nf4_code().double().numpy())
-    return float(P5_ABSMAX * gaps.max() / 2), gaps
+def p5_stored_bytes(*, blocksize: int = P5_BLOCKSIZE, double_quant: bool = True, codes_per_byte: int = 2,
+                    whole_groups: bool = False, formula: bool = False) -> float:
+    """P5: the bytes ``bnbF.quantize_4bit(W, blocksize, quant_type="nf4", compress_statistics=double_quant)`` stores for
+    a P5_SHAPE weight: the packed codes, one absmax per block (fp32, or a uint8 code with double quantization), with
+    double quantization one fp32 absmax per group of 256 blocks (the last group partial) and one fp32 offset. The flags
+    run the likely mistakes: one code per byte, the partial group dropped, the per-parameter formula of 'Bits per
+    parameter, counted' multiplied out (its 32/(256·B) bits per weight, plus the offset). tests/test_lesson15_items.py
+    checks the default, and each variant that bitsandbytes can run, against bitsandbytes' own tensors."""
+    n = P5_SHAPE[0] * P5_SHAPE[1]
+    blocks = -(-n // blocksize)
+    if formula:
+        return n * quant.bits_per_parameter(blocksize, compress_statistics=double_quant) / 8 + 4 * double_quant
+    codes = -(-n // codes_per_byte)
+    if not double_quant:
+        return float(codes + 4 * blocks)
+    groups = blocks // P5_GROUP if whole_groups else -(-blocks // P5_GROUP)
+    return float(codes + blocks + 4 * groups + 4)
 
 
 def _p5_mistakes() -> list[Mistake]:
-    worst, gaps = _p5_gaps()
+    n = P5_SHAPE[0] * P5_SHAPE[1]
+    blocks = n // P5_BLOCKSIZE
     return [
-        Mistake("positive end", P5_ABSMAX * gaps[-1] / 2, "that is half the gap between the two largest positive levels; the "
-                "negative half has only 7 levels for the same range, so its outermost gap (−1 to −0.6962) is wider. "
-                + READ_LEVELS),
-        Mistake("whole gap", P5_ABSMAX * gaps.max(), "that is the whole widest gap: a value is rounded to the nearer of its two "
-                "levels, so it is off by at most half the gap. " + READ_BLOCK),
-        Mistake("not scaled", gaps.max() / 2, "that is the error in the scaled units x / absmax; the dequantized value is "
-                "level · absmax, so multiply by absmax. " + READ_BLOCK),
-        Mistake("narrowest gap", P5_ABSMAX * gaps.min() / 2, "that is half the narrowest gap, near 0 where the levels are "
-                "densest; the question asks for the worst case, in the sparse tail. " + READ_LEVELS),
-        Mistake("evenly spaced", P5_ABSMAX / 7 / 2, "that is int4 absmax's worst error (15 evenly spaced levels, step absmax/7); "
-                "NF4's levels are not evenly spaced. " + READ_LEVELS),
+        Mistake("no double quantization", p5_stored_bytes(double_quant=False),
+                f"that is an fp32 absmax per block, 4 bytes each: storage without double quantization. With it, each of the "
+                f"{blocks} blocks keeps a 1-byte code, and the fp32 numbers are one per group of {P5_GROUP} blocks plus the "
+                f"offset. {READ_DQ}"),
+        Mistake("blocksize 64", p5_stored_bytes(blocksize=64),
+                f"that counts blocks of 64, the default the lesson used for gate_proj; this weight is stored with blocksize "
+                f"{P5_BLOCKSIZE}: {n:,} / {P5_BLOCKSIZE} = {blocks} blocks. {READ_BLOCK}"),
+        Mistake("one code per byte", p5_stored_bytes(codes_per_byte=1),
+                f"a byte holds two 4-bit codes, so the codes take {n:,} / 2 bytes. {READ_PACK}"),
+        Mistake("one fp32 short", p5_stored_bytes(whole_groups=True),
+                f"you are one fp32 number (4 bytes) short. {blocks} absmax values make {blocks // P5_GROUP} whole groups of "
+                f"{P5_GROUP} and a partial one, which keeps its own fp32 absmax as a short last block does; and the offset "
+                f"is stored once. {READ_DQ}"),
+        Mistake("per-parameter formula", p5_stored_bytes(formula=True),
+                f"the formula 4 + 8/B + 32/(256·B) spreads the second-level absmax over the weights as a fraction of a bit; "
+                f"the tensor stores whole fp32 numbers, one per group of {P5_GROUP} blocks, and {blocks} blocks need "
+                f"{-(-blocks // P5_GROUP)} of them. {READ_BITS}"),
+        Mistake("bits", 8 * p5_stored_bytes(), f"that is the count in bits; the question asks for bytes. {READ_BITS}"),
     ]
 
 
@@ -508,12 +532,14 @@ ITEMS = {
         mistakes=_p4_mistakes,
     ),
     "p5": Numeric(
-        f"predict the worst NF4 round-trip error in a block of absmax {P5_ABSMAX:g}",
+        f"predict every byte a {P5_SHAPE[0]} × {P5_SHAPE[1]} NF4 weight stores with blocksize {P5_BLOCKSIZE} and double quantization",
         1,
-        name="max_error",
-        expected=lambda: _p5_gaps()[0],
-        rtol=1e-3,  # the prompt asks for 3 significant digits
+        name="stored_bytes",
+        expected=lambda: p5_stored_bytes(),
+        rtol=0,
+        atol=0.5,  # a whole number of bytes
         mistakes=_p5_mistakes,
+        unit="bytes",
     ),
     "p6": Choice(
         "which blocks get their absmax back exactly after double quantization",

@@ -192,7 +192,7 @@ ITEMS = {
         multi=True,
     ),
     "p3": Choice(
-        "what prepare_model_for_kbit_training(use_gradient_checkpointing=False) leaves on a fresh NF4 model",
+        "what prepare_model_for_kbit_training(use_gradient_checkpointing=False) leaves on a fresh bf16 model",
         2,
         options="abcdef",
         multi=True,
