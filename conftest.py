@@ -143,7 +143,7 @@ SCOPE_SECONDS = {  # one core's seconds, rounded, from the 2026-12-04 run of doc
     "tests/test_grading_roundtrip.py::TestRoundTrip18": 145,
     "tests/test_grading_roundtrip.py::TestRoundTrip03": 135,
     "tests/test_grading_roundtrip.py::TestRoundTrip16": 125,
-    "tests/test_grading_roundtrip.py::TestRoundTrip17": 115,
+    "tests/test_grading_roundtrip.py::TestRoundTrip17": 95,  # four notebooks since two wrong students merged
     "tests/test_grading_roundtrip.py::TestRoundTrip04": 81,
     "tests/test_grading_roundtrip.py::TestRoundTrip05": 72,
     "tests/test_grading_roundtrip.py::TestRoundTrip12": 69,
