@@ -89,6 +89,20 @@ def test_reload_right_answer_scores_full_with_hidden_cases_and_leaves_rng_alone(
     assert torch.equal(torch.get_rng_state(), before)  # grading does not move the student's RNG
 
 
+def _exported_adapter(tmp_path: Path):
+    """A LoRA adapter (r = 4 on fc1 and fc2) on TinyNet(seed=0), with lora_B drawn from N(0, 1) after torch.manual_seed(0)
+    so that it changes the logits (B = 0 would only warn), and the folder artifacts.export_adapter wrote it to."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    return model, artifacts.export_adapter(model, tmp_path / "adapter")
+
+
 def _lesson_run(p_drop=0.1, lora_dropout=0.1):
     """The lesson's setup (TinyNet(seed=0), r = 4 adapter on fc1 and fc2, AdamW at lr 1e-2, LinearLR over 12 steps,
     ShuffledBatches of 8 over 64 rows): (X, y, build)."""
@@ -148,17 +162,9 @@ def test_p1s_key_is_what_load_adapter_checked_does_with_a_bfloat16_base(tmp_path
     rounds the base's weights, so no model on it could give the trained logits bit for bit (not d)."""
     import json
 
-    from peft import LoraConfig, PeftModel, get_peft_model
-
     from coursekit import artifacts
 
-    torch.manual_seed(0)
-    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_()                                  # a trained-looking adapter (B = 0 would only warn)
-    folder = artifacts.export_adapter(model, tmp_path / "adapter")
+    _, folder = _exported_adapter(tmp_path)
     bf16 = artifacts.TinyNet(seed=0).to(torch.bfloat16)
     try:
         artifacts.load_adapter_checked(bf16, folder)
@@ -179,17 +185,11 @@ def test_p6s_key_is_measured_by_attaching_the_adapter_to_its_merged_model(tmp_pa
     adapter's own (a) nor the base's (b). The hint of d says load_adapter_checked would refuse it: checked too."""
     import json
 
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
 
     from coursekit import artifacts
 
-    torch.manual_seed(0)
-    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_()                                  # a trained-looking adapter
-    folder = artifacts.export_adapter(model, tmp_path / "adapter")
+    _, folder = _exported_adapter(tmp_path)
     X, _ = artifacts.tiny_data(n=64, d_in=8, n_classes=4, seed=0)
     once = PeftModel.from_pretrained(artifacts.TinyNet(seed=0), folder).eval()
     deltas = {name.split(".")[-1]: mod.get_delta_weight("default").detach().clone()
@@ -426,7 +426,6 @@ def test_p8s_model_answer_is_measured_on_bases_the_fingerprint_cannot_tell_apart
     on a TinyNet(seed=0) whose forward uses GELU; the first gives the trained logits bit for bit in eval mode, the
     second other logits. And SmolLM2's rms_norm_eps is no tensor: a Llama model with another one has the same
     fingerprint."""
-    from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     class GeluNet(artifacts.TinyNet):
@@ -434,13 +433,7 @@ def test_p8s_model_answer_is_measured_on_bases_the_fingerprint_cannot_tell_apart
             return self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(x))))
 
     X, y, build = _lesson_run()
-    torch.manual_seed(0)
-    model = get_peft_model(artifacts.TinyNet(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_()                                  # a trained-looking adapter
-    folder = artifacts.export_adapter(model, tmp_path / "adapter")
+    model, folder = _exported_adapter(tmp_path)
     model.eval()
     with torch.no_grad():
         trained = model(X)
