@@ -139,15 +139,21 @@ def _p2_public() -> list[Case]:
     ]
 
 
-def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+def _random_block_cases(rng: np.random.Generator, must: str, make) -> list[Case]:
+    """Three random blocks with ``must`` adapted and each other projection with probability ½, built by ``make``
+    (``_p1_case`` or ``_p5_case``): P2's and P5's hidden cases."""
     cases = []
     for _ in range(3):
         n_heads = int(rng.integers(1, 4))
         d = n_heads * int(rng.integers(2, 5))
-        others = [p for p in block.PROJECTIONS if p != "v" and rng.random() < 0.5]
-        cases.append(Case(_p1_case(rng, ["v"] + others, T=int(rng.integers(2, 7)), d=d, n_heads=n_heads,
-                                   f=int(rng.integers(4, 17)), r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
+        others = [p for p in block.PROJECTIONS if p != must and rng.random() < 0.5]
+        cases.append(Case(make(rng, [must] + others, T=int(rng.integers(2, 7)), d=d, n_heads=n_heads,
+                               f=int(rng.integers(4, 17)), r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
     return cases
+
+
+def _p2_hidden(rng: np.random.Generator) -> list[Case]:
+    return _random_block_cases(rng, "v", _p1_case)
 
 
 def _p2_mistakes(kw: dict, got: dict) -> dict:
@@ -262,14 +268,7 @@ def _p5_public() -> list[Case]:
 
 
 def _p5_hidden(rng: np.random.Generator) -> list[Case]:
-    cases = []
-    for _ in range(3):
-        n_heads = int(rng.integers(1, 4))
-        d = n_heads * int(rng.integers(2, 5))
-        others = [p for p in block.PROJECTIONS if p != "o" and rng.random() < 0.5]
-        cases.append(Case(_p5_case(rng, ["o"] + others, T=int(rng.integers(2, 7)), d=d, n_heads=n_heads,
-                                   f=int(rng.integers(4, 17)), r=int(rng.integers(1, 4)), s=float(rng.choice([0.5, 2.0, 4.0])))))
-    return cases
+    return _random_block_cases(rng, "o", _p5_case)
 
 
 def _p5_mistakes(kw: dict, got: dict) -> dict:
