@@ -382,7 +382,7 @@ ITEMS = {
             "a": "The second row [2, 4] is 2 times the first row [1, 2], and the second column is 2 times the first, so all columns lie along one direction: rank 1. It is the outer product [1, 2]ᵀ[1, 2], a single rank-one piece. (Lesson 03, 'Rank of a product'.)",
             "b": "The identity's two columns point in different directions: rank 2. Reread 'Rank of a product' in Know this.",
             "c": "diag(1, −1) has two independent columns (one per axis): rank 2. Reread 'Rank of a product' in Know this.",
-            "d": "A permutation matrix has full rank: its columns are distinct unit vectors. Reread 'When low rank fails'.",
+            "d": "A permutation matrix has full rank: its columns are distinct unit vectors. Reread 'When low rank fails' in Know this.",
         },
     ),
     "w3": Numeric(
