@@ -178,3 +178,59 @@ def test_p6_scaling_x_by_a_power_of_two_scales_the_rounding_difference_exactly()
     assert keys.load("02")["keys"]["p6"] == "b"
     assert check("02.p6", "b").points == 1
     assert all(check("02.p6", wrong).points == 0 for wrong in "acd")
+
+
+def test_p9s_model_answer_a_rank_one_adapter_cannot_add_the_identity():
+    """P9's model answer, measured: rank-one PEFT adapters with random factors on a 2 × 2 weight. The update a merge
+    adds (s A B) has nonzero off-diagonal entries whenever its diagonal ones are nonzero, with the product of the
+    off-diagonal pair equal to the diagonal pair's (1 when the diagonal changes are 1 and 1), and even the best rank-one
+    change (the SVD's) leaves a residual from the identity. A rank-2 PEFT adapter with A = I, B = I / s adds exactly the
+    identity, and a rank-one adapter with one nonzero in A and one in B changes exactly one entry."""
+    g = np.random.default_rng(9)
+    s = 0.5
+    for _ in range(20):
+        A, B = g.standard_normal((2, 1)).astype(np.float32), g.standard_normal((1, 2)).astype(np.float32)
+        _, layer = _peft_layer(2, 2, 1, s, False, A, B)
+        change = layer.get_delta_weight("default").detach().double().numpy().T      # what a merge adds: s A B
+        assert np.all(np.diag(change) != 0) and change[0, 1] != 0 and change[1, 0] != 0
+        assert change[0, 1] * change[1, 0] == pytest.approx(change[0, 0] * change[1, 1], rel=1e-4)
+    U, S, Vt = np.linalg.svd(np.eye(2))
+    assert np.linalg.norm(np.eye(2) - S[0] * np.outer(U[:, 0], Vt[0])) == pytest.approx(1.0)    # no rank one gives I
+
+    model, layer = _peft_layer(2, 2, 2, 2 * s, False, np.eye(2, dtype=np.float32), (np.eye(2) / s).astype(np.float32))
+    assert layer.scaling["default"] == s
+    W = layer.base_layer.weight.detach().double().numpy().T.copy()
+    np.testing.assert_allclose(model.merge_and_unload().proj.weight.detach().double().numpy().T - W, np.eye(2), atol=1e-6)
+
+    one = (np.array([[1.0], [0.0]], dtype=np.float32), np.array([[1.0, 0.0]], dtype=np.float32))
+    model, layer = _peft_layer(2, 2, 1, s, False, *one)
+    W = layer.base_layer.weight.detach().numpy().T.copy()
+    assert np.count_nonzero(model.merge_and_unload().proj.weight.detach().numpy().T != W) == 1
+
+
+def test_p8s_model_answer_the_papers_letters_against_peft_and_the_course():
+    """P8's model answer, measured on a PEFT adapter of nn.Linear(k = 5 inputs, d = 3 outputs) at r = 2: the base weight
+    is the paper's W₀ (d × k), lora_A.weight has the paper's A shape r × k and is random at initialisation, lora_B.weight
+    has the paper's B shape d × r and starts at zero; with B made nonzero, the paper's column form W₀x + s B A x and the
+    course's row form x W + s x A B (W = W₀ᵀ, A = lora_A.weightᵀ, B = lora_B.weightᵀ) both give PEFT's output."""
+    from peft import LoraConfig, get_peft_model
+
+    k, d, r = 5, 3, 2
+    torch.manual_seed(0)
+    model = get_peft_model(torch.nn.Sequential(torch.nn.Linear(k, d, bias=False)), LoraConfig(r=r, lora_alpha=4, target_modules=["0"]))
+    layer = model.base_model.model[0]
+    W0 = layer.base_layer.weight.detach().double()
+    A_paper, B_paper = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert tuple(W0.shape) == (d, k) and tuple(A_paper.shape) == (r, k) and tuple(B_paper.shape) == (d, r)
+    assert torch.count_nonzero(B_paper) == 0 and torch.count_nonzero(A_paper) == A_paper.numel()   # B = 0, A random
+    with torch.no_grad():
+        B_paper.normal_()
+    s = layer.scaling["default"]
+    x = torch.randn(k, dtype=torch.float64)
+    with torch.no_grad():
+        h_peft = model(x.float()[None]).double()[0]
+    A_p, B_p = A_paper.detach().double(), B_paper.detach().double()
+    h_paper = W0 @ x + s * B_p @ (A_p @ x)                                  # column vectors: h = W₀x + s B A x
+    h_course = x @ W0.T + s * (x @ A_p.T) @ B_p.T                           # rows: x W + s (x A) B, A = A_paperᵀ, B = B_paperᵀ
+    torch.testing.assert_close(h_paper, h_peft, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h_course, h_peft, rtol=1e-5, atol=1e-6)
