@@ -1,7 +1,7 @@
 """A 4-bit data type judged as the QLoRA paper judges it: by the model's held-out loss with its base in that type.
 
 Weight error (lessons 14 and 15) says how far each quantized weight is from the original; what matters is how much
-worse the *model* predicts text. Dettmers et al. 2023 (QLoRA, arXiv:2305.14314, §3 and Figure 3, Table 2) compare
+worse the *model* predicts text. Dettmers et al. 2023 (QLoRA, arXiv:2305.14314, §4: Figure 3, Table 2) compare
 NF4, FP4 and int4 by the perplexity and zero-shot accuracy of a model whose linear layers hold the quantized weights.
 This module does that on a small scale:
 
@@ -75,7 +75,7 @@ def round_trip(W: torch.Tensor, data_type: str, blocksize: int = 64) -> torch.Te
     Raises:
         ValueError: an unknown data type. ``quant.QuantError`` (a ValueError): W not a float tensor, empty, non-finite,
         or a bad blocksize.
-    Sources: QLoRA (Dettmers et al. 2023, arXiv:2305.14314) §3 for NF4 and the FP4/int4 comparison; bitsandbytes
+    Sources: QLoRA (Dettmers et al. 2023, arXiv:2305.14314) §3 for NF4, §4 for the FP4/int4 comparison; bitsandbytes
     0.50.2 for the nf4/fp4 codes; Dettmers et al. 2021 (arXiv:2110.02861) §2 for blockwise absmax.
     """
     if data_type not in DATA_TYPES:
@@ -201,7 +201,7 @@ def compare_data_types(model: torch.nn.Module, tokenizer, examples: Sequence[dic
     paired, resampling groups; None for the reference), "n_examples", "n_tokens", "n_groups"}``.
     Raises ValueError for an unknown data type, a reference not among ``data_types``, or an example without
     ``group_key``, and as :func:`ticket_losses`.
-    Source: QLoRA (arXiv:2305.14314) §3 compares data types by the quality of the model with its base in each.
+    Source: QLoRA (arXiv:2305.14314) §4 compares data types by the quality of the model with its base in each.
     """
     data_types = list(data_types)
     bad = [d for d in data_types if d not in DATA_TYPES]

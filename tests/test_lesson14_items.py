@@ -42,7 +42,7 @@ def right_walk_D(X, W, A, B, s, target, step):
 
 
 RIGHT = {"w1": 85, "w2": "b", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
-         "p4": [[-0.10630311, 0.10630311]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "d",
+         "p4": [[-0.14026371, 0.14026371]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "d",
          "p8": -0.24}
 
 
@@ -288,9 +288,17 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p8", -2.6, "margin Y₁ − Y₀ on Ŵ itself"),
         ("p8", -0.09, "transpose"),
         ("w3", [[3, 1], [-2, 5]], "transposed"),
-        ("p4", [[0.10630311, -0.10630311]], "wrong sign"),
-        ("p4", [[0.35434369, -0.35434369]], "that is D"),
-        ("p4", [[-0.10589166, 0.10589166]], "second step"),
+        ("p4", [[0.14026371, -0.14026371]], "wrong sign"),
+        ("p4", [[0.46754569, -0.46754569]], "that is D"),
+        ("p4", [[-0.13981569, 0.13981569]], "second step"),
+        ("p4", [[-0.10630311, 0.10630311]], "toy base"),
+        ("p4", [[-0.13301071, 0.13301071]], "instead of Q = 2^(bits−1) − 1 = 7"),
+        ("p4", [[-0.14091115, 0.14091115]], "unsigned range"),
+        ("p4", [[-0.13820159, 0.13820159]], "int8's Q = 127"),
+        ("p4", [[-0.15, 0.15]], "forgot to multiply by Q = 7"),
+        ("p4", [[-0.13356623, 0.13356623]], "each row its own absmax"),
+        ("p4", [[-0.13060911, 0.13060911]], "floor"),
+        ("p4", [[-0.08068243, 0.08068243]], "integer codes"),
         ("p5", 1.029183, "second step"),
         ("p5", 1.036738, "plain gradient-descent step"),
     ],
@@ -300,13 +308,34 @@ def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
     assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_truncated_W_hat_walk_is_recognised():
-    trunc = walk.run_walk(**(walk.worked_example() | dict(W=np.array([[0.6, -0.4], [0.2, 0.8]]))), steps=1)[0]
+def test_truncated_absmax_codes_are_recognised():
+    ex = walk.worked_example()
+    trunc = walk.run_walk(**(ex | dict(W=np.trunc(ex["W"] / 0.91 * 7) / 7 * 0.91)), steps=1)[0]   # codes [[4, −3], [2, 7]]
     fb = check("14.p4", trunc.dB)
-    assert fb.points < 2 and "rounds to 5, not 4" in fb.text(), fb.text()
+    assert fb.points < ITEMS["p4"].points and "truncate toward zero" in fb.text(), fb.text()
 
 
-@pytest.mark.parametrize("answer", [[-0.10630311, 0.10630311], (-0.1063031, 0.1063031), np.array([-0.10630311, 0.10630311])])
+def test_p4_key_is_the_walk_on_the_int4_absmax_reconstruction_measured_by_autograd():
+    """The key is ∇B of a forward pass on Ŵ = code / 7 · 0.91, W quantized per tensor by coursekit.quant, measured with
+    torch autograd (not the walk's hand formulas), and equals the toy base's rule with the step absmax / Q."""
+    import torch
+
+    ex = walk.worked_example()
+    codes, absmax = quant.absmax_quantize(ex["W"], bits=4, blocksize=4)
+    W_hat = quant.absmax_dequantize(codes, absmax, (2, 2), bits=4, blocksize=4)
+    np.testing.assert_array_equal(codes.reshape(2, 2), [[5, -4], [2, 7]])
+    np.testing.assert_allclose(W_hat, [[0.65, -0.52], [0.26, 0.91]], atol=1e-12)
+    np.testing.assert_allclose(W_hat, quant.toy_int4(ex["W"], step=0.91 / 7)[1], atol=1e-12)   # absmax = a fixed step
+    B = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    X, A = torch.tensor(ex["X"]), torch.tensor(ex["A"])
+    Y = X @ torch.tensor(W_hat) + ex["s"] * (X @ A) @ B
+    torch.nn.functional.cross_entropy(Y, torch.tensor([ex["target"]])).backward()
+    np.testing.assert_allclose(ITEMS["p4"].expected(), B.grad.numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(B.grad.numpy(), RIGHT["p4"], atol=1e-8)
+    assert check("14.p4", B.grad.numpy()).full
+
+
+@pytest.mark.parametrize("answer", [[-0.14026371, 0.14026371], (-0.1402637, 0.1402637), np.array([-0.14026371, 0.14026371])])
 def test_p4_accepts_the_row_written_flat(answer):
     fb = check("14.p4", answer)
     assert fb.points == ITEMS["p4"].points and "read as the 1 × 2 row" in fb.text(), fb.text()
