@@ -473,6 +473,27 @@ def test_low_precision_hint_only_when_rounding_could_explain_the_miss():
     assert not any("machine epsilon" in l for l in wrong), wrong
 
 
+def test_low_precision_hint_not_given_when_the_right_answer_is_a_number_of_that_dtype():
+    """An answer in bf16 (or float32) whose right value is itself on that dtype's grid misses by its arithmetic, not by
+    its dtype: "compute in float64" would be wrong advice (lesson 13's P1 wants the bf16 weight bf16 arithmetic leaves).
+    The advice still comes where the right value is off the answer's grid."""
+    import torch
+
+    from coursekit.grading.checkers import compare_arrays
+
+    right = torch.tensor([1.0, 1.5, -3.0], dtype=torch.bfloat16)
+    one_off = right.clone()
+    one_off[0] = torch.nextafter(right[0], torch.tensor(2.0, dtype=torch.bfloat16))      # one bf16 spacing off
+    kind, lines = compare_arrays(one_off, right.double().numpy(), "weight", rtol=0.0, atol=0.0)
+    assert kind == "values" and not any("float64" in l or "machine epsilon" in l for l in lines), lines
+    on_f32 = np.array([1.0, 2.0**-20, 3.0])
+    _, lines = compare_arrays(np.float32(on_f32 * (1 + 2.0**-23)), on_f32, "Y", rtol=1e-9, atol=0.0)
+    assert not any("machine epsilon" in l for l in lines), lines
+    off = np.array([1.0 + 1e-3, 2.0, 3.0])                                                   # not a bf16 number
+    _, lines = compare_arrays(torch.tensor(off).bfloat16(), off, "Y", rtol=1e-6, atol=0.0)
+    assert any("machine epsilon" in l and "Compute in float64" in l for l in lines), lines
+
+
 # --------------------------------------------------------------------------- hidden cases do not leak their inputs
 
 import re  # noqa: E402

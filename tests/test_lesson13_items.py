@@ -163,6 +163,34 @@ def test_merge_unmerge_mistakes_lose_every_case_with_a_diagnosis(fn, label, text
     assert fb.points == 0 and text in fb.text() and fb.mistakes == [label], (fb.mistakes, fb.text())
 
 
+def _mu_scale_inverted(weight, lora_A, lora_B, lora_alpha, r):
+    """A bf16 answer no named mistake explains: the scale taken as r / lora_alpha."""
+    delta = (r / lora_alpha) * (lora_B @ lora_A)
+    w = weight.clone()
+    w += delta
+    return w - delta.to(w.dtype)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_wrong_bf16_round_trip_is_not_told_to_compute_in_float64(hidden):
+    """P1's right answer is a bf16 weight (bf16 arithmetic, rounded twice), so a wrong answer that stays in bf16 is wrong
+    arithmetic, not too few bits. The shared array checker used to add "Compute in float64, as the inputs are" to any
+    bf16 answer within 100 bf16 spacings that matched no named mistake, which is wrong advice here (the inputs are bf16
+    and float32, and a float64 answer is marked "unchanged"). The variant is run: it is bf16, wrong on every case,
+    close enough that the old rule fired, and names no mistake."""
+    from coursekit.grading.lessons.lesson13 import merge_unmerge
+
+    rng = np.random.default_rng(0)
+    cases = [c.kwargs for c in ITEMS["p1"].public()] + [c.kwargs for c in ITEMS["p1"].hidden(rng)]
+    for kw in cases:
+        got = _mu_scale_inverted(**kw)
+        assert got.dtype == torch.bfloat16 and not torch.equal(got.double(), merge_unmerge(**kw))
+        assert np.allclose(got.double().numpy(), merge_unmerge(**kw).numpy(), rtol=0.78, atol=0.78 * kw["weight"].abs().max().item())
+    fb = check("13.p1", _mu_scale_inverted, hidden=hidden)
+    assert fb.points == 0 and fb.mistakes == [], (fb.mistakes, fb.text())
+    assert "float64" not in fb.text() and "machine epsilon" not in fb.text(), fb.text()
+
+
 def test_p1_key_is_what_peft_leaves_after_merge_and_unmerge():
     """P1's key, run through PEFT itself on every public and hidden case: an nn.Linear whose weight is the case's bf16
     weight, a LoRA adapter (PEFT keeps it in float32) with the case's lora_A and lora_B, merge(), unmerge(): the weight

@@ -33,8 +33,8 @@ def right_input_grad(D, packed):
     return D @ right_dequantize(packed).astype(np.float64).reshape(packed.shape[0], -1)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "c", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["attn_v", "norms", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
+RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "d", "e"}, "p2": right_dequantize, "p3": right_input_grad,
+         "p4": ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "token_embd", "up_bf16"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -255,8 +255,8 @@ def test_function_stub_and_non_function():
         ("w1", "c", "runs nothing"),
         ("w1", "d", "not a training state"),
         ("w2", "a", "has no offset"),
-        ("w2", "b", "is Q4_0"),
-        ("w2", "d", "not the other way round"),
+        ("w2", "b", "eight steps below the block's smallest weight"),
+        ("w2", "d", "the minimum with its sign flipped"),
         ("p5", "a", "An average over weights counts weights, not tensors"),
         ("p5", "b", "only about a fifth of the weights are embedding weights"),
         ("p5", "d", "A Q4_1 weight costs 5 bits, not 4"),
@@ -272,27 +272,86 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 
 @pytest.mark.parametrize(
     "answer, text",
-    [({"a", "b", "c", "e"}, "token_embd.weight (49,152 × 576) is Q8_0"),
-     ({"b", "c", "d", "e"}, "SmolLM2 ties its embeddings"),
-     ({"b", "c", "e", "f"}, "about 31 % of the file's bytes"),
-     ({"b", "e"}, "(c) is missing from your set. True: token_embd.weight is Q8_0")],
+    [({"a", "b", "d", "e"}, "SmolLM2 ties its embeddings"),
+     ({"b", "c", "d", "e"}, "about 0.12 % of the file, not more than 1 %"),
+     ({"b", "d", "e", "f"}, "about 79 %"),
+     ({"b", "e"}, "(d) is missing from your set. True: the embedding holds 28.3M of the 134.5M weights (21 %)"),
+     ({"d", "e"}, "(b) is missing from your set. True: o_proj maps the 9 query heads")],
 )
 def test_multi_choice_partial_credit(answer, text):
     fb = check("18.p1", answer)
     assert 0 <= fb.points < 2 and text in fb.text(), fb.text()
 
 
+def test_p1_key_is_each_statement_measured_in_the_file():
+    """P1's key, measured on the course's own file: each statement's truth from the tensor table and the metadata, and
+    every number its hints quote. (a) the logits' matrix: with no output.weight the output layer is the tied
+    token_embd.weight, Q8_0; (b) v_proj's bytes against o_proj's in every block; (c) the norms' bytes as Q4_1 (gguf's
+    reference quantizer) against the file's size; (d) the embedding's share of the bytes and of the weights; (e) the
+    210 Q4_1 tensors against the 30 blocks' seven projections; (f) the Q4_1 share of the weights."""
+    import json
+
+    from coursekit import gguf_file as gf
+    from coursekit import model as cmodel
+
+    path = cmodel.gguf_path()
+    reader = gf.open_reader(path)
+    meta = gf.metadata(reader)
+    table = gf.tensor_table(reader)
+    by_name = {t.name: t for t in table}
+    raw = {t.name: t for t in reader.tensors}
+    n = sum(t.n_elements for t in table)
+    n_bytes = sum(t.n_bytes for t in table)
+    file_bytes = path.stat().st_size
+    emb = by_name["token_embd.weight"]
+    q41 = [t for t in table if t.type == "Q4_1"]
+    norms = [t for t in table if t.type == "F32"]
+    projections = {f"blk.{i}.{p}.weight" for i in range(meta["llama.block_count"]) for p in gf.PROJECTIONS}
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    norms_as_q4_1 = sum(gguf.quants.quantize(np.asarray(raw[t.name].data, dtype=np.float32), q4_1).nbytes for t in norms)
+    saving = sum(t.n_bytes for t in norms) - norms_as_q4_1
+    truth = {
+        "a": "output.weight" in by_name and by_name["output.weight"].type == "Q4_1",
+        "b": all(3 * by_name[f"blk.{i}.attn_v.weight"].n_bytes == by_name[f"blk.{i}.attn_output.weight"].n_bytes
+                 for i in range(30)),
+        "c": saving / file_bytes > 0.01,
+        "d": emb.n_bytes / n_bytes > emb.n_elements / n,
+        "e": {t.name for t in q41} == projections,
+        "f": sum(t.n_elements for t in q41) / n > 0.9,
+    }
+    keys = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())
+    assert {k for k, v in truth.items() if v} == set(keys["keys"]["p1"]) == RIGHT["p1"]
+    assert "output.weight" not in by_name and emb.type == "Q8_0" and emb.shape == (49152, 576)
+    assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"], 576 // 9) == (9, 3, 64)
+    assert (by_name["blk.0.attn_v.weight"].n_bytes, by_name["blk.0.attn_output.weight"].n_bytes) == (69_120, 207_360)
+    assert (len(q41), len(norms), len(table)) == (210, 61, 272) and len(projections) == 210
+    assert all(t.name.endswith("norm.weight") for t in norms)
+    hints = keys["hints"]["p1"]
+    assert (f"{sum(t.n_bytes for t in norms):,}" in hints["c"] and f"{norms_as_q4_1:,}" in hints["c"]
+            and f"{saving:,}" in hints["c"] and f"about {100 * saving / file_bytes:.2f} %" in hints["c"])
+    assert (f"{emb.n_elements / 1e6:.1f}M of the {n / 1e6:.1f}M weights ({100 * emb.n_elements / n:.0f} %)" in hints["d"]
+            and f"{emb.n_bytes / 1e6:.1f}M of the {n_bytes / 1e6:.1f}M tensor bytes ({100 * emb.n_bytes / n_bytes:.0f} %)"
+            in hints["d"])
+    q41_weights = sum(t.n_elements for t in q41)
+    assert (f"{q41_weights / 1e6:.1f}M of the {n / 1e6:.1f}M weights, about {100 * q41_weights / n:.0f} %" in hints["f"]
+            and f"about {100 * sum(t.n_bytes for t in q41) / n_bytes:.0f} %" in hints["f"])
+
+
 def test_ordering_names_the_first_misplaced_step():
-    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"])   # norms assumed tiny
-    assert 0 < fb.points < 2 and "'norms'" in fb.text() and "F32" in fb.text(), fb.text()
-    fb = check("18.p4", ["attn_v", "norms", "attn_output", "up_gguf", "up_nf4", "up_bf16", "token_embd"])   # NF4 taken as larger
-    assert 0 < fb.points < 2 and "more than its NF4 copy" in fb.text(), fb.text()
+    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"])   # bf16 taken as small
+    assert 0 < fb.points < 2 and "at 16 bits instead of 8.5" in fb.text(), fb.text()
+    fb = check("18.p4", ["attn_v", "norms", "attn_output", "up_nf4", "up_gguf", "token_embd", "up_bf16"])   # F32 taken as large
+    assert 0 < fb.points < 2 and "more than all the F32 norms" in fb.text(), fb.text()
+    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_gguf", "up_nf4", "token_embd", "up_bf16"])   # NF4 taken as larger
+    assert 0 < fb.points < 2 and "more than their NF4 copy" in fb.text(), fb.text()
 
 
 def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
-    """P4's key, measured: the GGUF tensors' bytes from the course's own file, the NF4 copy's bytes from bitsandbytes'
-    quantize_4bit (blocksize 64, double quantization, as load_model("nf4") stores it) of the decoded up_proj, and the bf16
-    copy's bytes from that decoded tensor in bf16. The hints quote these sizes."""
+    """P4's key, measured: the GGUF tensors' bytes from the course's own file (the 30 o_proj, v_proj and up_proj
+    tensors summed), the NF4 copies' bytes from bitsandbytes' quantize_4bit (blocksize 64, double quantization, as
+    load_model("nf4") stores it) of each decoded up_proj, and the bf16 copies' bytes from those decoded tensors in bf16.
+    The hints quote these sizes, and one block's share of each. The prompt's claim is checked too: of the seven sizes
+    only the embedding's and the norms' are printed whole (the tensor table prints layer 0's tensors one by one)."""
     import json
 
     import bitsandbytes.functional as bnbF
@@ -302,23 +361,39 @@ def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
 
     reader = gf.open_reader()
     by_name = {t.name: t for t in gf.tensor_table(reader)}
-    up = torch.from_numpy(gf.dequantize_tensor(next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"))).bfloat16()
-    packed, st = bnbF.quantize_4bit(up, blocksize=64, quant_type="nf4", compress_statistics=True)
-    nf4_bytes = packed.numel() + st.absmax.numel() * st.absmax.element_size() + st.state2.absmax.numel() * 4 + st.offset.numel() * 4
+    raw = {t.name: t for t in reader.tensors}
+    nf4_bytes, bf16_bytes = [], []
+    for layer in range(30):
+        up = torch.from_numpy(gf.dequantize_tensor(raw[f"blk.{layer}.ffn_up.weight"])).bfloat16()
+        assert up.shape == (1536, 576) and by_name[f"blk.{layer}.ffn_up.weight"].type == "Q4_1"
+        packed, st = bnbF.quantize_4bit(up, blocksize=64, quant_type="nf4", compress_statistics=True)
+        nf4_bytes.append(packed.numel() + st.absmax.numel() * st.absmax.element_size() + st.state2.absmax.numel() * 4
+                         + st.offset.numel() * 4)
+        bf16_bytes.append(up.numel() * up.element_size())
     norms = [t for name, t in by_name.items() if name.endswith("norm.weight")]
+
+    def all_30(kind):
+        return sum(by_name[f"blk.{layer}.{kind}.weight"].n_bytes for layer in range(30))
+
     sizes = {
-        "attn_v": by_name["blk.0.attn_v.weight"].n_bytes,
-        "attn_output": by_name["blk.0.attn_output.weight"].n_bytes,
+        "attn_v": all_30("attn_v"),
+        "attn_output": all_30("attn_output"),
         "norms": sum(t.n_bytes for t in norms),
         "token_embd": by_name["token_embd.weight"].n_bytes,
-        "up_gguf": by_name["blk.0.ffn_up.weight"].n_bytes,
-        "up_nf4": nf4_bytes,
-        "up_bf16": up.numel() * up.element_size(),
+        "up_gguf": all_30("ffn_up"),
+        "up_nf4": sum(nf4_bytes),
+        "up_bf16": sum(bf16_bytes),
     }
+    one_block = {"attn_v": by_name["blk.0.attn_v.weight"].n_bytes, "attn_output": by_name["blk.0.attn_output.weight"].n_bytes,
+                 "up_gguf": by_name["blk.0.ffn_up.weight"].n_bytes, "up_nf4": nf4_bytes[0], "up_bf16": bf16_bytes[0]}
     assert set(sizes) == set(ITEMS["p4"].labels)
     assert len(norms) == 61 and all(t.type == "F32" for t in norms) and by_name["token_embd.weight"].type == "Q8_0"
     assert {name for name, t in by_name.items() if t.type == "F32"} == {t.name for t in norms}   # the F32 row the prompt cites
-    assert up.shape == (1536, 576) and by_name["blk.0.ffn_up.weight"].type == "Q4_1"
+    # the prompt: layer 0's q, k and gate tensors, printed in the table, have the shapes and types of its o, v and up
+    for printed, asked in (("attn_q", "attn_output"), ("attn_k", "attn_v"), ("ffn_gate", "ffn_up")):
+        a, b = by_name[f"blk.0.{printed}.weight"], by_name[f"blk.0.{asked}.weight"]
+        assert (a.shape, a.type, a.n_bytes) == (b.shape, b.type, b.n_bytes)
+    assert round(sizes["norms"] / one_block["attn_v"]) == 2                                   # "about two blocks' worth"
     order = sorted(sizes, key=sizes.get)
     ratios = [sizes[b] / sizes[a] for a, b in zip(order, order[1:])]
     assert min(ratios) > 1.2, sizes                                                # no near-tie
@@ -326,6 +401,10 @@ def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
     assert order == keys["keys"]["p4"] == RIGHT["p4"]
     for label, n in sizes.items():                                               # each hint quotes its piece's bytes
         assert f"{n:,}" in keys["hints"]["p4"][label], label
+    for label, n in one_block.items():                                           # and one block's share
+        assert f"{n:,}" in keys["hints"]["p4"][label], label
+    n_up = 30 * 1536 * 576
+    assert f"{n_up:,}" in keys["hints"]["p4"]["up_bf16"] and n_up < by_name["token_embd.weight"].n_elements
 
 
 @pytest.mark.parametrize(

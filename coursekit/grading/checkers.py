@@ -396,6 +396,20 @@ _CASTS = {"float32": ".astype(np.float32), torch.Tensor(...) or .float()", "floa
           "bfloat16": ".bfloat16() or .to(torch.bfloat16)"}  # how code usually lands in each low precision
 
 
+def _on_grid(expected: np.ndarray, dtype: str) -> bool:
+    """Whether every entry of ``expected`` is itself a number of ``dtype`` (float32, float16 or bfloat16).
+
+    Then an answer of that dtype can hold the right answer exactly, so its rounding does not explain a miss, and
+    "compute in float64" is wrong advice: a bf16 weight after bf16 arithmetic (lesson 13's merge and unmerge) is
+    right only in bf16. bfloat16 is float32 with the low 16 bits of the mantissa zero (NumPy has no bfloat16)."""
+    x = np.asarray(expected, dtype=np.float64)
+    with np.errstate(all="ignore"):  # out-of-range values overflow to inf in the cast: off the grid, no warning
+        small = x.astype(np.float16 if dtype == "float16" else np.float32)
+        if not np.array_equal(small.astype(np.float64), x):
+            return False
+    return dtype != "bfloat16" or not np.any(small.view(np.uint32) & 0xFFFF)
+
+
 def _low_precision_hint(name: str, dtype: str) -> str:
     return (f"Your {name} is {dtype}: its rounding (machine epsilon {_EPS[dtype]:.1e}) is larger than the tolerance. "
             f"Compute in float64, as the inputs are: don't convert on the way ({_CASTS[dtype]}).")
@@ -498,8 +512,9 @@ def compare_arrays(got: Any, expected: np.ndarray, name: str, rtol: float, atol:
                 matched.append(m)
     low = _low_precision(got)
     # Blame the dtype only when its rounding could explain the miss and no known mistake does
-    # (a wrong formula computed in float32 is a wrong formula).
-    if low and named is None and np.allclose(a, expected, rtol=100 * _EPS[low],
+    # (a wrong formula computed in float32 is a wrong formula), and only when the right answer is not itself a number
+    # of that dtype (an answer meant to be bf16 that misses is wrong arithmetic, not too few bits).
+    if low and named is None and not _on_grid(expected, low) and np.allclose(a, expected, rtol=100 * _EPS[low],
                                              atol=atol + 100 * _EPS[low] * float(np.abs(expected).max())):
         lines.append(_low_precision_hint(name, low))
     if named:

@@ -335,10 +335,10 @@ ITEMS = {
         0,
         key="c",
         explain={
-            "a": "w = d·q has no offset: every weight of the block would have the sign of d. Q4_1 adds the block minimum m. (Lesson 18, 'Inside a Q4_1 block'.)",
-            "b": "w = d·(q − 8) is Q4_0, the symmetric format with one scale per block. Q4_1 stores a minimum instead. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "a": "w = d·q has no offset: code 0 would decode to 0 rather than to the block's smallest weight, and every weight would have the sign of d, so a block of negative weights could not be stored. Q4_1 adds the minimum back: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "b": "Subtracting 8 centres the codes around 0, as Q4_0 does (w = d·(q − 8), symmetric, no minimum). With m added as well, code 0 would decode to m − 8d, eight steps below the block's smallest weight. Q4_1's codes count up from the minimum: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
             "c": "Q4_1 is an asymmetric grid: the quantizer takes m = the block's minimum and d = (max − min) / 15, so the 16 levels m, m + d, …, m + 15d span the block's range, and the decoder computes w = d · q + m in float32. Code 0 gives back the minimum and code 15 the maximum (up to the float16 rounding of d and m). (Lesson 18, 'Inside a Q4_1 block'.)",
-            "d": "d is the step between levels and m the smallest value: w = d·q + m, not the other way round. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "d": "w = d·q − m would decode code 0 to −m, the minimum with its sign flipped. Subtracting a stored offset is the convention of the K-quants (Q4_K stores a positive offset and subtracts it); Q4_1 stores the minimum itself and adds it: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
         },
     ),
     "w3": Numeric(
@@ -381,13 +381,13 @@ ITEMS = {
         "the course's model in the GGUF file and on route one: order seven pieces by their bytes, smallest first",
         2,
         labels={
-            "attn_output": "blk.0.attn_output.weight, layer 0's o_proj in the GGUF file",
-            "attn_v": "blk.0.attn_v.weight, layer 0's v_proj in the GGUF file",
+            "attn_output": "the 30 o_proj tensors of the GGUF file (blk.N.attn_output.weight), together",
+            "attn_v": "the 30 v_proj tensors of the GGUF file (blk.N.attn_v.weight), together",
             "norms": "all the RMSNorm weight vectors of the GGUF file, together",
             "token_embd": "token_embd.weight in the GGUF file",
-            "up_bf16": "layer 0's up_proj in the bf16 checkpoint that route one writes",
-            "up_gguf": "blk.0.ffn_up.weight, layer 0's up_proj in the GGUF file",
-            "up_nf4": "layer 0's up_proj in the NF4 base that route one loads (blocksize 64, double quantization)",
+            "up_bf16": "the 30 up_proj weights in the bf16 checkpoint that route one writes, together",
+            "up_gguf": "the 30 up_proj tensors of the GGUF file (blk.N.ffn_up.weight), together",
+            "up_nf4": "the 30 up_proj weights in the NF4 base that route one loads (blocksize 64, double quantization), together",
         },
     ),
     "p5": Choice(
