@@ -17,6 +17,8 @@ that no two boxes overlap. Each function returns a ``matplotlib.figure.Figure`` 
   back, labelled in the lesson's notation; a red + marks a fork of the forward pass, where the branches' gradients
   add; frozen weights get no gradient, adapters get ∇A and ∇B. ``tests/test_diagrams.py`` also checks that no two
   texts overlap and that every fork has its +.
+* :func:`causal_shift` (lesson 04): which label each logit of a causal LM is scored against, with labels aligned with
+  the inputs (the model shifts once) and with labels shifted by hand first (the model shifts again).
 
 Conventions: row vectors (X is n × d, W d × m, A d × r, B r × m). Bad input (a width that is not a positive
 integer) raises ValueError naming the argument.
@@ -31,12 +33,13 @@ from typing import Any, Mapping
 import numpy as np
 
 __all__ = ["adapted_projection", "block_targets", "quantized_passes", "projection_backward_graph",
-           "attention_backward_graph", "mlp_backward_graph", "block_backward_graph", "TARGET_MODULES"]
+           "attention_backward_graph", "mlp_backward_graph", "block_backward_graph", "causal_shift", "TARGET_MODULES"]
 
 #: The seven linear layers of a Llama block, in the order a token meets them (PEFT's ``target_modules`` names).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-_FILL = {"data": "white", "frozen": "#e6e6e6", "adapter": "#d6e6f7", "op": "#fff5d6"}
+_FILL = {"data": "white", "frozen": "#e6e6e6", "adapter": "#d6e6f7", "op": "#fff5d6", "label": "#eef6e9",
+         "ignored": "#e6e6e6"}
 
 
 def _widths(**kw: Any) -> None:
@@ -501,4 +504,57 @@ def block_backward_graph(T: int, d: int, f: int, adapted: Any = ("q", "k", "v", 
     _link(ax, n1, plus_x, back=True, label="RMSNorm-backward(du1)", rad=-0.1, t=0.5)
     _link(ax, plus_x, x, back=True, label="dx = dh\n+ RMSNorm-backward(du1)", side=-1, t=0.3)
     _legend(ax, (-0.25, -1.85), _adapter_line(s))
+    return fig
+
+
+# --- The causal shift (lesson 04) ------------------------------------------------------------------------------------
+
+_HIT, _MISS = "#2e7d32", "#c0392b"
+
+
+def causal_shift(tokens: Any):
+    """Which label each logit of a causal LM is scored against, drawn twice for one row of ``tokens`` (lesson 04).
+
+    Top: ``labels = input_ids``. The model's loss shifts once: the logit at position t, which has read tokens 0…t,
+    is scored against labels[t + 1] = token t + 1, the token it predicts (a green arrow); labels[0] is never scored.
+    Bottom: labels shifted by hand first (labels[t] = token t + 1, −100 last, ``coursekit.objective.shift_left``) and
+    then passed to the same loss, which shifts again: logit t is scored against token t + 2, a red arrow wherever that
+    differs from token t + 1 (a repeated token hides the error: green). The last label, −100, is not scored.
+
+    tokens: the row's tokens as strings, 3 to 10 of them. Returns a Figure. Raises ValueError for fewer than 3 or
+    more than 10 tokens, or a token that is not a string. Source: transformers ``ForCausalLMLoss`` ("Shift so that tokens < n predict n").
+    """
+    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens) or not 3 <= len(tokens) <= 10:
+        raise ValueError(f"tokens must be a list of 3 to 10 strings, got {tokens!r}")
+    tokens = list(tokens)
+    T = len(tokens)
+    dx = 1.3
+    x0 = 2.6
+    fig, ax = _canvas(10.5, 5.6, (0, max(x0 + dx * (T - 1) + 1.0, 11.4)), (-0.75, 6.0),
+                      "Which label each logit is scored against")
+    bands = (("aligned", "labels = input_ids: the model shifts once, logit t is scored against token t + 1",
+              tokens, 5.05),
+             ("hand", "labels shifted by hand, then shifted again by the model: logit t is scored against token t + 2",
+              tokens[1:] + ["−100"], 2.15))
+    for band, title, labels, top in bands:
+        ax.text(0.05, top + 0.62, title, ha="left", va="center", fontsize=9, gid="band")
+        ax.text(0.05, top, "input_ids\n(logit t has\nread 0…t)", ha="left", va="center", fontsize=8, gid="row")
+        ax.text(0.05, top - 1.45, "labels\npassed", ha="left", va="center", fontsize=8, gid="row")
+        ins = [_box(ax, (x0 + dx * t, top), f"{tok}\nt = {t}", "data", size=8.5) for t, tok in enumerate(tokens)]
+        outs = []
+        for t, lab in enumerate(labels):
+            scored = t >= 1 and lab != "−100"
+            outs.append(_box(ax, (x0 + dx * t, top - 1.45), lab, "label" if scored else "ignored", size=8.5))
+        for t in range(T - 1):
+            if labels[t + 1] == "−100":
+                continue
+            hit = labels[t + 1] == tokens[t + 1]
+            ax.annotate("", xy=outs[t + 1].get_position(), xytext=ins[t].get_position(),
+                        gid=f"{band}:{'hit' if hit else 'miss'}:{t}",
+                        arrowprops=dict(arrowstyle="-|>", color=_HIT if hit else _MISS, lw=1.4,
+                                        patchA=ins[t].get_bbox_patch(), patchB=outs[t + 1].get_bbox_patch(),
+                                        shrinkA=2, shrinkB=2))
+    ax.text(0.05, -0.7, "arrow: logit t → the label it is scored against · green: the token it predicts (t + 1) · "
+            "red: another token\ngrey labels are never scored: position 0 (no logit predicts it) and −100",
+            ha="left", va="bottom", fontsize=8, color="#444444", gid="legend", linespacing=1.4)
     return fig

@@ -270,3 +270,50 @@ def test_backward_graphs_are_deterministic():
 def test_backward_graphs_refuse_bad_arguments(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+# --- The causal shift (lesson 04) ----------------------------------------------------------------------------------
+
+TOY_VOCAB = ["<s>", "user:", "EOS", "a", "b", "c", "d", "bot:"]   # lesson 04's toy vocabulary
+
+
+@pytest.mark.parametrize("ids", [(0, 1, 3, 4, 5, 6, 2), (0, 4, 4, 4, 5, 2), (3, 4, 2), (0, 1, 3, 4, 5, 6, 3, 4, 5, 2)])
+def test_causal_shift_draws_the_pairs_transformers_loss_scores(ids):
+    """Each arrow of the figure is one position transformers' ForCausalLMLoss scores, and its colour is measured: with
+    oracle logits (a margin of 5 on the true next token) a position scored alone costs ≈ 0 where the label is the token
+    the logit predicts (green) and ≈ 5 where it is not (red); aligned labels and hand-shifted ones (shift_left)."""
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from coursekit import objective
+
+    tokens = [TOY_VOCAB[i] for i in ids]
+    fig = diagrams.causal_shift(tokens)
+    drawn = {}
+    for t in fig.axes[0].texts:
+        parts = (t.get_gid() or "").split(":")
+        if parts[0] in ("aligned", "hand"):
+            drawn.setdefault(parts[0], {})[int(parts[2])] = parts[1]
+    row = torch.tensor([ids])
+    oracle = objective.oracle_logits(row, len(TOY_VOCAB), margin=5.0)
+    for band, labels in (("aligned", row), ("hand", objective.shift_left(row))):
+        measured = {}
+        for j in range(1, len(ids)):
+            if int(labels[0, j]) == -100:
+                continue
+            alone = torch.full_like(labels, -100)
+            alone[0, j] = labels[0, j]
+            cost = ForCausalLMLoss(oracle, alone, vocab_size=len(TOY_VOCAB)).item()
+            assert cost < 0.1 or abs(cost - 5.0) < 0.1, cost
+            measured[j - 1] = "hit" if cost < 0.1 else "miss"
+        assert drawn[band] == measured, (band, drawn[band], measured)
+    assert set(drawn["aligned"].values()) == {"hit"} and "miss" in drawn["hand"].values()
+    text = "\n".join(_texts(fig))
+    assert all(tok in text for tok in tokens) and "−100" in text
+    _check_readable(fig)
+
+
+@pytest.mark.parametrize("tokens", [["a", "b"], "a b c", ["a", 3, "c"], ["a"] * 11])
+def test_causal_shift_refuses_bad_rows(tokens):
+    with pytest.raises(ValueError, match="tokens must be a list of 3 to 10 strings"):
+        diagrams.causal_shift(tokens)
