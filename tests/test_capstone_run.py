@@ -215,8 +215,9 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     more tickets than its accuracy fell, so some had been wrong; (b) its accuracy lies inside the trained function's own
     95 % Wilson interval on these n tickets, which reaches about 7 points below it; (c) the dequant(W4) merge kept every label but its
     logits moved (largest |Δlogit| > 0); (d) the W16 merge relabelled about one ticket in six. (b) is false by the paired
-    test its hint quotes: the W16 merge loses more tickets than it gains, yet McNemar's p is above 0.05 and the interval
-    resampling whole symptoms includes 0, so no winner."""
+    test its hint quotes: the W16 merge loses more tickets than it gains, yet the interval resampling whole symptoms
+    includes 0, so no winner. The hint names no side of 0.05 for McNemar's p: it is 0.12 on the bf16 path and 0.041 on
+    the float32 path (docs/capstone.md), and the interval includes 0 on both."""
     from coursekit import evaluate
 
     m = report["merge"]
@@ -237,7 +238,7 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     assert dq["agreement"] >= 1 - 2 / n and dq["max_abs_diff"] > 0
     assert n == 144 and 0 < fell < 0.1 and 0.065 <= ref - lo <= 0.08   # "a few points on 144 tickets", "about 7 points below"
     c = w16["paired"]  # (b)'s hint: inside the interval, more lost than gained, and no verdict from the paired test
-    assert lo <= w16["accuracy"] <= hi and c["b_only"] > c["a_only"] and c["p_value"] > 0.05 and c["interval"][0] < 0 < c["interval"][1]
+    assert lo <= w16["accuracy"] <= hi and c["b_only"] > c["a_only"] and c["winner"] is None and c["interval"][0] < 0 < c["interval"][1]
 
 
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):
