@@ -333,3 +333,21 @@ def test_p13_accepts_every_valid_deployment_order():
     assert not fb.full
     fb = check("19.p13", ["train", "dequantize", "attach", "save", "merge", "verify"])  # attaches what is not saved
     assert not fb.full
+
+
+def test_every_section_the_feedback_sends_a_student_to_is_where_it_says():
+    """The model items' feedback ends with "Reread '<section>' in <part>.": the section is a heading of the lesson, and
+    the nearest top-level (##) heading above it is the part named (the Steps sit in Practice, part 1, not in Know this)."""
+    import re
+
+    import nbformat
+
+    from coursekit.grading.lessons import lesson19 as L
+
+    heads = [(len(m.group(1)), m.group(2).strip()) for c in nbformat.read(NOTEBOOK, as_version=4).cells
+             if c.cell_type == "markdown" for m in re.finditer(r"^(#+) (.+)$", c.source, re.M)]
+    for read in (L.READ_RECIPE, L.READ_PREFLIGHT, L.READ_LOOP, L.READ_SCORING, L.READ_MERGE, L.READ_PROBE):
+        section, part = re.fullmatch(r"Reread '(.+)' in (.+)\.", read).groups()
+        at = next(i for i, (_, text) in enumerate(heads) if text.startswith(section))
+        above = next(text for level, text in reversed(heads[:at]) if level == 2)
+        assert above.startswith(part), (read, above)

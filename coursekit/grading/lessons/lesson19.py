@@ -27,11 +27,11 @@ from .. import Choice, Function, Numeric, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
                         describe_exception, probe, quiet, time_limit, worded)
 
-READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Know this."
-READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Know this."
-READ_LOOP = "Reread 'Step 3: the training loop' in Know this."
-READ_SCORING = "Reread 'Step 4: two ways to read a label' in Know this."
-READ_MERGE = "Reread 'Step 5: save, reload, merge' in Know this."
+READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Practice, part 1."
+READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Practice, part 1."
+READ_LOOP = "Reread 'Step 3: the training loop' in Practice, part 1."
+READ_SCORING = "Reread 'Step 4: two ways to read a label' in Practice, part 1."
+READ_MERGE = "Reread 'Step 5: save, reload, merge' in Practice, part 1."
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # --------------------------------------------------------------------------- the tiny checkpoints
