@@ -309,6 +309,18 @@ def test_the_cheap_rungs_are_in_the_run_and_a_read_only_store_reads_them(report)
     assert "cheap: probe on base states" in capstone.format_report(report)
 
 
+def test_the_probe_is_the_rung_qlora_cannot_be_told_from_on_unseen_symptoms(report):
+    """Lesson 19's P12 model answer and W3: the bar is the best method without fine-tuning, not only the tuned prompt. In
+    the reference run (docs/capstone.md, both paths) QLoRA beats the bag of words and kNN on unseen symptoms, but the
+    paired test cannot tell it from the linear probe on the frozen base."""
+    from coursekit import paired
+
+    rungs = report["cheap"]["rungs"]
+    q = report["heldout"]["qlora"]["labels"]["unseen_symptom"]
+    verdict = {name: paired.compare(q, rungs[name]["unseen_symptom"], _symptoms())["winner"] for name in rungs}
+    assert verdict == {"bow": "a", "knn": "a", "probe": None}, verdict
+
+
 def test_a_few_hundred_plain_gradient_steps_come_near_scikit_learns_probe(report):
     """Lesson 19's P15 section and summary: train_probe (no penalty, 200 steps of lr 0.1 on the probe's chosen
     features, standardized by the training tickets) is within 5 points of scikit-learn's fitted probe on each held-out

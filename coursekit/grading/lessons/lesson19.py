@@ -1324,9 +1324,9 @@ ITEMS = {
         key="b",
         explain={
             "a": "That prompt never names the labels, so an untrained model cannot answer it with one: beating it shows only that training taught the format. See 'The bar to beat'.",
-            "b": "A fine-tune costs data, compute and an artifact to maintain, so it must beat what you could get without it: prompts a reasonable person writes first (zero-shot with label definitions, few-shot, label scoring with no training), scored on the same held-out tickets with the same rule, with 95 % intervals. Beating the training prompt, which never names the labels, shows only that training taught the format. (Lesson 19, 'The bar to beat'.)",
-            "c": "A random guess is a floor, not the competition: a good prompt often beats it without any training.",
-            "d": "The training loss measures fit to the training tickets, not usefulness on new ones.",
+            "b": "A fine-tune costs data, compute and an artifact to maintain, so it must beat the best you could get without it: the prompts a reasonable person writes first (zero-shot with label definitions, few-shot, label scoring with no training), and the cheap models that send no gradient through the language model (a bag of words, nearest neighbours, a linear probe on the frozen base's hidden states), each tuned on training tickets only, then scored on the same held-out tickets with the same rule, with 95 % intervals and a paired test. Beating the training prompt, which never names the labels, shows only that training taught the format. (Lesson 19, 'The bar to beat' and 'The cheap alternatives: what else QLoRA must beat'.)",
+            "c": "A random guess is a floor, not the competition: a good prompt, or a linear probe on the frozen model, often beats it without any fine-tuning. See 'The bar to beat'.",
+            "d": "The training loss measures fit to the training tickets, not usefulness on new ones. See 'The bar to beat'.",
         },
     ),
     "p1": LoadItem("implement load_for_lora (the recipe in four calls)", 3, "load_for_lora"),
