@@ -304,6 +304,33 @@ def test_each_probe_mistake_is_named_only_where_it_was_made():
         assert set(check("19.p14", fn, hidden=True).mistakes) & names == {label}, fn.__name__
 
 
+def test_the_last_hidden_state_comes_after_the_final_norm():
+    """P14's prompt: with output_hidden_states=True, index 0 is the embedding output and index l < L decoder layer l's
+    output, but index L is handed back after the model's final RMSNorm (transformers puts last_hidden_state there), so
+    the searches' layer 30 is the normed state the head reads. Measured on the tiny checkpoint the checks use."""
+    from coursekit import model as cmodel
+    from coursekit.grading.lessons.lesson19 import tiny_path
+
+    m = cmodel.load_model("fp32", tiny_path(0, 2))
+    outs = []
+    hooks = [layer.register_forward_hook(lambda mod, args, out: outs.append(out[0] if isinstance(out, tuple) else out))
+             for layer in m.model.layers]
+    ids = torch.randint(2, 96, (2, 7), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            hs = m(input_ids=ids, output_hidden_states=True).hidden_states
+            normed = m.model.norm(outs[-1])
+            embedded = m.model.embed_tokens(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    n = m.config.num_hidden_layers
+    assert len(hs) == n + 1 and len(outs) == n
+    assert torch.equal(hs[0], embedded)
+    assert all(torch.equal(hs[l], outs[l - 1]) for l in range(1, n))
+    assert torch.equal(hs[n], normed) and not torch.allclose(hs[n], outs[-1])
+
+
 def test_the_probe_trained_by_the_reference_earns_nothing_when_graded():
     """coursekit.cheap.train_probe is withheld in the grader's runner."""
     fb = _graded_in_the_runner("p15", A.train_probe_by_the_reference)
