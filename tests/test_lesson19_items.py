@@ -262,6 +262,19 @@ def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     assert not fb.full and text in fb.text()
 
 
+def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
+    """P11's '74 % [67, 81] and 78 % [70, 84] on the same 144 tickets (95 % Wilson intervals)' are 107 and 112 right of
+    144; its hint for (b): as printed, both intervals span 14 points, and unrounded the first is the wider."""
+    from coursekit import evaluate
+
+    for k, shown in ((107, (74, 67, 81)), (112, (78, 70, 84))):
+        lo, hi = evaluate.wilson_interval(k, 144)
+        assert (round(100 * k / 144), round(100 * lo), round(100 * hi)) == shown
+        assert shown[2] - shown[1] == 14
+    assert evaluate.wilson_interval(107, 144)[1] - evaluate.wilson_interval(107, 144)[0] >= \
+        evaluate.wilson_interval(112, 144)[1] - evaluate.wilson_interval(112, 144)[0]  # the first is not the narrower
+
+
 def _solution(name: str):
     """The notebook's own model answer ``name`` (its solution cell, run here), not the copy in lesson19_answers."""
     import nbformat

@@ -1259,7 +1259,7 @@ def _qlora_vs_tuned(split: str) -> dict:
 def gain_in_tickets(split: str = "unseen_symptom") -> int:
     """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
     fewer): the tickets only QLoRA got right minus those only the tuned baseline got right; the tickets both got
-    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 4)."""
+    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 3)."""
     c = _qlora_vs_tuned(split)
     assert c["a_only"] - c["b_only"] == c["qlora_correct"] - c["tuned_correct"]
     return c["a_only"] - c["b_only"]
