@@ -262,6 +262,19 @@ def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     assert not fb.full and text in fb.text()
 
 
+def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
+    """P11's '74 % [67, 81] and 78 % [70, 84] on the same 144 tickets (95 % Wilson intervals)' are 107 and 112 right of
+    144; its hint for (b): as printed, both intervals span 14 points, and unrounded the first is the wider."""
+    from coursekit import evaluate
+
+    for k, shown in ((107, (74, 67, 81)), (112, (78, 70, 84))):
+        lo, hi = evaluate.wilson_interval(k, 144)
+        assert (round(100 * k / 144), round(100 * lo), round(100 * hi)) == shown
+        assert shown[2] - shown[1] == 14
+    assert evaluate.wilson_interval(107, 144)[1] - evaluate.wilson_interval(107, 144)[0] >= \
+        evaluate.wilson_interval(112, 144)[1] - evaluate.wilson_interval(112, 144)[0]  # the first is not the narrower
+
+
 def _solution(name: str):
     """The notebook's own model answer ``name`` (its solution cell, run here), not the copy in lesson19_answers."""
     import nbformat
@@ -304,6 +317,33 @@ def test_each_probe_mistake_is_named_only_where_it_was_made():
         assert set(check("19.p14", fn, hidden=True).mistakes) & names == {label}, fn.__name__
 
 
+def test_the_last_hidden_state_comes_after_the_final_norm():
+    """P14's prompt: with output_hidden_states=True, index 0 is the embedding output and index l < L decoder layer l's
+    output, but index L is handed back after the model's final RMSNorm (transformers puts last_hidden_state there), so
+    the searches' layer 30 is the normed state the head reads. Measured on the tiny checkpoint the checks use."""
+    from coursekit import model as cmodel
+    from coursekit.grading.lessons.lesson19 import tiny_path
+
+    m = cmodel.load_model("fp32", tiny_path(0, 2))
+    outs = []
+    hooks = [layer.register_forward_hook(lambda mod, args, out: outs.append(out[0] if isinstance(out, tuple) else out))
+             for layer in m.model.layers]
+    ids = torch.randint(2, 96, (2, 7), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            hs = m(input_ids=ids, output_hidden_states=True).hidden_states
+            normed = m.model.norm(outs[-1])
+            embedded = m.model.embed_tokens(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    n = m.config.num_hidden_layers
+    assert len(hs) == n + 1 and len(outs) == n
+    assert torch.equal(hs[0], embedded)
+    assert all(torch.equal(hs[l], outs[l - 1]) for l in range(1, n))
+    assert torch.equal(hs[n], normed) and not torch.allclose(hs[n], outs[-1])
+
+
 def test_the_probe_trained_by_the_reference_earns_nothing_when_graded():
     """coursekit.cheap.train_probe is withheld in the grader's runner."""
     fb = _graded_in_the_runner("p15", A.train_probe_by_the_reference)
@@ -333,3 +373,21 @@ def test_p13_accepts_every_valid_deployment_order():
     assert not fb.full
     fb = check("19.p13", ["train", "dequantize", "attach", "save", "merge", "verify"])  # attaches what is not saved
     assert not fb.full
+
+
+def test_every_section_the_feedback_sends_a_student_to_is_where_it_says():
+    """The model items' feedback ends with "Reread '<section>' in <part>.": the section is a heading of the lesson, and
+    the nearest top-level (##) heading above it is the part named (the Steps sit in Practice, part 1, not in Know this)."""
+    import re
+
+    import nbformat
+
+    from coursekit.grading.lessons import lesson19 as L
+
+    heads = [(len(m.group(1)), m.group(2).strip()) for c in nbformat.read(NOTEBOOK, as_version=4).cells
+             if c.cell_type == "markdown" for m in re.finditer(r"^(#+) (.+)$", c.source, re.M)]
+    for read in (L.READ_RECIPE, L.READ_PREFLIGHT, L.READ_LOOP, L.READ_SCORING, L.READ_MERGE, L.READ_PROBE):
+        section, part = re.fullmatch(r"Reread '(.+)' in (.+)\.", read).groups()
+        at = next(i for i, (_, text) in enumerate(heads) if text.startswith(section))
+        above = next(text for level, text in reversed(heads[:at]) if level == 2)
+        assert above.startswith(part), (read, above)

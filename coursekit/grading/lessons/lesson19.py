@@ -27,11 +27,11 @@ from .. import Choice, Function, Numeric, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
                         describe_exception, probe, quiet, time_limit, worded)
 
-READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Know this."
-READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Know this."
-READ_LOOP = "Reread 'Step 3: the training loop' in Know this."
-READ_SCORING = "Reread 'Step 4: two ways to read a label' in Know this."
-READ_MERGE = "Reread 'Step 5: save, reload, merge' in Know this."
+READ_RECIPE = "Reread 'Step 1: the recipe in four calls' in Practice, part 1."
+READ_PREFLIGHT = "Reread 'Step 2: a preflight that can fail' in Practice, part 1."
+READ_LOOP = "Reread 'Step 3: the training loop' in Practice, part 1."
+READ_SCORING = "Reread 'Step 4: two ways to read a label' in Practice, part 1."
+READ_MERGE = "Reread 'Step 5: save, reload, merge' in Practice, part 1."
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # --------------------------------------------------------------------------- the tiny checkpoints
@@ -1259,7 +1259,7 @@ def _qlora_vs_tuned(split: str) -> dict:
 def gain_in_tickets(split: str = "unseen_symptom") -> int:
     """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
     fewer): the tickets only QLoRA got right minus those only the tuned baseline got right; the tickets both got
-    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 4)."""
+    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 3)."""
     c = _qlora_vs_tuned(split)
     assert c["a_only"] - c["b_only"] == c["qlora_correct"] - c["tuned_correct"]
     return c["a_only"] - c["b_only"]
@@ -1324,9 +1324,9 @@ ITEMS = {
         key="b",
         explain={
             "a": "That prompt never names the labels, so an untrained model cannot answer it with one: beating it shows only that training taught the format. See 'The bar to beat'.",
-            "b": "A fine-tune costs data, compute and an artifact to maintain, so it must beat what you could get without it: prompts a reasonable person writes first (zero-shot with label definitions, few-shot, label scoring with no training), scored on the same held-out tickets with the same rule, with 95 % intervals. Beating the training prompt, which never names the labels, shows only that training taught the format. (Lesson 19, 'The bar to beat'.)",
-            "c": "A random guess is a floor, not the competition: a good prompt often beats it without any training.",
-            "d": "The training loss measures fit to the training tickets, not usefulness on new ones.",
+            "b": "A fine-tune costs data, compute and an artifact to maintain, so it must beat the best you could get without it: the prompts a reasonable person writes first (zero-shot with label definitions, few-shot, label scoring with no training), and the cheap models that send no gradient through the language model (a bag of words, nearest neighbours, a linear probe on the frozen base's hidden states), each tuned on training tickets only, then scored on the same held-out tickets with the same rule, with 95 % intervals and a paired test. Beating the training prompt, which never names the labels, shows only that training taught the format. (Lesson 19, 'The bar to beat' and 'The cheap alternatives: what else QLoRA must beat'.)",
+            "c": "A random guess is a floor, not the competition: a good prompt, or a linear probe on the frozen model, often beats it without any fine-tuning. See 'The bar to beat'.",
+            "d": "The training loss measures fit to the training tickets, not usefulness on new ones. See 'The bar to beat'.",
         },
     ),
     "p1": LoadItem("implement load_for_lora (the recipe in four calls)", 3, "load_for_lora"),
