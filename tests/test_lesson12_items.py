@@ -487,9 +487,10 @@ def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_p7s_model_answer_is_measured_by_a_look_before_the_first_resumed_step(tmp_path):
-    """P7's model answer measured: the lesson's run with dropout, resumed with everything; one forward over X under
-    no_grad before step k + 1 keeps the run bitwise the uninterrupted one in eval mode, and changes step k + 1's loss in
-    training mode (it draws dropout masks from the restored torch RNG)."""
+    """P7's model answer measured: the lesson's run with dropout, resumed with everything; one eval-mode forward under
+    no_grad before step k + 1 keeps the run bitwise the uninterrupted one on X, and changes step k + 1's loss on the
+    restored sampler's next batch (the sampler moves on; no RNG is drawn: the torch RNG state after the look is the
+    restored one). The look in training mode (which P4's preflight teaches) changes it too."""
     from test_artifacts import _steps
 
     X, y, build = _lesson_run()
@@ -504,19 +505,23 @@ def test_p7s_model_answer_is_measured_by_a_look_before_the_first_resumed_step(tm
         m, o, s, smp = build()
         state = artifacts.load_checkpoint(path, m, o, s)
         smp.load_state_dict(state["data_state"])
-        if look == "eval":
-            m.eval()
+        restored_rng = torch.get_rng_state()
         if look is not None:
+            m.eval() if look != "train" else m.train()
             with torch.no_grad():
-                m(X)
-        return _steps(m, o, s, smp, 6, X, y)          # _steps puts the model back in training mode
+                m(X[next(smp)] if look == "next batch" else X)
+            m.train()
+        if look != "train":
+            assert torch.equal(torch.get_rng_state(), restored_rng)   # an eval-mode look draws no random numbers
+        return _steps(m, o, s, smp, 6, X, y)
 
     def same(run):
         return all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference))
 
     assert same(resumed(None)) and same(resumed("eval"))
-    in_train = resumed("train")
-    assert in_train[0][0] != reference[0][0]
+    next_batch = resumed("next batch")
+    assert next_batch[0][0] != reference[0][0]
+    assert resumed("train")[0][0] != reference[0][0]
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
