@@ -142,7 +142,8 @@ def preflight(model: torch.nn.Module, batch: Any, *, loss_fn: Callable[[torch.nn
        means the path above it is cut: a detached or frozen-and-no-grad module, or (bitsandbytes 0.50.2 on
        AVX512-BF16 CPUs) a 4-bit layer repacked for inference after an eval pass (coursekit.model).
 
-    With an ``optimizer`` (opt-in: it copies every parameter once, so the capstone does not pass one):
+    With an ``optimizer`` (opt-in: it copies every parameter once and takes a step; the capstone's reference recipe
+    passes its optimizer, for check 4):
 
     4. the optimizer owns every trainable tensor, and one ``optimizer.step()`` leaves every *frozen* parameter
        bit-identical (``torch.equal``). Frozen means ``requires_grad`` is False, or, with ``trainable``, that the

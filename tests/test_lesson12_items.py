@@ -16,45 +16,59 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "12-adapters-as-artifacts" / "12-adapters-as-artifacts.ipynb"
 
 
-def right_reload(base, adapter_dir):
-    from peft import PeftModel
-
-    return PeftModel.from_pretrained(base, adapter_dir).eval()
-
-
-def fresh_adapter(base, adapter_dir):
+def _attached(base, run_dir):
+    """An adapter built from the run folder's settings on ``base`` (fresh: lora_B = 0, training mode)."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"])).eval()
+    settings = json.loads((Path(run_dir) / "lora_config.json").read_text())
+    return get_peft_model(base, LoraConfig(**settings))
 
 
-def fresh_adapter_train_mode(base, adapter_dir):
-    from peft import LoraConfig, get_peft_model
+def right_reload(base, run_dir):
+    model = _attached(base, run_dir)
+    artifacts.load_checkpoint(Path(run_dir) / "checkpoint.pt", model, restore_rng=False)
+    return model.eval()
 
-    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["fc1", "fc2"]))
+
+def rng_moving_reload(base, run_dir):
+    # load_checkpoint's default restore_rng=True: the same logits (the grader puts the RNG back around the call)
+    model = _attached(base, run_dir)
+    artifacts.load_checkpoint(Path(run_dir) / "checkpoint.pt", model)
+    return model.eval()
 
 
-def trainable_reload(base, adapter_dir):
+def fresh_adapter(base, run_dir):
+    return _attached(base, run_dir).eval()
+
+
+def fresh_adapter_train_mode(base, run_dir):
+    return _attached(base, run_dir)
+
+
+def trainable_reload(base, run_dir):
+    model = _attached(base, run_dir)
+    artifacts.load_checkpoint(Path(run_dir) / "checkpoint.pt", model, restore_rng=False)
+    return model                                          # no eval(): dropout on
+
+
+def merged_reload(base, run_dir):
+    return right_reload(base, run_dir).merge_and_unload()
+
+
+def export_reload(base, run_dir):
+    # the one-liner of 'Reloading', on a folder that holds no export
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    return PeftModel.from_pretrained(base, run_dir).eval()
 
 
-def merged_reload(base, adapter_dir):
-    from peft import PeftModel
-
-    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-
-
-def own_base(base, adapter_dir):
+def own_base(base, run_dir):
     # Ignores the base it is given and builds the lesson's own: right for the first public case only.
-    from peft import PeftModel
-
-    return PeftModel.from_pretrained(artifacts.TinyNet(seed=0), adapter_dir).eval()
+    return right_reload(artifacts.TinyNet(seed=0), run_dir)
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": "b", "p2": 1e-2, "p3": right_reload,
-         "p4": ["base", "attach", "optimizer", "load", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "c"}
+         "p4": ["base", "attach", "optimizer", "load", "preflight", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -268,7 +282,7 @@ def test_multi_and_ordering_partial_credit():
     assert 0 < fb.points < 2 and "Not without dropout" in fb.text()
     fb = check("12.p5", {"b", "c"})
     assert 0 < fb.points < 2 and "missing" in fb.text()
-    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])
+    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "preflight", "step"])
     assert 0 < fb.points < 2 and "position 1: 'rng'" in fb.text()
 
 
@@ -286,7 +300,19 @@ def test_fresh_adapter_in_train_mode_names_both_mistakes():
 
 def test_training_mode_reload_is_named():
     fb = check("12.p3", trainable_reload, hidden=False)
-    assert fb.points == 0 and "dropout is still active" in fb.text() and "is_trainable=True" in fb.text()
+    assert fb.points == 0 and "dropout is still active" in fb.text() and "get_peft_model leaves it so" in fb.text()
+
+
+def test_p3_needs_more_than_the_export_reload_and_takes_a_checkpoint_reload_that_moves_the_rng():
+    """The run folder holds no export: PeftModel.from_pretrained, the reload of 'Reloading', fails on it with a sentence
+    that says what the folder holds. load_checkpoint with its default restore_rng=True gives the same logits (full
+    points), and the grader leaves the caller's RNG where it was."""
+    fb = check("12.p3", export_reload, hidden=False)
+    assert fb.points == 0 and "holds no adapter export" in fb.text() and "checkpoint.pt" in fb.text(), fb.text()
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert check("12.p3", rng_moving_reload, hidden=False).full
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_merged_reload_is_named():
@@ -304,10 +330,8 @@ def test_the_mistakes_are_stored_by_name_for_the_class_report(fn, labels):
 def test_logits_of_another_dtype_are_named_not_a_grader_error():
     """A model whose logits come back in float64 (equal after a cast) fails with a sentence; comparing float64 with
     float32 logits raised in the check before, which scored the item 0 with no feedback."""
-    def reload_cast(base, adapter_dir):
-        from peft import PeftModel
-
-        m = PeftModel.from_pretrained(base, adapter_dir).eval()
+    def reload_cast(base, run_dir):
+        m = right_reload(base, run_dir)
         return lambda X: m(X).double()
 
     fb = check("12.p3", reload_cast, hidden=False)
@@ -319,7 +343,7 @@ def test_hidden_cases_defeat_an_answer_that_ignores_its_arguments():
     assert fb.points == pytest.approx(3 / 5) and "✓ public case 1" in fb.text() and "✗ public case 2" in fb.text()
 
 
-@pytest.mark.parametrize("bad, text", [(None, "should be a function"), (lambda base, adapter_dir: None, "returned None"),
+@pytest.mark.parametrize("bad, text", [(None, "should be a function"), (lambda base, run_dir: None, "returned None"),
                                        (lambda base: base, "could not be called")])
 def test_reload_bad_answers(bad, text):
     fb = check("12.p3", bad, hidden=False)
@@ -327,19 +351,94 @@ def test_reload_bad_answers(bad, text):
 
 
 def test_stub_reports_not_implemented():
-    def stub(base, adapter_dir):
+    def stub(base, run_dir):
         raise NotImplementedError()
 
     fb = check("12.p3", stub, hidden=False)
     assert fb.points == 0 and "NotImplementedError" in fb.text()
 
 
-def test_p4_accepts_every_valid_resume_order():
-    for order in (["base", "attach", "optimizer", "load", "rng", "step"], ["base", "attach", "optimizer", "rng", "load", "step"],
-                  ["base", "attach", "rng", "optimizer", "load", "step"]):
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp_path):
+    """P4's key measured: the lesson's run with dropout, a checkpoint after step 6, then a resume that also runs
+    train.preflight (with the optimizer, on the fixed batch X[:8]) before step 7, its seven steps executed in every
+    order that can run at all (the base before the adapter, the adapter before the optimizer, the optimizer before the
+    load and the preflight, the step last: the RNG restore may go anywhere). The orders whose six resumed steps equal
+    the uninterrupted run's bit for bit are exactly the key's order and its "also" orders: the restore must follow the
+    adapter's initialisation and the preflight's training-mode forwards, both of which draw from the torch RNG."""
+    import itertools
+
+    import torch.nn.functional as F
+
+    from test_artifacts import _steps
+
+    from coursekit import train
+
+    X, y, _ = _lesson_run()
+    config = dict(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["fc1", "fc2"])
+
+    def fresh():
+        from peft import LoraConfig, get_peft_model
+
+        base = artifacts.TinyNet(seed=0)
+        model = get_peft_model(base, LoraConfig(**config))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=12)
+        return model, opt, sched
+
+    torch.manual_seed(0)
+    model, opt, sched = fresh()
+    sampler = artifacts.ShuffledBatches(len(X), batch_size=8, seed=0)
+    _steps(model, opt, sched, sampler, 6, X, y)
+    path = artifacts.save_checkpoint(tmp_path / "step6.pt", model, opt, sched, step=6, data_state=sampler.state_dict())
+    reference = _steps(model, opt, sched, sampler, 6, X, y)
+    saved_rng = torch.load(path, weights_only=True)["rng"]
+
+    def resume(order):
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(12345)                       # a new process
+        s = {"sampler": artifacts.ShuffledBatches(len(X), batch_size=8, seed=0)}
+        for label in order:
+            if label == "base":
+                s["model"] = artifacts.TinyNet(seed=0)
+            elif label == "attach":
+                s["model"] = get_peft_model(s["model"], LoraConfig(**config))
+            elif label == "optimizer":
+                s["opt"] = torch.optim.AdamW([p for p in s["model"].parameters() if p.requires_grad], lr=1e-2)
+                s["sched"] = torch.optim.lr_scheduler.LinearLR(s["opt"], start_factor=1.0, end_factor=0.1, total_iters=12)
+            elif label == "load":
+                state = artifacts.load_checkpoint(path, s["model"], s["opt"], s["sched"], restore_rng=False)
+                s["sampler"].load_state_dict(state["data_state"])
+            elif label == "preflight":
+                train.preflight(s["model"], (X[:8], y[:8]), loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                                optimizer=s["opt"])
+            elif label == "rng":
+                artifacts.set_rng_state(saved_rng)
+            else:
+                return _steps(s["model"], s["opt"], s["sched"], s["sampler"], 6, X, y)
+
+    def executable(order):
+        at = {label: i for i, label in enumerate(order)}
+        return (at["base"] < at["attach"] < at["optimizer"] < min(at["load"], at["preflight"])
+                and order[-1] == "step")
+
+    labels = sorted(ITEMS["p4"].labels)
+    orders = [list(o) for o in itertools.permutations(labels) if executable(o)]
+    assert len(orders) == 12                           # two places for the load, six for the RNG restore
+    exact = []
+    for order in orders:
+        run = resume(order)
+        if all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference)):
+            exact.append(order)
+    keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]["p4"]
+    assert sorted(exact) == sorted([keys["order"], *keys["also"]])
+    assert keys["order"] == RIGHT["p4"]
+    for order in exact:
         assert check("12.p4", order).full, order
-    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "step"])  # lora_A's init would redraw after it
-    assert not fb.full and "'rng'" in fb.text()
+    for order in orders:                               # the RNG restored before the preflight: runnable, not exact
+        if order not in exact:
+            assert not check("12.p4", order).full, order
 
 
 def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
@@ -388,9 +487,10 @@ def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_p7s_model_answer_is_measured_by_a_look_before_the_first_resumed_step(tmp_path):
-    """P7's model answer measured: the lesson's run with dropout, resumed with everything; one forward over X under
-    no_grad before step k + 1 keeps the run bitwise the uninterrupted one in eval mode, and changes step k + 1's loss in
-    training mode (it draws dropout masks from the restored torch RNG)."""
+    """P7's model answer measured: the lesson's run with dropout, resumed with everything; one eval-mode forward under
+    no_grad before step k + 1 keeps the run bitwise the uninterrupted one on X, and changes step k + 1's loss on the
+    restored sampler's next batch (the sampler moves on; no RNG is drawn: the torch RNG state after the look is the
+    restored one). The look in training mode (which P4's preflight teaches) changes it too."""
     from test_artifacts import _steps
 
     X, y, build = _lesson_run()
@@ -405,19 +505,23 @@ def test_p7s_model_answer_is_measured_by_a_look_before_the_first_resumed_step(tm
         m, o, s, smp = build()
         state = artifacts.load_checkpoint(path, m, o, s)
         smp.load_state_dict(state["data_state"])
-        if look == "eval":
-            m.eval()
+        restored_rng = torch.get_rng_state()
         if look is not None:
+            m.eval() if look != "train" else m.train()
             with torch.no_grad():
-                m(X)
-        return _steps(m, o, s, smp, 6, X, y)          # _steps puts the model back in training mode
+                m(X[next(smp)] if look == "next batch" else X)
+            m.train()
+        if look != "train":
+            assert torch.equal(torch.get_rng_state(), restored_rng)   # an eval-mode look draws no random numbers
+        return _steps(m, o, s, smp, 6, X, y)
 
     def same(run):
         return all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference))
 
     assert same(resumed(None)) and same(resumed("eval"))
-    in_train = resumed("train")
-    assert in_train[0][0] != reference[0][0]
+    next_batch = resumed("next batch")
+    assert next_batch[0][0] != reference[0][0]
+    assert resumed("train")[0][0] != reference[0][0]
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -18,6 +18,8 @@ from ..checkers import (PUBLIC_ONLY_NOTE, Feedback, Mistake, _consistent, compar
 READ_RELOAD = "Reread 'Reloading: load the saved adapter, do not create a new one' in Know this."
 READ_DIR = "Reread 'What is in an adapter directory' in Know this."
 READ_CKPT = "Reread 'Two artifacts' and 'A resumable checkpoint' in Know this."
+#: P3's run folder: the LoraConfig settings the run started with, and its last checkpoint (no adapter export).
+RUN_CONFIG, RUN_CHECKPOINT = "lora_config.json", "checkpoint.pt"
 
 #: P2: the lesson's optimizer and schedule (AdamW at lr 1e-2, LinearLR from factor 1.0 to 0.1 over TOTAL steps) and
 #: its checkpoint step K.
@@ -50,7 +52,7 @@ def resumed_lr(load_optimizer: bool = False, load_scheduler: bool = True, at: in
     return float(opt2.param_groups[0]["lr"])
 
 
-# --------------------------------------------------------------------------- p3: reload(base, adapter_dir)
+# --------------------------------------------------------------------------- p3: reload(base, run_dir)
 
 LORA_TARGETS = ["fc1", "fc2"]
 
@@ -73,11 +75,16 @@ def _hidden(rng: np.random.Generator) -> list[dict]:
 
 
 def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Train a LoRA adapter (dropout on) on a TinyNet for ``steps`` AdamW steps and export it to ``out_dir``.
+    """Train a LoRA adapter (dropout on) on a TinyNet for ``steps`` AdamW steps and leave its run folder in ``out_dir``,
+    as a run that crashed before its export would: ``lora_config.json`` (the settings given to ``LoraConfig``) and
+    ``checkpoint.pt`` (``artifacts.save_checkpoint`` after the last step), no ``adapter_model.safetensors``.
 
     Returns (X, logits of the trained adapter in eval mode, logits of the bare base in eval mode). The caller's
     global RNG states are left as they were.
     """
+    import json
+    from pathlib import Path
+
     from peft import LoraConfig, get_peft_model
 
     saved = artifacts.rng_state()
@@ -85,8 +92,8 @@ def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Te
         torch.manual_seed(case["seed"])
         net = dict(d_in=case["d_in"], hidden=case["hidden"], n_classes=case["n_classes"], seed=case["seed"])
         X, y = artifacts.tiny_data(32, case["d_in"], case["n_classes"], seed=case["seed"])
-        model = get_peft_model(artifacts.TinyNet(**net), LoraConfig(
-            r=case["r"], lora_alpha=case["lora_alpha"], lora_dropout=0.1, target_modules=LORA_TARGETS))
+        settings = dict(r=case["r"], lora_alpha=case["lora_alpha"], lora_dropout=0.1, target_modules=LORA_TARGETS)
+        model = get_peft_model(artifacts.TinyNet(**net), LoraConfig(**settings))
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
         model.train()
         for _ in range(steps):
@@ -94,7 +101,8 @@ def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Te
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        artifacts.export_adapter(model, out_dir)
+        (Path(out_dir) / RUN_CONFIG).write_text(json.dumps(settings))
+        artifacts.save_checkpoint(Path(out_dir) / RUN_CHECKPOINT, model, opt, None, step=steps, data_state={})
         model.eval()
         with torch.no_grad():
             ref = model(X)
@@ -104,10 +112,10 @@ def trained_adapter(case: dict, out_dir: str, steps: int = 12) -> tuple[torch.Te
     return X, ref, base_out
 
 
-def _measure_reload(fn: Callable, base: torch.nn.Module, adapter_dir: str, X: torch.Tensor) -> dict:
-    """Call ``reload(base, adapter_dir)`` and read the returned model as data: its logits on ``X`` (in eval mode
-    when two calls differ, i.e. dropout is on), and its trainable parameters' names."""
-    model = fn(base=base, adapter_dir=adapter_dir)
+def _measure_reload(fn: Callable, base: torch.nn.Module, run_dir: str, X: torch.Tensor) -> dict:
+    """Call ``reload(base, run_dir)`` and read the returned model as data: its logits on ``X`` (in eval mode
+    when two calls differ, i.e. dropout is on)."""
+    model = fn(base=base, run_dir=run_dir)
     if model is None:
         return {"kind": "none"}
     if not callable(model):
@@ -119,8 +127,7 @@ def _measure_reload(fn: Callable, base: torch.nn.Module, adapter_dir: str, X: to
         model.eval()
         with torch.no_grad():
             out1 = model(X)
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad] if hasattr(model, "named_parameters") else []
-    return {"kind": "model", "out1": out1, "dropout": dropout, "trainable": trainable}
+    return {"kind": "model", "out1": out1, "dropout": dropout}
 
 
 def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
@@ -131,7 +138,7 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
     with tempfile.TemporaryDirectory(prefix="coursekit-12-") as tmp:
         with quiet([]):      # the grader's own library warnings are nobody's business
             X, ref, base_out = trained_adapter(case, tmp)
-        base = artifacts.TinyNet(**net)  # a fresh nn.Module is in train mode, as from_pretrained receives it
+        base = artifacts.TinyNet(**net)  # a fresh nn.Module is in train mode, as a new process builds it
         saved = artifacts.rng_state()
         try:
             with quiet(noise):
@@ -140,16 +147,22 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
                 return False, [f"✗ {tag}: reload returned None; return the model with the adapter attached."]
             if got["kind"] == "not callable":
                 return False, [f"✗ {tag}: reload should return a model (an nn.Module); got {got['type']}."]
-            out1, trainable = got["out1"], got["trainable"]
+            out1 = got["out1"]
             lines: list[str] = []
             if got["dropout"]:
                 lines.append("two calls on the same input gave different logits: dropout is still active. The model is "
-                             "in training mode (PeftModel.from_pretrained(..., is_trainable=True) or a .train() leaves it "
-                             "so); for inference load with is_trainable=False or call model.eval(). " + READ_RELOAD)
+                             "in training mode: get_peft_model leaves it so, as every new module is (and so do "
+                             "PeftModel.from_pretrained(..., is_trainable=True) and .train()); for inference call "
+                             "model.eval() before you return it. " + READ_RELOAD)
         except NotImplementedError:
             raise
         except Exception as e:  # the student's bug, reported, not raised
-            return False, [f"✗ {tag}: " + describe_exception(e, "reload", {"base": None, "adapter_dir": None})]
+            text = f"✗ {tag}: " + describe_exception(e, "reload", {"base": None, "run_dir": None})
+            if "adapter_config.json" in str(e) or "adapter_model" in str(e):
+                text += (" The run folder holds no adapter export for PeftModel.from_pretrained to read, only "
+                         f"{RUN_CONFIG} and {RUN_CHECKPOINT}: attach an adapter built from those settings, then copy the "
+                         "checkpoint's trained factors into it. " + READ_CKPT)
+            return False, [text]
         finally:
             artifacts.set_rng_state(saved)
     note = ["    (your code wrote warnings or to stderr, not graded: " + "; ".join(dict.fromkeys(noise))[:300] + ")"] if noise else []
@@ -163,19 +176,17 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
     if out1.dtype != ref.dtype:
         return False, [f"✗ {tag}: the logits are {str(out1.dtype).replace('torch.', '')}; the trained model's are "
                        f"{str(ref.dtype).replace('torch.', '')}. A reload computes exactly what was saved: return the "
-                       f"model as PeftModel.from_pretrained gives it, without a cast. " + READ_RELOAD] + lines + note, dropout
+                       f"PeftModel itself, without a cast. " + READ_RELOAD] + lines + note, dropout
     if torch.allclose(out1, base_out, rtol=0, atol=1e-7) and not torch.allclose(ref, base_out, rtol=0, atol=1e-7):
         return False, [f"✗ {tag}: your outputs equal the base model's: you created a fresh adapter (B = 0) instead of "
-                       f"loading the saved one. get_peft_model(base, LoraConfig(...)) initialises lora_B to zero; "
-                       f"PeftModel.from_pretrained(base, adapter_dir) reads the trained factors. " + READ_RELOAD] + lines + note, \
+                       f"loading the saved one. get_peft_model(base, LoraConfig(...)) initialises lora_B to zero; the "
+                       f"trained factors are in {RUN_CHECKPOINT} (its \"params\"), and artifacts.load_checkpoint copies "
+                       f"them into the adapter you attached. " + READ_CKPT] + lines + note, \
             ["fresh adapter"] + dropout
     if torch.equal(out1, ref):
         if lines:
             return False, [f"✗ {tag}: in eval mode the logits equal the trained adapter's, but:"] + lines + note, \
                 ["dropout active"]
-        if trainable:
-            note = note + [f"    (note: {len(trainable)} adapter tensors still require grad, e.g. {trainable[0]}: fine for "
-                    f"resuming training, unnecessary for inference.)"]
         return True, [f"✓ {tag}: the logits equal the trained adapter's bit for bit."] + note
     if torch.allclose(out1, ref, rtol=1e-5, atol=1e-6):
         diff = (out1 - ref).abs().max().item()
@@ -185,21 +196,23 @@ def _check_reload_case(fn: Callable, case: dict, tag: str) -> tuple:
             ["merged or cast"] + dropout
     _, msg = compare_arrays(out1.numpy(), ref.numpy().astype(np.float64), "logits", 0.0, 0.0)
     return False, [f"✗ {tag}: the logits are not the trained adapter's:"] + ["    " + m for m in msg] + [
-        "    Load the folder you were given with PeftModel.from_pretrained(base, adapter_dir), onto the base you were given."] + lines + note, \
+        f"    Attach the adapter {RUN_CONFIG} describes to the base you were given, and copy the factors of the "
+        f"{RUN_CHECKPOINT} you were given into it."] + lines + note, \
         dropout
 
 
 @dataclass
 class ReloadItem:
-    """Implement ``reload(base, adapter_dir)``: graded by the logits of the returned model against the trained
-    adapter's (bitwise), with the fresh-adapter, dropout and merge mistakes named."""
+    """Implement ``reload(base, run_dir)``: from a run folder with no adapter export (the LoraConfig settings and the
+    last resumable checkpoint), the model ready for inference; graded by the logits of the returned model against the
+    trained adapter's (bitwise), with the fresh-adapter, dropout and merge mistakes named."""
 
     title: str
     points: float
 
     def check(self, answer: Any, ctx: Any) -> Feedback:
         if not callable(answer):
-            return Feedback(0, self.points, [f"reload should be a function; got {type(answer).__name__}. Define it with def reload(base, adapter_dir):"])
+            return Feedback(0, self.points, [f"reload should be a function; got {type(answer).__name__}. Define it with def reload(base, run_dir):"])
         cases = [(c, False) for c in _public()]
         if ctx.hidden:
             cases += [(c, True) for c in _hidden(ctx.rng())]
@@ -289,15 +302,16 @@ ITEMS = {
                     "learning rate sits in the optimizer's param_groups. " + READ_CKPT),
         ],
     ),
-    "p3": ReloadItem("implement reload(base, adapter_dir)", 3),
+    "p3": ReloadItem("implement reload(base, run_dir): an inference model from a run folder with no export", 3),
     "p4": Ordering(
-        "resume a run from a checkpoint, in order",
+        "resume a run from a checkpoint with a preflight before the first step, in order",
         2,
         labels={
             "attach": "attach the adapter with the same LoraConfig",
             "base": "build the same base and check its fingerprint",
             "load": "load the adapter weights, optimizer and scheduler state and the sampler position",
             "optimizer": "build the optimizer and scheduler over the adapter's parameters",
+            "preflight": "run lesson 11's preflight, with the optimizer, on a fixed batch",
             "rng": "restore the torch, NumPy and Python RNG states",
             "step": "run step k + 1",
         },

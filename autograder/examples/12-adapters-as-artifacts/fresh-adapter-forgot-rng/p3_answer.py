@@ -1,7 +1,6 @@
-def reload(base, adapter_dir):
-    """The model `base` with the adapter saved in `adapter_dir` attached, in eval mode."""
-    # Typical mistake: "reload" by attaching an adapter with the same settings; lora_B starts at zero.
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "fc2"]))
+def reload(base, run_dir):
+    """The model `base` with the adapter trained in the run folder `run_dir` attached, in eval mode."""
+    # Typical mistake: attach an adapter with the run's settings and stop there; lora_B starts at zero.
+    settings = json.loads((Path(run_dir) / "lora_config.json").read_text())
+    model = get_peft_model(base, LoraConfig(**settings))
     return model.eval()

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p4`.
-answer_p4 = ["rng", "base", "attach", "optimizer", "load", "step"]
+answer_p4 = ["rng", "base", "attach", "optimizer", "load", "preflight", "step"]

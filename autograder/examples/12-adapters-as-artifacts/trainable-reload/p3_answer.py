@@ -1,5 +1,8 @@
-def reload(base, adapter_dir):
-    """The model `base` with the adapter saved in `adapter_dir` attached, in eval mode."""
-    # Typical mistake: is_trainable=True for inference; the model stays in training mode with dropout on.
-    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+def reload(base, run_dir):
+    """The model `base` with the adapter trained in the run folder `run_dir` attached, in eval mode."""
+    # Typical mistake: the trained factors are loaded, but the model is returned as get_peft_model left it, in
+    # training mode: dropout stays on.
+    settings = json.loads((Path(run_dir) / "lora_config.json").read_text())
+    model = get_peft_model(base, LoraConfig(**settings))
+    artifacts.load_checkpoint(Path(run_dir) / "checkpoint.pt", model, restore_rng=False)
     return model
