@@ -370,3 +370,57 @@ def test_notebook_points_match_items():
     assert graded == {k: v.points for k, v in ITEMS.items()}
     assert not any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_w3_explanations_are_what_torch_does_here():
+    """W3's explanations: torch's intra-op pool follows OMP_NUM_THREADS when it is set and the process's CPU affinity
+    (taskset) otherwise, while os.cpu_count() still counts every core; each measured in a fresh interpreter."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    probe = "import os, torch; print(os.cpu_count(), torch.get_num_threads())"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    n_os, n_torch = map(int, subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                            check=True).stdout.split())
+    assert 1 <= n_torch <= n_os
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == [str(n_os), "1"]
+    if shutil.which("taskset") and len(os.sched_getaffinity(0)) > 1:
+        core = min(os.sched_getaffinity(0))
+        out = subprocess.run(["taskset", "-c", str(core), sys.executable, "-c", probe], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == [str(n_os), "1"]          # pinned to one core: os.cpu_count() unchanged, torch uses one thread
+    explain = ITEMS["w3"].explain
+    assert "OMP_NUM_THREADS" in explain["a"] and "CPU affinity" in explain["a"] and "cgroup" not in explain["a"]
+
+
+def test_gemv_4bit_computes_in_bf16_whatever_the_input_dtype():
+    """The lesson (and the glossary): the fused CPU gemv_4bit kernel exists only with AVX512-BF16, and an fp32 input is
+    cast to bf16 and the result back, so its fp32 output is exactly its bf16 output, widened."""
+    import torch
+    import bitsandbytes.functional as F
+
+    registered = torch._C._dispatch_has_kernel_for_dispatch_key("bitsandbytes::gemv_4bit", "CPU")
+    assert registered == F.has_avx512bf16()
+    if not registered:
+        pytest.skip("no AVX512-BF16 here: gemv_4bit has no CPU kernel")
+    g = torch.Generator().manual_seed(0)
+    q, st = F.quantize_4bit(torch.randn(64, 128, generator=g), blocksize=64, quant_type="nf4")
+    x = torch.randn(1, 128, generator=g)
+    run = lambda a: torch.ops.bitsandbytes.gemv_4bit(a, q, st.shape, st.absmax, st.code, st.blocksize)  # noqa: E731
+    out32, out16 = run(x), run(x.to(torch.bfloat16))
+    assert out32.dtype == torch.float32 and out16.dtype == torch.bfloat16
+    assert torch.equal(out32, out16.float())
+
+
+def test_self_test_paragraph_names_the_probe_cases():
+    """The paragraph 'Native does not mean right' names the self-test's bad cases by their shapes and blocksizes."""
+    from coursekit import probes
+
+    assert probes.BAD_CASE["shape"] == (5, 80) and probes.BAD_CASE["blocksize"] == 64
+    assert probes.LARGER_BLOCK_CASE["shape"] == (576, 576) and probes.LARGER_BLOCK_CASE["blocksize"] == 128
+    text = NB.read_text()
+    assert "a 5 × 80 weight" in text and "576 × 576 one at blocksize 128" in text

@@ -298,3 +298,28 @@ def test_ledger_stub_missing_key_and_wrong_type():
 
     fb = check("01.p5", "ledger")
     assert fb.points == 0 and "should be a function" in fb.text()
+
+
+def test_p5_prompt_says_what_peft_modules_to_save_does():
+    """P5's prompt contrasts unfreezing in place with PEFT's modules_to_save, which (in the installed PEFT) trains a deep
+    copy of each listed module and freezes the original: two stored copies of those weights, one of them trainable."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            self.norm = torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            return self.norm(self.proj(x))
+
+    model = get_peft_model(Tiny(), LoraConfig(r=2, target_modules=["proj"], modules_to_save=["norm"]))
+    wrapper = model.base_model.model.norm
+    original, copy = wrapper.original_module, wrapper.modules_to_save["default"]
+    assert not original.weight.requires_grad and copy.weight.requires_grad
+    assert original.weight.data_ptr() != copy.weight.data_ptr()
+    assert torch.equal(original.weight, copy.weight)   # a copy, so the weights are stored twice
+    nb = (ROOT / "solutions" / "01-when-to-adapt" / "01-when-to-adapt.ipynb").read_text()
+    assert "trains a copy of each listed module and keeps the frozen original" in nb

@@ -205,8 +205,8 @@ ITEMS = {
         "How many threads do torch's CPU kernels use when os.cpu_count() and torch.get_num_threads() disagree?", 0,
         key="b",
         explain={
-            "a": "torch sizes its intra-op pool from the cores this process may use (CPU affinity, cgroup limits) and from OMP_NUM_THREADS; that can be fewer than os.cpu_count(). Ask torch.get_num_threads(). (Lesson 00, 'What is installed here'.)",
-            "b": "torch runs its CPU kernels (matmuls, elementwise ops) on an intra-op thread pool whose size torch.get_num_threads() reports. It can be smaller than os.cpu_count(): the process may be pinned to fewer cores, or OMP_NUM_THREADS may set it. That is why the probe asks torch, not the OS. (Lesson 00, 'What is installed here'.)",
+            "a": "torch sizes its intra-op pool itself: from OMP_NUM_THREADS when it is set, otherwise from the cores this process may run on (its CPU affinity, which taskset or a container's cpuset narrows); that can be fewer than os.cpu_count(), which counts every core of the machine. Ask torch.get_num_threads(). (Lesson 00, 'What is installed here'.)",
+            "b": "torch runs its CPU kernels (matmuls, elementwise ops) on an intra-op thread pool whose size torch.get_num_threads() reports. It can be smaller than os.cpu_count(): the process may be pinned to fewer cores (its CPU affinity), or OMP_NUM_THREADS may set it. That is why the probe asks torch, not the OS. (Lesson 00, 'What is installed here'.)",
             "c": "The global interpreter lock binds Python code, not torch's C++ kernels, which release it and run on torch's own thread pool. (Lesson 00, 'What is installed here'.)",
             "d": "The pool's size is what torch.get_num_threads() reports, not a sum; and torch never uses more threads than that for one kernel. (Lesson 00, 'What is installed here'.)",
         },
