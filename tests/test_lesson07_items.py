@@ -392,6 +392,29 @@ def test_p8_hint_numbers_are_measured():
     right = lora.lora_backward(c * D, cache)
     scale = max(np.abs(g).max() for g in right)
     assert 1e-9 < scale < 1e-6   # "of order 1e-8": far above the tiny floor 1e-12, far below atol 1e-6
+    # b) "the largest [difference] stays far above 1e-10" at c = 1e-8, and "it takes a c of about 1e-11 or less to hide
+    # them all" (the lesson shows the pass at 1e-12)
+    assert max(ch.max_abs_error for ch in rep.checks) > 100 * 1e-10 and not rep.ok
+
+    def verdict(c):
+        bad_c = lora.lora_backward(c * D, {**cache, "s": 1.0})
+        return gc.check_vjp(lambda X, A, B: c * lora.lora_forward(X, W, A, B, s)[0], dict(X=X, A=A, B=B),
+                            dict(zip("XAB", bad_c)), D).ok
+
+    passes = [c for c in 10.0 ** -np.arange(6, 16) if verdict(c)]
+    assert max(passes) == pytest.approx(1e-11) and all(verdict(c) for c in 10.0 ** -np.arange(11, 16))
+
+
+def test_check_vjps_absolute_floor_is_the_1e_10_the_lesson_states():
+    """The lesson (and P8's hints) say check_vjp counts an entry whose |a − n| is below 1e-10 as agreeing, whatever its
+    ratio, and that an analytic 0 against a numeric 3e-11 has a relative error of 1 without that rule."""
+    def floor_case(slope):   # f(v) = slope · v, checked against an analytic gradient of 0
+        return gc.check_vjp(lambda v: slope * v, dict(v=np.array([0.5])), dict(v=np.zeros(1)), np.ones(1))
+
+    near, far = floor_case(3e-11), floor_case(3e-10)
+    assert near.ok and near["v"].rel_error == 0.0 and 0 < near["v"].max_abs_error < 1e-10   # counted as agreeing
+    assert not far.ok and far["v"].rel_error == pytest.approx(1.0) and far["v"].max_abs_error > 1e-10
+    np.testing.assert_allclose(gc.relative_errors(np.zeros(1), np.array([3e-11]), denominator="sum"), 1.0)
 
 
 # --------------------------------------------------------------------------- P5, P6 and P7 measured

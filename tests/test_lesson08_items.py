@@ -636,3 +636,42 @@ def test_p11_mistakes_are_named(answer, says, hidden):
 
 def test_p11_withholds_coursekits_rotation():
     assert set(ITEMS["p11"].withheld) == {"coursekit.rope:rope_backward", "coursekit.rope:rope_forward"}
+
+
+# --------------------------------------------------------------------------- the check-yourself cells compare with what they name
+
+
+def _assigned(source: str) -> set[str]:
+    """The names a code cell binds in the notebook's namespace (assignments, tuple unpacking, for targets), not inside
+    the functions it defines."""
+    import ast
+
+    names, todo = set(), list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+        for t in targets:
+            names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        todo += list(ast.iter_child_nodes(node))
+    return names
+
+
+@pytest.mark.parametrize("marker, names", [
+    ("mine_g = attention_backward(", ("dC_g", "Q_g", "K_g", "V_g", "n_rep", "cache_g", "dQ_g", "dK_rep", "dV_rep", "dC", "Q", "K",
+                                      "V", "P")),
+    ("mine = gqa_backward(", ("dC_g", "Q_g", "K_g", "V_g", "n_rep", "cache_g")),
+    ("mine = rope_backward(", ("dq_rot", "cos_q", "sin_q", "q_in")),
+])
+def test_check_yourself_cells_read_the_know_this_values_they_name(marker, names):
+    """A check-yourself cell compares the student's function with values of Know this (the grouped heads, the single
+    head, the rotated queries): each of those names is bound in one cell only before it, so no later cell has
+    replaced it. (The layer-0 cell once rebound dK_rep, and P2's check told a right answer its dK had the wrong shape.)"""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    at = next(i for i, src in enumerate(code) if marker in src)
+    for name in names:
+        binders = [i for i, src in enumerate(code[:at]) if name in _assigned(src)]
+        assert len(binders) == 1, f"{name} is bound in {len(binders)} cells before the check ({marker!r})"
