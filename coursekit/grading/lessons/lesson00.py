@@ -205,8 +205,8 @@ ITEMS = {
         "How many threads do torch's CPU kernels use when os.cpu_count() and torch.get_num_threads() disagree?", 0,
         key="b",
         explain={
-            "a": "torch sizes its intra-op pool itself: from OMP_NUM_THREADS when it is set, otherwise from the cores this process may run on (its CPU affinity, which taskset or a container's cpuset narrows); that can be fewer than os.cpu_count(), which counts every core of the machine. Ask torch.get_num_threads(). (Lesson 00, 'What is installed here'.)",
-            "b": "torch runs its CPU kernels (matmuls, elementwise ops) on an intra-op thread pool whose size torch.get_num_threads() reports. It can be smaller than os.cpu_count(): the process may be pinned to fewer cores (its CPU affinity), or OMP_NUM_THREADS may set it. That is why the probe asks torch, not the OS. (Lesson 00, 'What is installed here'.)",
+            "a": "torch sizes its intra-op pool itself: from OMP_NUM_THREADS (or MKL_NUM_THREADS) when it is set, otherwise from the physical cores (not the hyperthreads os.cpu_count() also counts: a laptop with 4 cores and 8 hardware threads gets 4) and no more than the cores this process may run on (its CPU affinity, which taskset or a container's cpuset narrows). So it can be fewer than os.cpu_count(). Ask torch.get_num_threads(). (Lesson 00, 'What is installed here'.)",
+            "b": "torch runs its CPU kernels (matmuls, elementwise ops) on an intra-op thread pool whose size torch.get_num_threads() reports. It can be smaller than os.cpu_count(): torch counts physical cores, not hyperthreads; the process may be pinned to fewer cores (its CPU affinity); or OMP_NUM_THREADS may set it. That is why the probe asks torch, not the OS. (Lesson 00, 'What is installed here'.)",
             "c": "The global interpreter lock binds Python code, not torch's C++ kernels, which release it and run on torch's own thread pool. (Lesson 00, 'What is installed here'.)",
             "d": "The pool's size is what torch.get_num_threads() reports, not a sum; and torch never uses more threads than that for one kernel. (Lesson 00, 'What is installed here'.)",
         },
