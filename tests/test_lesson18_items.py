@@ -255,8 +255,8 @@ def test_function_stub_and_non_function():
         ("w1", "c", "runs nothing"),
         ("w1", "d", "not a training state"),
         ("w2", "a", "has no offset"),
-        ("w2", "b", "eight steps below the block's smallest weight"),
-        ("w2", "d", "the minimum with its sign flipped"),
+        ("w2", "b", "the middle of a bin of width d"),
+        ("w2", "d", "takes d for the whole range"),
         ("p5", "a", "An average over weights counts weights, not tensors"),
         ("p5", "b", "only about a fifth of the weights are embedding weights"),
         ("p5", "d", "A Q4_1 weight costs 5 bits, not 4"),
@@ -451,6 +451,54 @@ def test_p6_key_is_gguf_q5_1_on_the_lessons_gaussian_and_the_step_estimate_predi
         assert abs(value / q51 - 1) > P6_RTOL
         fb = check("18.p6", value)
         assert fb.points == 0 and text in fb.text(), (text, value, fb.text())
+
+
+def test_w2_key_is_gguf_s_q4_1_decoder_and_code_0_alone_does_not_settle_it():
+    """W2's key, run: the options as the notebook prints them, evaluated on the stored d, m and codes of gguf's reference
+    Q4_1 quantizer applied to the lesson's Gaussian W. The keyed decoder is gguf.quants.dequantize bit for bit; each
+    wrong one is not. What the explanations say of each option is measured on the same blocks: code 0 decodes to m for
+    the key and for (d), so checking that code 0 gives the minimum leaves two options standing; it decodes to 0 for
+    (a) and to m + d/2 for (b); code 15 decodes to the block's max for the key (up to the float16 rounding of d and m), to
+    m + d for (d) and to max + d/2 for (b), and the quantizer gives each block's min code 0 and its max code 15."""
+    import re
+
+    from coursekit.grading.lessons.lesson18 import p6_weight
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**W2.**"))
+    opts = dict(re.findall(r"^- ([a-d])\) w = (.+?)\s*$", cell, re.M))
+    assert sorted(opts) == list("abcd")
+    key = ITEMS["w2"].key
+    assert key == RIGHT["w2"] and opts[key] == "d · q + m"
+
+    W = p6_weight().reshape(-1, 32)
+    t = gguf.GGMLQuantizationType.Q4_1
+    packed = gguf.quants.quantize(W, t).reshape(-1, 20)
+    theirs = gguf.quants.dequantize(packed, t).reshape(-1, 32)
+    d = packed[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = packed[:, 2:4].copy().view(np.float16).astype(np.float32)
+    q = np.concatenate([packed[:, 4:] & 0x0F, packed[:, 4:] >> 4], axis=1).astype(np.float32)
+
+    def decode(expr, q):
+        return eval(expr.replace("·", "*").replace("−", "-"), {}, {"d": d, "m": m, "q": q})
+
+    decoded = {k: np.broadcast_to(decode(e, q), W.shape).astype(np.float32) for k, e in opts.items()}
+    assert np.array_equal(decoded[key].view(np.uint32), theirs.view(np.uint32))
+    for k in set(opts) - {key}:
+        assert not np.allclose(decoded[k], theirs, atol=1e-3), k
+
+    rows = np.arange(len(W))
+    assert (q[rows, W.argmin(1)] == 0).all() and (q[rows, W.argmax(1)] == 15).all()
+    code0 = {k: decode(e, np.float32(0)) for k, e in opts.items()}
+    code15 = {k: decode(e, np.float32(15)) for k, e in opts.items()}
+    assert {k for k, v in code0.items() if np.array_equal(np.broadcast_to(v, m.shape), m)} == {key, "d"}
+    assert np.array_equal(np.broadcast_to(code0["a"], m.shape), np.zeros_like(m))
+    np.testing.assert_allclose(code0["b"], m + d / 2, rtol=1e-6)
+    mn, mx = W.min(1, keepdims=True), W.max(1, keepdims=True)
+    # in steps d: the key's code 0 and code 15 miss the block's min and max by the float16 rounding of d and m only
+    assert (np.abs(code0[key] - mn) / d).max() < 0.02 and (np.abs(code15[key] - mx) / d).max() < 0.02
+    np.testing.assert_allclose(code15["d"], m + d, rtol=1e-6)
+    assert (np.abs(code15["b"] - (mx + d / 2)) / d).max() < 0.02
 
 
 def test_p7_key_is_measured():

@@ -335,10 +335,10 @@ ITEMS = {
         0,
         key="c",
         explain={
-            "a": "w = d·q has no offset: code 0 would decode to 0 rather than to the block's smallest weight, and every weight would have the sign of d, so a block of negative weights could not be stored. Q4_1 adds the minimum back: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
-            "b": "Subtracting 8 centres the codes around 0, as Q4_0 does (w = d·(q − 8), symmetric, no minimum). With m added as well, code 0 would decode to m − 8d, eight steps below the block's smallest weight. Q4_1's codes count up from the minimum: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
-            "c": "Q4_1 is an asymmetric grid: the quantizer takes m = the block's minimum and d = (max − min) / 15, so the 16 levels m, m + d, …, m + 15d span the block's range, and the decoder computes w = d · q + m in float32. Code 0 gives back the minimum and code 15 the maximum (up to the float16 rounding of d and m). (Lesson 18, 'Inside a Q4_1 block'.)",
-            "d": "w = d·q − m would decode code 0 to −m, the minimum with its sign flipped. Subtracting a stored offset is the convention of the K-quants (Q4_K stores a positive offset and subtracts it); Q4_1 stores the minimum itself and adds it: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "a": "w = d · q has no offset: code 0 would decode to 0 and the 16 levels would run from 0 to 15d = max − min, the block's range moved to start at zero, so a block of negative weights could not be stored. Q4_1 adds the minimum back: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "b": "d · (q + 0.5) + m decodes each code to the middle of a bin of width d, as a quantizer that rounds down would need: code 0 gives m + d/2 and code 15 gives max + d/2, so neither the block's smallest nor its largest weight is a level, and the top half-step lies outside the block. The quantizer rounds to the nearest level, and d = (max − min) / 15 makes 16 levels 15 steps apart from min to max: w = d · q + m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "c": "Q4_1 is an asymmetric grid: with m = min and d = (max − min) / 15, the 16 levels m, m + d, …, m + 15d run from the block's smallest weight to its largest in 15 equal steps, and the decoder computes w = d · q + m in float32 (ggml's dequantize_row_q4_1, gguf.quants). Code 0 gives back the minimum and code 15 the maximum, up to the float16 rounding of d and m. (Lesson 18, 'Inside a Q4_1 block'.)",
+            "d": "d · q / 15 + m takes d for the whole range: code 0 does give the minimum, but code 15 would decode to m + d, one step above it, so all 16 codes would land within one step of the minimum however far above it the block's weights reach. d is already the range divided by 15, the step between neighbouring levels, so w = d · q + m reaches m + 15d = max at code 15. (Lesson 18, 'Inside a Q4_1 block'.)",
         },
     ),
     "w3": Numeric(
