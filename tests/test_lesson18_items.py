@@ -34,7 +34,7 @@ def right_input_grad(D, packed):
 
 
 RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "d", "e"}, "p2": right_dequantize, "p3": right_input_grad,
-         "p4": ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "token_embd", "up_bf16"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
+         "p4": ["norms", "attn_v", "attn_v_q8_0", "attn_output", "up_gguf", "token_embd", "up_bf16"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -338,23 +338,25 @@ def test_p1_key_is_each_statement_measured_in_the_file():
 
 
 def test_ordering_names_the_first_misplaced_step():
-    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_nf4", "up_gguf", "up_bf16", "token_embd"])   # bf16 taken as small
+    fb = check("18.p4", ["norms", "attn_v", "attn_v_q8_0", "attn_output", "up_gguf", "up_bf16", "token_embd"])   # bf16 taken as small
     assert 0 < fb.points < 2 and "at 16 bits instead of 8.5" in fb.text(), fb.text()
-    fb = check("18.p4", ["attn_v", "norms", "attn_output", "up_nf4", "up_gguf", "token_embd", "up_bf16"])   # F32 taken as large
+    fb = check("18.p4", ["attn_v", "norms", "attn_v_q8_0", "attn_output", "up_gguf", "token_embd", "up_bf16"])   # F32 taken as large
     assert 0 < fb.points < 2 and "more than all the F32 norms" in fb.text(), fb.text()
-    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_gguf", "up_nf4", "token_embd", "up_bf16"])   # NF4 taken as larger
-    assert 0 < fb.points < 2 and "more than their NF4 copy" in fb.text(), fb.text()
+    fb = check("18.p4", ["norms", "attn_v", "attn_output", "attn_v_q8_0", "up_gguf", "token_embd", "up_bf16"])   # 8.5 bits taken to outweigh 3× the weights
+    assert 0 < fb.points < 2 and "more than the v_projs would take even as Q8_0" in fb.text(), fb.text()
+    fb = check("18.p4", ["norms", "attn_v", "attn_output", "up_gguf", "attn_v_q8_0", "token_embd", "up_bf16"])   # Q8_0 taken as large
+    assert 0 < fb.points < 2 and "3 × 5 bits outweighs 8.5" in fb.text(), fb.text()
 
 
 def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
     """P4's key, measured: the GGUF tensors' bytes from the course's own file (the 30 o_proj, v_proj and up_proj
-    tensors summed), the NF4 copies' bytes from bitsandbytes' quantize_4bit (blocksize 64, double quantization, as
-    load_model("nf4") stores it) of each decoded up_proj, and the bf16 copies' bytes from those decoded tensors in bf16.
-    The hints quote these sizes, and one block's share of each. The prompt's claim is checked too: of the seven sizes
-    only the embedding's and the norms' are printed whole (the tensor table prints layer 0's tensors one by one)."""
+    tensors summed), the v_proj tensors' bytes as Q8_0 from gguf's reference Q8_0 quantizer run on each decoded v_proj
+    (what the converter would have written), and the bf16 copies' bytes from the decoded up_proj tensors in bf16. The
+    hints quote these sizes, and one block's share of each. The prompt's claim is checked too: of the seven sizes only
+    the embedding's and the norms' are printed whole (the tensor table prints layer 0's tensors one by one). No piece is
+    NF4: lesson 15 grades NF4's bits per parameter already."""
     import json
 
-    import bitsandbytes.functional as bnbF
     import torch
 
     from coursekit import gguf_file as gf
@@ -362,13 +364,14 @@ def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
     reader = gf.open_reader()
     by_name = {t.name: t for t in gf.tensor_table(reader)}
     raw = {t.name: t for t in reader.tensors}
-    nf4_bytes, bf16_bytes = [], []
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    v_q8_bytes, bf16_bytes = [], []
     for layer in range(30):
+        v = gf.dequantize_tensor(raw[f"blk.{layer}.attn_v.weight"])
+        assert v.shape == (192, 576) and by_name[f"blk.{layer}.attn_v.weight"].type == "Q4_1"
+        v_q8_bytes.append(gguf.quants.quantize(np.ascontiguousarray(v, dtype=np.float32), q8_0).nbytes)
         up = torch.from_numpy(gf.dequantize_tensor(raw[f"blk.{layer}.ffn_up.weight"])).bfloat16()
         assert up.shape == (1536, 576) and by_name[f"blk.{layer}.ffn_up.weight"].type == "Q4_1"
-        packed, st = bnbF.quantize_4bit(up, blocksize=64, quant_type="nf4", compress_statistics=True)
-        nf4_bytes.append(packed.numel() + st.absmax.numel() * st.absmax.element_size() + st.state2.absmax.numel() * 4
-                         + st.offset.numel() * 4)
         bf16_bytes.append(up.numel() * up.element_size())
     norms = [t for name, t in by_name.items() if name.endswith("norm.weight")]
 
@@ -377,18 +380,22 @@ def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
 
     sizes = {
         "attn_v": all_30("attn_v"),
+        "attn_v_q8_0": sum(v_q8_bytes),
         "attn_output": all_30("attn_output"),
         "norms": sum(t.n_bytes for t in norms),
         "token_embd": by_name["token_embd.weight"].n_bytes,
         "up_gguf": all_30("ffn_up"),
-        "up_nf4": sum(nf4_bytes),
         "up_bf16": sum(bf16_bytes),
     }
-    one_block = {"attn_v": by_name["blk.0.attn_v.weight"].n_bytes, "attn_output": by_name["blk.0.attn_output.weight"].n_bytes,
-                 "up_gguf": by_name["blk.0.ffn_up.weight"].n_bytes, "up_nf4": nf4_bytes[0], "up_bf16": bf16_bytes[0]}
+    one_block = {"attn_v": by_name["blk.0.attn_v.weight"].n_bytes, "attn_v_q8_0": v_q8_bytes[0],
+                 "attn_output": by_name["blk.0.attn_output.weight"].n_bytes,
+                 "up_gguf": by_name["blk.0.ffn_up.weight"].n_bytes, "up_bf16": bf16_bytes[0]}
     assert set(sizes) == set(ITEMS["p4"].labels)
     assert len(norms) == 61 and all(t.type == "F32" for t in norms) and by_name["token_embd.weight"].type == "Q8_0"
     assert {name for name, t in by_name.items() if t.type == "F32"} == {t.name for t in norms}   # the F32 row the prompt cites
+    # Q8_0 as the hints describe it, and as the file stores the embedding: 34 bytes per 32 weights, 8.5 bits per weight
+    assert gguf.GGML_QUANT_SIZES[q8_0] == (32, 34) and gf.bits_per_weight("Q8_0") == 8.5
+    assert by_name["token_embd.weight"].n_bytes == by_name["token_embd.weight"].n_elements * 34 // 32
     # the prompt: layer 0's q, k and gate tensors, printed in the table, have the shapes and types of its o, v and up
     for printed, asked in (("attn_q", "attn_output"), ("attn_k", "attn_v"), ("ffn_gate", "ffn_up")):
         a, b = by_name[f"blk.0.{printed}.weight"], by_name[f"blk.0.{asked}.weight"]
@@ -399,12 +406,18 @@ def test_p4_key_is_the_bytes_measured_in_the_file_and_on_route_one():
     assert min(ratios) > 1.2, sizes                                                # no near-tie
     keys = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())
     assert order == keys["keys"]["p4"] == RIGHT["p4"]
+    hints = keys["hints"]["p4"]
     for label, n in sizes.items():                                               # each hint quotes its piece's bytes
-        assert f"{n:,}" in keys["hints"]["p4"][label], label
+        assert f"{n:,}" in hints[label], label
     for label, n in one_block.items():                                           # and one block's share
-        assert f"{n:,}" in keys["hints"]["p4"][label], label
+        assert f"{n:,}" in hints[label], label
     n_up = 30 * 1536 * 576
-    assert f"{n_up:,}" in keys["hints"]["p4"]["up_bf16"] and n_up < by_name["token_embd.weight"].n_elements
+    assert f"{n_up:,}" in hints["up_bf16"] and n_up < by_name["token_embd.weight"].n_elements
+    # the ratios the hints quote
+    assert sizes["attn_v_q8_0"] / sizes["attn_v"] == 1.7 and "1.7 times their Q4_1 bytes" in hints["attn_v_q8_0"]
+    assert round(sizes["up_gguf"] / sizes["attn_output"], 2) == 2.67 and "2.67 times the weights" in hints["attn_output"]
+    assert by_name["blk.0.attn_output.weight"].n_elements == 3 * by_name["blk.0.attn_v.weight"].n_elements
+    assert "NF4" not in "".join(ITEMS["p4"].labels.values()) + "".join(hints.values())
 
 
 @pytest.mark.parametrize(

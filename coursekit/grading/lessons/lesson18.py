@@ -378,16 +378,16 @@ ITEMS = {
         atol=1e-6,
     ),
     "p4": Ordering(
-        "the course's model in the GGUF file and on route one: order seven pieces by their bytes, smallest first",
+        "GGUF types and route one's bf16: order seven pieces of the course's model by their bytes, smallest first",
         2,
         labels={
             "attn_output": "the 30 o_proj tensors of the GGUF file (blk.N.attn_output.weight), together",
             "attn_v": "the 30 v_proj tensors of the GGUF file (blk.N.attn_v.weight), together",
+            "attn_v_q8_0": "the same 30 v_proj tensors, had the converter stored them as Q8_0 like token_embd, together",
             "norms": "all the RMSNorm weight vectors of the GGUF file, together",
             "token_embd": "token_embd.weight in the GGUF file",
             "up_bf16": "the 30 up_proj weights in the bf16 checkpoint that route one writes, together",
             "up_gguf": "the 30 up_proj tensors of the GGUF file (blk.N.ffn_up.weight), together",
-            "up_nf4": "the 30 up_proj weights in the NF4 base that route one loads (blocksize 64, double quantization), together",
         },
     ),
     "p5": Choice(
