@@ -566,6 +566,18 @@ def test_p5_key_is_the_file_measured_with_its_embedding_quantized_to_q4_1():
     assert nearest == key == RIGHT["p5"] == "c"
     assert all(abs(v - as_q4_1) > 0.5 for k, v in quoted.items() if k != "c")
 
+    # The notebook's options quote these numbers, and the key's text is neither the longest nor the shortest.
+    import re
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**P5 (predict).**"))
+    opts = dict(re.findall(r"^- ([a-d])\) (.+?)\s*$", cell, re.M))
+    assert sorted(opts) == list("abcd")
+    for k, v in quoted.items():
+        assert opts[k].startswith(f"about {v:.{2 if k == 'a' else 1}f}:"), (k, v, opts[k])
+    others = [len(v) for k, v in opts.items() if k != key]
+    assert min(others) < len(opts[key]) < max(others), {k: len(v) for k, v in opts.items()}
+
 
 def test_w3_key_is_gguf_quantizing_the_block_and_each_mistake_is_a_variant_run():
     """W3's key, run: gguf's reference Q4_1 quantizer on a block from −0.030 to 0.045 holding 0.014, decoded by gguf:
