@@ -42,7 +42,7 @@ def _p4_right():
 
 
 RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 2.5,
-         "p4": None, "p5": 149, "p6": 4.002345485592187, "p7": "a"}
+         "p4": None, "p5": 149, "p6": 3.202345485592187, "p7": "a"}
 
 
 def _right(item_id):
@@ -103,14 +103,136 @@ def test_p3_key_and_mistakes_are_measured_with_autograd():
 def test_numbers_come_from_coursekit():
     assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors()[0]) == pytest.approx(20 / 8)
     assert ITEMS["p5"].expected() == 149  # 152 real tokens, less each row's position 0
-    aligned, twice = L._p6_losses()
-    assert aligned == pytest.approx(np.log1p(7 * np.exp(-8.0)))
-    assert twice == pytest.approx(4.0 + aligned)  # two of the four scored positions are hit by the repeated token
+    hit = np.log1p(7 * np.exp(-8.0))
+    assert ITEMS["p6"].expected() == pytest.approx(3.2 + hit)  # four of the ten scored positions miss, by 8 each
 
 
 def test_p6_prediction_tolerance_accepts_the_reasoned_value_only():
-    assert check("04.p6", 4.0).full           # the prediction "half the margin" is within 3 significant digits
-    assert check("04.p6", 4.01).points == 0
+    assert check("04.p6", 3.2).full           # "four misses of ten at margin 8" is within 3 significant digits
+    assert check("04.p6", 3.21).points == 0 and check("04.p6", 3.19).points == 0
+
+
+def _p6_rows_up_to_renaming():
+    """Every P6 row up to a renaming of the four words: the answers whose words first appear in the order a, b, c, d
+    (restricted growth strings of length 10 with 4 symbols: S(10, 4) = 34105 of them)."""
+    n, k = L.P6_ANSWER_LEN, len(L.P6_WORDS)
+    out = []
+
+    def grow(prefix, used):
+        if len(prefix) == n:
+            if used == k:
+                out.append((0,) + tuple(L.P6_WORDS[v] for v in prefix) + (L.EOS,))
+            return
+        for v in range(min(used + 1, k)):
+            grow(prefix + (v,), max(used, v + 1))
+
+    grow((), 0)
+    return torch.tensor(out)
+
+
+def _double_shifted_losses(rows, margin=L.P6_MARGIN):
+    """Per row: the oracle's loss with labels shifted by hand and then by the loss (logits[:, :-1] against labels[:, 1:]),
+    written out with F.cross_entropy, not with coursekit's loss; and the per-position losses."""
+    logits = torch.zeros(*rows.shape, L.P6_VOCAB, dtype=torch.float64)
+    logits[:, :-1].scatter_(2, rows[:, 1:, None], margin)                   # the margin on each true next token
+    labels = torch.cat([rows[:, 1:], torch.full_like(rows[:, :1], -100)], 1)  # the hand shift
+    tok = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none")
+    return tok.sum(1) / (labels[:, 1:] != -100).sum(1), tok
+
+
+def test_p6_key_is_the_lowest_double_shifted_loss_of_every_p6_row():
+    """P6's key, searched: no row of P6's kind (`<s>`, ten tokens using each of a b c d, EOS) has a lower double-shifted
+    loss than P6_BEST's, the key; the search covers every row, since renaming the words leaves the loss unchanged (checked
+    on random rows). transformers' ForCausalLMLoss gives the key on P6_BEST's hand-shifted labels."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from coursekit import objective
+
+    rows = _p6_rows_up_to_renaming()
+    assert len(rows) == 34105 and all(L.p6_admissible(r) for r in rows[::997].tolist())
+    losses, _ = _double_shifted_losses(rows)
+    key = ITEMS["p6"].expected()
+    assert L.p6_admissible(L.P6_BEST)
+    assert float(losses.min()) == pytest.approx(key, rel=1e-12) == pytest.approx(RIGHT["p6"], rel=1e-12)
+    best = rows[int(losses.argmin())].tolist()
+    assert float(_double_shifted_losses(torch.tensor([L.P6_BEST]))[0][0]) == pytest.approx(float(losses.min()), rel=1e-12)
+    # Every row that reaches the minimum gives each word one run; there are 4! orders of the runs, times the ways to
+    # cut ten tokens into four runs (C(9, 3) = 84), and the search holds them up to renaming: 84 rows.
+    minimal = rows[(losses - losses.min()).abs() < 1e-9]
+    assert len(minimal) == 84 and best in minimal.tolist()
+    assert all(sum(a != b for a, b in zip(r[1:-2], r[2:-1])) == 3 for r in minimal.tolist())
+    # renaming the words leaves the loss unchanged, so the search above is over every row
+    rng = np.random.default_rng(6)
+    words = torch.tensor(L.P6_WORDS)
+    for _ in range(50):
+        answer = torch.tensor(rng.permutation(np.r_[0:4, rng.integers(0, 4, 6)]))
+        renamed = torch.tensor(rng.permutation(4))
+        pair = torch.stack([torch.cat([torch.tensor([0]), words[answer], torch.tensor([L.EOS])]),
+                            torch.cat([torch.tensor([0]), words[renamed[answer]], torch.tensor([L.EOS])])])
+        a, b = _double_shifted_losses(pair)[0].tolist()
+        assert a == pytest.approx(b, rel=1e-12)
+    ids = torch.tensor([L.P6_BEST])
+    oracle = objective.oracle_logits(ids, L.P6_VOCAB, L.P6_MARGIN)
+    hf = float(ForCausalLMLoss(oracle, objective.shift_left(ids), vocab_size=L.P6_VOCAB))
+    assert hf == pytest.approx(key, rel=1e-6)
+
+
+def test_p6_mistakes_are_the_mistaken_variants_run():
+    """Each value P6 names is what its mistaken variant gives when run, here with transformers' own causal-LM loss
+    (the one LlamaForCausalLM calls; it computes in float32), and it scores 0 and is named."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from coursekit import objective
+
+    a, b, c, d = L.P6_WORDS
+    best = torch.tensor([L.P6_BEST])
+
+    def run(row=best, margin=L.P6_MARGIN, shift=objective.shift_left):
+        row = torch.as_tensor(row).reshape(1, -1)
+        oracle = objective.oracle_logits(row, L.P6_VOCAB, margin)
+        return float(ForCausalLMLoss(oracle, shift(row), vocab_size=L.P6_VOCAB))
+
+    oracle = objective.oracle_logits(best, L.P6_VOCAB, L.P6_MARGIN)
+    hand = objective.shift_left(best)
+    measured = {
+        "shifted once": run(shift=lambda ids: ids),                                # labels = input_ids
+        "last position free": run(list(L.P6_BEST[:-1]) + [L.P6_BEST[-2]]),          # ... d d: the end taken as a repeat
+        "label 0 counted": float(ForCausalLMLoss(oracle, hand, vocab_size=L.P6_VOCAB, num_items_in_batch=1))
+        / int((hand != -100).sum()),                                               # the sum over every label not -100
+        "wrapped shift": run(shift=lambda ids: torch.roll(ids, -1, dims=1)),       # a hand shift without the -100
+        "margin 5": run(margin=5.0),                                               # the margin of the lesson's cell
+        "a word in two runs": run([0, a, b, c, d] + [a] * 6 + [L.EOS]),
+        "no repeats": run([0] + [a, b, c, d] * 2 + [a, b, L.EOS]),
+    }
+    named = {m.label: m.value for m in L._p6_mistakes()}
+    assert set(named) == set(measured)
+    key = ITEMS["p6"].expected()
+    for label, value in named.items():
+        assert value == pytest.approx(measured[label], rel=1e-5, abs=1e-6), label  # ForCausalLMLoss is float32
+        assert abs(value - key) > 1e-2 * key, label
+        fb = check("04.p6", value)
+        assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
+    # "four misses of ten" also covers the student who scores 11 positions with the same four misses (the last logit
+    # counted as a hit): (7 hits + 4 misses) / 11 is within the tolerance of the label-0 value.
+    hit = np.log1p(7 * np.exp(-8.0))
+    assert check("04.p6", (7 * hit + 4 * (8 + hit)) / 11).mistakes == ["label 0 counted"]
+
+
+def test_p8_model_answer_reads_p6_row_position_by_position():
+    """P8's model answer on P6_BEST: ten scored logits (0 to 9), the misses at a→b, b→c, c→d and d→EOS (logits 6 to 9),
+    each costing 8 + log(1 + 7e⁻⁸), the hits log(1 + 7e⁻⁸), the loss ≈ 3.20; and on every P6 row the last scored
+    logit (it predicts the answer's last token and is scored against the EOS) misses."""
+    _, tok = _double_shifted_losses(torch.tensor([L.P6_BEST]))
+    hit = np.log1p(7 * np.exp(-8.0))
+    scored = [t for t in range(tok.shape[1]) if t < len(L.P6_BEST) - 2]
+    assert scored == list(range(10))
+    missed = [t for t in scored if tok[0, t] > 1]
+    assert missed == [6, 7, 8, 9]
+    np.testing.assert_allclose(tok[0, missed].numpy(), 8 + hit, rtol=1e-12)
+    np.testing.assert_allclose(tok[0, [t for t in scored if t not in missed]].numpy(), hit, rtol=1e-9)
+    assert round(float(tok[0].sum()) / 10, 2) == 3.20 and round(hit, 4) == 0.0023
+    _, every = _double_shifted_losses(_p6_rows_up_to_renaming())
+    assert bool((every[:, 9] > 8).all())                   # the d→EOS miss of every row
 
 
 # --------------------------------------------------------------------------- right answers
@@ -125,7 +247,7 @@ def test_right_answers_score_full(item_id, hidden):
 
 def test_torch_tensors_and_floats_are_accepted():
     assert check("04.p4", torch.tensor(_p4_right())).full
-    assert check("04.p6", torch.tensor(4.002345485592187, dtype=torch.float64)).full
+    assert check("04.p6", torch.tensor(3.202345485592187, dtype=torch.float64)).full
 
     def float_loss(logits, labels):
         return float(masked_mean_loss(logits, labels))
@@ -327,10 +449,13 @@ def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
         ("p3", 0.625, "which the loop under-weights"),
         ("p3", 0.4, "so its gradient grows"),
         ("p6", 0.0023454855921863655, "labels = input_ids"),
-        ("p6", float(np.log(8)), "uniform guess"),
+        ("p6", 2.402, "misses on every such row"),
+        ("p6", 2.91, "never scores label 0"),
+        ("p6", 3.64, "torch.roll"),
+        ("p6", 2.046, "margin 5"),
+        ("p6", 4.0, "two separate runs"),
         ("p6", 8.0, "every scored position misses"),
         ("p6", 8.002345485592187, "every scored position misses"),
-        ("p6", 4.802345485592187, "you scored five positions"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
