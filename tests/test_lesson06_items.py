@@ -311,15 +311,75 @@ def test_updated_B_first_is_caught_on_the_seed_walk_itself():
 # --------------------------------------------------------------------------- log_softmax_backward
 
 
-@pytest.mark.parametrize("fn, text", [
-    (lambda g, x: walk.softmax_backward(g, walk.softmax(x)), "that is the softmax rule"),
-    (lambda g, x: g - walk.softmax(x), "the row sum is missing"),
-    (lambda g, x: walk.softmax(x) * g.sum(axis=1, keepdims=True) - g, "the sign is flipped"),
-    (lambda g, x: g - walk.softmax(x) * g.sum(), "sum each row separately"),
+def _softmax_rule_own_code(g, x):
+    """The softmax rule written out, with g taken for ∂L/∂p: the chain rule through the log left out."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    return p * (g - (g * p).sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("fn, label, text", [
+    (lambda g, x: walk.softmax_backward(g, walk.softmax(x)), "softmax rule", "that is the softmax rule"),
+    (_softmax_rule_own_code, "softmax rule", "that is the softmax rule"),
+    (lambda g, x: g - walk.softmax(x), "no sum", "the row sum is missing"),
+    (lambda g, x: walk.softmax(x) * g.sum(axis=1, keepdims=True) - g, "sign", "the sign is flipped"),
+    (lambda g, x: g - walk.softmax(x) * g.sum(), "all sum", "sum each row separately"),
+    (lambda g, x: g - (g * walk.softmax(x)).sum(axis=1, keepdims=True), "transposed Jacobian", "the Jacobian's other index"),
+    (lambda g, x: g - walk.softmax(g) * g.sum(axis=1, keepdims=True), "softmax of g", "not a softmax of the upstream gradient"),
 ])
-def test_log_softmax_backward_mistakes(fn, text):
-    fb = check("06.p7", fn, hidden=True)
+def test_log_softmax_backward_mistakes(fn, label, text, hidden):
+    """Each named mistake is what its mistaken code returns: running the variant gives its label, and only its label."""
+    fb = check("06.p7", fn, hidden=hidden)
     assert fb.points < 2 and text in fb.text(), fb.text()
+    assert fb.mistakes == [label], fb.mistakes
+
+
+def test_p7_rule_composed_through_p_fails_where_a_probability_underflows():
+    """The derivation's second way in, coded without simplifying (softmax's upstream g / p, then the softmax rule),
+    agrees with the rule where every p > 0 and gives NaN on the public case whose softmax(x)[1] underflows to 0."""
+    def composed(g, x):
+        p = walk.softmax(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return walk.softmax_backward(g / p, p)
+
+    fb = check("06.p7", composed, hidden=True)
+    assert 0 < fb.points < 2 and fb.mistakes == [], fb.text()
+    assert "✗ public case 3 (logits hundreds apart" in fb.text() and "should be finite" in fb.text(), fb.text()
+    assert fb.text().count("✗") == 1
+
+
+def test_p7_rule_agrees_with_autograd_on_the_underflow_case():
+    g, x = np.array([[0.5, -1.0, 2.0]]), np.array([[1000.0, 200.0, 1003.0]])
+    assert walk.softmax(x)[0, 1] == 0.0
+    xt = torch.tensor(x, requires_grad=True)
+    torch.log_softmax(xt, -1).backward(torch.tensor(g))
+    np.testing.assert_allclose(log_softmax_backward(g, x), xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_p7s_rule_is_not_written_before_p7():
+    """P7 asks the student to derive log-softmax's backward: no cell of the lesson above P7 (solution or release),
+    no earlier lesson and no glossary or notation entry states it, and none runs coursekit's log_softmax_backward,
+    whose output the item grades. The Know this teaches the softmax rule, which the derivation starts from."""
+    import re
+
+    from coursekit import course
+
+    rule = re.compile(r"g\s*[−-]\s*(softmax\(x\)|p)\s*[·*⋅]?\s*(Σ|rowsum|sum)|log_softmax_backward\(|log-softmax rule")
+    release = ROOT / "lessons" / "06-the-rank-one-walk" / "06-the-rank-one-walk.ipynb"
+    for path in (NOTEBOOK, release):
+        cells = nbformat.read(path, as_version=4).cells
+        p7 = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("**P7"))
+        for c in cells[:p7]:
+            assert not rule.search(c.source), f"{path.name}: a cell above P7 states its rule: {c.source[:300]}"
+        know = next(c.source for c in cells if "### Softmax, cross-entropy and D" in c.source)
+        assert "dx = p ⊙ (g − Σ_j g_j p_j)" in know                                # what the derivation starts from
+    for lid in course.lesson_ids(ROOT):
+        if lid < "06":
+            for c in nbformat.read(ROOT / "lessons" / lid / f"{lid}.ipynb", as_version=4).cells:
+                assert not rule.search(c.source), f"{lid} states P7's rule: {c.source[:300]}"
+    for page in ("glossary.md", "notation.md"):
+        assert not rule.search((ROOT / "lessons" / page).read_text()), page
 
 
 def test_p7_stub_documents_log_softmax_backward_without_stating_its_rule():

@@ -530,3 +530,54 @@ def test_p4_key_measured_with_layer_3s_k_proj_under_no_grad():
     assert not any(torch.allclose(g_ref[0][k], g_cut[0][k]) for k in g_ref[0])                             # below: d is false
     keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
     assert keys["p4"] == RIGHT["p4"] == "b"
+
+
+def test_p7_model_answer_measured_with_the_lower_blocks_under_no_grad():
+    """P7's model answer measured with autograd on a stack of four blocks with Q/V adapters (PEFT's B = 0 in none of
+    them, so that every factor could get a gradient): with blocks 0–1 run under torch.no_grad() the forward is the same,
+    the factors of blocks 0–1 get no gradient at all (.grad None), and blocks 2–3 get the uncut stack's gradients; with
+    block 1's o_proj detached instead, only block 1's q and v factors starve and block 0 learns from a changed gradient.
+    The notebook measures the same cut on SmolLM2 (the real-world rep) and on a toy stack after the model answer."""
+    import contextlib
+
+    import torch
+
+    rng = np.random.default_rng(7)
+    T, d, H, f, s = 5, 8, 2, 12, 2.0
+    blocks = [block.init_block(rng, d=d, n_heads=H, f=f, targets=("q", "v"), r=2) for _ in range(4)]
+    x0, dy = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+
+    def run(no_grad_below=0, detach_o_in=None):
+        z, leaves = torch.tensor(x0), []
+        for i, (w, ad) in enumerate(blocks):
+            leaves.append([torch.tensor(m, requires_grad=True) for pair in ad.values() for m in pair])
+            ad_t = {p: tuple(leaves[-1][2 * j: 2 * j + 2]) for j, p in enumerate(ad)}
+            with torch.no_grad() if i < no_grad_below else contextlib.nullcontext():
+                z = block.torch_block_forward(z, {k: torch.tensor(v) for k, v in w.items()}, ad_t, s=s, n_heads=H,
+                                              detach=("o",) if i == detach_o_in else ())
+        z.backward(torch.tensor(dy))
+        return z.detach(), [[t.grad for t in layer] for layer in leaves]
+
+    y_ref, g_ref = run()
+    y_low, g_low = run(no_grad_below=2)
+    y_o, g_o = run(detach_o_in=1)
+    assert torch.equal(y_ref, y_low) and torch.equal(y_ref, y_o)
+    assert all(g is not None and bool(torch.any(g != 0)) for layer in g_ref for g in layer)
+    assert all(g is None for layer in g_low[:2] for g in layer)                                   # below the cut: nothing
+    assert all(torch.equal(a, b) for i in (2, 3) for a, b in zip(g_ref[i], g_low[i]))            # above it: the same, bit for bit
+    assert all(g is None for g in g_o[1])                                                         # 'detach o': that block's q, v
+    assert all(g is not None and bool(torch.any(g != 0)) for g in g_o[0])                         # ... while the block below learns
+    assert not any(torch.allclose(a, b) for a, b in zip(g_ref[0], g_o[0]))                       # from a changed gradient
+    assert all(torch.equal(a, b) for i in (2, 3) for a, b in zip(g_ref[i], g_o[i]))
+
+
+def test_p7_is_not_answered_above_it():
+    """P7 asks about the stack cut at a layer's output; the Know this explains the branch cuts (o, down) and shows which
+    adapters a detached down_proj starves, but no cell above P7 runs or describes a cut of a whole layer."""
+    nb = nbformat.read(ROOT / "lessons" / LID / f"{LID}.ipynb", as_version=4)
+    p7 = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("**P7"))
+    above = "\n".join(c.source for c in nb.cells[:p7])
+    for words in ("layers_to_transform", "layers 0–3", "layers[3].register_forward_hook", "no_grad_below", "whole layer"):
+        assert words not in above, words
+    know = "\n".join(c.source for c in nb.cells[:p7] if c.cell_type == "markdown")
+    assert "adapters\non gate_proj and up_proj, whose every road to the loss runs through down" in know

@@ -13,6 +13,7 @@ from .. import Array, Choice, Function, Numeric
 READ_CE = "Reread 'Softmax, cross-entropy and D' in Know this."
 READ_ADAMW = "Reread 'AdamW by hand' in Know this."
 READ_STEPS = "Reread 'The eight steps, once by hand' in Know this."
+READ_LSM = "Reread 'Softmax, cross-entropy and D' in Know this (the softmax rule) and P7's two ways in."
 
 
 # --------------------------------------------------------------------------- references
@@ -229,6 +230,9 @@ def _lsm_public() -> list[Case]:
     return [
         Case(dict(g=np.array([[1.0, 1.0]]), x=np.array([[0.1, 0.9]])), "x = [0.1, 0.9], g = [1, 1]"),
         Case(dict(g=rng.standard_normal((2, 4)), x=rng.standard_normal((2, 4))), "two rows of four"),
+        # softmax(x)[1] underflows to 0: the rule composed from the log and the softmax rule, p ⊙ (g/p − Σ g), is NaN here
+        Case(dict(g=np.array([[0.5, -1.0, 2.0]]), x=np.array([[1000.0, 200.0, 1003.0]])),
+             "logits hundreds apart: a probability underflows to 0"),
     ]
 
 
@@ -241,15 +245,26 @@ def _lsm_hidden(rng: np.random.Generator) -> list[Case]:
 
 
 def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
+    # The messages say what went wrong in the derivation, and which check-yourself case shows it; they quote formula
+    # pieces, never a case's inputs (hidden cases may show them).
     g, x = np.asarray(kw["g"], dtype=np.float64), np.asarray(kw["x"], dtype=np.float64)
     p = walk.softmax(x)
     out = [
         Mistake("softmax rule", walk.softmax_backward(g, p),
-                "that is the softmax rule p ⊙ (g − Σ g·p); log-softmax's rule is g − softmax(x)·Σg. " + READ_CE),
-        Mistake("no sum", g - p, "the row sum is missing: dx = g − softmax(x) · Σ_j g_j, not g − softmax(x). " + READ_CE),
-        Mistake("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: dx = g − softmax(x)·Σg. " + READ_CE),
-        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE,
-                hint="the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_CE),
+                "that is the softmax rule with g as its upstream, as if g were ∂L/∂p; g is the gradient at log p, so the "
+                "chain rule through the log comes first (the softmax's upstream is g / p), then the softmax rule, then "
+                "simplify. " + READ_LSM),
+        Mistake("no sum", g - p, "the row sum is missing: p multiplies the sum of the row's g, Σ_j g_j, and g − p is right only "
+                "when a row of g sums to 1 (g = −onehot sums to −1). " + READ_LSM),
+        Mistake("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: ∂log_softmax(x)_j/∂x_j = 1 − p_j is "
+                "positive, so dx carries +g; g = −onehot(target) must give p − onehot, not onehot − p. " + READ_LSM),
+        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_LSM,
+                hint="the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_LSM),
+        Mistake("transposed Jacobian", g - (g * p).sum(axis=1, keepdims=True),
+                "you summed g against the Jacobian's other index: with ℓ = log_softmax(x), dx_k = Σ_j g_j ∂ℓ_j/∂x_k, and "
+                "∂ℓ_j/∂x_k = δ_jk − p_k (the p of the logit you differentiate by), not δ_jk − p_j. " + READ_LSM),
+        Mistake("softmax of g", g - walk.softmax(g) * g.sum(axis=1, keepdims=True),
+                "the probabilities in the rule are softmax(x), of the logits, not a softmax of the upstream gradient g. " + READ_LSM),
     ]
     return {"dx": out, "result": out}
 
@@ -321,7 +336,7 @@ ITEMS = {
         explain={
             "a": "p alone ignores which class is right; the gradient must push the target's logit up. Reread 'Softmax, cross-entropy and D' in Know this.",
             "b": "That is −D: with it, gradient descent would push the target's probability down. Reread 'Softmax, cross-entropy and D' in Know this.",
-            "c": "L = −log_softmax(Y)[target], so the upstream gradient is −onehot(target), and the log-softmax rule gives dY = −onehot + p. Each wrong logit gets +p_j and the target gets p[target] − 1 < 0, so a descent step lowers the wrong logits and raises the target; in the toy D ≈ [0.460085, −0.460085]. (Lesson 06, 'Softmax, cross-entropy and D'.)",
+            "c": "L = −log p[target] sends g = ∂L/∂p = −onehot(target) / p to the softmax, and the softmax rule p ⊙ (g − Σ_j g_j p_j), whose row sum is −1 here, turns it into dY = p − onehot. Each wrong logit gets +p_j and the target gets p[target] − 1 < 0, so a descent step lowers the wrong logits and raises the target; in the toy D ≈ [0.460085, −0.460085]. (Lesson 06, 'Softmax, cross-entropy and D'.)",
             "d": "−log p is the loss itself, not its gradient with respect to the logits. Reread 'Softmax, cross-entropy and D' in Know this.",
         },
     ),
