@@ -31,7 +31,7 @@ LAYER_1 = r"layers\.1\..*"
 P5_RIGHT = {"rank_pattern": {LAYER_1: 4, "v_proj": 16, "up_proj": 32},
             "alpha_pattern": {LAYER_1: 16, "q_proj": 8, "v_proj": 32}}
 
-RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(5), "p3": "b", "p4": 0.25,
+RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(3.1**2 - 1), "p3": "b", "p4": 0.25,
          "p5": P5_RIGHT, "p6": right_residual_curve}
 
 
@@ -214,12 +214,9 @@ def test_residual_curve_mistakes_are_named(fn, text):
         ("w3", 16, "do not multiply"),
         ("w3", 576, "full 576 × 576 matrix"),
         ("w3", 9216, "parameter count"),
-        ("p2", 5, "squared residual"),
-        ("p2", 3, "added the discarded"),
-        ("p2", math.sqrt(17), "by signed value"),
-        ("p2", math.sqrt(13), "in the order they are written"),
-        ("p2", math.sqrt(14), "rank-1 residual"),
-        ("p2", 2.0, "spectral-norm"),
+        ("p2", 0.781, "in the order they are written"),
+        ("p2", 1.449, "bounded the squared residual"),
+        ("p2", 2.1, "added the discarded"),
         ("p4", 0.0625, "how much s = lora_alpha / r shrinks alone"),
         ("p4", 4, "with the scale held fixed"),
         ("p4", 1, "keeps the update flat"),
@@ -282,39 +279,51 @@ def _measured_update_rms(r, scale, draws=3000, d=96, m=96, seed=0):
     return math.sqrt(np.mean(sq))
 
 
+def _largest_x_measured(residual, bound=3.1, x_max=10.0):
+    """The largest x in [0, x_max] with residual(x) <= bound, measured: a scan on a grid of 10,001 points, then
+    bisection between the last x within the bound and the next grid point; every x past it on the grid is over."""
+    grid = np.linspace(0.0, x_max, 10_001)
+    within = np.array([residual(x) <= bound for x in grid])
+    last = int(np.flatnonzero(within)[-1])
+    assert within[: last + 1].all() and not within[last + 1:].any()  # one interval [0, x*]
+    lo, hi = grid[last], grid[last + 1]
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if residual(mid) <= bound else (lo, mid)
+    return lo
+
+
 def test_p2_key_and_mistakes_are_measured():
-    """P2's key is measured with NumPy's SVD on diag(1, -4, 0, 3, 2); every named mistake is the mistaken variant run:
-    truncating the diagonal by signed value or in written order, the squared residual, the plain sum of the dropped
-    singular values, rank 1, the spectral norm, and the residual relative to ||M||_F."""
-    from coursekit.grading.lessons.lesson03 import P2_DIAG, p2_expected, p2_mistakes
+    """P2's key is measured: M = diag(1, -4, 0, 3, x), its best rank-2 approximation from NumPy's SVD, the Frobenius
+    residual measured for x on a grid and by bisection, and the largest x within 3.1 kept. Past x = 3 the residual stays
+    at sqrt(10) > 3.1 (M_2 keeps x instead of 3). Every named mistake is the same search with the mistaken residual run:
+    M_2 as the first two diagonal entries, the squared residual, the plain sum of the discarded singular values."""
+    from coursekit.grading.lessons.lesson03 import P2_BOUND, P2_DIAG, p2_expected, p2_mistakes
 
-    assert P2_DIAG == (1.0, -4.0, 0.0, 3.0, 2.0)
-    M = np.diag(P2_DIAG)
-    d = np.array(P2_DIAG)
-    S = np.linalg.svd(M, compute_uv=False)
+    assert (P2_DIAG, P2_BOUND) == ((1.0, -4.0, 0.0, 3.0), 3.1)
+    M = lambda x: np.diag([1.0, -4.0, 0.0, 3.0, x])  # noqa: E731
 
-    def keep_diag(idx):
-        kept = np.zeros_like(d)
-        kept[list(idx)] = d[list(idx)]
-        return np.diag(kept)
+    def kept_in_order(x):
+        kept = np.zeros((5, 5))
+        kept[:2, :2] = M(x)[:2, :2]
+        return kept
 
-    key = np.linalg.norm(M - right_best_rank_k(M, 2))
+    residual = lambda x: np.linalg.norm(M(x) - right_best_rank_k(M(x), 2))  # noqa: E731
+    key = _largest_x_measured(residual)
+    for x in (3.0, 3.5, 7.0):
+        assert residual(x) == pytest.approx(math.sqrt(10), rel=1e-12) and math.sqrt(10) > 3.1
     measured = {
-        "signed": np.linalg.norm(M - keep_diag(np.argsort(-d)[:2])),
-        "in order": np.linalg.norm(M - keep_diag([0, 1])),
-        "no sqrt": np.linalg.norm(M - right_best_rank_k(M, 2)) ** 2,
-        "plain sum": S[2:].sum(),
-        "rank 1": np.linalg.norm(M - right_best_rank_k(M, 1)),
-        "spectral": np.linalg.norm(M - right_best_rank_k(M, 2), 2),
-        "relative": key / np.linalg.norm(M),
+        "in order": _largest_x_measured(lambda x: np.linalg.norm(M(x) - kept_in_order(x))),
+        "no sqrt": _largest_x_measured(lambda x: residual(x) ** 2),
+        "plain sum": _largest_x_measured(lambda x: np.linalg.svd(M(x), compute_uv=False)[2:].sum()),
     }
     named = {mk.label: mk.value for mk in p2_mistakes()}
     assert set(named) == set(measured)
-    assert p2_expected() == pytest.approx(key, rel=1e-12)
-    assert check("03.p2", key).full
+    assert p2_expected() == pytest.approx(key, rel=1e-9) == pytest.approx(RIGHT["p2"], rel=1e-9)
+    assert check("03.p2", key).full and check("03.p2", round(key, 3)).full  # 4 significant digits are enough
     for label, value in measured.items():
-        assert named[label] == pytest.approx(value, rel=1e-12), label
-        fb = check("03.p2", value)
+        assert named[label] == pytest.approx(value, rel=1e-9), label
+        fb = check("03.p2", round(value, 3))
         assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
 
 

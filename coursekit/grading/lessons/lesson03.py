@@ -211,47 +211,64 @@ def _p6_hidden(rng: np.random.Generator) -> list[Case]:
     return out
 
 
-# --------------------------------------------------------------------------- P2: a diagonal target with a negative entry
+# --------------------------------------------------------------------------- P2: a diagonal target with one entry free
 
-# The lesson's plot already shows every residual of the spectrum [4, 2, 1, 0.5]; P2 asks for one it has not printed.
-# The singular values of a diagonal matrix are the absolute values of its entries, sorted largest first (the signs go
-# into U), so the best rank-2 approximation keeps -4 and 3, not the first two entries and not the two largest signed.
-P2_DIAG = (1.0, -4.0, 0.0, 3.0, 2.0)
+# The lesson computes a residual from given singular values with one call (lowrank.rank_k_residual); P2 runs the rule
+# backwards. M = diag(1, -4, 0, 3, x) with x >= 0 free: its singular values are the absolute values of the entries,
+# sorted largest first (the signs go into U), so while x <= 3 the best rank-2 approximation keeps 4 and 3 and leaves
+# sqrt(1 + x^2); past 3 it keeps x instead of 3 and leaves sqrt(3^2 + 1^2) = sqrt(10) > 3.1. The largest x whose
+# residual stays within 3.1 is sqrt(3.1^2 - 1). Each named mistake is the same search with the mistaken residual.
+P2_DIAG = (1.0, -4.0, 0.0, 3.0)  # the fifth diagonal entry is x
+P2_BOUND = 3.1
+P2_X_MAX = 10.0  # every residual rule here exceeds P2_BOUND there
 
 
-def _diag_residual(keep, norm: str = "fro") -> float:
-    """||M - M_keep|| for M = diag(P2_DIAG) and M_keep the diagonal matrix that keeps only the entries at ``keep``."""
-    d = np.array(P2_DIAG)
-    kept = np.zeros_like(d)
-    kept[list(keep)] = d[list(keep)]
-    return float(np.linalg.norm(np.diag(d) - np.diag(kept), 2 if norm == "2" else None))
+def _p2_matrix(x: float) -> np.ndarray:
+    return np.diag([*P2_DIAG, x])
+
+
+def _largest_x(residual: Callable[[float], float]) -> float:
+    """The largest x in [0, P2_X_MAX] with residual(x) <= P2_BOUND, for a residual that never decreases as x grows
+    (each rule here), found by bisection to within 1e-12."""
+    lo, hi = 0.0, P2_X_MAX
+    if not residual(lo) <= P2_BOUND < residual(hi):
+        raise ValueError("the residual must stay within the bound at x = 0 and exceed it at P2_X_MAX")
+    while hi - lo > 1e-12:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if residual(mid) <= P2_BOUND else (lo, mid)
+    return lo
+
+
+def _rank2_residual(x: float) -> float:
+    return lowrank.rank_k_residual(lowrank.singular_values(_p2_matrix(x)), 2)
 
 
 def p2_expected() -> float:
-    return lowrank.rank_k_residual(lowrank.singular_values(np.diag(P2_DIAG)), 2)
+    return _largest_x(_rank2_residual)
 
 
 def p2_mistakes() -> list[Mistake]:
-    d = np.array(P2_DIAG)
-    by_size = np.argsort(-np.abs(d))
-    dropped = np.abs(d)[by_size[2:]]
     read_pieces = "Reread 'SVD: a matrix as a sum of rank-one pieces' in Know this."
+
+    def in_order(x: float) -> float:  # M_2 taken as the first two diagonal entries, 1 and -4
+        M = _p2_matrix(x)
+        kept = np.zeros_like(M)
+        kept[:2, :2] = M[:2, :2]
+        return float(np.linalg.norm(M - kept))
+
+    def plain_sum(x: float) -> float:  # the discarded singular values added instead of their squares
+        return float(np.sum(lowrank.singular_values(_p2_matrix(x))[2:]))
+
     return [
-        Mistake("signed", _diag_residual(np.argsort(-d)[:2]),
-                "you kept the two largest entries by signed value (3 and 2). Singular values are never negative: the sign of "
-                "-4 goes into a singular vector, and its strength is 4, the largest. " + read_pieces),
-        Mistake("in order", _diag_residual([0, 1]),
-                "you kept the first two diagonal entries in the order they are written; the best rank-2 approximation keeps "
-                "the two largest singular values wherever they sit. " + read_pieces),
-        Mistake("no sqrt", p2_expected() ** 2, "that is the squared residual: take the square root. " + READ_SVD),
-        Mistake("plain sum", float(dropped.sum()), "you added the discarded singular values; the Frobenius residual is the "
-                "square root of the sum of their squares. " + READ_SVD),
-        Mistake("rank 1", _diag_residual(by_size[:1]), "that is the rank-1 residual; rank 2 keeps two singular values. " + READ_SVD),
-        Mistake("spectral", _diag_residual(by_size[:2], norm="2"),
-                "that is the spectral-norm residual (the largest discarded singular value); the question asks for the "
-                "Frobenius norm. " + READ_SVD),
-        Mistake("relative", p2_expected() / float(np.linalg.norm(d)),
-                "that is the residual relative to ||M||_F; the question asks for the absolute residual. " + READ_SVD),
+        Mistake("in order", _largest_x(in_order),
+                "you kept the first two diagonal entries in the order they are written (1 and -4); the best rank-2 "
+                "approximation keeps the two largest singular values wherever they sit: 4 and 3 while x <= 3. " + read_pieces),
+        Mistake("no sqrt", _largest_x(lambda x: _rank2_residual(x) ** 2),
+                "you bounded the squared residual 1 + x² by 3.1; the residual itself, sqrt(1 + x²), must stay within "
+                "3.1. " + READ_SVD),
+        Mistake("plain sum", _largest_x(plain_sum),
+                "you added the discarded singular values (1 + x); the Frobenius residual is the square root of the sum of "
+                "their squares, sqrt(1 + x²). " + READ_SVD),
     ]
 
 
@@ -709,9 +726,10 @@ ITEMS = {
         atol=1e-8,
     ),
     "p2": Numeric(
-        f"the Frobenius residual of the best rank-2 approximation of diag{P2_DIAG}",
+        f"the largest x >= 0 for which the best rank-2 approximation of diag({', '.join(f'{v:g}' for v in P2_DIAG)}, x) "
+        f"leaves a Frobenius residual of at most {P2_BOUND}",
         1,
-        name="residual",
+        name="x",
         expected=p2_expected,
         rtol=1e-4,
         mistakes=p2_mistakes,
