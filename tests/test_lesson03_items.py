@@ -27,8 +27,12 @@ def right_residual_curve(sigma):
     return np.array([math.sqrt(np.sum(s[k:] ** 2)) for k in range(len(s) + 1)])
 
 
-RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(5), "p3": "b", "p4": 0.25,
-         "p5": [2.0, 1.0, 0.5], "p6": right_residual_curve}
+LAYER_1 = r"layers\.1\..*"
+P5_RIGHT = {"rank_pattern": {LAYER_1: 4, "v_proj": 16, "up_proj": 32},
+            "alpha_pattern": {LAYER_1: 16, "q_proj": 8, "v_proj": 32}}
+
+RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(3.1**2 - 1), "p3": "b", "p4": 0.25,
+         "p5": P5_RIGHT, "p6": right_residual_curve}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -210,12 +214,9 @@ def test_residual_curve_mistakes_are_named(fn, text):
         ("w3", 16, "do not multiply"),
         ("w3", 576, "full 576 × 576 matrix"),
         ("w3", 9216, "parameter count"),
-        ("p2", 5, "squared residual"),
-        ("p2", 3, "added the discarded"),
-        ("p2", math.sqrt(17), "by signed value"),
-        ("p2", math.sqrt(13), "in the order they are written"),
-        ("p2", math.sqrt(14), "rank-1 residual"),
-        ("p2", 2.0, "spectral-norm"),
+        ("p2", 0.781, "in the order they are written"),
+        ("p2", 1.449, "bounded the squared residual"),
+        ("p2", 2.1, "added the discarded"),
         ("p4", 0.0625, "how much s = lora_alpha / r shrinks alone"),
         ("p4", 4, "with the scale held fixed"),
         ("p4", 1, "keeps the update flat"),
@@ -278,39 +279,51 @@ def _measured_update_rms(r, scale, draws=3000, d=96, m=96, seed=0):
     return math.sqrt(np.mean(sq))
 
 
+def _largest_x_measured(residual, bound=3.1, x_max=10.0):
+    """The largest x in [0, x_max] with residual(x) <= bound, measured: a scan on a grid of 10,001 points, then
+    bisection between the last x within the bound and the next grid point; every x past it on the grid is over."""
+    grid = np.linspace(0.0, x_max, 10_001)
+    within = np.array([residual(x) <= bound for x in grid])
+    last = int(np.flatnonzero(within)[-1])
+    assert within[: last + 1].all() and not within[last + 1:].any()  # one interval [0, x*]
+    lo, hi = grid[last], grid[last + 1]
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if residual(mid) <= bound else (lo, mid)
+    return lo
+
+
 def test_p2_key_and_mistakes_are_measured():
-    """P2's key is measured with NumPy's SVD on diag(1, -4, 0, 3, 2); every named mistake is the mistaken variant run:
-    truncating the diagonal by signed value or in written order, the squared residual, the plain sum of the dropped
-    singular values, rank 1, the spectral norm, and the residual relative to ||M||_F."""
-    from coursekit.grading.lessons.lesson03 import P2_DIAG, p2_expected, p2_mistakes
+    """P2's key is measured: M = diag(1, -4, 0, 3, x), its best rank-2 approximation from NumPy's SVD, the Frobenius
+    residual measured for x on a grid and by bisection, and the largest x within 3.1 kept. Past x = 3 the residual stays
+    at sqrt(10) > 3.1 (M_2 keeps x instead of 3). Every named mistake is the same search with the mistaken residual run:
+    M_2 as the first two diagonal entries, the squared residual, the plain sum of the discarded singular values."""
+    from coursekit.grading.lessons.lesson03 import P2_BOUND, P2_DIAG, p2_expected, p2_mistakes
 
-    assert P2_DIAG == (1.0, -4.0, 0.0, 3.0, 2.0)
-    M = np.diag(P2_DIAG)
-    d = np.array(P2_DIAG)
-    S = np.linalg.svd(M, compute_uv=False)
+    assert (P2_DIAG, P2_BOUND) == ((1.0, -4.0, 0.0, 3.0), 3.1)
+    M = lambda x: np.diag([1.0, -4.0, 0.0, 3.0, x])  # noqa: E731
 
-    def keep_diag(idx):
-        kept = np.zeros_like(d)
-        kept[list(idx)] = d[list(idx)]
-        return np.diag(kept)
+    def kept_in_order(x):
+        kept = np.zeros((5, 5))
+        kept[:2, :2] = M(x)[:2, :2]
+        return kept
 
-    key = np.linalg.norm(M - right_best_rank_k(M, 2))
+    residual = lambda x: np.linalg.norm(M(x) - right_best_rank_k(M(x), 2))  # noqa: E731
+    key = _largest_x_measured(residual)
+    for x in (3.0, 3.5, 7.0):
+        assert residual(x) == pytest.approx(math.sqrt(10), rel=1e-12) and math.sqrt(10) > 3.1
     measured = {
-        "signed": np.linalg.norm(M - keep_diag(np.argsort(-d)[:2])),
-        "in order": np.linalg.norm(M - keep_diag([0, 1])),
-        "no sqrt": np.linalg.norm(M - right_best_rank_k(M, 2)) ** 2,
-        "plain sum": S[2:].sum(),
-        "rank 1": np.linalg.norm(M - right_best_rank_k(M, 1)),
-        "spectral": np.linalg.norm(M - right_best_rank_k(M, 2), 2),
-        "relative": key / np.linalg.norm(M),
+        "in order": _largest_x_measured(lambda x: np.linalg.norm(M(x) - kept_in_order(x))),
+        "no sqrt": _largest_x_measured(lambda x: residual(x) ** 2),
+        "plain sum": _largest_x_measured(lambda x: np.linalg.svd(M(x), compute_uv=False)[2:].sum()),
     }
     named = {mk.label: mk.value for mk in p2_mistakes()}
     assert set(named) == set(measured)
-    assert p2_expected() == pytest.approx(key, rel=1e-12)
-    assert check("03.p2", key).full
+    assert p2_expected() == pytest.approx(key, rel=1e-9) == pytest.approx(RIGHT["p2"], rel=1e-9)
+    assert check("03.p2", key).full and check("03.p2", round(key, 3)).full  # 4 significant digits are enough
     for label, value in measured.items():
-        assert named[label] == pytest.approx(value, rel=1e-12), label
-        fb = check("03.p2", value)
+        assert named[label] == pytest.approx(value, rel=1e-9), label
+        fb = check("03.p2", round(value, 3))
         assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
 
 
@@ -363,46 +376,191 @@ def test_p4_key_and_mistakes_are_measured():
         assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())
 
 
+# --------------------------------------------------------------------------- P5: the patterns, built with PEFT
+
+#: Every mistake P5's feedback names, as the answer that makes it: (label, answer, points, a phrase of its message).
+#: Each is a whole answer, right but for that one mistake, and is built with PEFT by the check.
+P5_VARIANTS = [
+    # ranks set, alpha_pattern forgotten: q_proj keeps 16 / 8 = 2, v_proj drops to 16 / 16 = 1 (two rows)
+    ("no alpha", {"rank_pattern": P5_RIGHT["rank_pattern"], "alpha_pattern": {}}, 1.0, "keeps the default lora_alpha 16"),
+    # v_proj's r raised to 16 and its lora_alpha left at 16: scaling 1 (one row)
+    ("no alpha", {"rank_pattern": P5_RIGHT["rank_pattern"], "alpha_pattern": {LAYER_1: 16, "q_proj": 8}}, 1.5,
+     "rank_pattern sets r alone"),
+    # the wanted scalings written as lora_alpha: 1 / 8, 2 / 16 and 4 / 4 (up_proj's row keeps the default, right)
+    ("alpha as scaling", {"rank_pattern": P5_RIGHT["rank_pattern"], "alpha_pattern": {LAYER_1: 4, "q_proj": 1, "v_proj": 2}},
+     0.5, "lora_alpha must be the scaling times r"),
+    # layer 1's keys after the projections' keys, in both dicts: layer 1 takes the projections' r and lora_alpha
+    ("general key first", {"rank_pattern": {"v_proj": 16, "up_proj": 32, LAYER_1: 4},
+                           "alpha_pattern": {"q_proj": 8, "v_proj": 32, LAYER_1: 16}}, 1.5, "in the dict's order"),
+    # layer 1's key after the projections' keys in alpha_pattern only
+    ("general key first", {"rank_pattern": P5_RIGHT["rank_pattern"], "alpha_pattern": {"q_proj": 8, "v_proj": 32, LAYER_1: 16}},
+     1.5, "must come before the key for its whole projection"),
+    # no alpha_pattern key for layer 1: its q_proj and v_proj take 8 and 32 from the projections' keys
+    ("alpha not given back", {"rank_pattern": P5_RIGHT["rank_pattern"], "alpha_pattern": {"q_proj": 8, "v_proj": 32}}, 1.5,
+     "give layer 1 an alpha_pattern key of its own"),
+    # a prefix as the key for layer 1: it matches no module (PEFT warns), layer 1 falls back to the other keys
+    ("key matches nothing", {"rank_pattern": {"layers.1": 4, "v_proj": 16, "up_proj": 32},
+                             "alpha_pattern": {"layers.1": 16, "q_proj": 8, "v_proj": 32}}, 1.5, "matches no module"),
+    # a '^' anchor: the full names start with 'model.', so it matches nothing either
+    ("key matches nothing", {"rank_pattern": {r"^layers\.1\..*": 4, "v_proj": 16, "up_proj": 32},
+                             "alpha_pattern": {r"^layers\.1\..*": 16, "q_proj": 8, "v_proj": 32}}, 1.5,
+     "did not match any targeted module"),
+    # unescaped dots: 'layers.1.*' also matches layers 10 to 19, which get layer 1's r 4 and scaling 4 (three rows)
+    ("too wide", {"rank_pattern": {"layers.1.*": 4, "v_proj": 16, "up_proj": 32},
+                  "alpha_pattern": {"layers.1.*": 16, "q_proj": 8, "v_proj": 32}}, 0.5, "also matches layers 10–19"),
+    ("too wide", {"rank_pattern": {"layers.1..*": 4, "v_proj": 16, "up_proj": 32},
+                  "alpha_pattern": {"layers.1..*": 16, "q_proj": 8, "v_proj": 32}}, 0.5, "also matches layers 10–19"),
+]
+
+#: Other right answers: the check compares what PEFT builds, not the keys.
+P5_ALSO_RIGHT = [
+    {"rank_pattern": {"layers.1.self_attn.q_proj": 4, "layers.1.self_attn.v_proj": 4, "layers.1.mlp.up_proj": 4,
+                      "v_proj": 16, "up_proj": 32},
+     "alpha_pattern": {"layers.1.self_attn.q_proj": 16, "1.self_attn.v_proj": 16, "q_proj": 8, "v_proj": 32}},
+    {"rank_pattern": {r"model\.layers\.1\.\w+\.\w+": 4, "self_attn.v_proj": 16, r".*\.up_proj": 32},
+     "alpha_pattern": {r"layers\.1\.self_attn\.(q|v)_proj": 16, "q_proj": 8, "v_proj": 32, "up_proj": 16}},
+]
+
+
+def _peft_table(answer, model):
+    """Build answer's LoraConfig with PEFT on ``model`` and read every adapter: {name: (r, lora_alpha, scaling)}."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                      rank_pattern=dict(answer["rank_pattern"]),
+                                                      alpha_pattern=dict(answer["alpha_pattern"])))
+    return {n: (int(m.r["default"]), float(m.lora_alpha["default"]), float(m.scaling["default"]))
+            for n, m in peft_model.base_model.model.named_modules()
+            if isinstance(getattr(m, "scaling", None), dict) and "default" in m.scaling}
+
+
+def _smollm2_on_meta():
+    """SmolLM2-135M itself, LlamaForCausalLM with the prepared checkpoint's config, on the meta device (no weights)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coursekit import model as M
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(LlamaConfig.from_pretrained(M.prepare_model(progress=False)))
+
+
+def test_p5_skeleton_is_smollm2_as_peft_sees_it():
+    """The check builds on a skeleton with SmolLM2-135M's module names; PEFT gives the real architecture (its config,
+    on the meta device) the same r, lora_alpha and scaling, adapter by adapter, for the right answer and for every
+    mistaken variant."""
+    from coursekit.grading.lessons.lesson03 import P5, _p5_skeleton, p5_build
+
+    real = _smollm2_on_meta()
+    targets = [n for n, m in real.named_modules() if n.rsplit(".", 1)[-1] in P5["targets"]]
+    assert [n for n, m in _p5_skeleton().named_modules() if n.rsplit(".", 1)[-1] in P5["targets"]] == targets
+    assert len(targets) == 90 == 3 * P5["layers"] == 3 * real.config.num_hidden_layers
+    for answer in [P5_RIGHT] + [v[1] for v in P5_VARIANTS[::3]]:
+        assert p5_build(answer["rank_pattern"], answer["alpha_pattern"])[0] == _peft_table(answer, _smollm2_on_meta())
+
+
+def test_p5_key_is_measured():
+    """The right answer, built with PEFT, gives each row of the table its r and scaling, and scaling = lora_alpha / r
+    on every adapter; PEFT's own reading agrees with coursekit's copy of its rule (lowrank.module_lora_settings)."""
+    from coursekit.grading.lessons.lesson03 import P5, P5_ROWS, _p5_row, _p5_skeleton
+
+    table = _peft_table(P5_RIGHT, _p5_skeleton())
+    assert len(table) == 90
+    for name, (r, alpha, s) in table.items():
+        _, _, _, r_want, s_want = P5_ROWS[_p5_row(name)]
+        assert (r, s) == (r_want, s_want) and s == alpha / r, name
+        ours = lowrank.module_lora_settings(name, P5["r"], P5["lora_alpha"], **P5_RIGHT)
+        assert (ours["r"], ours["lora_alpha"], ours["scaling"]) == (r, alpha, s), name
+    assert {_p5_row(n) for n in table} == set(range(len(P5_ROWS)))
+    for answer in [P5_RIGHT, *P5_ALSO_RIGHT]:
+        fb = check("03.p5", answer)
+        assert fb.full and fb.mistakes == [], fb.text()
+
+
+@pytest.mark.parametrize("label, answer, points, text", P5_VARIANTS, ids=[f"{v[0]}-{i}" for i, v in enumerate(P5_VARIANTS)])
+def test_p5_mistakes_are_measured_and_named(label, answer, points, text):
+    """Each mistaken variant, built with PEFT by the check, loses exactly the rows it breaks (PEFT's table says which)
+    and is named by its label alone."""
+    from coursekit.grading.lessons.lesson03 import P5_ROWS, _p5_row, _p5_skeleton
+
+    table = _peft_table(answer, _p5_skeleton())
+    wrong_rows = {_p5_row(n) for n, (r, alpha, s) in table.items() if (r, s) != P5_ROWS[_p5_row(n)][3:]}
+    assert wrong_rows and points == 2 * (len(P5_ROWS) - len(wrong_rows)) / len(P5_ROWS)
+    fb = check("03.p5", answer)
+    assert fb.points == points and fb.mistakes == [label], fb.text()
+    assert text in fb.text() and "Reread" in fb.text(), fb.text()
+
+
+def test_p5_two_mistakes_are_both_named():
+    answer = {"rank_pattern": {"layers.1.*": 4, "v_proj": 16, "up_proj": 32}, "alpha_pattern": {"layers.1.*": 16, "q_proj": 8}}
+    fb = check("03.p5", answer)
+    assert fb.mistakes == ["too wide", "no alpha"] and fb.points == 0.5, fb.text()
+
+
 @pytest.mark.parametrize(
     "answer, text",
     [
-        ([2, 2, 2], "used the defaults for every module"),
-        ([2, 0.5, 0.5], "not alpha_pattern"),
-        ([2, 4, 2], "not rank_pattern"),
-        ([2, 1, 1], "names block 0 only"),
-        ([16 / math.sqrt(8), 32 / math.sqrt(32), 16 / math.sqrt(32)], "rsLoRA"),
-        ([16, 32, 16], "those are the lora_alpha values"),
+        (None, "should be a dict with two entries"),
+        ([2, 1, 0.5], "got list"),
+        ({"rank_pattern": {"v_proj": 16}}, "has no alpha_pattern"),
+        ({"rank_pattern": {}, "alpha_pattern": {}, "r": 8}, "fixed by the question"),
+        ({"rank_pattern": [("v_proj", 16)], "alpha_pattern": {}}, "rank_pattern should be a dict"),
+        ({"rank_pattern": {"v_proj": 16.0}, "alpha_pattern": {}}, "a rank is a whole number"),
+        ({"rank_pattern": {"v_proj": True}, "alpha_pattern": {}}, "should be a number"),
+        ({"rank_pattern": {"v_proj": 0}, "alpha_pattern": {}}, "from 1 to 1024"),
+        ({"rank_pattern": {"v_proj": 10**9}, "alpha_pattern": {}}, "from 1 to 1024"),
+        ({"rank_pattern": {}, "alpha_pattern": {"v_proj": "32"}}, "should be a number"),
+        ({"rank_pattern": {}, "alpha_pattern": {"v_proj": float("nan")}}, "finite"),
+        ({"rank_pattern": {3: 4}, "alpha_pattern": {}}, "is not a string"),
+        ({"rank_pattern": {"layers.(1": 4}, "alpha_pattern": {}}, "not a regular expression"),
+        ({"rank_pattern": {"(?i)v_proj": 4}, "alpha_pattern": {}}, "not a regular expression"),
+        ({"rank_pattern": {f"k{i}": 4 for i in range(13)}, "alpha_pattern": {}}, "has 13 keys"),
+        ({"rank_pattern": {"(.|.)*Z": 4}, "alpha_pattern": {}}, "repeats a group"),
+        ({"rank_pattern": {r"(x)\1": 4}, "alpha_pattern": {}}, "refers back to a group"),
+        ({"rank_pattern": {".*.*.*v_proj": 4}, "alpha_pattern": {}}, "repeats 3 times"),
+        ({"rank_pattern": {"(ab|cd)(ef|gh)(ij|kl)(mn|op)": 4}, "alpha_pattern": {}}, "16 ways to split"),
+        ({"rank_pattern": {"x" * 201: 4}, "alpha_pattern": {}}, "longer than 200"),
     ],
 )
-def test_scaling_mistakes_are_recognised(answer, text):
+def test_p5_malformed_answers_are_told_what_is_wrong(answer, text):
     fb = check("03.p5", answer)
-    assert fb.points < 2 and text in fb.text(), fb.text()
+    assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_scaling_expected_matches_peft():
-    from coursekit.grading.lessons.lesson03 import P5_CONFIG, P5_MODULES, p5_expected
-    from peft import LoraConfig, get_peft_model
-    from torch import nn
+def test_p5_worst_keys_allowed_are_checked_quickly():
+    """A key may repeat single characters at most twice and split a name at most 8 ways, so that no key a student
+    writes can hold the grading process: the slowest keys allowed, 12 in each dict (none matches), take seconds in all."""
+    import time
 
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q_proj, self.v_proj = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+    from coursekit.grading.lessons.lesson03 import _regex_problem
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attn = Attn()
+    slow = [r".?.?.?.*.*[^a-z_.0-9]", r"(.|.)(.|.)(.|.).*.*Z", r"(.|..)(.|..).?.*\w*Z", r"\w?\w?\w?\w*.*#"]
+    keys = [slow[i % len(slow)] + f"(?#{i})" for i in range(12)]  # (?#…): a comment, to make 12 different keys
+    assert all(_regex_problem(k) is None for k in keys)
+    answer = {"rank_pattern": {k: 4 for k in keys}, "alpha_pattern": {k: 4.0 for k in keys}}
+    t0 = time.perf_counter()
+    fb = check("03.p5", answer)
+    assert time.perf_counter() - t0 < 60 and fb.points == 0 and len(answer["rank_pattern"]) == 12, fb.text()
 
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = nn.ModuleList([Block(), Block()])
 
-    model = get_peft_model(Tiny(), LoraConfig(target_modules=["q_proj", "v_proj"], **P5_CONFIG))
-    mods = dict(model.base_model.model.named_modules())
-    np.testing.assert_allclose([mods[n].scaling["default"] for n in P5_MODULES], p5_expected())
-    assert check("03.p5", np.array([2.0, 1.0])).points == 0  # wrong shape
+def test_p5_check_keeps_the_notebook_state():
+    """The check runs PEFT in the student's kernel too: it leaves torch's random state as it was and writes nothing to
+    stderr (a test cell with stderr scores 0)."""
+    import contextlib
+    import io
+
+    import torch
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        check("03.p5", {"rank_pattern": {"layers.1": 4}, "alpha_pattern": {}})
+    assert torch.equal(torch.get_rng_state(), before) and err.getvalue() == ""
 
 
 @pytest.mark.parametrize(

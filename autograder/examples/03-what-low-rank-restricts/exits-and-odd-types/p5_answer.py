@@ -1,2 +1,4 @@
-# Your answer goes in `answer_p5`: [scaling of layers.0.attn.q_proj, layers.0.attn.v_proj, layers.1.attn.v_proj].
-answer_p5 = np.array([16 / 8, 32 / 32, 16 / 32], dtype=np.float32)  # float32: fine
+# Your answer goes in `answer_p5`: {"rank_pattern": {key: r, ...}, "alpha_pattern": {key: lora_alpha, ...}}.
+# NumPy int64 ranks and float32 alphas: fine (right answer)
+answer_p5 = {"rank_pattern": {r"layers\.1\..*": np.int64(4), "v_proj": np.int64(16), "up_proj": np.int64(32)},
+             "alpha_pattern": {r"layers\.1\..*": np.float32(16), "q_proj": np.float32(8), "v_proj": np.float32(32)}}

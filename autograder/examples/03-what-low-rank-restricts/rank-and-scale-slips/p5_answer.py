@@ -1,3 +1,4 @@
-# Your answer goes in `answer_p5`: [scaling of layers.0.attn.q_proj, layers.0.attn.v_proj, layers.1.attn.v_proj].
-# Typical mistake: rank_pattern applied, alpha_pattern forgotten, so every v_proj gets 16 / 32.
-answer_p5 = [16 / 8, 16 / 32, 16 / 32]
+# Your answer goes in `answer_p5`: {"rank_pattern": {key: r, ...}, "alpha_pattern": {key: lora_alpha, ...}}.
+# Typical mistake: the ranks set with rank_pattern and alpha_pattern left empty, as if rank_pattern set the scaling
+# too; every module keeps lora_alpha = 16, so q_proj stays at 16 / 8 = 2 and v_proj drops to 16 / 16 = 1.
+answer_p5 = {"rank_pattern": {r"layers\.1\..*": 4, "v_proj": 16, "up_proj": 32}, "alpha_pattern": {}}
