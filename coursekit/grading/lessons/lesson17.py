@@ -242,13 +242,15 @@ def _p2_mistakes() -> list[Mistake]:
 # P4: what a checkpointed forward keeps for backward, on a model of another shape and without the preparation's fp32
 # cast. The lesson measured the checkpointed forward as one input per decoder layer (tokens × hidden size, in the
 # residual stream's dtype) plus, after the last layer, the loss's log-softmax (tokens × vocabulary, fp32 whatever the
-# logits' dtype: transformers' ForCausalLMLoss begins with logits.float()), and a little more (the final norm's
-# statistics, the labels). P4's colleague attaches the adapter with attach_adapter(..., quantized=False), which skips
+# logits' dtype: transformers' ForCausalLMLoss begins with logits.float()), and a little more (what the final
+# norm keeps, the labels). P4's colleague attaches the adapter with attach_adapter(..., quantized=False), which skips
 # prepare_model_for_kbit_training: the embedding and the norms keep load_model("nf4")'s bf16, and so does the residual
 # stream, so the layer inputs are bf16 while the log-softmax stays fp32. The sizes are no model this lesson loads (a
 # Llama-architecture model with a bigger vocabulary and hidden size), so the printed SmolLM2 numbers do not scale to
-# them. tests/test_lesson17_items.py measures every term, right and mistaken, on SmolLM2 and on a tiny Llama of
-# another shape, prepared and not.
+# them. tests/test_lesson17_items.py measures both terms on SmolLM2 without the preparation (the notebook measures it
+# with it) and on a tiny Llama of another shape, prepared (the fp32 layer inputs of the "layer inputs in fp32" mistake)
+# and not (the key); that no logits are saved; and the bf16 log-softmax cross_entropy keeps when nothing upcasts (the
+# "log-softmax in bf16" mistake).
 P4 = dict(batch=4, seq=512, vocab=128_256, hidden=2_048, layers=16)
 SMOLLM2 = dict(vocab=49_152, hidden=576, layers=30)   # the lesson's model (the converted checkpoint's config.json)
 READ_CKPT = "(Lesson 17, 'Measured: gradient checkpointing'.)"
