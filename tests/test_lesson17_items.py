@@ -46,7 +46,7 @@ def measured_policy_gb(n_params, vocab, hidden, n_adapter, heads=2):
 
 RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
          "p2": 1 / 2**16,
-         "p3": "b", "p4": 4 * 512 * (49152 + 30 * 576) * 4 / 1e6, "p5": hooked, "p6": "c"}
+         "p3": "b", "p4": 4 * 512 * (16 * 2_048 * 2 + 128_256 * 4) / 1e6, "p5": hooked, "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -161,38 +161,152 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 
 
 def test_p4_names_each_slip_in_the_checkpointed_activations():
-    right = 4 * 512 * (49152 + 30 * 576) * 4
-    assert check("17.p4", right / 1e6).points == 2
-    assert check("17.p4", round(right / 1e6, 0)).points == 2                # 3 significant digits: 544 MB
-    for answer, text in [(4 * 512 * 49152 * 4 / 1e6, "only the loss's log-softmax"),
-                         (4 * 512 * 30 * 576 * 4 / 1e6, "only the layer inputs"),
-                         (right / 2 / 1e6, "2 bytes per number"),
-                         (right / 4 / 1e6, "one sequence of 512 tokens"),
-                         (right / 2**20, "MiB"),
-                         (right, "in bytes")]:
+    """P4's key is lesson17.checkpointed_saved_bytes at the prompt's sizes with a bf16 residual stream; each named
+    mistake is the same function with one knob turned the wrong way (the measured tests below run each variant)."""
+    tokens, vocab, hidden, layers = 4 * 512, 128_256, 2_048, 16
+    right = tokens * (layers * hidden * 2 + vocab * 4)
+    assert ITEMS["p4"].expected() == right / 1e6 == RIGHT["p4"]
+    for answer in (right / 1e6, round(right / 1e6), 1184, 1186):                # the nearest MB: 1,185
+        assert check("17.p4", answer).points == 2, answer
+    for answer, label, text in [
+            (tokens * (layers * hidden * 4 + vocab * 4) / 1e6, "layer inputs in fp32", "counted the layer inputs in fp32"),
+            (tokens * (layers * hidden * 2 + vocab * 2) / 1e6, "log-softmax in bf16", "log-softmax in bf16, like the logits"),
+            (tokens * (layers * hidden * 2 + vocab * 6) / 1e6, "logits saved too", "you also counted the logits"),
+            (tokens * vocab * 4 / 1e6, "log-softmax only", "only the loss's log-softmax"),
+            (tokens * layers * hidden * 2 / 1e6, "layer inputs only", "only the layer inputs"),
+            (right / 4 / 1e6, "one sequence", "one sequence of 512 tokens"),
+            (right / 2**20, "MiB", "MiB"),
+            (right / 1e9, "GB", "that is in GB"),
+            (right, "bytes", "in bytes")]:
         fb = check("17.p4", answer)
-        assert fb.points == 0 and text in fb.text(), (answer, fb.text())
+        assert fb.points == 0 and text in fb.text() and fb.mistakes == [label], (answer, fb.text())
+    for answer in (1180, 1190, 1100):                                          # three significant digits are too coarse
+        fb = check("17.p4", answer)
+        assert fb.points == 0 and "not right (tolerance" in fb.text(), (answer, fb.text())
 
 
-def test_p4_sizes_are_smollm2s_and_the_loss_saves_a_tokens_by_vocabulary_fp32_tensor():
-    """P4's prompt quotes the model's vocabulary, hidden size and layer count: they are the converted checkpoint's; and
-    cross_entropy keeps one fp32 tensor of tokens × vocabulary for backward (what the lesson's count found)."""
+def test_smollm2s_sizes_and_the_loss_saves_an_fp32_log_softmax_of_bf16_logits():
+    """The sizes the lesson and the tests quote for SmolLM2 are the converted checkpoint's; and transformers' causal-LM loss
+    (the model's own loss_function) keeps one fp32 tensor of tokens × vocabulary for backward, from fp32 or bf16 logits
+    alike (it upcasts them, loss_utils.py), and not the logits; cross_entropy called on the bf16 logits themselves keeps a
+    bf16 one: the variant P4's "log-softmax in bf16" mistake describes."""
     import json
 
-    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
 
     from coursekit import model as cmodel
-    from coursekit.grading.lessons.lesson17 import P4
+    from coursekit.grading.lessons.lesson17 import SMOLLM2
 
     cfg = json.loads((cmodel.default_checkpoint_dir() / "config.json").read_text())
-    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]) == (P4["vocab"], P4["hidden"], P4["layers"])
-    saved = []
-    logits = torch.randn(8, P4["vocab"], requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        torch.nn.functional.cross_entropy(logits, torch.randint(0, P4["vocab"], (8,)))
-    big = {t.untyped_storage().data_ptr(): t for t in saved if t.numel() >= 8 * P4["vocab"]}   # distinct storages
-    assert [(tuple(t.shape), t.dtype) for t in big.values()] == [((8, P4["vocab"]), torch.float32)]
-    assert all(t.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr() for t in big.values())
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]) == (SMOLLM2["vocab"], SMOLLM2["hidden"], SMOLLM2["layers"])
+    vocab = SMOLLM2["vocab"]
+    labels = torch.randint(0, vocab, (1, 8))
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(1, 8, vocab, dtype=dtype, requires_grad=True)
+        with memory.SavedTensors() as saved:
+            ForCausalLMLoss(logits, labels, vocab_size=vocab)
+        assert saved.largest(1)[0] == (8 * vocab * 4, (8, vocab), "float32"), dtype
+        assert saved.nbytes - 8 * vocab * 4 < 100 and "bfloat16" not in saved.by_dtype
+    logits = torch.randn(8, vocab, dtype=torch.bfloat16, requires_grad=True)
+    with memory.SavedTensors(exclude=[logits]) as saved:
+        torch.nn.functional.cross_entropy(logits, labels[0])
+    assert saved.largest(1)[0] == (8 * vocab * 2, (8, vocab), "bfloat16")
+    from coursekit.grading.lessons import lesson17 as L
+
+    mistakes = {m.label: m.value for m in L._p4_mistakes()}
+    assert L._p4_mb(loss_bytes=saved.largest(1)[0][0] // (8 * vocab)) == mistakes["log-softmax in bf16"]
+
+
+def _checkpointed_saves(base, batch, prepared: bool):
+    """The lesson's checkpointed recipe on ``base``: attach_adapter (``prepared``: with prepare_model_for_kbit_training,
+    as the lesson runs; else quantized=False, which skips it, as P4's colleague does), reentrant checkpointing switched on
+    through transformers as the lesson does, one forward counted by memory.SavedTensors, one backward. Returns the saved
+    storages (bytes, shape, dtype), largest first, and whether every lora_B got a nonzero gradient (the run trains)."""
+    from coursekit import train
+
+    model = train.attach_adapter(base, train.TrainConfig(), quantized=prepared)
+    kw = {"use_reentrant": True}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    model.train()
+    with memory.SavedTensors(exclude=model) as saved:
+        loss = model(**batch).loss
+    loss.backward()
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    trains = bool(lora_b) and all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in lora_b)
+    return saved.nbytes, saved.largest(saved.n_storages), trains
+
+
+def _check_the_two_terms(nbytes, rows, trains, batch_shape, vocab, hidden, layers, prepared):
+    """What P4's model says the checkpointed forward keeps, checked storage by storage: one input per decoder layer in
+    the residual stream's dtype (fp32 prepared, bf16 not), the loss's fp32 log-softmax, no logits, and a rest smaller
+    than two fp32 hidden states (the final norm's input or its fp32 copy, its statistics, the labels). Returns the
+    measured bytes per number of the layer inputs and of the log-softmax."""
+    from coursekit.grading.lessons.lesson17 import checkpointed_saved_bytes
+
+    tokens = batch_shape[0] * batch_shape[1]
+    stream = "float32" if prepared else "bfloat16"
+    hidden_rows = [r for r in rows if r[1] == (*batch_shape, hidden)]
+    counts = {dt: sum(r[2] == dt for r in hidden_rows) for dt in ("float32", "bfloat16")}
+    assert counts == ({"float32": layers + 1, "bfloat16": 0} if prepared else {"float32": 1, "bfloat16": layers}), counts
+    assert rows[0] == (tokens * vocab * 4, (tokens, vocab), "float32")          # the log-softmax
+    assert [r for r in rows if vocab in r[1]] == [rows[0]]                       # the logits are not saved
+    stream_bytes = next(r[0] for r in hidden_rows if r[2] == stream) // (tokens * hidden)
+    two = checkpointed_saved_bytes(tokens, vocab, hidden, layers, stream_bytes=stream_bytes)
+    assert two == tokens * vocab * 4 + layers * tokens * hidden * (4 if prepared else 2)
+    assert 0 < nbytes - two < 2 * tokens * hidden * 4
+    assert trains
+    return stream_bytes, rows[0][0] // (tokens * vocab)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_p4_model_measured_on_a_tiny_llama_of_another_shape(tmp_path, prepared):
+    """P4's model carried to another shape, as P4 carries it: a tiny Llama (vocabulary 1,000, hidden size 128, 3 decoder
+    layers, tied embedding) loaded with load_model("nf4") and run through the lesson's checkpointed recipe, prepared and
+    not. The checkpointed forward keeps what lesson17.checkpointed_saved_bytes counts, in the dtypes P4's key uses
+    without the preparation, and its "layer inputs in fp32" mistake measures with it: the layer inputs follow the
+    embedding's dtype, the log-softmax is fp32 either way. So P4's key and that mistake are the function at the prompt's
+    sizes with the measured bytes per number."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coursekit import model as cmodel
+    from coursekit.grading.lessons import lesson17 as L
+
+    vocab, hidden, layers = 1_000, 128, 3
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=256, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+    base = cmodel.load_model("nf4", tmp_path)
+    ids = torch.randint(2, vocab, (2, 24), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    stream_bytes, loss_bytes = _check_the_two_terms(*_checkpointed_saves(base, batch, prepared), (2, 24), vocab, hidden,
+                                                    layers, prepared)
+    mistakes = {m.label: m.value for m in L._p4_mistakes()}
+    measured = L._p4_mb(stream_bytes=stream_bytes, loss_bytes=loss_bytes)
+    assert measured == (ITEMS["p4"].expected() if not prepared else mistakes["layer inputs in fp32"])
+
+
+def test_p4_model_measured_on_smollm2_without_the_preparation():
+    """P4's colleague's path on the lesson's own model and batch shape (SmolLM2-135M in NF4, attach_adapter with
+    quantized=False, reentrant checkpointing, 2 × 64 tokens, every token supervised): 30 bf16 layer inputs, the fp32
+    log-softmax, no logits, and a rest of under two hidden states; the adapters still train. The notebook measures the
+    same forward by casting its prepared model back to bf16 (Real-world reps 2)."""
+    from coursekit import model as cmodel
+    from coursekit.grading.lessons.lesson17 import SMOLLM2
+
+    tokenizer = cmodel.load_tokenizer()
+    text = "Ticket 4471: the hydraulic press on line 3 loses pressure after ten minutes and the pump gets loud. " * 3
+    enc = tokenizer([text, text.replace("4471", "4472")], return_tensors="pt", truncation=True, max_length=64)
+    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": enc["input_ids"].clone()}
+    assert batch["input_ids"].shape == (2, 64) and bool(batch["attention_mask"].all())
+    base = cmodel.load_model("nf4")
+    assert base.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert _check_the_two_terms(*_checkpointed_saves(base, batch, prepared=False), (2, 64), SMOLLM2["vocab"],
+                                SMOLLM2["hidden"], SMOLLM2["layers"], prepared=False) == (2, 4)
 
 
 @pytest.mark.parametrize(
@@ -314,9 +428,9 @@ def test_p3_key_is_what_the_models_own_loss_saves_with_masked_labels():
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    from coursekit.grading.lessons.lesson17 import P4
+    from coursekit.grading.lessons.lesson17 import SMOLLM2
 
-    vocab, MB = P4["vocab"], 1e6
+    vocab, MB = SMOLLM2["vocab"], 1e6
     logits = torch.randn(2, 64, vocab, requires_grad=True)
     labels = torch.randint(0, vocab, (2, 64))
     masked = labels.clone()

@@ -239,36 +239,81 @@ def _p2_mistakes() -> list[Mistake]:
     ]
 
 
-# P4: what a checkpointed forward keeps for backward, scaled to a bigger micro-batch. The lesson measured it as the loss's
-# fp32 log-softmax (tokens × vocabulary) plus one fp32 hidden state (tokens × hidden size) per checkpointed decoder layer,
-# and a little more. SmolLM2-135M's config: vocabulary 49,152, hidden size 576, 30 decoder layers.
-P4 = dict(batch=4, seq=512, vocab=49152, hidden=576, layers=30)
+# P4: what a checkpointed forward keeps for backward, on a model of another shape and without the preparation's fp32
+# cast. The lesson measured the checkpointed forward as one input per decoder layer (tokens × hidden size, in the
+# residual stream's dtype) plus, after the last layer, the loss's log-softmax (tokens × vocabulary, fp32 whatever the
+# logits' dtype: transformers' ForCausalLMLoss begins with logits.float()), and a little more (what the final
+# norm keeps, the labels). P4's colleague attaches the adapter with attach_adapter(..., quantized=False), which skips
+# prepare_model_for_kbit_training: the embedding and the norms keep load_model("nf4")'s bf16, and so does the residual
+# stream, so the layer inputs are bf16 while the log-softmax stays fp32. The sizes are no model this lesson loads (a
+# Llama-architecture model with a bigger vocabulary and hidden size), so the printed SmolLM2 numbers do not scale to
+# them. tests/test_lesson17_items.py measures both terms on SmolLM2 without the preparation (the notebook measures it
+# with it) and on a tiny Llama of another shape, prepared (the fp32 layer inputs of the "layer inputs in fp32" mistake)
+# and not (the key); that no logits are saved; and the bf16 log-softmax cross_entropy keeps when nothing upcasts (the
+# "log-softmax in bf16" mistake).
+P4 = dict(batch=4, seq=512, vocab=128_256, hidden=2_048, layers=16)
+SMOLLM2 = dict(vocab=49_152, hidden=576, layers=30)   # the lesson's model (the converted checkpoint's config.json)
 READ_CKPT = "(Lesson 17, 'Measured: gradient checkpointing'.)"
+READ_LOSS = "(Lesson 17, 'Measured: activations saved for backward'.)"
 
 
-def _p4_bytes(batch=P4["batch"], seq=P4["seq"], vocab=P4["vocab"], hidden=P4["hidden"], layers=P4["layers"],
-              nbytes=4) -> float:
-    """Bytes of the loss's log-softmax (batch · seq × vocab) plus ``layers`` layer inputs (batch · seq × hidden)."""
-    return batch * seq * (vocab + layers * hidden) * nbytes
+def checkpointed_saved_bytes(tokens: int, vocab: int, hidden: int, layers: int, *, stream_bytes: int = 4,
+                             loss_bytes: int = 4, logits_bytes: int = 0) -> int:
+    """The two big terms a forward with one reentrant checkpoint per decoder layer keeps for backward, in bytes: the input
+    of each checkpointed layer (``layers`` hidden states of ``tokens`` × ``hidden``, ``stream_bytes`` each: the residual
+    stream's dtype, 4 after prepare_model_for_kbit_training, 2 without it) and the loss's log-softmax (``tokens`` ×
+    ``vocab``, ``loss_bytes`` each: 4, since the loss upcasts the logits). ``logits_bytes`` > 0 adds the logits as a
+    third saved tensor (a mistake: nothing saves them). The little rest (the final norm's statistics, the labels) is
+    left out."""
+    return tokens * (layers * hidden * stream_bytes + vocab * (loss_bytes + logits_bytes))
+
+
+def _p4_mb(**kw) -> float:
+    """P4's sizes through :func:`checkpointed_saved_bytes` (bf16 residual stream), in MB; ``batch`` and the function's
+    keywords override."""
+    batch = kw.pop("batch", P4["batch"])
+    kw = {"stream_bytes": 2, **kw}
+    return checkpointed_saved_bytes(batch * P4["seq"], kw.pop("vocab", P4["vocab"]), P4["hidden"],
+                                    kw.pop("layers", P4["layers"]), **kw) / 1e6
 
 
 def _p4_expected() -> float:
-    return _p4_bytes() / 1e6
+    return _p4_mb()
+
+
+P4_RTOL = 1e-3   # the prompt asks for the nearest MB (about 1,185 MB): 1 MB is 0.08 %
 
 
 def _p4_mistakes() -> list[Mistake]:
-    return [
-        Mistake("log-softmax only", _p4_bytes(layers=0) / 1e6, "you counted only the loss's log-softmax: with checkpointing "
-                f"each decoder layer still keeps its input, one fp32 hidden state per token, for its recomputation. {READ_CKPT}"),
-        Mistake("layer inputs only", _p4_bytes(vocab=0) / 1e6, "you counted only the layer inputs: the loss's log-softmax sits "
-                f"after the last checkpointed layer, so its full-vocabulary fp32 tensor is kept as well. {READ_CKPT}"),
-        Mistake("2 bytes", _p4_bytes(nbytes=2) / 1e6, "you counted 2 bytes per number: the log-softmax and the saved hidden "
-                f"states are fp32 in this run, 4 bytes each. {READ_CKPT}"),
-        Mistake("one sequence", _p4_bytes(batch=1) / 1e6, "you counted one sequence of 512 tokens: the micro-batch holds 4, "
-                f"and every saved tensor has one row per token. {READ_CKPT}"),
-        Mistake("MiB", _p4_bytes() / 2**20, f"that is in MiB (2²⁰ bytes); the question asks for decimal MB, 10⁶ bytes. {READ_UNITS}"),
-        Mistake("bytes", _p4_bytes(), "that is in bytes; the question asks for MB (10⁶ bytes)."),
+    right = _p4_mb()
+    out = [
+        Mistake("layer inputs in fp32", _p4_mb(stream_bytes=4),
+                "you counted the layer inputs in fp32, as in this lesson's run. There prepare_model_for_kbit_training had "
+                "cast the embedding and the norms to fp32, and the residual stream followed; skipped, they keep the bf16 "
+                "that load_model('nf4') gives them, and so does every hidden state a checkpoint keeps: 2 bytes per number. "
+                "(Lesson 17, 'The mixed-precision contract'.)"),
+        Mistake("log-softmax in bf16", _p4_mb(loss_bytes=2),
+                "you counted the loss's log-softmax in bf16, like the logits. The loss casts the logits to fp32 before its "
+                f"softmax (logits.float() in transformers' causal-LM loss), so it saves 4 bytes per entry whatever the "
+                f"model computes in. {READ_LOSS}"),
+        Mistake("logits saved too", _p4_mb(logits_bytes=2),
+                "you also counted the logits: nothing saves them. The output head is frozen (its input gradient needs its "
+                "weight, not its input or output), the cast to fp32 needs nothing for its backward, and the loss keeps only "
+                f"its log-softmax. {READ_LOSS}"),
+        Mistake("log-softmax only", _p4_mb(layers=0),
+                "you counted only the loss's log-softmax: each checkpointed decoder layer still keeps its input, one "
+                f"hidden state per token, to rerun its forward during backward. {READ_CKPT}"),
+        Mistake("layer inputs only", _p4_mb(vocab=0),
+                "you counted only the layer inputs: the loss's log-softmax sits after the last checkpointed layer, so "
+                f"its full-vocabulary fp32 tensor is kept as well. {READ_CKPT}"),
+        Mistake("one sequence", _p4_mb(batch=1),
+                "you counted one sequence of 512 tokens: the micro-batch holds 4, and every saved tensor has one row per "
+                f"token. {READ_CKPT}"),
+        Mistake("MiB", right * 1e6 / 2**20, f"that is in MiB (2²⁰ bytes); the question asks for decimal MB, 10⁶ bytes. {READ_UNITS}"),
+        Mistake("GB", right / 1e3, f"that is in GB; the question asks for MB (10⁶ bytes). {READ_UNITS}"),
+        Mistake("bytes", right * 1e6, "that is in bytes; the question asks for MB (10⁶ bytes)."),
     ]
+    return [m for m in out if not np.isclose(m.value, right, rtol=P4_RTOL)]
 
 
 # --------------------------------------------------------------------------- items
@@ -335,11 +380,11 @@ ITEMS = {
         1,
     ),
     "p4": Numeric(
-        "the checkpointed activations of 4 × 512 tokens: the loss's log-softmax and 30 layer inputs",
+        "what a checkpointed forward keeps on a bigger model whose adapter was attached without the fp32 preparation",
         2,
         name="saved_mb",
         expected=_p4_expected,
-        rtol=2e-3,  # the prompt asks for 3 significant digits
+        rtol=P4_RTOL,
         mistakes=_p4_mistakes,
         unit="MB",
     ),
