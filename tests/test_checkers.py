@@ -252,6 +252,29 @@ def test_ordering(capfd):
     assert fb.points == 0 and "Expected a list" in fb.lines[0]
 
 
+def test_ordering_with_a_critical_step(capfd):
+    """A critical step's place is all or nothing: an order that puts it on the other side of a step than every right
+    order does earns 0 points, with the relation named; a relation the right orders disagree on is free, and a mistake
+    elsewhere keeps the share of pairs it has right. Without ``critical`` nothing changes."""
+    key, also = ["a", "b", "c", "d", "e"], [["a", "c", "b", "d", "e"]]   # b and c in either order
+    reasons = {x: f"why {x}" for x in key}
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "d", "c", "e"], key, 2, {"d": "the fourth"}, reasons, also, ["d"])
+    assert fb.points == 0 and not fb.full
+    assert ("Where 'd' (the fourth) goes is all or nothing in this item: every right order puts it after 'c', and this "
+            "one does not, so the order earns no points.") in fb.lines
+    assert fb.lines[-1].startswith("The step most out of place is '")               # the explanation stays last
+    fb = _run_silently(capfd, check_ordering, ["d", "a", "b", "c", "e"], key, 2, {}, reasons, also, ["d"])
+    assert fb.points == 0 and "every right order puts it after 'c'" in fb.text()  # the neighbour it jumped, not 'a'
+    fb = _run_silently(capfd, check_ordering, ["b", "a", "c", "d", "e"], key, 2, {}, reasons, also, ["d"])
+    assert fb.points == pytest.approx(2 * 9 / 10 * 0.999) and "all or nothing" not in fb.text()   # d kept its place
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "d", "c", "e"], key, 2, {}, reasons, also)
+    assert fb.points == pytest.approx(2 * 9 / 10 * 0.999)                          # no critical step: pairs as before
+    # a critical step whose relation the right orders leave free: b after c is right in one order, so only the
+    # relations all of them share count
+    fb = _run_silently(capfd, check_ordering, ["a", "c", "b", "e", "d"], key, 2, {}, reasons, also, ["b"])
+    assert fb.points > 0 and "all or nothing" not in fb.text()
+
+
 @FAST
 @given(st.permutations(["a", "b", "c", "d", "e"]))
 def test_ordering_full_only_when_exact(perm):

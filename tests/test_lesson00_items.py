@@ -98,8 +98,9 @@ WRONG = [
     ("w1", "c", "Nothing moves to a GPU"),
     ("w2", "b", "not 4"),
     ("w2", "c", "two 4-bit codes, not four"),
-    ("w3", "a", "can be fewer than os.cpu_count()"),
-    ("w3", "c", "binds Python code, not torch's C++ kernels"),
+    ("w3", "a", "same pool as every other kernel"),
+    ("w3", "c", "not a number to correct"),
+    ("w3", "d", "binds Python code, not torch's C++ kernels"),
     ("p1", {"b", "d"}, "the LUT quantizer"),
     ("p1", {"a", "b", "c", "d"}, "torch ops only"),
     ("p1", {"a", "d"}, "counts only an op's own kernel"),
@@ -373,28 +374,44 @@ def test_notebook_points_match_items():
 
 
 def test_w3_explanations_are_what_torch_does_here():
-    """W3's explanations: torch's intra-op pool follows OMP_NUM_THREADS when it is set and the process's CPU affinity
-    (taskset) otherwise, while os.cpu_count() still counts every core; each measured in a fresh interpreter."""
+    """W3's key and explanations, each measured in a fresh interpreter: torch's intra-op pool follows OMP_NUM_THREADS or
+    MKL_NUM_THREADS set lower than the cores, and the process's CPU affinity (taskset), while os.cpu_count() still counts
+    every core (c); and whatever sets the pool, or torch.set_num_threads, the libraries under its kernels (OpenMP, and
+    MKL, which computes a float32 matmul in torch's x86 builds) report the same count (a, b), as the lesson's cell
+    reads them from torch.__config__.parallel_info()."""
     import os
     import shutil
     import subprocess
     import sys
 
-    probe = "import os, torch; print(os.cpu_count(), torch.get_num_threads())"
+    probe = ("import os, re, sys, torch\n"
+             "if len(sys.argv) > 1: torch.set_num_threads(int(sys.argv[1]))\n"
+             "libs = re.findall(r'(\\w+)_get_max_threads\\(\\) : (\\d+)', torch.__config__.parallel_info())\n"
+             "print(os.cpu_count(), torch.get_num_threads(), *(f'{k}={v}' for k, v in libs))")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    n_os, n_torch = map(int, subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                                            check=True).stdout.split())
+
+    def run(*args, prefix=(), **extra):
+        out = subprocess.run([*prefix, sys.executable, "-c", probe, *args], env={**env, **extra}, capture_output=True,
+                             text=True, check=True).stdout.split()
+        n_os, n_torch, libs = int(out[0]), int(out[1]), dict(o.split("=") for o in out[2:])
+        assert "omp" in libs and all(int(v) == n_torch for v in libs.values()), out   # OpenMP (and MKL): torch's count
+        return n_os, n_torch, libs
+
+    n_os, n_torch, libs = run()
     assert 1 <= n_torch <= n_os
-    out = subprocess.run([sys.executable, "-c", probe], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, check=True).stdout.split()
-    assert out == [str(n_os), "1"]
+    if "BLAS_INFO=mkl" in __import__("torch").__config__.show():
+        assert "mkl" in libs                    # the float32 matmul's BLAS is MKL here, and it has torch's count
+    assert run(OMP_NUM_THREADS="1")[:2] == (n_os, 1)
+    assert run(MKL_NUM_THREADS="1")[:2] == (n_os, 1)
+    assert run("1")[:2] == (n_os, 1)            # torch.set_num_threads(1) sets OpenMP's and MKL's count too
     if shutil.which("taskset") and len(os.sched_getaffinity(0)) > 1:
         core = min(os.sched_getaffinity(0))
-        out = subprocess.run(["taskset", "-c", str(core), sys.executable, "-c", probe], env=env, capture_output=True,
-                             text=True, check=True).stdout.split()
-        assert out == [str(n_os), "1"]          # pinned to one core: os.cpu_count() unchanged, torch uses one thread
+        # pinned to one core: os.cpu_count() unchanged, torch and its libraries use one thread
+        assert run(prefix=("taskset", "-c", str(core)))[:2] == (n_os, 1)
     explain = ITEMS["w3"].explain
-    assert "OMP_NUM_THREADS" in explain["a"] and "CPU affinity" in explain["a"] and "cgroup" not in explain["a"]
+    assert ITEMS["w3"].key == RIGHT["w3"] == "b"
+    assert "OMP_NUM_THREADS" in explain["c"] and "CPU affinity" in explain["c"] and "cgroup" not in explain["c"]
+    assert "parallel_info()" in explain["a"] and "MKL" in explain["a"]
 
 
 def test_gemv_4bit_computes_in_bf16_whatever_the_input_dtype():

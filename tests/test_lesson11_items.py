@@ -192,6 +192,29 @@ def test_p6_mistakes_are_named(answer, text):
     assert not fb.full and text in fb.text(), fb.text()
 
 
+def test_w1_key_and_near_misses_are_torchs_adamw_state():
+    """W1 measured: after one step, a default torch.optim.AdamW holds exactly exp_avg and exp_avg_sq, shaped like the
+    tensor, and a step count (b); not one mean per tensor (a), no learning rate (it is in param_groups, c); and the
+    third buffer max_exp_avg_sq appears only with amsgrad=True, which is not the default (d)."""
+    import torch
+
+    def state(**kw):
+        p = torch.nn.Parameter(torch.ones(3, 2))
+        opt = torch.optim.AdamW([p], lr=1e-2, **kw)
+        p.grad = torch.full((3, 2), 0.5)
+        opt.step()
+        return opt, {k: tuple(v.shape) for k, v in opt.state[p].items()}
+
+    opt, default = state()
+    assert opt.defaults["amsgrad"] is False and "lr" in opt.param_groups[0]
+    assert default == {"step": (), "exp_avg": (3, 2), "exp_avg_sq": (3, 2)}
+    assert state(amsgrad=True)[1] == {**default, "max_exp_avg_sq": (3, 2)}
+    assert ITEMS["w1"].key == RIGHT["w1"] == "b"
+    for letter, text in [("a", "per entry, not per tensor"), ("c", "not a rate"), ("d", "only with amsgrad=True")]:
+        fb = check("11.w1", letter)
+        assert not fb.full and text in fb.text(), fb.text()
+
+
 @pytest.mark.parametrize("answer,text", [(67584, "that is one moment"), (33792, "not the bytes"), (7077888, "dense d × m weight"),
                                          (7213056, "frozen base weight moments too"), (36864, "A's state alone"),
                                          (98304, "B's state alone"), (270336, "weights and gradients as well")])

@@ -282,8 +282,11 @@ def test_multi_and_ordering_partial_credit():
     assert 0 < fb.points < 2 and "Not without dropout" in fb.text()
     fb = check("12.p5", {"b", "c"})
     assert 0 < fb.points < 2 and "missing" in fb.text()
-    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "preflight", "step"])
-    assert 0 < fb.points < 2 and "position 1: 'rng'" in fb.text()
+    fb = check("12.p4", ["base", "optimizer", "attach", "load", "preflight", "rng", "step"])   # cannot run: partial
+    assert 0 < fb.points < 2 and "position 2: 'optimizer'" in fb.text() and "all or nothing" not in fb.text()
+    fb = check("12.p4", ["rng", "base", "attach", "optimizer", "load", "preflight", "step"])   # runs, not bitwise: 0
+    assert fb.points == 0 and "position 1: 'rng'" in fb.text()
+    assert "every right order puts it after 'preflight'" in fb.text()
 
 
 def test_fresh_adapter_is_named():
@@ -360,12 +363,18 @@ def test_stub_reports_not_implemented():
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp_path):
-    """P4's key measured: the lesson's run with dropout, a checkpoint after step 6, then a resume that also runs
-    train.preflight (with the optimizer, on the fixed batch X[:8]) before step 7, its seven steps executed in every
-    order that can run at all (the base before the adapter, the adapter before the optimizer, the optimizer before the
-    load and the preflight, the step last: the RNG restore may go anywhere). The orders whose six resumed steps equal
-    the uninterrupted run's bit for bit are exactly the key's order and its "also" orders: the restore must follow the
-    adapter's initialisation and the preflight's training-mode forwards, both of which draw from the torch RNG."""
+    """P4's key and its scoring measured: the lesson's run with dropout, a checkpoint after step 6, then a resume that
+    also runs train.preflight (with the optimizer, on the fixed batch X[:8]), its seven steps executed in every order
+    that runs as a resume (the base before the adapter, the adapter before the optimizer, the optimizer before the
+    load, the preflight and step k + 1; the RNG restore anywhere), the resumed run's remaining steps after the last
+    of them. The orders whose six resumed steps equal the uninterrupted run's bit for bit are exactly the key's order
+    and its "also" orders: the restore must follow the adapter's initialisation and the preflight's training-mode
+    forwards, both of which draw from the torch RNG, and step k + 1 must follow everything. Every other order among
+    them silently resumes another run, and scores 0: the key's "critical" steps (rng, step, preflight). And of all
+    5,040 orders, each that keeps part of the points fails at once with an error (a step that needs an object not
+    built yet, or the preflight or the load refusing an optimizer built before the adapter): none of them resumes
+    another run without a word. Without "preflight" among the critical steps, two orders would (the optimizer built
+    over the base before the adapter is attached, the preflight run on the bare base): they train nothing."""
     import itertools
 
     import torch.nn.functional as F
@@ -399,6 +408,7 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
 
         torch.manual_seed(12345)                       # a new process
         s = {"sampler": artifacts.ShuffledBatches(len(X), batch_size=8, seed=0)}
+        run = []
         for label in order:
             if label == "base":
                 s["model"] = artifacts.TinyNet(seed=0)
@@ -416,16 +426,16 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
             elif label == "rng":
                 artifacts.set_rng_state(saved_rng)
             else:
-                return _steps(s["model"], s["opt"], s["sched"], s["sampler"], 6, X, y)
+                run += _steps(s["model"], s["opt"], s["sched"], s["sampler"], 1, X, y)      # step k + 1
+        return run + _steps(s["model"], s["opt"], s["sched"], s["sampler"], 5, X, y)        # steps k + 2 to k + 6
 
     def executable(order):
         at = {label: i for i, label in enumerate(order)}
-        return (at["base"] < at["attach"] < at["optimizer"] < min(at["load"], at["preflight"])
-                and order[-1] == "step")
+        return at["base"] < at["attach"] < at["optimizer"] < min(at["load"], at["preflight"], at["step"])
 
     labels = sorted(ITEMS["p4"].labels)
     orders = [list(o) for o in itertools.permutations(labels) if executable(o)]
-    assert len(orders) == 12                           # two places for the load, six for the RNG restore
+    assert len(orders) == 42                           # six orders of load, preflight and step, seven places for the restore
     exact = []
     for order in orders:
         run = resume(order)
@@ -433,12 +443,27 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
             exact.append(order)
     keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]["p4"]
     assert sorted(exact) == sorted([keys["order"], *keys["also"]])
-    assert keys["order"] == RIGHT["p4"]
+    assert keys["order"] == RIGHT["p4"] and keys["critical"] == ["rng", "step", "preflight"]
     for order in exact:
         assert check("12.p4", order).full, order
-    for order in orders:                               # the RNG restored before the preflight: runnable, not exact
+    for order in orders:                               # runs, but resumes another run: nothing
         if order not in exact:
-            assert not check("12.p4", order).full, order
+            fb = check("12.p4", order)
+            assert fb.points == 0 and "all or nothing" in fb.text(), order
+    # The RNG restored right after the load, before the preflight: one pair of 21 out of place, and no points.
+    assert check("12.p4", ["base", "attach", "optimizer", "load", "rng", "preflight", "step"]).points == 0
+    # Every order that keeps part of the points fails at once; it never resumes another run.
+    kept = [list(o) for o in itertools.permutations(labels) if 0 < check("12.p4", list(o)).points < 2]
+    assert len(kept) == 33 and not any(executable(o) for o in kept)
+    for order in kept:
+        with pytest.raises((KeyError, train.PreflightError, ValueError)):
+            resume(order)
+    assert check("12.p4", ["base", "optimizer", "attach", "load", "preflight", "rng", "step"]).points == pytest.approx(
+        2 * 20 / 21 * 0.999)                           # the preflight catches the optimizer built before the adapter
+    silent = ["base", "optimizer", "preflight", "attach", "load", "rng", "step"]   # it cannot catch it on the bare base
+    run = resume(silent)
+    assert not all(l1 == l2 and torch.equal(p1, p2) for (l1, p1), (l2, p2) in zip(run, reference))
+    assert check("12.p4", silent).points == 0 and "puts it after 'attach'" in check("12.p4", silent).text()
 
 
 def test_p5s_key_is_measured_by_resuming_a_run_without_dropout(tmp_path):

@@ -198,6 +198,30 @@ def test_every_explanation_teaches_and_points_to_a_section():
             assert len(text) >= 60 and re.search(r"[Rr]eread|\(Lesson \d\d", text), f"{num}.{iid} ({opt}): {text}"
 
 
+@pytest.mark.parametrize("critical, line", [
+    (["rng", "fetch"], '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\']'),
+    ("rng", '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\']'),
+])
+def test_keys_check_refuses_a_critical_step_that_is_no_label(tmp_path, monkeypatch, critical, line):
+    shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
+    data = json.loads((tmp_path / "keys" / "12.json").read_text())
+    data["keys"]["p4"]["critical"] = critical
+    (tmp_path / "keys" / "12.json").write_text(json.dumps(data))
+    monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
+    assert key_problems() == [line]
+
+
+def test_keys_check_refuses_a_critical_step_the_right_orders_leave_free(tmp_path, monkeypatch):
+    """A critical step needs a place that every right order agrees on against some other step."""
+    shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
+    data = json.loads((tmp_path / "keys" / "19.json").read_text())
+    order = data["keys"]["p13"]["order"]
+    data["keys"]["p13"] = {"order": order, "also": [order[::-1]], "critical": ["merge"]}
+    (tmp_path / "keys" / "19.json").write_text(json.dumps(data))
+    monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
+    assert key_problems() == ['19.p13: a "critical" step that the right orders leave free on every side']
+
+
 @pytest.mark.parametrize("num, iid, drop, line", [
     ("16", "p3", "b", "16.p3: no explanation for options ['b'] (the hints say why each statement is true or false)"),
     ("13", "p6", "a", "13.p6: no explanation for options ['a'] (the hints say why each wrong option is wrong)"),

@@ -186,9 +186,12 @@ class Array:
 class Ordering:
     """Put step labels in order. ``labels`` maps each label to a short description (listed alphabetically:
     the order is the answer). The key, in the instructor's key file, is the list of labels in order, or
-    ``{"order": [...], "also": [[...], ...], "note": "..."}`` when several orders are right (the others
-    earn full points too; partial credit is counted against ``order``). The key file's ``"hints"`` give each
-    label the reason for its place; a wrong order's feedback names the step most out of place and its reason."""
+    ``{"order": [...], "also": [[...], ...], "note": "...", "critical": [...]}`` when several orders are right (the
+    others earn full points too; partial credit is counted against ``order``) or when a step's place is all or
+    nothing: an order that puts a ``"critical"`` step on the other side of a step than every right order does earns
+    0 points instead of the share of pairs it has right (:func:`coursekit.grading.checkers.check_ordering`). The key
+    file's ``"hints"`` give each label the reason for its place; a wrong order's feedback names the step most out of
+    place and its reason."""
 
     title: str
     points: float
@@ -197,13 +200,14 @@ class Ordering:
     def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         if isinstance(key, Mapping):
             order, also, note = list(key["order"]), [list(o) for o in key.get("also", ())], key.get("note", "")
+            critical = list(key.get("critical", ()))
         else:
-            order, also, note = list(key), [], ""
+            order, also, note, critical = list(key), [], "", []
         for alt in also:
             fb = check_ordering(answer, alt, self.points, self.labels)
             if fb.points == self.points:
                 return Feedback(self.points, self.points, ["The order is right." + (f" {note}" if note else "")])
-        fb = check_ordering(answer, order, self.points, self.labels, hints, also)
+        fb = check_ordering(answer, order, self.points, self.labels, hints, also, critical)
         if fb.points == self.points and note:
             fb.lines.append(note)
         return fb
@@ -340,8 +344,16 @@ def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
                     out.append(f"{lesson}.{i}: no explanation for options {missing} (the hints say {what})")
             elif isinstance(it, Ordering):
                 orders = [k["order"], *k.get("also", [])] if isinstance(k, Mapping) else [k]
-                if any(sorted(o) != sorted(it.labels) for o in orders):
+                well_formed = all(sorted(o) == sorted(it.labels) for o in orders)
+                if not well_formed:
                     out.append(f"{lesson}.{i}: an order that does not use each of the labels {sorted(it.labels)} exactly once")
+                # an all-or-nothing step must have a place the right orders agree on, against at least one other step
+                critical = k.get("critical", []) if isinstance(k, Mapping) else []
+                if not (isinstance(critical, list) and all(c in it.labels for c in critical)):
+                    out.append(f"{lesson}.{i}: \"critical\" must be a list of the labels {sorted(it.labels)}")
+                elif well_formed and any(all(len({o.index(c) < o.index(x) for o in orders}) > 1 for x in it.labels if x != c)
+                                         for c in critical):
+                    out.append(f"{lesson}.{i}: a \"critical\" step that the right orders leave free on every side")
                 bad, missing = sorted(set(hints) - set(it.labels)), sorted(set(it.labels) - set(hints))
                 if bad:
                     out.append(f"{lesson}.{i}: hints for labels {bad} that do not exist")

@@ -278,7 +278,8 @@ def _ordering_labels(answer: Any) -> list[str] | str:
 
 
 def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None,
-                   reasons: Mapping[str, str] | None = None, accepted: Sequence[Sequence[str]] = ()) -> Feedback:
+                   reasons: Mapping[str, str] | None = None, accepted: Sequence[Sequence[str]] = (),
+                   critical: Sequence[str] = ()) -> Feedback:
     """An order of step labels. Full points when exact; otherwise points × (pairs in the right order) / (all pairs),
     with the first misplaced step named.
 
@@ -286,6 +287,14 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
     (the one in the most pairs the answer inverts; a tie goes to the one the answer puts first) and its reason, one
     step only: what this answer got wrong, not the whole order. ``accepted``: other right orders; the step is chosen
     against the right order closest to the answer (the points are counted against ``key``).
+
+    ``critical``: steps whose place is all or nothing. An order that puts one of them on the other side of a step
+    than every right order (``key`` and ``accepted``) does earns 0 points, however many pairs it has right: for a
+    procedure where such a relation decides whether it does its job at all, an order that breaks it is not nearly
+    right (12.p4: the RNG restore after everything that draws from the RNG, the preflight after what it checks and
+    before the restore, step k + 1 last; an order that breaks one of them runs and resumes another run, silently).
+    A relation the right orders disagree on (a step that may come before or after the critical one) is free. The
+    feedback names one reversed relation: of the first critical step (in the order given) that has one.
 
     Accepted: a list or tuple of the labels, a 1-D NumPy array of them, or one string of them separated by commas,
     spaces or arrows ("train, save, attach"). A set (it has no order), a dict, a number, or a string that does not
@@ -313,11 +322,41 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
     step = ans[first]
     name = f" ({labels[step]})" if step in labels else ""
     lines = [f"{good} of {len(pairs)} pairs are in the right order. The first step out of place is position {first + 1}: '{step}'{name}."]
-    worst = _most_out_of_place(ans, [key, *([str(k).strip().lower() for k in o] for o in accepted)])
+    orders = [key, *([str(k).strip().lower() for k in o] for o in accepted)]
+    broken = _critical_broken(ans, orders, [str(c).strip().lower() for c in critical])
+    if broken:
+        c, other, side = broken
+        lines.append(f"Where '{c}'{f' ({labels[c]})' if c in labels else ''} goes is all or nothing in this item: every "
+                     f"right order puts it {side} '{other}', and this one does not, so the order earns no points.")
+    worst = _most_out_of_place(ans, orders)
     if reasons and worst in reasons:
         why = f" ({labels[worst]})" if worst in labels and worst != step else ""
         lines.append(f"The step most out of place is '{worst}'{why}: {reasons[worst]}")
-    return Feedback(points * good / len(pairs) * 0.999, points, lines)  # never full unless exact
+    score = 0.0 if broken else points * good / len(pairs) * 0.999  # never full unless exact
+    return Feedback(score, points, lines)
+
+
+def _critical_broken(ans: Sequence[str], orders: Sequence[Sequence[str]],
+                     critical: Sequence[str]) -> tuple[str, str, str] | None:
+    """A relation of a critical step that ``ans`` reverses, as (critical step, other step, "before" or "after": where
+    every right order puts the critical step); None when it keeps every relation that all the right orders (of
+    ``orders``, the first being the key, holding the same labels) agree on. Of several reversed relations of a step,
+    the one with the step closest to it in the key: the neighbour it was swapped past, not the far end."""
+    orders = [list(o) for o in orders if sorted(o) == sorted(ans)]
+    if not orders:
+        return None
+    for c in critical:
+        if c not in ans:
+            continue
+        reversed_ = []
+        for other in ans:
+            sides = {o.index(c) < o.index(other) for o in orders} if other != c else set()
+            if len(sides) == 1 and (ans.index(c) < ans.index(other)) not in sides:
+                reversed_.append((abs(orders[0].index(other) - orders[0].index(c)), other, "before" if sides == {True} else "after"))
+        if reversed_:
+            _, other, side = min(reversed_)
+            return c, other, side
+    return None
 
 
 def _most_out_of_place(ans: Sequence[str], orders: Sequence[Sequence[str]]) -> str:

@@ -365,14 +365,14 @@ def _w2_mistakes() -> list[Mistake]:
 
 ITEMS = {
     "w1": Choice(
-        "what torch.optim.AdamW stores per parameter",
+        "what torch.optim.AdamW stores per parameter tensor by default",
         0,
         key="b",
         explain={
-            "a": "AdamW keeps running averages, not the history: memory would grow with every step. Reread 'What AdamW owns' in Know this.",
+            "a": "The moments are kept per entry, not per tensor: exp_avg and exp_avg_sq are shaped like the tensor, because AdamW divides each entry's step by that entry's own √v̂ + ε (lesson 06). One mean per tensor would give every entry the same scale. Reread 'What AdamW owns' in Know this.",
             "b": "torch.optim.AdamW keeps lesson 06's m, v and t for each parameter tensor in opt.state[p], named exp_avg and exp_avg_sq (both shaped like the tensor) and step, created lazily at the first step() in which the tensor has a gradient. The learning rate and the other hyperparameters live in opt.param_groups, shared by all tensors of a group. (Lesson 11, 'What AdamW owns'.)",
-            "c": "The learning rate lives in the param group, shared by all its tensors; per tensor AdamW keeps two moments shaped like it and a step count. Reread 'What AdamW owns' in Know this.",
-            "d": "A copy of the frozen base is never part of the optimizer's state; the optimizer only sees the tensors you give it. Reread 'What AdamW owns' in Know this.",
+            "c": "AdamW's step is adaptive per entry because it divides by √v̂ + ε, but what it stores are the moments, not a rate: the learning rate lives in the param group, shared by all its tensors; per tensor AdamW keeps two moments shaped like it and a step count. Reread 'What AdamW owns' in Know this.",
+            "d": "max_exp_avg_sq, the running maximum of v, belongs to the AMSGrad variant: torch creates it only with amsgrad=True, and AdamW's default is amsgrad=False, so the state holds exp_avg, exp_avg_sq and step. Reread 'What AdamW owns' in Know this.",
         },
     ),
     "w2": Numeric(
