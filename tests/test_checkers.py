@@ -275,6 +275,18 @@ def test_ordering_with_a_critical_step(capfd):
     assert fb.points > 0 and "all or nothing" not in fb.text()
 
 
+def test_ordering_with_a_critical_pair(capfd):
+    """A critical pair [a, b] makes only that relation all or nothing: reversing it earns 0 with the relation named;
+    misplacing the same step against another step keeps the share of pairs, as without it."""
+    key, reasons = ["a", "b", "c", "d", "e"], {x: f"why {x}" for x in "abcde"}
+    fb = _run_silently(capfd, check_ordering, ["a", "d", "b", "c", "e"], key, 2, {}, reasons, (), [["d", "b"]])
+    assert fb.points == 0 and "every right order puts it after 'b'" in fb.text()
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "d", "c", "e"], key, 2, {}, reasons, (), [["d", "b"]])
+    assert fb.points == pytest.approx(2 * 9 / 10 * 0.999) and "all or nothing" not in fb.text()   # d before c: free
+    fb = _run_silently(capfd, check_ordering, ["a", "b", "d", "c", "e"], key, 2, {}, reasons, (), ["d"])
+    assert fb.points == 0                                                            # the whole step: not free
+
+
 @FAST
 @given(st.permutations(["a", "b", "c", "d", "e"]))
 def test_ordering_full_only_when_exact(perm):

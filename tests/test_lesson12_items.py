@@ -370,11 +370,13 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
     of them. The orders whose six resumed steps equal the uninterrupted run's bit for bit are exactly the key's order
     and its "also" orders: the restore must follow the adapter's initialisation and the preflight's training-mode
     forwards, both of which draw from the torch RNG, and step k + 1 must follow everything. Every other order among
-    them silently resumes another run, and scores 0: the key's "critical" steps (rng, step, preflight). And of all
-    5,040 orders, each that keeps part of the points fails at once with an error (a step that needs an object not
-    built yet, or the preflight or the load refusing an optimizer built before the adapter): none of them resumes
-    another run without a word. Without "preflight" among the critical steps, two orders would (the optimizer built
-    over the base before the adapter is attached, the preflight run on the bare base): they train nothing."""
+    them silently resumes another run, and scores 0: the key's "critical" entries (rng, step, and the pair
+    [preflight, attach]). And of all 5,040 orders, each that keeps part of the points fails at once with an error (a
+    step that needs an object not built yet, or the preflight or the load refusing an optimizer built before the
+    adapter): none of them resumes another run without a word. Without the pair [preflight, attach], two orders
+    would (the optimizer built over the base before the adapter is attached, the preflight run on the bare base):
+    they train nothing. The preflight's other relations are not critical: an order that runs it before the optimizer
+    it is given fails at once, and keeps its share of pairs, like any other order that fails loudly."""
     import itertools
 
     import torch.nn.functional as F
@@ -443,7 +445,7 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
             exact.append(order)
     keys = json.loads((ROOT / "autograder" / "keys" / "12.json").read_text())["keys"]["p4"]
     assert sorted(exact) == sorted([keys["order"], *keys["also"]])
-    assert keys["order"] == RIGHT["p4"] and keys["critical"] == ["rng", "step", "preflight"]
+    assert keys["order"] == RIGHT["p4"] and keys["critical"] == ["rng", "step", ["preflight", "attach"]]
     for order in exact:
         assert check("12.p4", order).full, order
     for order in orders:                               # runs, but resumes another run: nothing
@@ -454,7 +456,7 @@ def test_p4s_right_orders_are_measured_by_resuming_in_every_executable_order(tmp
     assert check("12.p4", ["base", "attach", "optimizer", "load", "rng", "preflight", "step"]).points == 0
     # Every order that keeps part of the points fails at once; it never resumes another run.
     kept = [list(o) for o in itertools.permutations(labels) if 0 < check("12.p4", list(o)).points < 2]
-    assert len(kept) == 33 and not any(executable(o) for o in kept)
+    assert len(kept) == 69 and not any(executable(o) for o in kept)
     for order in kept:
         with pytest.raises((KeyError, train.PreflightError, ValueError)):
             resume(order)

@@ -199,8 +199,11 @@ def test_every_explanation_teaches_and_points_to_a_section():
 
 
 @pytest.mark.parametrize("critical, line", [
-    (["rng", "fetch"], '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\']'),
-    ("rng", '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\']'),
+    (["rng", "fetch"], '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\'] (or of pairs of them)'),
+    ("rng", '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\'] (or of pairs of them)'),
+    (["rng", ["preflight", "preflight"]], '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\'] (or of pairs of them)'),
+    (["rng", ["preflight", "attach", "base"]], '12.p4: "critical" must be a list of the labels [\'attach\', \'base\', \'load\', \'optimizer\', \'preflight\', \'rng\', \'step\'] (or of pairs of them)'),
+    (["rng", ["load", "rng"]], '12.p4: a "critical" step or pair that the right orders leave free'),
 ])
 def test_keys_check_refuses_a_critical_step_that_is_no_label(tmp_path, monkeypatch, critical, line):
     shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
@@ -219,7 +222,7 @@ def test_keys_check_refuses_a_critical_step_the_right_orders_leave_free(tmp_path
     data["keys"]["p13"] = {"order": order, "also": [order[::-1]], "critical": ["merge"]}
     (tmp_path / "keys" / "19.json").write_text(json.dumps(data))
     monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
-    assert key_problems() == ['19.p13: a "critical" step that the right orders leave free on every side']
+    assert key_problems() == ['19.p13: a "critical" step or pair that the right orders leave free']
 
 
 @pytest.mark.parametrize("num, iid, drop, line", [

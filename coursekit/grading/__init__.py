@@ -188,8 +188,8 @@ class Ordering:
     the order is the answer). The key, in the instructor's key file, is the list of labels in order, or
     ``{"order": [...], "also": [[...], ...], "note": "...", "critical": [...]}`` when several orders are right (the
     others earn full points too; partial credit is counted against ``order``) or when a step's place is all or
-    nothing: an order that puts a ``"critical"`` step on the other side of a step than every right order does earns
-    0 points instead of the share of pairs it has right (:func:`coursekit.grading.checkers.check_ordering`). The key
+    nothing: an order that puts a ``"critical"`` step on the other side of a step than every right order does (or
+    reverses a ``"critical"`` pair ``[a, b]``, that one relation) earns 0 points instead of the share of pairs it has right (:func:`coursekit.grading.checkers.check_ordering`). The key
     file's ``"hints"`` give each label the reason for its place; a wrong order's feedback names the step most out of
     place and its reason."""
 
@@ -349,11 +349,19 @@ def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
                     out.append(f"{lesson}.{i}: an order that does not use each of the labels {sorted(it.labels)} exactly once")
                 # an all-or-nothing step must have a place the right orders agree on, against at least one other step
                 critical = k.get("critical", []) if isinstance(k, Mapping) else []
-                if not (isinstance(critical, list) and all(c in it.labels for c in critical)):
-                    out.append(f"{lesson}.{i}: \"critical\" must be a list of the labels {sorted(it.labels)}")
-                elif well_formed and any(all(len({o.index(c) < o.index(x) for o in orders}) > 1 for x in it.labels if x != c)
-                                         for c in critical):
-                    out.append(f"{lesson}.{i}: a \"critical\" step that the right orders leave free on every side")
+
+                def entry(c):  # a label, or a pair [a, b] of two labels (that one relation only)
+                    return isinstance(c, str) and c in it.labels or (
+                        isinstance(c, list) and len(c) == 2 and c[0] != c[1] and all(x in it.labels for x in c))
+
+                if not (isinstance(critical, list) and all(entry(c) for c in critical)):
+                    out.append(f"{lesson}.{i}: \"critical\" must be a list of the labels {sorted(it.labels)} "
+                               "(or of pairs of them)")
+                elif well_formed and any(
+                        all(len({o.index(c) < o.index(x) for o in orders}) > 1 for x in it.labels if x != c)
+                        if isinstance(c, str) else len({o.index(c[0]) < o.index(c[1]) for o in orders}) > 1
+                        for c in critical):
+                    out.append(f"{lesson}.{i}: a \"critical\" step or pair that the right orders leave free")
                 bad, missing = sorted(set(hints) - set(it.labels)), sorted(set(it.labels) - set(hints))
                 if bad:
                     out.append(f"{lesson}.{i}: hints for labels {bad} that do not exist")

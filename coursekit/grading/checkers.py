@@ -279,7 +279,7 @@ def _ordering_labels(answer: Any) -> list[str] | str:
 
 def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mapping[str, str] | None = None,
                    reasons: Mapping[str, str] | None = None, accepted: Sequence[Sequence[str]] = (),
-                   critical: Sequence[str] = ()) -> Feedback:
+                   critical: Sequence[str | Sequence[str]] = ()) -> Feedback:
     """An order of step labels. Full points when exact; otherwise points × (pairs in the right order) / (all pairs),
     with the first misplaced step named.
 
@@ -293,8 +293,11 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
     procedure where such a relation decides whether it does its job at all, an order that breaks it is not nearly
     right (12.p4: the RNG restore after everything that draws from the RNG, the preflight after what it checks and
     before the restore, step k + 1 last; an order that breaks one of them runs and resumes another run, silently).
-    A relation the right orders disagree on (a step that may come before or after the critical one) is free. The
-    feedback names one reversed relation: of the first critical step (in the order given) that has one.
+    A relation the right orders disagree on (a step that may come before or after the critical one) is free. An
+    entry may also be a pair ``[a, b]``: only the relation of those two steps is all or nothing (12.p4: the preflight
+    after the adapter it checks; its place against the optimizer is not, because an order that breaks that fails at
+    once, and keeps its share of pairs). The feedback names one reversed relation: of the first critical entry (in
+    the order given) that has one.
 
     Accepted: a list or tuple of the labels, a 1-D NumPy array of them, or one string of them separated by commas,
     spaces or arrows ("train, save, attach"). A set (it has no order), a dict, a number, or a string that does not
@@ -323,7 +326,8 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
     name = f" ({labels[step]})" if step in labels else ""
     lines = [f"{good} of {len(pairs)} pairs are in the right order. The first step out of place is position {first + 1}: '{step}'{name}."]
     orders = [key, *([str(k).strip().lower() for k in o] for o in accepted)]
-    broken = _critical_broken(ans, orders, [str(c).strip().lower() for c in critical])
+    broken = _critical_broken(ans, orders, [str(c).strip().lower() if isinstance(c, str)
+                                            else tuple(str(x).strip().lower() for x in c) for c in critical])
     if broken:
         c, other, side = broken
         lines.append(f"Where '{c}'{f' ({labels[c]})' if c in labels else ''} goes is all or nothing in this item: every "
@@ -337,19 +341,23 @@ def check_ordering(answer: Any, key: Sequence[str], points: float, labels: Mappi
 
 
 def _critical_broken(ans: Sequence[str], orders: Sequence[Sequence[str]],
-                     critical: Sequence[str]) -> tuple[str, str, str] | None:
-    """A relation of a critical step that ``ans`` reverses, as (critical step, other step, "before" or "after": where
-    every right order puts the critical step); None when it keeps every relation that all the right orders (of
-    ``orders``, the first being the key, holding the same labels) agree on. Of several reversed relations of a step,
-    the one with the step closest to it in the key: the neighbour it was swapped past, not the far end."""
+                     critical: Sequence[str | tuple[str, ...]]) -> tuple[str, str, str] | None:
+    """A critical relation that ``ans`` reverses, as (critical step, other step, "before" or "after": where every right
+    order puts the critical step); None when it keeps every one. A critical step (a label) stands for each relation of
+    it that all the right orders (of ``orders``, the first being the key, holding the same labels) agree on; a pair
+    ``(a, b)`` for that one relation, if they agree on it. Of several reversed relations of a step, the one with the
+    step closest to it in the key: the neighbour it was swapped past, not the far end."""
     orders = [list(o) for o in orders if sorted(o) == sorted(ans)]
     if not orders:
         return None
     for c in critical:
+        c, others = (c[0], [c[1]]) if isinstance(c, tuple) else (c, list(ans))
         if c not in ans:
             continue
         reversed_ = []
-        for other in ans:
+        for other in others:
+            if other not in ans:
+                continue
             sides = {o.index(c) < o.index(other) for o in orders} if other != c else set()
             if len(sides) == 1 and (ans.index(c) < ans.index(other)) not in sides:
                 reversed_.append((abs(orders[0].index(other) - orders[0].index(c)), other, "before" if sides == {True} else "after"))

@@ -10,7 +10,8 @@ it sits in one JSON file per lesson in the instructor's key folder, ``autograder
      "keys": {ITEM: LETTER,         # one letter; a list of letters for a multi-choice item
               ITEM: [LABEL, ...],   # an ordering: the step labels in order, or several accepted orders:
               ITEM: {"order": [LABEL, ...], "also": [[LABEL, ...], ...], "note": TEXT,
-                     "critical": [LABEL, ...]}},   # optional: steps whose place is all or nothing
+                     "critical": [LABEL or [LABEL, LABEL], ...]}},   # optional: steps (or one relation
+                                                     # of two steps) whose place is all or nothing
      "hints": {ITEM: {LETTER: TEXT, ...},    # a choice: why an option is wrong (every wrong option of a
                                             # single choice; every option, true or false, of a multi-select)
                ITEM: {LABEL: TEXT, ...}}}   # an ordering: why each step takes its place (every label)
