@@ -522,7 +522,7 @@ def test_p5_two_mistakes_are_both_named():
         ({"rank_pattern": {"(.|.)*Z": 4}, "alpha_pattern": {}}, "repeats a group"),
         ({"rank_pattern": {r"(x)\1": 4}, "alpha_pattern": {}}, "refers back to a group"),
         ({"rank_pattern": {".*.*.*v_proj": 4}, "alpha_pattern": {}}, "repeats 3 times"),
-        ({"rank_pattern": {"(ab|cd)(ef|gh)(ij|kl)(mn|op)": 4}, "alpha_pattern": {}}, "16 ways to split"),
+        ({"rank_pattern": {"(ab|cd)(ef|gh)(ij|kl)(mn|op)(qr|st)": 4}, "alpha_pattern": {}}, "32 ways to split"),
         ({"rank_pattern": {"x" * 201: 4}, "alpha_pattern": {}}, "longer than 200"),
     ],
 )
@@ -532,13 +532,13 @@ def test_p5_malformed_answers_are_told_what_is_wrong(answer, text):
 
 
 def test_p5_worst_keys_allowed_are_checked_quickly():
-    """A key may repeat single characters at most twice and split a name at most 8 ways, so that no key a student
+    """A key may repeat single characters at most twice and split a name at most 16 ways, so that no key a student
     writes can hold the grading process: the slowest keys allowed, 12 in each dict (none matches), take seconds in all."""
     import time
 
     from coursekit.grading.lessons.lesson03 import _regex_problem
 
-    slow = [r".?.?.?.*.*[^a-z_.0-9]", r"(.|.)(.|.)(.|.).*.*Z", r"(.|..)(.|..).?.*\w*Z", r"\w?\w?\w?\w*.*#"]
+    slow = [r".?.?.?.?.*.*[^a-z_.0-9]", r"(.|.)(.|.)(.|.)(.|.).*.*Z", r"(.|..)(.|..).?.?.*\w*Z", r"\w?\w?\w?\w?\w*.*#"]
     keys = [slow[i % len(slow)] + f"(?#{i})" for i in range(12)]  # (?#…): a comment, to make 12 different keys
     assert all(_regex_problem(k) is None for k in keys)
     answer = {"rank_pattern": {k: 4 for k in keys}, "alpha_pattern": {k: 4.0 for k in keys}}
@@ -587,3 +587,19 @@ def test_the_singular_values_power_is_named(power, text, hidden):
 
     fb = check("03.p1", wrong, hidden=hidden)
     assert not fb.full and text in fb.text(), fb.text()
+
+
+def test_p5s_prompt_states_the_limits_the_check_applies():
+    """P5's prompt says which keys are refused, with the check's own limits, and its example of counting the ways
+    through a key counts as the check does (12 allowed; one more optional group, 24, refused)."""
+    from coursekit.grading.lessons.lesson03 import P5_MAX_CHOICES, P5_MAX_REPEATS, _regex_problem
+
+    nb = nbformat.read(ROOT / "solutions" / "03-what-low-rank-restricts" / "03-what-low-rank-restricts.ipynb", as_version=4)
+    prompt = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**P5."))
+    assert P5_MAX_REPEATS == 2 and "at most two repeats" in prompt
+    assert f"at most {P5_MAX_CHOICES} ways through its alternatives" in prompt
+    example = r"(encoder|decoder)\.(fc1|fc2|out)(\.base)?"
+    assert f"`{example}` has\n2 · 3 · 2 = 12" in prompt
+    assert _regex_problem(example) is None and "has 24 ways" in _regex_problem(example + r"(\.x)?")
+    assert "refers back" in _regex_problem(r"(x)\1") and "back-reference" in prompt
+    assert "repeats a group" in _regex_problem(r"model\.layers\.1(\.\w+)+") and r"`(\.\w+)+`" in prompt
