@@ -249,23 +249,23 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
     # pieces, never a case's inputs (hidden cases may show them).
     g, x = np.asarray(kw["g"], dtype=np.float64), np.asarray(kw["x"], dtype=np.float64)
     p = walk.softmax(x)
-    out = [
-        Mistake("softmax rule", walk.softmax_backward(g, p),
-                "that is the softmax rule with g as its upstream, as if g were ∂L/∂p; g is the gradient at log p, so the "
-                "chain rule through the log comes first (the softmax's upstream is g / p), then the softmax rule, then "
-                "simplify. " + READ_LSM),
-        Mistake("no sum", g - p, "the row sum is missing: p multiplies the sum of the row's g, Σ_j g_j, and g − p is right only "
-                "when a row of g sums to 1 (g = −onehot sums to −1). " + READ_LSM),
-        Mistake("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: ∂log_softmax(x)_j/∂x_j = 1 − p_j is "
-                "positive, so dx carries +g; g = −onehot(target) must give p − onehot, not onehot − p. " + READ_LSM),
-        Mistake("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_LSM,
-                hint="the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_LSM),
-        Mistake("transposed Jacobian", g - (g * p).sum(axis=1, keepdims=True),
-                "you summed g against the Jacobian's other index: with ℓ = log_softmax(x), dx_k = Σ_j g_j ∂ℓ_j/∂x_k, and "
-                "∂ℓ_j/∂x_k = δ_jk − p_k (the p of the logit you differentiate by), not δ_jk − p_j. " + READ_LSM),
-        Mistake("softmax of g", g - walk.softmax(g) * g.sum(axis=1, keepdims=True),
-                "the probabilities in the rule are softmax(x), of the logits, not a softmax of the upstream gradient g. " + READ_LSM),
+    said = [  # (label, value, message): the messages quote constants of the rule, never a case's numbers, so each is its hint
+        ("softmax rule", walk.softmax_backward(g, p),
+         "that is the softmax rule with g as its upstream, as if g were ∂L/∂p; g is the gradient at log p, so the "
+         "chain rule through the log comes first (the softmax's upstream is g / p), then the softmax rule, then "
+         "simplify. " + READ_LSM),
+        ("no sum", g - p, "the row sum is missing: p multiplies the sum of the row's g, Σ_j g_j, and g − p is right only "
+         "when a row of g sums to 1 (g = −onehot sums to −1). " + READ_LSM),
+        ("sign", p * g.sum(axis=1, keepdims=True) - g, "the sign is flipped: ∂log_softmax(x)_j/∂x_j = 1 − p_j is "
+         "positive, so dx carries +g; g = −onehot(target) must give p − onehot, not onehot − p. " + READ_LSM),
+        ("all sum", g - p * g.sum(), "the sum runs over the whole array: sum each row separately (axis=1, keepdims=True). " + READ_LSM),
+        ("transposed Jacobian", g - (g * p).sum(axis=1, keepdims=True),
+         "you summed g against the Jacobian's other index: with ℓ = log_softmax(x), dx_k = Σ_j g_j ∂ℓ_j/∂x_k, and "
+         "∂ℓ_j/∂x_k = δ_jk − p_k (the p of the logit you differentiate by), not δ_jk − p_j. " + READ_LSM),
+        ("softmax of g", g - walk.softmax(g) * g.sum(axis=1, keepdims=True),
+         "the probabilities in the rule are softmax(x), of the logits, not a softmax of the upstream gradient g. " + READ_LSM),
     ]
+    out = [Mistake(label, value, message, hint=message) for label, value, message in said]
     return {"dx": out, "result": out}
 
 
