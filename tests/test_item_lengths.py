@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import nbformat
@@ -26,6 +27,12 @@ LONGEST_SHARE = 1 / 3
 LEAST_SHARE = 1 / 8
 #: No key may be longer than this many times the longest other option.
 MOST_RATIO = 1.5
+#: No letter may be the key of more than this share of the items, nor of fewer than LEAST_LETTER_SHARE (with four
+#: options an even spread is a quarter each): answering one letter everywhere must score about what guessing scores.
+MOST_LETTER_SHARE = 0.30
+LEAST_LETTER_SHARE = 0.20
+#: In a lesson with at least this many single-answer items, no one letter may be the key of more than half of them.
+LESSON_RUN = 4
 
 
 def _options(source: str) -> dict[str, str]:
@@ -78,6 +85,27 @@ def test_the_key_is_seldom_the_shortest_option():
         f"the key is the shortest option in {len(shortest)} of {len(ITEMS)} items: {', '.join(shortest)}")
 
 
+def test_no_letter_is_the_key_much_more_often_than_the_others():
+    """Lengths aside, the key's letter must not give it away: when the key was b in half of the items, answering b
+    everywhere scored half of the single-answer points."""
+    letters = sorted({k for _, _, _, opts in ITEMS for k in opts})
+    assert all(len(opts) == 4 for _, _, _, opts in ITEMS), "the bounds below assume four options per item"
+    counts = Counter(key for _, _, key, _ in ITEMS)
+    for letter in letters:
+        assert LEAST_LETTER_SHARE * len(ITEMS) <= counts[letter] <= MOST_LETTER_SHARE * len(ITEMS), (
+            f"{letter} is the key of {counts[letter]} of {len(ITEMS)} single-answer items "
+            f"({dict(sorted(counts.items()))}): reorder some items' options")
+
+
+def test_no_lesson_keys_most_of_its_items_with_one_letter():
+    per_lesson: dict[str, Counter] = {}
+    for nn, _, key, _ in ITEMS:
+        per_lesson.setdefault(nn, Counter())[key] += 1
+    runs = {nn: c for nn, c in per_lesson.items()
+            if sum(c.values()) >= LESSON_RUN and c.most_common(1)[0][1] > sum(c.values()) / 2}
+    assert not runs, f"one letter keys most of a lesson's single-answer items: {runs}"
+
+
 @pytest.mark.parametrize("nn, item, key, opts", ITEMS, ids=[f"{nn}.{item}" for nn, item, _, _ in ITEMS])
 def test_no_key_stands_out_by_its_length(nn, item, key, opts):
     assert _ratio(key, opts) <= MOST_RATIO, (
@@ -98,6 +126,8 @@ if __name__ == "__main__":  # a report for authors: python tests/test_item_lengt
             print(f"{nn}.{item:4s} key {key}  ratio {_ratio(key, opts):4.2f}  {flag}")
     print(f"key strictly longest in {len(longest)} of {len(items)} "
           f"(from {LEAST_SHARE * len(items):.0f} to {int(LONGEST_SHARE * len(items))} allowed)")
+    print("key letters:", dict(sorted(Counter(key for _, _, key, _ in items).items())),
+          f"(each from {LEAST_LETTER_SHARE * len(items):.0f} to {int(MOST_LETTER_SHARE * len(items))} allowed)")
 
 
 # ----------------------------------------------------------------------------- no key printed above its question

@@ -85,7 +85,7 @@ def measured_dequantizations(first_input_needs_grad=False):
 
 
 RIGHT = {
-    "w1": "b", "w2": "a", "w3": "b", "p1": {"a", "b", "d"}, "p2": "a", "p5": {"a"},
+    "w1": "d", "w2": "a", "w3": "b", "p1": {"a", "b", "d"}, "p2": "a", "p5": {"a"},
     "p3": 3,
     "p4": right_compare,
     "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,

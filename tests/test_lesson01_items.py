@@ -21,7 +21,7 @@ def right_ledger(n_params, n_adapter, method, n_unfrozen):
             "base_grads": 2 * n_unfrozen, "base_moments": 8 * n_unfrozen, "adapter": 12 * n_adapter}
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": "b", "p2": {"c", "f"},
+RIGHT = {"w1": "a", "w2": "c", "w3": "d", "p1": "d", "p2": {"c", "f"},
          "p3": ["base", "data", "baseline", "method", "compare"], "p4": 409_007_040, "p5": right_ledger, "p6": "b"}
 
 
@@ -43,7 +43,7 @@ def test_right_answers_score_full(item_id, hidden):
 
 
 def test_letters_are_forgiving_about_case_and_format():
-    assert check("01.w1", "B)").full
+    assert check("01.w1", "A)").full
     assert check("01.p2", "c, f").full
     assert check("01.p2", ["F", "c"]).full
 
@@ -54,7 +54,7 @@ def test_letters_are_forgiving_about_case_and_format():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("w1", "a", "same adapter factors"),
+        ("w1", "b", "same adapter factors"),
         ("w1", "c", "not its logical shape"),
         ("w2", "a", "not a dependable database"),
         ("w2", "d", "shape of an answer"),
@@ -62,7 +62,7 @@ def test_letters_are_forgiving_about_case_and_format():
         ("w3", "b", "four times"),
         ("p1", "a", "only the answer's form is wrong"),
         ("p1", "c", "no fact is missing"),
-        ("p1", "d", "nothing here calls for training"),
+        ("p1", "b", "nothing here calls for training"),
         ("p6", "a", "so does an 8-bit base"),
         ("p6", "c", "not the weights, and the bf16 base alone is 68 GB"),
         ("p6", "d", "408 GB"),

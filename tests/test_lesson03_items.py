@@ -31,7 +31,7 @@ LAYER_1 = r"layers\.1\..*"
 P5_RIGHT = {"rank_pattern": {LAYER_1: 4, "v_proj": 16, "up_proj": 32},
             "alpha_pattern": {LAYER_1: 16, "q_proj": 8, "v_proj": 32}}
 
-RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(3.1**2 - 1), "p3": "b", "p4": 0.25,
+RIGHT = {"w1": 16, "w2": "a", "w3": 8, "p1": right_best_rank_k, "p2": math.sqrt(3.1**2 - 1), "p3": "d", "p4": 0.25,
          "p5": P5_RIGHT, "p6": right_residual_curve}
 
 
@@ -570,7 +570,7 @@ def test_p5_check_keeps_the_notebook_state():
         ("w2", "d", "full rank"),
         ("p3", "a", "independent"),
         ("p3", "c", "not a number of blocks"),
-        ("p3", "d", "heads"),
+        ("p3", "b", "heads"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item, answer, text):

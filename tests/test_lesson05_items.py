@@ -89,8 +89,8 @@ def bwd_hard_coded(D, X, W, A, B, s):
     return np.array([[0.45, -0.2, 0.65]]), np.array([[0.1], [-0.05], [0.15]]), np.array([[1.0, -0.5]])
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 8.0, "p4": {"b", "c", "d"},
-         "p5": "a", "p6": np.array([[-0.56, 0.28]]), "p7": "a"}
+RIGHT = {"w1": "d", "w2": "a", "w3": "c", "p1": bwd_right, "p2": "a", "p3": 8.0, "p4": {"b", "c", "d"},
+         "p5": "b", "p6": np.array([[-0.56, 0.28]]), "p7": "a"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -249,7 +249,7 @@ def test_stub_and_non_function():
         ("p2", "b", "a gradient always has its own tensor's shape"),
         ("p2", "c", "its gradient is one r × d matrix"),
         ("p2", "d", "the shape of dZ, the gradient at the activation"),
-        ("p5", "b", "Detaching W cuts only W's branch"),
+        ("p5", "a", "Detaching W cuts only W's branch"),
         ("p5", "c", "shares W's numbers but not its place in the graph"),
         ("p5", "d", "stays None, not zeros"),
         ("p7", "b", "The base path D Wᵀ does not contain s"),

@@ -62,7 +62,7 @@ def a_move_at_step_two(b1=0.9, b2=0.99):
 
 
 RIGHT = {"w1": "c", "w2": 0.616344, "w3": "a", "p1": ce_grad, "p2": adamw_step, "p3": sgd_walk_step,
-         "p4": b_after_one_scaled(), "p5": a_move_at_step_two(), "p6": "b", "p7": log_softmax_backward}
+         "p4": b_after_one_scaled(), "p5": a_move_at_step_two(), "p6": "a", "p7": log_softmax_backward}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -102,7 +102,7 @@ def _cells():
         ("w3", "b", "W is frozen"),
         ("w3", "c", "X is an input"),
         ("w3", "d", "its gradient happens to be zero"),
-        ("p6", "a", "That is what decoupled decay does"),
+        ("p6", "b", "That is what decoupled decay does"),
         ("p6", "c", "the gradient Adam sees is ∇A + λA"),
         ("p6", "d", "No optimizer here multiplies θ by 1 − λ"),
     ],

@@ -98,7 +98,7 @@ def rel_error(a, n):
     return float(np.max(np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), 1e-12)))
 
 
-RIGHT = {"w1": "b", "w2": 76, "w3": "b", "p1": central_difference, "p2": rel_error, "p3": {"b", "c"}, "p4": {"b", "c", "d"},
+RIGHT = {"w1": "b", "w2": 76, "w3": "d", "p1": central_difference, "p2": rel_error, "p3": {"b", "c"}, "p4": {"b", "c", "d"},
          "p5": "b", "p6": ["central_float64", "forward_float64", "central_float32", "forward_float32"], "p7": 2.107e-8,
          "p8": {"a", "b"}}
 

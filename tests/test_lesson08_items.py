@@ -141,7 +141,7 @@ def _gqa_wrong(kind):
     return fn
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "b", "p1": softmax_backward_kq, "p2": attention_backward, "p3": 131326, "p4": "a",
+RIGHT = {"w1": "b", "w2": "a", "w3": "d", "p1": softmax_backward_kq, "p2": attention_backward, "p3": 131326, "p4": "a",
          "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "c", "p10": gqa_backward, "p11": None}
 
 

@@ -163,7 +163,7 @@ def residual_torch(dY, X, W_gate, W_up, W_down):
     return Xt.grad
 
 
-RIGHT = {"w1": "b", "w2": 0.5, "w3": "d", "p1": swish_right, "p2": swiglu_right, "p3": mlp_right,
+RIGHT = {"w1": "c", "w2": 0.5, "w3": "d", "p1": swish_right, "p2": swiglu_right, "p3": mlp_right,
          "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 2_654_208}
 
 

@@ -154,7 +154,7 @@ def o_from_block(dy, cache):
 
 
 RIGHT = {"w1": "c", "w2": 240, "w3": "a", "p1": dx_right, "p2": v_right, "p3": 2.5,
-         "p4": "b", "p5": o_right, "p6": {"a", "b", "c"}}
+         "p4": "d", "p5": o_right, "p6": {"a", "b", "c"}}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -442,7 +442,7 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
         ("w3", "d", "That is the Q/V configuration"),
         ("p4", "a", "That is what a detached o_proj does"),
         ("p4", "c", "a detached K is still there with its value"),
-        ("p4", "d", "the adapters of layers 0–2 included"),
+        ("p4", "b", "the adapters of layers 0–2 included"),
     ],
 )
 def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
@@ -500,7 +500,7 @@ def test_p6s_key_measured_with_the_first_norm_computed_under_no_grad():
 
 
 def test_p4_key_measured_with_layer_3s_k_proj_under_no_grad():
-    """P4's key (b) measured with autograd on a stack of three blocks with Q/V adapters (below, the cut one, above), once
+    """P4's key (d) measured with autograd on a stack of three blocks with Q/V adapters (below, the cut one, above), once
     as it is and once with the middle block's frozen k_proj detached: the forward is the same, the cut block's and the
     upper block's adapters get the same gradients, the lower block's a different one, and none is zero."""
     import torch
@@ -529,7 +529,7 @@ def test_p4_key_measured_with_layer_3s_k_proj_under_no_grad():
         assert all(torch.allclose(g_ref[i][k], g_cut[i][k], rtol=1e-12, atol=1e-14) for k in g_ref[i])
     assert not any(torch.allclose(g_ref[0][k], g_cut[0][k]) for k in g_ref[0])                             # below: d is false
     keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
-    assert keys["p4"] == RIGHT["p4"] == "b"
+    assert keys["p4"] == RIGHT["p4"] == "d"
 
 
 def test_p7_model_answer_measured_with_the_lower_blocks_under_no_grad():

@@ -58,7 +58,7 @@ def ratios(c=10.0, lr=0.01):
 
 
 RIGHT = {"w1": "b", "w2": 135168, "w3": "c", "p1": factor_update, "p2": trainable_params,
-         "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "b", "p5": rescaled_grads, "p6": ratios()}
+         "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "d", "p5": rescaled_grads, "p6": ratios()}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -143,14 +143,14 @@ def test_p3_zero_gradients_after_a_real_one_move_the_entry_beyond_the_decay():
 
 
 @pytest.mark.parametrize("letter,text", [("a", "get_peft_model creates lora_A and lora_B afterwards"),
-                                         ("c", "check 3 passes"), ("d", "AdamW skips them")])
+                                         ("c", "check 3 passes"), ("b", "AdamW skips them")])
 def test_p4_wrong_letters_teach(letter, text):
     fb = check("11.p4", letter)
     assert fb.points == 0 and text in fb.text()
 
 
 def test_p4s_key_an_optimizer_built_before_get_peft_model_moves_nothing_and_preflight_names_the_adapters():
-    """P4's key (b) measured: the optimizer built before get_peft_model; after a few steps the adapters have nonzero
+    """P4's key (d) measured: the optimizer built before get_peft_model; after a few steps the adapters have nonzero
     gradients but have not moved, the base weights have not moved either, and preflight's ownership check fails."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -175,7 +175,7 @@ def test_p4s_key_an_optimizer_built_before_get_peft_model_moves_nothing_and_pref
     with pytest.raises(train.PreflightError, match="not in the optimizer"):
         train.preflight(model, batch, loss_fn=loss_fn, optimizer=opt)
     keys = json.loads((ROOT / "autograder" / "keys" / "11.json").read_text())["keys"]
-    assert keys["p4"] == RIGHT["p4"] == "b"
+    assert keys["p4"] == RIGHT["p4"] == "d"
 
 
 def test_rescaled_grads_mistakes_are_named():

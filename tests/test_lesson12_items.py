@@ -67,7 +67,7 @@ def own_base(base, run_dir):
     return right_reload(artifacts.TinyNet(seed=0), run_dir)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": "b", "p2": 1e-2, "p3": right_reload,
+RIGHT = {"w1": "d", "w2": "c", "w3": "b", "p1": "b", "p2": 1e-2, "p3": right_reload,
          "p4": ["base", "attach", "optimizer", "load", "preflight", "rng", "step"], "p5": {"b", "c", "d"}, "p6": "c"}
 
 
@@ -243,7 +243,7 @@ def test_p6s_key_is_measured_by_attaching_the_adapter_to_its_merged_model(tmp_pa
     [
         ("w1", "a", "B alone means nothing"),
         ("w1", "c", "Optimizer moments are for resuming"),
-        ("w1", "d", "merged model"),
+        ("w1", "b", "merged model"),
         ("w2", "a", "at every training forward"),
         ("w2", "d", "Resumed steps are training steps"),
         ("w3", "a", "copies the saved factors"),

@@ -29,7 +29,7 @@ def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
     return weight_merged - (delta.T if fan_in_fan_out else delta)
 
 
-RIGHT = {"w1": "b", "w2": "b", "w3": "b", "p1": right_merge_unmerge, "p2": right_unmerge,
+RIGHT = {"w1": "b", "w2": "b", "w3": "d", "p1": right_merge_unmerge, "p2": right_unmerge,
          "p3": 2.0, "p4": 0.5625, "p5": "a", "p6": "c"}
 
 
@@ -104,7 +104,7 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("w2", "d", "three different layers"),
         ("w3", "a", "rounds twice"),
         ("w3", "c", "PEFT keeps them"),
-        ("w3", "d", "does not need a zero B"),
+        ("w3", "b", "does not need a zero B"),
         ("p5", "b", "The residual is relative"),
         ("p5", "c", "by exactly the factor the update shrank"),
         ("p5", "d", "float32's exponent range"),

@@ -41,8 +41,8 @@ def right_walk_D(X, W, A, B, s, target, step):
     return D, D @ W_hat.T + s * D @ B.T @ A.T
 
 
-RIGHT = {"w1": 85, "w2": "b", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
-         "p4": [[-0.14026371, 0.14026371]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "d",
+RIGHT = {"w1": 85, "w2": "d", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
+         "p4": [[-0.14026371, 0.14026371]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "a",
          "p8": -0.24}
 
 
@@ -126,8 +126,8 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
     [
         ("w2", "a", "for accuracy, not speed"),
         ("w2", "c", "address levels"),
-        ("w2", "d", "codes are frozen"),
-        ("p7", "a", "only W_leaf's gradient takes that path"),
+        ("w2", "b", "codes are frozen"),
+        ("p7", "d", "only W_leaf's gradient takes that path"),
         ("p7", "b", "A and B never pass through the rounding"),
         ("p7", "c", "whatever Ŵ was computed from"),
     ],

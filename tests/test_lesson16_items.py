@@ -23,7 +23,7 @@ def right_backward(D, codes, absmax, code, blocksize):
 
 
 RIGHT = {"w1": "c", "w2": "a", "w3": "b", "p1": right_backward, "p2": {"b", "d"}, "p3": {"b", "f"},
-         "p4": "b", "p5": "b", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
+         "p4": "b", "p5": "d", "p6": "c", "p7": "b", "p8": ["merge_nf4", "base_nf4", "merge_orig", "base_orig"]}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -211,7 +211,7 @@ def test_stub_and_non_function():
         ("p4", "d", "checkpointed like the others"),
         ("p5", "a", "twelve whole blocks of 128, so every row starts a new block"),
         ("p5", "c", "gate_proj and up_proj are stored 1536 × 576"),
-        ("p5", "d", "indexes absmax row by row"),
+        ("p5", "b", "indexes absmax row by row"),
         ("p6", "a", "reaches the adapters above it through the forward pass"),
         ("p6", "b", "a base weight enters the backward only in the gradient it passes further down"),
         ("p6", "d", "Only layer₂'s adapter sees the change, through its input H"),
@@ -355,14 +355,14 @@ def test_p2_key_is_measured_on_the_real_model_with_the_repack_shortcut_left_on()
 def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocksize_128():
     """P5's key, run: each SmolLM2 projection shape (out × in) quantized by bitsandbytes at blocksize 128 and dequantized
     by bitsandbytes and by coursekit.quant (the lesson's self-test, probes._self_test_case). On a CPU where the AVX512
-    kernel runs, exactly the shapes whose rows are not a whole number of blocks differ: all but down_proj (b). Elsewhere
-    the per-row index of P1's mistake stands in for the kernel. Every weight is a whole number of blocks in total (d)."""
+    kernel runs, exactly the shapes whose rows are not a whole number of blocks differ: all but down_proj (d). Elsewhere
+    the per-row index of P1's mistake stands in for the kernel. Every weight is a whole number of blocks in total (b)."""
     from coursekit import probes
 
     avx512 = bool(probes.cpu_facts().get("bnb_has_avx512"))
     wrong = set()
     for name, (m, d) in probes.MODEL_SHAPES.items():
-        assert (m * d) % 128 == 0                                            # d's premise holds, and d is still wrong
+        assert (m * d) % 128 == 0                                            # b's premise holds, and b is still wrong
         case = probes._self_test_case(probes._row_scaled((m, d), 0), 128, "nf4", False, name)
         if avx512 and case["kernel"].startswith("cdequantize"):               # the native kernel ran: measure it
             differs = not case["agrees"]
@@ -373,8 +373,8 @@ def test_p5_key_is_which_projections_the_per_row_dequantize_gets_wrong_at_blocks
             wrong |= set(name.split(", "))
     assert 576 / 128 == 4.5 and 1536 / 128 == 12
     options = {"a": {"q_proj", "o_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"},
-               "c": {"q_proj", "o_proj", "k_proj", "v_proj", "down_proj"}, "d": set()}
-    options["b"] = options["a"] - {"down_proj"}
+               "c": {"q_proj", "o_proj", "k_proj", "v_proj", "down_proj"}, "b": set()}
+    options["d"] = options["a"] - {"down_proj"}
     measured = [k for k, v in options.items() if v == wrong]
     assert measured == [_keys()["p5"]] == [RIGHT["p5"]]
 

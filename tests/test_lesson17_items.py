@@ -44,7 +44,7 @@ def measured_policy_gb(n_params, vocab, hidden, n_adapter, heads=2):
     return ((n_params - kept) * 0.5 + kept * 4 + n_adapter * 16) / 1e9
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": "b", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
+RIGHT = {"w1": "b", "w2": "c", "w3": "d", "p1": measured_policy_gb(6.74e9, 32_000, 4_096, 40e6),
          "p2": 1 / 2**16,
          "p3": "b", "p4": 4 * 512 * (16 * 2_048 * 2 + 128_256 * 4) / 1e6, "p5": hooked, "p6": "c"}
 
@@ -146,7 +146,7 @@ def test_right_answers_score_full(item_id, hidden):
         ("w2", "d", "keeps only the packed codes"),
         ("w3", "a", "not their precision"),
         ("w3", "c", "optimizer state is untouched"),
-        ("w3", "d", "weights stay where they are"),
+        ("w3", "b", "weights stay where they are"),
         ("p3", "a", "takes log_softmax over every row of the logits first"),
         ("p3", "c", "still need their log-probabilities"),
         ("p3", "d", "the label tensor itself"),

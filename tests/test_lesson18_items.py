@@ -33,7 +33,7 @@ def right_input_grad(D, packed):
     return D @ right_dequantize(packed).astype(np.float64).reshape(packed.shape[0], -1)
 
 
-RIGHT = {"w1": "b", "w2": "c", "w3": 0.015, "p1": {"b", "d", "e"}, "p2": right_dequantize, "p3": right_input_grad,
+RIGHT = {"w1": "d", "w2": "c", "w3": 0.015, "p1": {"b", "d", "e"}, "p2": right_dequantize, "p3": right_input_grad,
          "p4": ["norms", "attn_v", "attn_v_q8_0", "attn_output", "up_gguf", "token_embd", "up_bf16"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
@@ -253,7 +253,7 @@ def test_function_stub_and_non_function():
     [
         ("w1", "a", "each tensor in the file carries its own type"),
         ("w1", "c", "runs nothing"),
-        ("w1", "d", "not a training state"),
+        ("w1", "b", "not a training state"),
         ("w2", "a", "has no offset"),
         ("w2", "b", "the middle of a bin of width d"),
         ("w2", "d", "takes d for the whole range"),

@@ -22,7 +22,7 @@ FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer
              "p14": A.probe_features, "p15": A.train_probe}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
 RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p14": A.probe_features, "p15": A.train_probe}
-CHOICES = {"w1": "b", "w2": "b", "w3": "b", "p9": ["a", "d"], "p11": "c",
+CHOICES = {"w1": "a", "w2": "d", "w3": "b", "p9": ["a", "d"], "p11": "c",
            "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
 
@@ -250,7 +250,7 @@ def test_not_a_function_is_refused():
 
 
 @pytest.mark.parametrize("item, wrong, text", [
-    ("w2", "d", "proves only what it keeps out"),
+    ("w2", "b", "proves only what it keeps out"),
     ("w3", "a", "never names the labels"),
     ("p9", ["a", "b", "d"], "inside the trained function's own 95 % interval"),
     ("p9", ["a", "c", "d"], "Same labels do not make same logits"),

@@ -183,12 +183,12 @@ ITEMS = {
     # Warm-up
     "w1": Choice(
         "What runs when a bitsandbytes op with no CPU kernel is called on a CPU tensor?", 0,
-        key="b",
+        key="d",
         explain={
             "a": "A missing CPU kernel is not an error: the dispatcher falls through to the op's default registration. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
-            "b": "The dispatcher picks the kernel registered for the tensor's device; when the CPU has none, the op's default registration runs: generic torch code that computes the same result, usually more slowly, and possibly different in the last bits. That is a fallback. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
+            "b": "The op does its work: the default implementation computes the same result as a native kernel would. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
             "c": "Nothing moves to a GPU behind your back (there is none here); the op runs on the CPU, in its default implementation. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
-            "d": "The op does its work: the default implementation computes the same result as a native kernel would. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
+            "d": "The dispatcher picks the kernel registered for the tensor's device; when the CPU has none, the op's default registration runs: generic torch code that computes the same result, usually more slowly, and possibly different in the last bits. That is a fallback. (Lesson 00, 'Which implementation runs each 4-bit op, and why it matters'.)",
         },
     ),
     "w2": Choice(

@@ -186,10 +186,10 @@ ITEMS = {
         "What QLoRA changes that LoRA does not",
         0,
         options="abcd",
-        key="b",
+        key="a",
         explain={
-            "a": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
-            "b": "LoRA decides what trains (the factors A and B, with W frozen); QLoRA keeps exactly that and also stores the frozen base's eligible weights as 4-bit codes (NF4) with one scale per block, while the adapter and the arithmetic stay in higher precision. In one line: LoRA changes what trains, QLoRA also changes how the base is stored. (Lesson 01, 'Full fine-tuning, PEFT, LoRA, QLoRA'.)",
+            "a": "LoRA decides what trains (the factors A and B, with W frozen); QLoRA keeps exactly that and also stores the frozen base's eligible weights as 4-bit codes (NF4) with one scale per block, while the adapter and the arithmetic stay in higher precision. In one line: LoRA changes what trains, QLoRA also changes how the base is stored. (Lesson 01, 'Full fine-tuning, PEFT, LoRA, QLoRA'.)",
+            "b": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
             "c": "A and B keep their shapes (d × r and r × m): quantization changes the bytes of W, not its logical shape. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
             "d": "Both are usually trained with AdamW; the optimizer is a separate choice from the adapter. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
         },

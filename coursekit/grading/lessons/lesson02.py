@@ -225,12 +225,12 @@ ITEMS = {
     "w3": Choice(
         "the adapter at initialisation (B = 0)",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "A is random, but B = 0 multiplies it away: (XA)B = 0. Reread 'The scale s' in Know this.",
-            "b": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'The scale s'.)",
+            "b": "Nothing is undefined: XA is finite and times a zero B gives exact zeros. Reread 'The scale s' in Know this.",
             "c": "The whole layer equals X W; the adapter's own contribution is zero. Reread 'The scale s' in Know this.",
-            "d": "Nothing is undefined: XA is finite and times a zero B gives exact zeros. Reread 'The scale s' in Know this.",
+            "d": "Whatever the random A holds, (XA)B with B = 0 is an n × m matrix of exact zeros, and s · 0 is still 0, so Y = XW + s(XA)B = XW. Equivalently, the merged weight W + sAB is just W: training starts from exactly the base layer. (Lesson 02, 'The scale s'.)",
         },
     ),
     "p1": Function(

@@ -150,12 +150,12 @@ ITEMS = {
     "w1": Choice(
         "the shape of ∇A",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "r × d is Aᵀ's shape (and how PEFT stores lora_A.weight). The gradient of a scalar loss with respect to A has A's own shape, d × r. Reread 'Shapes force the transposes' in Know this.",
-            "b": "L is a scalar, so its gradient with respect to any tensor has that tensor's own shape: ∇A has A's shape, d × r. The product that gives it, ∇A = Xᵀ dZ = (d × n)(n × r), sums every token's contribution over n. (Lesson 05, 'Shapes force the transposes'.)",
+            "b": "d × m is W's shape; ∇A must have A's shape, d × r. Reread 'Shapes force the transposes' in Know this.",
             "c": "n × r is the shape of Z = XA and of dZ, the gradient arriving at Z; ∇A = Xᵀ dZ sums over the n tokens and is d × r. Reread 'Shapes force the transposes' in Know this.",
-            "d": "d × m is W's shape; ∇A must have A's shape, d × r. Reread 'Shapes force the transposes' in Know this.",
+            "d": "L is a scalar, so its gradient with respect to any tensor has that tensor's own shape: ∇A has A's shape, d × r. The product that gives it, ∇A = Xᵀ dZ = (d × n)(n × r), sums every token's contribution over n. (Lesson 05, 'Shapes force the transposes'.)",
         },
     ),
     "w2": Choice(

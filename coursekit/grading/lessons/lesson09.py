@@ -393,11 +393,11 @@ ITEMS = {
     "w1": Choice(
         "the shape of H and of dH",
         0,
-        key="b",
+        key="c",
         explain={
             "a": "n × d is the shape of X and of the MLP's output Y; H lives in the wide intermediate space, n × f. Reread 'The gated MLP' in Know this.",
-            "b": "H = SiLU(G) ⊙ U is element-wise, so it has the shape of G = X W_gate and U = X W_up: (n × d)(d × f) = n × f, one row per token in the wide intermediate space. A gradient has the shape of its tensor, so dH = dY W_downᵀ is n × f too. (Lesson 09, 'The gated MLP'.)",
-            "c": "f × d is W_down's shape. H has one row per token: n × f. Reread 'The gated MLP' in Know this.",
+            "b": "f × d is W_down's shape. H has one row per token: n × f. Reread 'The gated MLP' in Know this.",
+            "c": "H = SiLU(G) ⊙ U is element-wise, so it has the shape of G = X W_gate and U = X W_up: (n × d)(d × f) = n × f, one row per token in the wide intermediate space. A gradient has the shape of its tensor, so dH = dY W_downᵀ is n × f too. (Lesson 09, 'The gated MLP'.)",
             "d": "d × f is W_gate's (and W_up's) shape. H = SiLU(XW_gate) ⊙ (XW_up) has one row per token: n × f. Reread 'The gated MLP' in Know this.",
         },
     ),

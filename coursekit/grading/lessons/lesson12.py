@@ -250,12 +250,12 @@ ITEMS = {
     "w1": Choice(
         "what an inference adapter export holds",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "A is not regenerated: training changed it, and B alone means nothing without the A it was trained with. Reread 'Two artifacts' in Know this.",
-            "b": "Inference must rebuild the adapted layers exactly: both trained factors of every target module, the configuration that says where they go and how they scale (r, lora_alpha, target_modules, so s = lora_alpha / r), and the identity of the base, because the frozen base weights are not saved but bound by identity. Its test is that the reloaded logits equal the trained model's. (Lesson 12, 'Two artifacts'.)",
+            "b": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it to its base. Reread 'Two artifacts' in Know this.",
             "c": "Optimizer moments are for resuming training; an inference export does not need them. And it lacks what inference does need: the LoraConfig, which says where the factors go and how they scale (s = lora_alpha / r), and the identity of the base they correct. Reread 'Two artifacts' in Know this.",
-            "d": "That is a merged model, the size of the base; an adapter export is the small part plus what binds it to its base. Reread 'Two artifacts' in Know this.",
+            "d": "Inference must rebuild the adapted layers exactly: both trained factors of every target module, the configuration that says where they go and how they scale (r, lora_alpha, target_modules, so s = lora_alpha / r), and the identity of the base, because the frozen base weights are not saved but bound by identity. Its test is that the reloaded logits equal the trained model's. (Lesson 12, 'Two artifacts'.)",
         },
     ),
     "w2": Choice(

@@ -182,12 +182,12 @@ ITEMS = {
     "w3": Choice(
         "merge, then unmerge, in float32",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a few units in the last place, not bit for bit.",
-            "b": "Each step rounds once: fl(W + sAB) is off by at most half a unit in the last place, and subtracting sAB rounds again, so you get W back to about one or two units in the last place (float32's spacing is 2⁻²³ ≈ 1.2e-7 at 1.0). The lesson's toy layer comes back within 1e-6 of its base after unmerge(), and that works because merge() keeps A and B. (Lesson 13, 'Merging in low precision'.)",
+            "b": "Rounding does not need a zero B to be small: float32 keeps the update to within about 1e-7 of W (the lesson measures a few parts in 10⁸).",
             "c": "A and B are kept (PEFT keeps them after merge()), so the update can be subtracted again.",
-            "d": "Rounding does not need a zero B to be small: float32 keeps the update to within about 1e-7 of W (the lesson measures a few parts in 10⁸).",
+            "d": "Each step rounds once: fl(W + sAB) is off by at most half a unit in the last place, and subtracting sAB rounds again, so you get W back to about one or two units in the last place (float32's spacing is 2⁻²³ ≈ 1.2e-7 at 1.0). The lesson's toy layer comes back within 1e-6 of its base after unmerge(), and that works because merge() keeps A and B. (Lesson 13, 'Merging in low precision'.)",
         },
     ),
     "p1": Function(

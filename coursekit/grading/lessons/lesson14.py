@@ -502,12 +502,12 @@ ITEMS = {
     "w2": Choice(
         "why bitsandbytes gives every block of 64 values its own absmax",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "Blocks cost work and memory (one absmax per block); they are there for accuracy, not speed. (Lesson 14, 'Blocks'.)",
-            "b": "In absmax quantization the block's largest magnitude sets the grid (the int4 step is absmax / 7), so an outlier makes its block's grid so coarse that most ordinary values in it round to code 0. With one absmax per 64 values only that block pays; with one absmax per tensor, about nine in ten ordinary values of the lesson's test weight were coded 0. The price is 32 / 64 = 0.5 extra bit per weight for the fp32 absmax. (Lesson 14, 'Outliers and block size'.)",
+            "b": "In QLoRA the codes are frozen; nothing about blocks makes them trainable. (Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)",
             "c": "The codes address levels (16 for 4 bits), not positions: the block size is a separate choice (32 … 4096). (Lesson 14, 'Blocks'.)",
-            "d": "In QLoRA the codes are frozen; nothing about blocks makes them trainable. (Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)",
+            "d": "In absmax quantization the block's largest magnitude sets the grid (the int4 step is absmax / 7), so an outlier makes its block's grid so coarse that most ordinary values in it round to code 0. With one absmax per 64 values only that block pays; with one absmax per tensor, about nine in ten ordinary values of the lesson's test weight were coded 0. The price is 32 / 64 = 0.5 extra bit per weight for the fp32 absmax. (Lesson 14, 'Outliers and block size'.)",
         },
     ),
     "w3": Array(

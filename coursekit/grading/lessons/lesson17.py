@@ -349,12 +349,12 @@ ITEMS = {
     "w3": Choice(
         "what gradient checkpointing trades",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "Checkpointing changes which activations are kept, not their precision. (Lesson 17, 'Measured: gradient checkpointing'.)",
-            "b": "With checkpointing each decoder layer runs its forward saving only its input, and during backward it runs that forward again to rebuild the tensors its backward needs, one layer at a time. So you pay an extra forward of every checkpointed layer to keep less: in the lesson the forward kept about 5× less, not 30×, because the loss's full-vocabulary log-softmax sits after the last checkpointed layer. (Lesson 17, 'Measured: gradient checkpointing'.)",
+            "b": "The weights stay where they are: checkpointing only drops activations saved for backward. (Lesson 17, 'Measured: gradient checkpointing'.)",
             "c": "The optimizer state is untouched: AdamW still holds two moments per trainable parameter. (Lesson 17, 'Measured: gradient checkpointing'.)",
-            "d": "The weights stay where they are: checkpointing only drops activations saved for backward. (Lesson 17, 'Measured: gradient checkpointing'.)",
+            "d": "With checkpointing each decoder layer runs its forward saving only its input, and during backward it runs that forward again to rebuild the tensors its backward needs, one layer at a time. So you pay an extra forward of every checkpointed layer to keep less: in the lesson the forward kept about 5× less, not 30×, because the loss's full-vocabulary log-softmax sits after the last checkpointed layer. (Lesson 17, 'Measured: gradient checkpointing'.)",
         },
     ),
     # ------------------------------------------------------------------ practice

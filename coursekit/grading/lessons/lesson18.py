@@ -322,12 +322,12 @@ ITEMS = {
     "w1": Choice(
         "what a GGUF file is",
         0,
-        key="b",
+        key="d",
         explain={
             "a": "GGUF does not fix one encoding: each tensor in the file carries its own type, a float type or one of many quantized encodings. The shipped file mixes three. (Lesson 18, 'A container, not an encoding'.)",
-            "b": "A GGUF file is a header of key–value metadata (architecture, sizes, tokenizer, chat template), a tensor table (name, shape, type and offset of every tensor) and the tensor bytes, and the type belongs to each tensor, not to the file. The course's file mixes three types, and its tensor table says which tensor has which. (Lesson 18, 'A container, not an encoding'.)",
+            "b": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments in the file, and nothing about it forbids or provides them. (Lesson 18, 'A container, not an encoding'.)",
             "c": "GGUF is a file format: it stores metadata and tensors and runs nothing; no autograd lives in it. (Lesson 18, 'A container, not an encoding'.)",
-            "d": "GGUF records tensor types and metadata, not a training state: there are no gradients or optimizer moments in the file, and nothing about it forbids or provides them. (Lesson 18, 'A container, not an encoding'.)",
+            "d": "A GGUF file is a header of key–value metadata (architecture, sizes, tokenizer, chat template), a tensor table (name, shape, type and offset of every tensor) and the tensor bytes, and the type belongs to each tensor, not to the file. The course's file mixes three types, and its tensor table says which tensor has which. (Lesson 18, 'A container, not an encoding'.)",
         },
     ),
     "w2": Choice(

@@ -1303,21 +1303,21 @@ COST_S = 45
 
 ITEMS = {
     "w1": Choice("what the optimizer updates in QLoRA", 0,
-        key="b",
+        key="a",
         explain={
-            "a": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
-            "b": "get_peft_model freezes the base and attaches the adapters, so the only tensors with requires_grad are the lora_A and lora_B factors, and the optimizer is AdamW over exactly those. The NF4 codes get no gradient, and the norms, though cast to float32 by prepare_model_for_kbit_training, stay frozen: the preflight checks that every parameter without lora_ in its name is bit-identical after a step. (Lesson 19, 'Step 3: the training loop'.)",
+            "a": "get_peft_model freezes the base and attaches the adapters, so the only tensors with requires_grad are the lora_A and lora_B factors, and the optimizer is AdamW over exactly those. The NF4 codes get no gradient, and the norms, though cast to float32 by prepare_model_for_kbit_training, stay frozen: the preflight checks that every parameter without lora_ in its name is bit-identical after a step. (Lesson 19, 'Step 3: the training loop'.)",
+            "b": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
             "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
             "d": "prepare_model_for_kbit_training casts the norms to float32 for stable training, but it does not make them trainable.",
         },
     ),
     "w2": Choice("why a split of unseen symptoms", 0,
-        key="b",
+        key="d",
         explain={
             "a": "A model that scores 100 % answers with the label every time: it has the format.",
-            "b": "That split keeps out sentence templates and machines, but its symptoms are the training symptoms, so the cue words that carry the category (\"gearbox grinds\") were all seen in training; a model can score 100 % by recognising those learned cues. Whether it learned the categories themselves is tested only by tickets whose cue words, such as thermocouple, RCD or sludge, never occur in training. (Lesson 19, 'The data: one training split, two held-out splits'.)",
+            "b": "A held-out split proves only what it keeps out of training. This one keeps out wordings and machines, not the cues that carry the category: see 'The data: one training split, two held-out splits'.",
             "c": "The machines in that split are new too, and the model still scored 100 %: the machine's name did not mislead it.",
-            "d": "A held-out split proves only what it keeps out of training. This one keeps out wordings and machines, not the cues that carry the category: see 'The data: one training split, two held-out splits'.",
+            "d": "That split keeps out sentence templates and machines, but its symptoms are the training symptoms, so the cue words that carry the category (\"gearbox grinds\") were all seen in training; a model can score 100 % by recognising those learned cues. Whether it learned the categories themselves is tested only by tickets whose cue words, such as thermocouple, RCD or sludge, never occur in training. (Lesson 19, 'The data: one training split, two held-out splits'.)",
         },
     ),
     "w3": Choice("which baseline to beat", 0,

@@ -1,1 +1,1 @@
-answer_p6 = "a"
+answer_p6 = "b"

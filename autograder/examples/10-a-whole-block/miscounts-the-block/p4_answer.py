@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p4`.
-answer_p4 = "d"   # "k_proj is frozen, so it passes nothing back anyway"
+answer_p4 = "b"   # "k_proj is frozen, so it passes nothing back anyway"

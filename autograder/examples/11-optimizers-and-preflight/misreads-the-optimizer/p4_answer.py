@@ -1,1 +1,1 @@
-answer_p4 = "d"
+answer_p4 = "b"

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_p7`.
-answer_p7 = "a"
+answer_p7 = "d"

@@ -1,2 +1,2 @@
 # Your answer goes in `answer_w2`.
-answer_w2 = "d"
+answer_w2 = "b"
