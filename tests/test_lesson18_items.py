@@ -514,6 +514,32 @@ def test_w2_key_is_gguf_s_q4_1_decoder_and_code_0_alone_does_not_settle_it():
     assert (np.abs(code15["b"] - (mx + d / 2)) / d).max() < 0.02
 
 
+def test_w2s_quantizer_gives_each_weight_the_nearest_level_placed_with_d_and_m_before_float16():
+    """What W2 and W3 say of the quantizer, measured on the lesson's W: every code gguf stores is the nearest of the 16
+    levels m + d·j with d and m as computed in float32 (up to exact ties), while with the float16 d and m the file
+    stores a few weights would be nearer another level; so the prompt places the levels before the float16 rounding."""
+    from coursekit.grading.lessons.lesson18 import p6_weight
+
+    W = p6_weight().reshape(-1, 32)
+    t = gguf.GGMLQuantizationType.Q4_1
+    packed = gguf.quants.quantize(W, t).reshape(-1, 20)
+    q = np.concatenate([packed[:, 4:] & 0x0F, packed[:, 4:] >> 4], axis=1).astype(np.int64)
+    mn, mx = W.min(1, keepdims=True), W.max(1, keepdims=True)
+    j = np.arange(16, dtype=np.float32)
+
+    def nearest(d, m):
+        dist = np.abs(W[:, :, None] - (m[:, :, None] + d[:, :, None] * j))
+        best = dist.min(-1, keepdims=True)
+        return dist, np.take_along_axis(dist, q[:, :, None], -1) <= best * (1 + 1e-6) + 1e-12
+
+    _, as_computed = nearest((mx - mn) / np.float32(15), mn)
+    assert as_computed.all()
+    d16 = packed[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m16 = packed[:, 2:4].copy().view(np.float16).astype(np.float32)
+    _, as_stored = nearest(d16, m16)
+    assert 0 < (~as_stored).mean() < 0.01, (~as_stored).mean()
+
+
 def test_p7_key_is_measured():
     """P7 asks for NF4(Q8_0(W)) against W on the lesson's Gaussian weight (seed 18, N(0, 0.05²), 1536 × 576). Measure it
     and check that the keyed option (a, about 0.092) is the nearest of the four numbers the options quote."""
