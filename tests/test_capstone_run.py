@@ -255,14 +255,18 @@ def test_the_report_prints_every_number_with_its_interval(report):
     assert "n=144" in text and "n=120" in text and "reload on a fresh NF4 base" in text
 
 
-@pytest.mark.parametrize("mistake, says", [("right", None), ("points", "percentage points"),
-                                           ("QLoRA's only", "subtract those"), ("sum", "adds the two discordant"),
-                                           ("total", "in all"), ("other split", "unseen-phrasing split")])
-def test_p10_counts_tickets_and_names_the_mistake_an_answer_made(report, mistake, says):
-    """19.p10's key is the gain in tickets on unseen symptoms, measured from the stored results both ways (the
-    discordant counts, and the correct counts); each named wrong answer is the value its mistake gives, and gets
-    its own feedback (a mistake whose value equals another's is left out, so only the ones told apart are asked)."""
-    from coursekit import paired
+@pytest.mark.parametrize("mistake, says", [("right", None), ("one-sided", "one-sided tail"),
+                                           ("right-only", "subtracts the tuned prompt's right-only"),
+                                           ("every ticket", "only the d discordant tickets"),
+                                           ("run's gain", "your run's own gain"), ("points", "percentage points")])
+def test_p10_is_the_smallest_gain_mcnemar_calls_and_names_the_mistake_an_answer_made(report, mistake, says):
+    """19.p10's key, measured from the stored results: the run's discordant tickets on unseen symptoms (QLoRA against
+    the tuned baseline) recounted from the predictions, d of them; the key is the smallest gain whose two-sided exact
+    binomial p (scipy's binomtest, not coursekit's test) is below 0.05, and the gain two tickets smaller (the next one
+    d's parity allows) is not. Each named wrong answer is the value its mistake gives and gets its own feedback (a
+    mistake whose value equals another's is left out, so only the ones told apart are asked)."""
+    from scipy.stats import binomtest
+
     from coursekit.grading import check
     from coursekit.grading.lessons import lesson19
 
@@ -272,13 +276,19 @@ def test_p10_counts_tickets_and_names_the_mistake_an_answer_made(report, mistake
     q = capstone.heldout_results(run, None, store)["labels"]
     tuned = ladder[capstone.tuned_baseline(ladder)]
     split = "unseen_symptom"
-    c = paired.compare(q[split], tuned[split])
-    key = q[split]["correct"] - tuned[split]["correct"]
-    assert lesson19.gain_in_tickets() == key == c["a_only"] - c["b_only"]
-    other = paired.compare(q["unseen_phrasing"], tuned["unseen_phrasing"])
-    answer = {"right": key, "points": 100 * c["difference"], "QLoRA's only": c["a_only"],
-              "sum": c["a_only"] + c["b_only"], "total": q[split]["correct"],
-              "other split": other["a_only"] - other["b_only"]}[mistake]
+    right = {p["id"]: p["pred"] == p["label"] for p in q[split]["predictions"]}
+    other = {p["id"]: p["pred"] == p["label"] for p in tuned[split]["predictions"]}
+    a_only = sum(right[i] and not other[i] for i in right)
+    b_only = sum(other[i] and not right[i] for i in right)
+    d, n = a_only + b_only, len(right)
+    key = lesson19.significant_gain()
+    assert key % 2 == d % 2 and binomtest((d + key) // 2, d, 0.5).pvalue < 0.05
+    assert key - 2 < 0 or binomtest((d + key - 2) // 2, d, 0.5).pvalue >= 0.05
+    assert lesson19.gain_in_tickets() == a_only - b_only == q[split]["correct"] - tuned[split]["correct"]
+    one_sided = next(g for g in range(d % 2, d + 1, 2) if binomtest((d + g) // 2, d, 0.5, alternative="greater").pvalue < 0.05)
+    every = next(g for g in range(n % 2, n + 1, 2) if binomtest((n + g) // 2, n, 0.5).pvalue < 0.05)
+    answer = {"right": key, "one-sided": one_sided, "right-only": (d + key) // 2, "every ticket": every,
+              "run's gain": a_only - b_only, "points": 100 * key / n}[mistake]
     named = {m.label: m.value for m in lesson19._gain_mistakes()}
     if mistake != "right" and not any(abs(v - answer) < 0.5 for v in named.values()):
         pytest.skip(f"in this run '{mistake}' gives the same number as the key or another mistake")

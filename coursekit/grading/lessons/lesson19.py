@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -1239,7 +1240,7 @@ def _p15_mistakes(kw: dict, got: dict) -> dict:
             for i, out in enumerate(("W", "b"))}
 
 
-# --------------------------------------------------------------------------- P10: a number from the student's run
+# --------------------------------------------------------------------------- P10: a threshold from the student's run
 
 
 def _qlora_vs_tuned(split: str) -> dict:
@@ -1265,24 +1266,51 @@ def gain_in_tickets(split: str = "unseen_symptom") -> int:
     return c["a_only"] - c["b_only"]
 
 
+def _smallest_gain(d: int, alpha: float = 0.05, two_sided: bool = True) -> int:
+    """The smallest gain g = a_only − b_only (tickets) at which McNemar's exact test on d discordant tickets gives
+    p < alpha: a_only = (d + g) / 2 of them fall QLoRA's way, so g has d's parity. Two-sided, the p of
+    ``paired.mcnemar_exact``; one-sided, the upper binomial tail alone. Raises ValueError when no split of d tickets
+    reaches alpha (d ≤ 5 at 0.05, two-sided)."""
+    from coursekit import paired
+
+    for a in range(d // 2 + 1, d + 1):
+        if two_sided:
+            p = paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"]
+        else:
+            p = sum(math.comb(d, i) for i in range(a, d + 1)) / 2 ** d
+        if p < alpha:
+            return 2 * a - d
+    raise ValueError(f"the two models disagree on only {d} tickets: no split of them reaches p < {alpha}")
+
+
+def significant_gain(split: str = "unseen_symptom") -> int:
+    """P10's key: keeping this run's number d of discordant tickets of ``split`` (QLoRA with label scoring against the
+    tuned baseline), the smallest gain in tickets at which McNemar's exact two-sided test gives p < 0.05. Only the
+    discordant tickets enter the test (a ticket both got right or both got wrong falls no way under the null;
+    lesson 19 section 3), so the answer depends on d alone."""
+    c = _qlora_vs_tuned(split)
+    return _smallest_gain(c["a_only"] + c["b_only"])
+
+
 def _gain_mistakes() -> list[Mistake]:
     c = _qlora_vs_tuned("unseen_symptom")
-    g = c["a_only"] - c["b_only"]
+    d = c["a_only"] + c["b_only"]
+    g = _smallest_gain(d)
     candidates = [
-        ("percentage points", 100 * c["difference"],
-         "that is the gain in percentage points, the paired line's first number; the question counts tickets: those "
-         "only QLoRA got right minus those only the tuned prompt got right."),
-        ("QLoRA's discordant only", c["a_only"],
-         "that counts only the tickets QLoRA alone got right; each ticket only the tuned prompt got right counts "
-         "against QLoRA: subtract those."),
-        ("discordant sum", c["a_only"] + c["b_only"],
-         "that adds the two discordant counts (the tickets the two disagree on); the gain subtracts them: QLoRA's "
-         "right-only tickets minus the tuned prompt's."),
-        ("QLoRA's total", c["qlora_correct"],
-         "that is how many tickets QLoRA gets right in all; the question asks how many more than the tuned prompt."),
-        ("other split", gain_in_tickets("unseen_phrasing"),
-         "that is the gain on the unseen-phrasing split; the question asks for the unseen-symptom split, the one "
-         "whose cue words never occur in training."),
+        ("one-sided", _smallest_gain(d, two_sided=False),
+         "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; McNemar's test here is two-sided, "
+         "so an equal gain for the tuned prompt counts as much: double the tail before comparing it with 0.05."),
+        ("right-only count", (d + g) // 2,
+         "that is how many of the discordant tickets QLoRA alone would get right at the threshold; the gain subtracts "
+         "the tuned prompt's right-only tickets: (d + g) / 2 − (d − g) / 2 = g."),
+        ("every ticket", _smallest_gain(c["n"]),
+         "that treats every ticket of the split as if it could fall either way; a ticket both got right or both got "
+         "wrong says nothing about which is better, and only the d discordant tickets enter the binomial."),
+        ("your run's gain", c["a_only"] - c["b_only"],
+         "that is your run's own gain (the paired line's two counts subtracted); the question asks for the smallest "
+         "gain that would reach p < 0.05 with the same number of discordant tickets."),
+        ("percentage points", 100 * g / c["n"],
+         "that is the threshold in percentage points of the split's tickets; the question counts tickets."),
     ]
     out: list[Mistake] = []
     taken = [g]
@@ -1343,8 +1371,8 @@ ITEMS = {
     "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
     "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
                  multi=True),
-    "p10": Numeric("gain over the tuned baseline on unseen symptoms, in tickets", 1, name="gain_tickets",
-                   expected=gain_in_tickets, rtol=0, atol=0.5, mistakes=_gain_mistakes),
+    "p10": Numeric("smallest gain over the tuned baseline that McNemar's test calls significant, in tickets", 1,
+                   name="smallest_gain", expected=significant_gain, rtol=0, atol=1e-9, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
     "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
                     reference=cheap.probe_features,
