@@ -255,7 +255,7 @@ def test_the_report_prints_every_number_with_its_interval(report):
     assert "n=144" in text and "n=120" in text and "reload on a fresh NF4 base" in text
 
 
-@pytest.mark.parametrize("mistake, says", [("right", None), ("one-sided", "one-sided tail"),
+@pytest.mark.parametrize("mistake, says", [("right", None), ("one-sided", "one-sided tail"), ("χ²", "χ² approximation"),
                                            ("right-only", "subtracts the tuned prompt's right-only"),
                                            ("every ticket", "only the d discordant tickets"),
                                            ("run's gain", "your run's own gain"), ("points", "percentage points")])
@@ -287,7 +287,8 @@ def test_p10_is_the_smallest_gain_mcnemar_calls_and_names_the_mistake_an_answer_
     assert lesson19.gain_in_tickets() == a_only - b_only == q[split]["correct"] - tuned[split]["correct"]
     one_sided = next(g for g in range(d % 2, d + 1, 2) if binomtest((d + g) // 2, d, 0.5, alternative="greater").pvalue < 0.05)
     every = next(g for g in range(n % 2, n + 1, 2) if binomtest((n + g) // 2, n, 0.5).pvalue < 0.05)
-    answer = {"right": key, "one-sided": one_sided, "right-only": (d + key) // 2, "every ticket": every,
+    chi2 = next(g for g in range(d % 2, d + 1, 2) if g * g / d > 1.959963984540054 ** 2)  # McNemar's statistic, no correction
+    answer = {"right": key, "one-sided": one_sided, "χ²": chi2, "right-only": (d + key) // 2, "every ticket": every,
               "run's gain": a_only - b_only, "points": 100 * key / n}[mistake]
     named = {m.label: m.value for m in lesson19._gain_mistakes()}
     if mistake != "right" and not any(abs(v - answer) < 0.5 for v in named.values()):

@@ -314,7 +314,7 @@ def test_p5_key_is_what_autograd_does_with_a_detached_weight():
     torch.testing.assert_close(out["weight"][1], D @ W.T + adapter_path)
     torch.testing.assert_close(out["product"][1], adapter_path)
     keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
-    assert keys["p5"] == RIGHT["p5"] == "a"
+    assert keys["p5"] == RIGHT["p5"] == "b"
 
 
 # P3's batches: two different (X, D) pairs whose Xᵀ D is the G printed in the notebook.

@@ -524,10 +524,10 @@ def test_p4_key_measured_with_layer_3s_k_proj_under_no_grad():
     y_ref, g_ref = run(False)
     y_cut, g_cut = run(True)
     assert torch.equal(y_ref, y_cut)
-    assert all(g is not None and bool(torch.any(g != 0)) for layer in g_cut for g in layer.values())     # a, c, d's "no gradient"
+    assert all(g is not None and bool(torch.any(g != 0)) for layer in g_cut for g in layer.values())     # a and c's "no gradient"
     for i in (1, 2):                                                                                       # the cut block and above
         assert all(torch.allclose(g_ref[i][k], g_cut[i][k], rtol=1e-12, atol=1e-14) for k in g_ref[i])
-    assert not any(torch.allclose(g_ref[0][k], g_cut[0][k]) for k in g_ref[0])                             # below: d is false
+    assert not any(torch.allclose(g_ref[0][k], g_cut[0][k]) for k in g_ref[0])                             # below: b is false
     keys = json.loads((ROOT / "autograder" / "keys" / "10.json").read_text())["keys"]
     assert keys["p4"] == RIGHT["p4"] == "d"
 

@@ -432,7 +432,7 @@ def test_p6_key_is_the_ste_step_measured_by_autograd():
 def test_p7_key_is_measured_with_the_rounding_inside_the_graph():
     """P7's key, run: the lesson's autograd check (B = [0.3, −0.2]) once with the constant Ŵ and once with
     Ŵ = 0.2 · round(W_leaf / 0.2) built in the graph from a leaf that requires grad. ∇X, ∇A and ∇B come out bit for bit
-    the same (d), none of them is zero (a, b), ∇X is DŴᵀ + sDBᵀAᵀ and not DWᵀ + sDBᵀAᵀ (c), and W_leaf's gradient is all
+    the same (a), none of them is zero (b, d), ∇X is DŴᵀ + sDBᵀAᵀ and not DWᵀ + sDBᵀAᵀ (c), and W_leaf's gradient is all
     zeros."""
     import json
 
@@ -453,8 +453,8 @@ def test_p7_key_is_measured_with_the_rounding_inside_the_graph():
 
     const, inside = grads(False), grads(True)
     for a, b in zip(const[:3], inside[:3]):
-        assert torch.equal(a, b)                                           # (d): nothing changes
-        assert a.abs().sum() > 0                                           # (a), (b): nothing becomes 0
+        assert torch.equal(a, b)                                           # (a): nothing changes
+        assert a.abs().sum() > 0                                           # (b), (d): nothing becomes 0
     assert const[3] is None and inside[3] is not None and torch.all(inside[3] == 0)
     D = torch.softmax(inside[4], dim=1) - torch.nn.functional.one_hot(target, 2)
     B, A = torch.tensor([[0.3, -0.2]], dtype=torch.float64), torch.tensor(ex["A"])
@@ -462,7 +462,7 @@ def test_p7_key_is_measured_with_the_rounding_inside_the_graph():
     torch.testing.assert_close(inside[0], D @ W_hat.T + s * D @ B.T @ A.T)
     assert (inside[0] - (D @ W.T + s * D @ B.T @ A.T)).abs().max() > 0.01  # (c) is a different number
     key = json.loads((ROOT / "autograder" / "keys" / "14.json").read_text())["keys"]["p7"]
-    assert key == RIGHT["p7"] == "d"
+    assert key == RIGHT["p7"] == "a"
 
 
 def test_p8_key_is_the_margin_change_of_the_forward_pass():

@@ -517,7 +517,7 @@ def test_w2_key_is_gguf_s_q4_1_decoder_and_code_0_alone_does_not_settle_it():
 def test_w2s_quantizer_gives_each_weight_the_nearest_level_placed_with_d_and_m_before_float16():
     """What W2 and W3 say of the quantizer, measured on the lesson's W: every code gguf stores is the nearest of the 16
     levels m + d·j with d and m as computed in float32 (up to exact ties), while with the float16 d and m the file
-    stores a few weights would be nearer another level; so the prompt places the levels before the float16 rounding."""
+    stores a few weights would be nearer another level; so the prompts place the levels with d and m in float32."""
     from coursekit.grading.lessons.lesson18 import p6_weight
 
     W = p6_weight().reshape(-1, 32)

@@ -1292,17 +1292,37 @@ def significant_gain(split: str = "unseen_symptom") -> int:
     return _smallest_gain(c["a_only"] + c["b_only"])
 
 
+def _chi2_gain(d: int) -> int:
+    """The smallest gain with d's parity at which McNemar's χ² statistic without continuity correction, g² / d,
+    exceeds the 95 % point of χ² with one degree of freedom (1.96², McNemar 1947): the large-sample test a student may
+    reach for instead of the exact one."""
+    g = d % 2
+    while g * g / d <= 1.959963984540054 ** 2:
+        g += 2
+    return g
+
+
 def _gain_mistakes() -> list[Mistake]:
     c = _qlora_vs_tuned("unseen_symptom")
     d = c["a_only"] + c["b_only"]
     g = _smallest_gain(d)
-    candidates = [
-        ("one-sided", _smallest_gain(d, two_sided=False),
-         "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; McNemar's test here is two-sided, "
-         "so an equal gain for the tuned prompt counts as much: double the tail before comparing it with 0.05."),
+    two = ("McNemar's test here is two-sided, so an equal gain for the tuned prompt counts as much, and it is the "
+           "exact binomial test on the d discordant tickets.")
+    one_sided, chi2 = _smallest_gain(d, two_sided=False), _chi2_gain(d)
+    if one_sided == chi2:
+        tests = [("one-sided or χ²", one_sided,
+                  "that is where the one-sided tail (QLoRA's side alone) drops below 0.05, and also where the χ² "
+                  "approximation g² / d first exceeds 1.96²; " + two)]
+    else:
+        tests = [("one-sided", one_sided,
+                  "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; " + two),
+                 ("χ² approximation", chi2,
+                  "that is where the χ² approximation g² / d first exceeds 1.96²; with this few tickets use the exact "
+                  "binomial test on the d discordant tickets, as paired.mcnemar_exact does.")]
+    candidates = tests + [
         ("right-only count", (d + g) // 2,
          "that is how many of the discordant tickets QLoRA alone would get right at the threshold; the gain subtracts "
-         "the tuned prompt's right-only tickets: (d + g) / 2 − (d − g) / 2 = g."),
+         "the tuned prompt's right-only tickets."),
         ("every ticket", _smallest_gain(c["n"]),
          "that treats every ticket of the split as if it could fall either way; a ticket both got right or both got "
          "wrong says nothing about which is better, and only the d discordant tickets enter the binomial."),
@@ -1372,7 +1392,7 @@ ITEMS = {
     "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
                  multi=True),
     "p10": Numeric("smallest gain over the tuned baseline that McNemar's test calls significant, in tickets", 1,
-                   name="smallest_gain", expected=significant_gain, rtol=0, atol=1e-9, mistakes=_gain_mistakes),
+                   name="smallest_gain", expected=significant_gain, rtol=0, atol=0.5, mistakes=_gain_mistakes),
     "p11": Choice("reading two overlapping intervals", 1),
     "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
                     reference=cheap.probe_features,
