@@ -521,22 +521,17 @@ def test_w2s_quantizer_gives_each_weight_the_nearest_level_placed_with_d_and_m_b
     from coursekit.grading.lessons.lesson18 import p6_weight
 
     W = p6_weight().reshape(-1, 32)
-    t = gguf.GGMLQuantizationType.Q4_1
-    packed = gguf.quants.quantize(W, t).reshape(-1, 20)
-    q = np.concatenate([packed[:, 4:] & 0x0F, packed[:, 4:] >> 4], axis=1).astype(np.int64)
+    _, d16, m16, qs = _fields(gguf.quants.quantize(W, gguf.GGMLQuantizationType.Q4_1))
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int64)
     mn, mx = W.min(1, keepdims=True), W.max(1, keepdims=True)
     j = np.arange(16, dtype=np.float32)
 
-    def nearest(d, m):
+    def stored_code_is_nearest(d, m):
         dist = np.abs(W[:, :, None] - (m[:, :, None] + d[:, :, None] * j))
-        best = dist.min(-1, keepdims=True)
-        return dist, np.take_along_axis(dist, q[:, :, None], -1) <= best * (1 + 1e-6) + 1e-12
+        return np.take_along_axis(dist, q[:, :, None], -1) <= dist.min(-1, keepdims=True) * (1 + 1e-6) + 1e-12
 
-    _, as_computed = nearest((mx - mn) / np.float32(15), mn)
-    assert as_computed.all()
-    d16 = packed[:, 0:2].copy().view(np.float16).astype(np.float32)
-    m16 = packed[:, 2:4].copy().view(np.float16).astype(np.float32)
-    _, as_stored = nearest(d16, m16)
+    assert stored_code_is_nearest((mx - mn) / np.float32(15), mn).all()
+    as_stored = stored_code_is_nearest(d16, m16)
     assert 0 < (~as_stored).mean() < 0.01, (~as_stored).mean()
 
 
