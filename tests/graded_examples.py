@@ -111,8 +111,9 @@ def feedback_text(work: Path, aid: str, sid: str) -> str:
 
 
 # Hostile examples loop on purpose: short limits keep the grading fast (the course's defaults are 60 s / 30 s). The
-# answer limit stays well above the ~3 s (idle machine; about twice that on busy cores) ex-endless-loops' P4 cell needs to
-# print its 200,000 lines, and both differ from :data:`PARALLEL_LIMITS`, so that a worker's feedback shows whose it used.
+# answer limit stays well above the ~0.6 s (idle machine; a few times that on busy cores) ex-endless-loops' P4 cell needs
+# to print its 20,000 lines (it printed 200,000 short ones, which took 5 s idle and, once, over 15 s in CI), and both
+# differ from :data:`PARALLEL_LIMITS`, so that a worker's feedback shows whose it used.
 FAST_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "16", "COURSEKIT_CASE_TIMEOUT": "6"}
 
 
@@ -166,9 +167,9 @@ def regradable_copy(work: Path, dest: Path) -> Path:
     return dest
 
 
-# Two kernels share the cores when grading in parallel. The answer limit stays well above the ~3 s (on an idle
-# machine; twice that when two kernels share the cores) that ex-endless-loops' P4 cell needs to print its
-# 200,000 lines, which must keep its point; the case limit is not the serial run's, so that the feedback shows
+# Two kernels share the cores when grading in parallel. The answer limit stays well above the ~0.6 s (on an idle
+# machine; a few times that when two kernels and another test share the cores) that ex-endless-loops' P4 cell needs
+# to print its 20,000 lines, which must keep its point; the case limit is not the serial run's, so that the feedback shows
 # which run's limits a worker used.
 PARALLEL_LIMITS = {"COURSEKIT_ANSWER_TIMEOUT": "15", "COURSEKIT_CASE_TIMEOUT": "5"}
 # Lesson 00's broken-file students (empty, not JSON, renamed), handed in for another lesson by the parallel re-run.

@@ -209,6 +209,21 @@ def test_workers_use_the_time_limits_of_the_grading_process(graded):
     assert f"did not return within {LIMITS['COURSEKIT_CASE_TIMEOUT']} s" in fb, "the per-case limit did not reach the worker's kernel"
 
 
+def test_a_print_flood_is_cut_and_keeps_its_point(graded):
+    """ex-endless-loops' P4 cell prints 2.6 MB (fast enough to finish well within the answer limit on busy cores):
+    its point is kept, and what reaches autograded/ is cut with a note saying so (nbgrader's LimitOutput keeps 1,000
+    lines; the guard's byte cap, 1 MiB a cell, would cut it too)."""
+    import nbformat
+
+    for run in ("serial", "shared"):
+        work = graded[run]
+        assert cell_scores(work, AID, "ex-endless-loops")["p4_test"] == (1.0, 1.0), f"{run}: the flood lost P4's point"
+        nb = nbformat.read(work / "autograded" / "ex-endless-loops" / AID / f"{AID}.ipynb", as_version=4)
+        (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "p4_answer"]
+        text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        assert "Output truncated" in text and len(text.encode()) < 1.1 * (1 << 20), f"{run}: {len(text):,} characters kept"
+
+
 def test_feedback_for_every_student(graded):
     for work, students in ((graded["serial"], ORDINARY), (graded["parallel"], EVERYONE)):
         graded_students = {r[1] for r in _rows(work)["submitted_assignment"]}
