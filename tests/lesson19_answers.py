@@ -437,3 +437,27 @@ def train_probe_by_the_reference(features, labels, classes, steps, lr):
     from coursekit import cheap
 
     return cheap.train_probe(features, labels, classes, steps, lr)
+
+
+def smallest_significant_gain(d):
+    from coursekit import paired
+
+    for a in range(d // 2 + 1, d + 1):
+        if paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"] < 0.05:
+            return 2 * a - d
+
+
+def smallest_gain_one_sided(d):
+    from math import comb
+
+    for a in range(d // 2 + 1, d + 1):
+        if sum(comb(d, i) for i in range(a, d + 1)) / 2 ** d < 0.05:
+            return 2 * a - d
+
+
+def smallest_right_only_count(d):
+    from coursekit import paired
+
+    for a in range(d // 2 + 1, d + 1):
+        if paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"] < 0.05:
+            return a

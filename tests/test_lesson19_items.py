@@ -19,15 +19,15 @@ NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
              "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment,
-             "p14": A.probe_features, "p15": A.train_probe}
+             "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
-RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p14": A.probe_features, "p15": A.train_probe}
+RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}
 CHOICES = {"w1": "a", "w2": "d", "w3": "b", "p9": ["a", "d"], "p11": "c",
            "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
 
 def test_every_item_is_covered_here():
-    assert set(FUNCTIONS) | set(CHOICES) | {"p10"} == set(ITEMS)
+    assert set(FUNCTIONS) | set(CHOICES) == set(ITEMS)
 
 
 def test_notebook_solutions_are_the_answers_tested_here():
@@ -72,6 +72,8 @@ def test_right_choices_score_full(item):
     ("p6", A.first_word_not_lowercased, "Lower-case it"),
     ("p7", A.confusion_without_other_column, "its own last column"),
     ("p8", A.merge_into_nf4, "you merged into the NF4 weights"),
+    ("p10", A.smallest_gain_one_sided, "one-sided tail"),
+    ("p10", A.smallest_right_only_count, "subtracts the tuned prompt's right-only tickets"),
     ("p8", A.merge_a_fresh_adapter, "computes the bare base model"),
     ("p8", A.merge_without_unloading, "still has LoRA layers"),
     ("p14", A.probe_features_layer_off_by_one, "index 0 of hidden_states is the embedding output"),
@@ -105,6 +107,8 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p6", A.first_word_as_written, ["punctuation kept", "not lower-cased"]),
     ("p7", A.confusion_without_other_column, ["no other column"]),
     ("p8", A.merge_into_nf4, ["merged into NF4"]),
+    ("p10", A.smallest_gain_one_sided, ["one-sided or χ²"]),
+    ("p10", A.smallest_right_only_count, ["right-only count"]),
     ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
     ("p8", A.merge_without_unloading, ["not unloaded"]),
     ("p14", A.probe_features_layer_off_by_one, ["layer off by one"]),
@@ -391,3 +395,20 @@ def test_every_section_the_feedback_sends_a_student_to_is_where_it_says():
         at = next(i for i, (_, text) in enumerate(heads) if text.startswith(section))
         above = next(text for level, text in reversed(heads[:at]) if level == 2)
         assert above.startswith(part), (read, above)
+
+
+def test_p10s_reference_is_the_smallest_gain_scipys_exact_test_calls_significant():
+    """19.p10's reference against scipy's binomtest (not coursekit's test) for every d from 6 to 300: p < 0.05 at the
+    gain it returns, not two tickets below (the next gain d's parity allows); at d ≤ 5 no split reaches it."""
+    from scipy.stats import binomtest
+
+    from coursekit.grading.lessons import lesson19
+
+    for d in range(6, 301):
+        g = lesson19.smallest_significant_gain(d)
+        assert g % 2 == d % 2 and binomtest((d + g) // 2, d, 0.5).pvalue < 0.05, d
+        assert g - 2 < 0 or binomtest((d + g - 2) // 2, d, 0.5).pvalue >= 0.05, d
+        assert A.smallest_significant_gain(d) == g, d
+    for d in range(1, 6):
+        with pytest.raises(ValueError):
+            lesson19.smallest_significant_gain(d)

@@ -24,7 +24,7 @@ import torch
 
 from ... import capstone, cheap, evaluate as ceval, model as cmodel, train as ctrain
 from ...data import IGNORE_INDEX, LABELS
-from .. import Choice, Function, Numeric, Ordering
+from .. import Choice, Function, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
                         describe_exception, probe, quiet, time_limit, worded)
 
@@ -1240,13 +1240,16 @@ def _p15_mistakes(kw: dict, got: dict) -> dict:
             for i, out in enumerate(("W", "b"))}
 
 
-# --------------------------------------------------------------------------- P10: a threshold from the student's run
+# --------------------------------------------------------------------------- P10: McNemar's threshold as a function of d
+
+READ_PAIRED = "Reread '3. The evidence: the ladder with QLoRA on it' in The run (how the paired line's p is formed)."
 
 
-def _qlora_vs_tuned(split: str) -> dict:
-    """QLoRA (label scoring) and the tuned baseline (the prompt the search chose on training tickets,
-    ``capstone.tuned_baseline``) on ``split``, read from the capstone store that this lesson's run filled (or the
-    reference run's, on the grading machine): ``paired.compare``'s result plus each one's ``"correct"`` count."""
+def gain_in_tickets(split: str = "unseen_symptom") -> int:
+    """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
+    fewer), in the reference run the store holds: the tickets only QLoRA got right minus those only the tuned
+    baseline got right; the tickets both got right or both got wrong cancel (McNemar's test reads only the two
+    discordant counts, lesson 19 section 3). Raises ``capstone.CacheMiss`` when that run is not stored."""
     from coursekit import paired
 
     store = capstone.Store(compute=False)
@@ -1254,42 +1257,26 @@ def _qlora_vs_tuned(split: str) -> dict:
     run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
     qlora = capstone.heldout_results(run, None, store)["labels"][split]
     tuned = ladder[capstone.tuned_baseline(ladder)][split]
-    return {**paired.compare(qlora, tuned), "qlora_correct": qlora["correct"], "tuned_correct": tuned["correct"]}
-
-
-def gain_in_tickets(split: str = "unseen_symptom") -> int:
-    """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
-    fewer): the tickets only QLoRA got right minus those only the tuned baseline got right; the tickets both got
-    right or both got wrong cancel (McNemar's test reads only the two discordant counts, lesson 19 section 3)."""
-    c = _qlora_vs_tuned(split)
-    assert c["a_only"] - c["b_only"] == c["qlora_correct"] - c["tuned_correct"]
+    c = paired.compare(qlora, tuned)
+    assert c["a_only"] - c["b_only"] == qlora["correct"] - tuned["correct"]
     return c["a_only"] - c["b_only"]
 
 
-def _smallest_gain(d: int, alpha: float = 0.05, two_sided: bool = True) -> int:
-    """The smallest gain g = a_only − b_only (tickets) at which McNemar's exact test on d discordant tickets gives
-    p < alpha: a_only = (d + g) / 2 of them fall QLoRA's way, so g has d's parity. Two-sided, the p of
-    ``paired.mcnemar_exact``; one-sided, the upper binomial tail alone. Raises ValueError when no split of d tickets
-    reaches alpha (d ≤ 5 at 0.05, two-sided)."""
-    from coursekit import paired
-
+def smallest_significant_gain(d: int, alpha: float = 0.05, two_sided: bool = True) -> int:
+    """P10's reference: the smallest gain g = a_only − b_only (tickets) at which McNemar's exact test on d
+    discordant tickets gives p < alpha. a_only = (d + g) / 2 of them fall QLoRA's way, so g has d's parity; a ticket
+    both models got right or both got wrong falls no way under the null and does not enter the test. Two-sided, the
+    p of ``paired.mcnemar_exact`` (min(1, 2 · P(X ≤ min(a_only, b_only))), X ~ Binomial(d, ½); McNemar 1947); one-sided,
+    the upper binomial tail alone. d: an int ≥ 1. Raises ValueError when no split of d tickets reaches alpha
+    (d ≤ 5 at 0.05, two-sided)."""
     for a in range(d // 2 + 1, d + 1):
         if two_sided:
-            p = paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"]
+            p = min(1.0, 2 * sum(math.comb(d, i) for i in range(0, d - a + 1)) / 2 ** d)
         else:
             p = sum(math.comb(d, i) for i in range(a, d + 1)) / 2 ** d
         if p < alpha:
             return 2 * a - d
     raise ValueError(f"the two models disagree on only {d} tickets: no split of them reaches p < {alpha}")
-
-
-def significant_gain(split: str = "unseen_symptom") -> int:
-    """P10's key: keeping this run's number d of discordant tickets of ``split`` (QLoRA with label scoring against the
-    tuned baseline), the smallest gain in tickets at which McNemar's exact two-sided test gives p < 0.05. Only the
-    discordant tickets enter the test (a ticket both got right or both got wrong falls no way under the null;
-    lesson 19 section 3), so the answer depends on d alone."""
-    c = _qlora_vs_tuned(split)
-    return _smallest_gain(c["a_only"] + c["b_only"])
 
 
 def _chi2_gain(d: int) -> int:
@@ -1302,35 +1289,33 @@ def _chi2_gain(d: int) -> int:
     return g
 
 
-def _gain_mistakes() -> list[Mistake]:
-    c = _qlora_vs_tuned("unseen_symptom")
-    d = c["a_only"] + c["b_only"]
-    g = _smallest_gain(d)
+def _p10_public() -> list[Case]:
+    return [Case({"d": 20}, "20 discordant tickets"), Case({"d": 73}, "73 discordant tickets (an odd d)")]
+
+
+def _p10_hidden(rng: np.random.Generator) -> list[Case]:
+    return [Case({"d": int(d)}) for d in (6, *rng.choice(np.arange(30, 200), size=3, replace=False))]
+
+
+def _p10_mistakes(kw: dict, got: dict) -> dict:
+    d = kw["d"]
+    g = smallest_significant_gain(d)
     two = ("McNemar's test here is two-sided, so an equal gain for the tuned prompt counts as much, and it is the "
-           "exact binomial test on the d discordant tickets.")
-    one_sided, chi2 = _smallest_gain(d, two_sided=False), _chi2_gain(d)
+           "exact binomial test on the d discordant tickets. " + READ_PAIRED)
+    one_sided, chi2 = smallest_significant_gain(d, two_sided=False), _chi2_gain(d)
     if one_sided == chi2:
         tests = [("one-sided or χ²", one_sided,
                   "that is where the one-sided tail (QLoRA's side alone) drops below 0.05, and also where the χ² "
                   "approximation g² / d first exceeds 1.96²; " + two)]
     else:
-        tests = [("one-sided", one_sided,
-                  "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; " + two),
+        tests = [("one-sided", one_sided, "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; " + two),
                  ("χ² approximation", chi2,
                   "that is where the χ² approximation g² / d first exceeds 1.96²; with this few tickets use the exact "
-                  "binomial test on the d discordant tickets, as paired.mcnemar_exact does.")]
+                  "binomial test on the d discordant tickets, as paired.mcnemar_exact does. " + READ_PAIRED)]
     candidates = tests + [
         ("right-only count", (d + g) // 2,
          "that is how many of the discordant tickets QLoRA alone would get right at the threshold; the gain subtracts "
-         "the tuned prompt's right-only tickets."),
-        ("every ticket", _smallest_gain(c["n"]),
-         "that treats every ticket of the split as if it could fall either way; a ticket both got right or both got "
-         "wrong says nothing about which is better, and only the d discordant tickets enter the binomial."),
-        ("your run's gain", c["a_only"] - c["b_only"],
-         "that is your run's own gain (the paired line's two counts subtracted); the question asks for the smallest "
-         "gain that would reach p < 0.05 with the same number of discordant tickets."),
-        ("percentage points", 100 * g / c["n"],
-         "that is the threshold in percentage points of the split's tickets; the question counts tickets."),
+         "the tuned prompt's right-only tickets, d minus that many. " + READ_PAIRED),
     ]
     out: list[Mistake] = []
     taken = [g]
@@ -1339,7 +1324,7 @@ def _gain_mistakes() -> list[Mistake]:
         if all(abs(value - t) >= 1 for t in taken):
             out.append(Mistake(name, value, text))
             taken.append(value)
-    return out
+    return {"result": worded(out)}
 
 
 # --------------------------------------------------------------------------- the items
@@ -1391,8 +1376,9 @@ ITEMS = {
     "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
     "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
                  multi=True),
-    "p10": Numeric("smallest gain over the tuned baseline that McNemar's test calls significant, in tickets", 1,
-                   name="smallest_gain", expected=significant_gain, rtol=0, atol=0.5, mistakes=_gain_mistakes),
+    "p10": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
+                    name="smallest_significant_gain", reference=smallest_significant_gain, public=_p10_public,
+                    hidden=_p10_hidden, outputs=("result",), mistakes=_p10_mistakes, rtol=0, atol=0, withheld=()),
     "p11": Choice("reading two overlapping intervals", 1),
     "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
                     reference=cheap.probe_features,
