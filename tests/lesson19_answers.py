@@ -461,3 +461,10 @@ def smallest_right_only_count(d):
     for a in range(d // 2 + 1, d + 1):
         if paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"] < 0.05:
             return a
+
+
+def smallest_gain_chi2(d):
+    g = d % 2
+    while g * g / d <= 3.841458820694124:  # McNemar's statistic without continuity correction against χ²(1)'s 95 % point
+        g += 2
+    return g

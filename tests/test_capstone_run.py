@@ -255,13 +255,15 @@ def test_the_report_prints_every_number_with_its_interval(report):
     assert "n=144" in text and "n=120" in text and "reload on a fresh NF4 base" in text
 
 
-def test_p10_on_the_runs_own_d_the_threshold_and_the_gain_the_lesson_prints(report):
-    """What lesson 19's cell after P10 prints for the stored run: the discordant tickets on unseen symptoms (QLoRA
-    against the tuned baseline), recounted from the predictions, d of them; the threshold P10's reference gives for d
-    has scipy's two-sided exact p below 0.05 (and two tickets less does not); the gain is the two correct counts'
-    difference (the tickets both got right or wrong cancel)."""
+def test_p10_the_runs_discordant_tickets_recounted_agree_with_the_paired_line(report):
+    """What lesson 19's cell after P10 reads of the stored run: the discordant tickets on unseen symptoms (QLoRA
+    against the tuned baseline), recounted here from the predictions, d of them, are paired.compare's two counts; the
+    gain (right-only minus right-only) is the two correct counts' difference (tickets both got right or wrong cancel);
+    and at this d P10's reference gives a threshold whose two-sided exact p (scipy's binomtest) is below 0.05 while two
+    tickets less is not, with d > 5, so that the cell prints a threshold and not an error."""
     from scipy.stats import binomtest
 
+    from coursekit import paired
     from coursekit.grading.lessons import lesson19
 
     run = capstone.TrainedRun("qlora", report["runs"]["qlora"], capstone.REFERENCE)
@@ -274,11 +276,13 @@ def test_p10_on_the_runs_own_d_the_threshold_and_the_gain_the_lesson_prints(repo
     other = {p["id"]: p["pred"] == p["label"] for p in tuned[split]["predictions"]}
     a_only = sum(right[i] and not other[i] for i in right)
     b_only = sum(other[i] and not right[i] for i in right)
+    pair = paired.compare(q[split], tuned[split])
+    assert (pair["a_only"], pair["b_only"]) == (a_only, b_only)
+    assert a_only - b_only == q[split]["correct"] - tuned[split]["correct"]
     d = a_only + b_only
     key = lesson19.smallest_significant_gain(d)
-    assert key % 2 == d % 2 and binomtest((d + key) // 2, d, 0.5).pvalue < 0.05
+    assert d > 5 and key % 2 == d % 2 and binomtest((d + key) // 2, d, 0.5).pvalue < 0.05
     assert key - 2 < 0 or binomtest((d + key - 2) // 2, d, 0.5).pvalue >= 0.05
-    assert lesson19.gain_in_tickets() == a_only - b_only == q[split]["correct"] - tuned[split]["correct"]
 
 
 def test_the_cheap_rungs_are_in_the_run_and_a_read_only_store_reads_them(report):

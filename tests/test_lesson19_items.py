@@ -1,6 +1,7 @@
-"""Lesson 19's graded items: the eight functions a student writes are checked on tiny models; right answers score
-full with hidden cases, the typical wrong versions lose points with the mistake named, and a function that calls
-coursekit's own answer earns nothing. The evidence items read the capstone store (tests/test_capstone_run.py)."""
+"""Lesson 19's graded items: the functions a student writes are checked on tiny models (and P10's on numbers of
+tickets); right answers score full with hidden cases, the typical wrong versions lose points with the mistake named,
+and a function that calls coursekit's own answer earns nothing. What the lesson's run prints is tested against the
+capstone store in tests/test_capstone_run.py."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def test_right_choices_score_full(item):
     ("p7", A.confusion_without_other_column, "its own last column"),
     ("p8", A.merge_into_nf4, "you merged into the NF4 weights"),
     ("p10", A.smallest_gain_one_sided, "one-sided tail"),
+    ("p10", A.smallest_gain_chi2, "χ² approximation g² / d first exceeds"),
     ("p10", A.smallest_right_only_count, "subtracts the tuned prompt's right-only tickets"),
     ("p8", A.merge_a_fresh_adapter, "computes the bare base model"),
     ("p8", A.merge_without_unloading, "still has LoRA layers"),
@@ -107,7 +109,8 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p6", A.first_word_as_written, ["punctuation kept", "not lower-cased"]),
     ("p7", A.confusion_without_other_column, ["no other column"]),
     ("p8", A.merge_into_nf4, ["merged into NF4"]),
-    ("p10", A.smallest_gain_one_sided, ["one-sided or χ²"]),
+    ("p10", A.smallest_gain_one_sided, ["one-sided"]),
+    ("p10", A.smallest_gain_chi2, ["χ² approximation"]),
     ("p10", A.smallest_right_only_count, ["right-only count"]),
     ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
     ("p8", A.merge_without_unloading, ["not unloaded"]),
@@ -390,7 +393,7 @@ def test_every_section_the_feedback_sends_a_student_to_is_where_it_says():
 
     heads = [(len(m.group(1)), m.group(2).strip()) for c in nbformat.read(NOTEBOOK, as_version=4).cells
              if c.cell_type == "markdown" for m in re.finditer(r"^(#+) (.+)$", c.source, re.M)]
-    for read in (L.READ_RECIPE, L.READ_PREFLIGHT, L.READ_LOOP, L.READ_SCORING, L.READ_MERGE, L.READ_PROBE):
+    for read in (L.READ_RECIPE, L.READ_PREFLIGHT, L.READ_LOOP, L.READ_SCORING, L.READ_MERGE, L.READ_PROBE, L.READ_PAIRED):
         section, part = re.fullmatch(r"Reread '(.+)' in (.+)\.", read).groups()
         at = next(i for i, (_, text) in enumerate(heads) if text.startswith(section))
         above = next(text for level, text in reversed(heads[:at]) if level == 2)
@@ -412,3 +415,14 @@ def test_p10s_reference_is_the_smallest_gain_scipys_exact_test_calls_significant
     for d in range(1, 6):
         with pytest.raises(ValueError):
             lesson19.smallest_significant_gain(d)
+
+
+@pytest.mark.parametrize("fn, label", [(A.smallest_gain_one_sided, "one-sided"), (A.smallest_gain_chi2, "χ² approximation"),
+                                       (A.smallest_right_only_count, "right-only count")])
+@pytest.mark.parametrize("seed", ["1", "7", "12345"])
+def test_p10s_mistake_keeps_one_label_with_hidden_cases(fn, label, seed, monkeypatch):
+    """Graded with hidden cases (other d, where the one-sided and χ² thresholds may coincide or equal the key), each
+    wrong threshold is stored under its own label only, so that the class report counts each student once."""
+    monkeypatch.setenv("COURSEKIT_SEED", seed)
+    fb = check("19.p10", fn, hidden=True)
+    assert not fb.full and fb.mistakes == [label], fb.text()

@@ -1242,24 +1242,7 @@ def _p15_mistakes(kw: dict, got: dict) -> dict:
 
 # --------------------------------------------------------------------------- P10: McNemar's threshold as a function of d
 
-READ_PAIRED = "Reread '3. The evidence: the ladder with QLoRA on it' in The run (how the paired line's p is formed)."
-
-
-def gain_in_tickets(split: str = "unseen_symptom") -> int:
-    """How many more tickets of ``split`` QLoRA (label scoring) gets right than the tuned baseline (negative if
-    fewer), in the reference run the store holds: the tickets only QLoRA got right minus those only the tuned
-    baseline got right; the tickets both got right or both got wrong cancel (McNemar's test reads only the two
-    discordant counts, lesson 19 section 3). Raises ``capstone.CacheMiss`` when that run is not stored."""
-    from coursekit import paired
-
-    store = capstone.Store(compute=False)
-    ladder = capstone.baseline_ladder(None, store)
-    run = capstone.TrainedRun("qlora", capstone.stored_run("qlora", store), capstone.REFERENCE)
-    qlora = capstone.heldout_results(run, None, store)["labels"][split]
-    tuned = ladder[capstone.tuned_baseline(ladder)][split]
-    c = paired.compare(qlora, tuned)
-    assert c["a_only"] - c["b_only"] == qlora["correct"] - tuned["correct"]
-    return c["a_only"] - c["b_only"]
+READ_PAIRED = "Reread '3. The evidence: the ladder with QLoRA on it' in The run."
 
 
 def smallest_significant_gain(d: int, alpha: float = 0.05, two_sided: bool = True) -> int:
@@ -1290,11 +1273,13 @@ def _chi2_gain(d: int) -> int:
 
 
 def _p10_public() -> list[Case]:
-    return [Case({"d": 20}, "20 discordant tickets"), Case({"d": 73}, "73 discordant tickets (an odd d)")]
+    # d = 100 tells the exact two-sided key (22) from the one-sided tail (18) and the χ² approximation (20)
+    return [Case({"d": 100}, "100 discordant tickets"), Case({"d": 73}, "73 discordant tickets (an odd d)")]
 
 
 def _p10_hidden(rng: np.random.Generator) -> list[Case]:
-    return [Case({"d": int(d)}) for d in (6, *rng.choice(np.arange(30, 200), size=3, replace=False))]
+    # 6: the fewest tickets that can reach p < 0.05; 44: where χ² with Yates's continuity correction is one step short
+    return [Case({"d": int(d)}) for d in (6, 44, *rng.choice(np.arange(30, 200), size=3, replace=False))]
 
 
 def _p10_mistakes(kw: dict, got: dict) -> dict:
@@ -1303,27 +1288,23 @@ def _p10_mistakes(kw: dict, got: dict) -> dict:
     two = ("McNemar's test here is two-sided, so an equal gain for the tuned prompt counts as much, and it is the "
            "exact binomial test on the d discordant tickets. " + READ_PAIRED)
     one_sided, chi2 = smallest_significant_gain(d, two_sided=False), _chi2_gain(d)
+    # Both are named by their own label on every d, also where their thresholds coincide (then a case's answer
+    # equals both, and the class report keeps the label every failed case shares: the one the student used).
     if one_sided == chi2:
-        tests = [("one-sided or χ²", one_sided,
-                  "that is where the one-sided tail (QLoRA's side alone) drops below 0.05, and also where the χ² "
-                  "approximation g² / d first exceeds 1.96²; " + two)]
+        both = ("that is where the one-sided tail (QLoRA's side alone) drops below 0.05, and also where the χ² "
+                "approximation g² / d first exceeds 1.96²; " + two)
+        tests = [("one-sided", one_sided, both), ("χ² approximation", chi2, both)]
     else:
         tests = [("one-sided", one_sided, "that is where the one-sided tail (QLoRA's side alone) drops below 0.05; " + two),
                  ("χ² approximation", chi2,
                   "that is where the χ² approximation g² / d first exceeds 1.96²; with this few tickets use the exact "
                   "binomial test on the d discordant tickets, as paired.mcnemar_exact does. " + READ_PAIRED)]
-    candidates = tests + [
-        ("right-only count", (d + g) // 2,
-         "that is how many of the discordant tickets QLoRA alone would get right at the threshold; the gain subtracts "
-         "the tuned prompt's right-only tickets, d minus that many. " + READ_PAIRED),
-    ]
-    out: list[Mistake] = []
-    taken = [g]
-    # Each named only where it cannot be mistaken for the key or an earlier mistake (integers: 1 apart or more).
-    for name, value, text in candidates:
-        if all(abs(value - t) >= 1 for t in taken):
-            out.append(Mistake(name, value, text))
-            taken.append(value)
+    out = [Mistake(name, value, text) for name, value, text in tests if abs(value - g) >= 1]
+    right_only = (d + g) // 2
+    if all(abs(right_only - t) >= 1 for t in (g, one_sided, chi2)):  # integers: 1 apart or more
+        out.append(Mistake("right-only count", right_only,
+                           "that is how many of the discordant tickets QLoRA alone would get right at the threshold; "
+                           "the gain subtracts the tuned prompt's right-only tickets, d minus that many. " + READ_PAIRED))
     return {"result": worded(out)}
 
 
