@@ -1252,9 +1252,11 @@ def smallest_significant_gain(d: int, alpha: float = 0.05, two_sided: bool = Tru
     p of ``paired.mcnemar_exact`` (min(1, 2 · P(X ≤ min(a_only, b_only))), X ~ Binomial(d, ½); McNemar 1947); one-sided,
     the upper binomial tail alone. d: an int ≥ 1. Raises ValueError when no split of d tickets reaches alpha
     (d ≤ 5 at 0.05, two-sided)."""
+    from coursekit import paired
+
     for a in range(d // 2 + 1, d + 1):
         if two_sided:
-            p = min(1.0, 2 * sum(math.comb(d, i) for i in range(0, d - a + 1)) / 2 ** d)
+            p = paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"]
         else:
             p = sum(math.comb(d, i) for i in range(a, d + 1)) / 2 ** d
         if p < alpha:
