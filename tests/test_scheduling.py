@@ -41,10 +41,12 @@ def test_tests_that_share_lesson_02s_graded_class_share_one_scope():
 def test_longest_scope_first_and_readers_after_the_background_run(pytester):
     """Two workers; the background run is a stand-in that sleeps, then leaves a file. A reader (tests/test_capstone_run.py)
     asserts the file is there, so it passes only if it was held back; the declared longest scope starts first,
-    although xdist's own order (most tests first) would start it last."""
+    although xdist's own order (most tests first) would start it last. Once only readers are left they are handed
+    out, filling or not, so the other work (about 6 s a worker) outlasts the stand-in (2 s) by a margin that holds
+    on a loaded machine: with 3 s against 3.3 s a CI run once handed the readers out early."""
     log, done = pytester.path / "order.log", pytester.path / "precomputed"
     overrides = f'''
-PRECOMPUTE_CODE = "import pathlib, time; time.sleep(3); pathlib.Path(r'{done}').touch()"
+PRECOMPUTE_CODE = "import pathlib, time; time.sleep(2); pathlib.Path(r'{done}').touch()"
 SCOPE_SECONDS = {{"test_slow.py": 1000, "tests/test_capstone_run.py": 2000}}
 '''
     pytester.makeconftest((ROOT / "conftest.py").read_text() + overrides)
@@ -67,7 +69,7 @@ def _log(what):
             @pytest.mark.parametrize("i", range(5))
             def test_many(i):
                 _log("many")
-                time.sleep(0.2)
+                time.sleep(0.4)
         ''')})
     (pytester.path / "tests").mkdir()
     (pytester.path / "tests" / "test_capstone_run.py").write_text(body + textwrap.dedent(f'''
