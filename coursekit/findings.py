@@ -109,22 +109,39 @@ def peak_difference(qlora_mb: float, lora_mb: float) -> str:
             f"({100 * abs(diff) / lora_mb:.1f} % of it).")
 
 
-def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int]]) -> list[str]:
+def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int]],
+              intervals: dict[str, tuple[float, float]] | None = None) -> list[str]:
     """Which categories fail on unseen symptoms, beside how often their training symptoms name them.
 
     named: ``{label: (training symptoms containing the label's word, training symptoms)}``; right: ``{label: (right
-    unseen-symptom tickets, tickets)}``. Returns the weakest and the strongest category, each with its word count,
-    and the categories whose every training symptom names them. Raises ValueError for different label sets."""
-    if set(named) != set(right) or not named:
-        raise ValueError(f"need the same labels in both, got {sorted(named)} and {sorted(right)}")
+    unseen-symptom tickets, tickets)}``; intervals (optional): ``{label: (low, high)}``, a 95 % interval of each
+    category's accuracy as fractions (the lesson resamples whole symptoms, ``evaluate.cluster_bootstrap_interval``).
+    Returns the weakest and the strongest category, each with its word count (and interval), whether the two
+    intervals overlap (if they do, this run cannot rank the two categories), and the categories whose every
+    training symptom names them. Raises ValueError for different label sets or an interval that does not hold
+    its category's accuracy."""
+    if set(named) != set(right) or not named or (intervals is not None and set(intervals) != set(right)):
+        raise ValueError(f"need the same labels in each, got {sorted(named)} and {sorted(right)}"
+                         + ("" if intervals is None else f" and {sorted(intervals)}"))
     share = {k: r / n for k, (r, n) in right.items()}
+    bad = [k for k, (lo, hi) in (intervals or {}).items() if not lo - 1e-12 <= share[k] <= hi + 1e-12]
+    if bad:
+        raise ValueError(f"{bad[0]}: the interval {intervals[bad[0]]} does not hold its accuracy {share[bad[0]]:.3f}")
     worst, best = min(share, key=share.get), max(share, key=share.get)
+
+    def ci(label: str) -> str:
+        lo, hi = intervals[label]
+        return f", [{100 * lo:.1f}, {100 * hi:.1f}] %"
 
     def one(label: str) -> str:
         (r, n), (k, m) = right[label], named[label]
-        return f"{label} ({r} of {n} right; its word in {k} of {m} training symptoms)"
+        return f"{label} ({r} of {n} right{ci(label) if intervals else ''}; its word in {k} of {m} training symptoms)"
 
     out = [f"weakest on unseen symptoms: {one(worst)}; strongest: {one(best)}."]
+    if intervals:
+        apart = intervals[worst][1] < intervals[best][0]
+        out.append("the two intervals do not overlap: the weakest is weaker than the strongest beyond this run's noise."
+                   if apart else "the two intervals overlap: this run cannot rank the weakest below the strongest.")
     always = [k for k, (c, m) in named.items() if c == m]
     if always:
         out.append("named by every training symptom: " + ", ".join(
