@@ -100,15 +100,14 @@ def test_without_keys_the_check_is_unchanged(student_machine, capsys):
 
 
 @pytest.mark.parametrize("num, iid", [(n, i) for n, i, it in _keyed(Choice) if not it.multi])
-def test_a_wrong_single_choice_is_explained_and_only_it(repository, num, iid):
+def test_each_single_choice_is_explained_and_only_it(repository, num, iid):
+    """A wrong pick is told why it is wrong, the key why it holds, each with its own text only."""
     item = lesson_items(num)[iid]
     key, hints = REAL_KEYS[num]["keys"][iid], REAL_KEYS[num]["hints"][iid]
     for option in item.options:
         text = "\n".join(check(f"{num}.{iid}", option).lines)
-        if option == key:
-            assert text.startswith(f"({option}) is right."), text
-            continue
-        assert text.startswith(f"({option}) is not right. {hints[option]}"), text
+        verdict = "is right." if option == key else "is not right."
+        assert text.startswith(f"({option}) {verdict} {hints[option]}"), text
         others = [o for o in hints if o != option and hints[o][:50] not in hints[option]]
         assert not [o for o in others if hints[o][:50] in text], f"{num}.{iid} ({option}) shows another option's hint"
 
@@ -227,7 +226,8 @@ def test_keys_check_refuses_a_critical_step_the_right_orders_leave_free(tmp_path
 
 @pytest.mark.parametrize("num, iid, drop, line", [
     ("16", "p3", "b", "16.p3: no explanation for options ['b'] (the hints say why each statement is true or false)"),
-    ("13", "p6", "a", "13.p6: no explanation for options ['a'] (the hints say why each wrong option is wrong)"),
+    ("13", "p6", "a", "13.p6: no explanation for options ['a'] (the hints say why each option is right or wrong)"),
+    ("13", "p6", "c", "13.p6: no explanation for options ['c'] (the hints say why each option is right or wrong)"),
     ("12", "p4", "rng", "12.p4: no explanation for labels ['rng'] (the hints say why each step takes its place)"),
 ])
 def test_keys_check_refuses_a_missing_explanation(tmp_path, monkeypatch, num, iid, drop, line):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import math
 import os
 import re
 import zlib
@@ -40,6 +41,7 @@ from .checkers import (
     Case,
     Feedback,
     Mistake,
+    as_array,
     check_array,
     check_choice,
     check_function,
@@ -83,7 +85,7 @@ def autograding() -> bool:
 class Choice:
     """A multiple-choice item; ``multi`` for "choose all that apply".
 
-    A counted item's key (a letter, or a list of letters) and the hints for its wrong options live in the
+    A counted item's key (a letter, or a list of letters) and the hints for its options live in the
     instructor's key file (see :mod:`.keys`), not here: while a student works its check only records the answer.
     A *formative* item (a warm-up) ships its ``key`` and an ``explain`` text for every option, right or wrong, so
     its check says at once whether the answer is right and why; such an item is worth 0 points, because a key
@@ -141,7 +143,8 @@ class Choice:
 class Numeric:
     """A number. ``expected()`` computes it from coursekit (else the key is used); ``mistakes()`` lists known wrong values.
     Neither may depend on the machine that grades: the item must score the same however the grading is run
-    (serially, on workers with other thread settings, on another machine)."""
+    (serially, on workers with other thread settings, on another machine). ``reread`` ("Reread '<section>' in
+    <part>.", a heading of the lesson under its top-level part) ends the feedback of a wrong number."""
 
     title: str
     points: float
@@ -151,10 +154,13 @@ class Numeric:
     atol: float = 0.0
     mistakes: Callable[..., Sequence[Mistake]] = lambda: ()
     unit: str = ""
+    reread: str = ""
 
     def _run(self, answer: Any, key: Any, hints: Mapping[str, str]) -> Feedback:
         want = self.expected() if self.expected else float(key)
         fb = check_numeric(answer, want, self.points or 1, self.name, self.rtol, self.atol, list(self.mistakes()), self.unit)
+        if _number(answer) is not None and math.isfinite(_number(answer)):  # a number, not a malformed answer
+            point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
@@ -176,10 +182,20 @@ class Array:
     atol: float = 1e-9
     dtype: Any = None
     mistakes: Callable[[], Sequence[Mistake]] = lambda: ()
+    reread: str = ""  # as Numeric's: ends the feedback of a wrong array
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         fb = check_array(answer, self.expected(), self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
+        if as_array(answer) is not None:  # an array, not a malformed answer
+            point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
+
+
+def point_to_section(fb: Feedback, reread: str) -> None:
+    """End a wrong answer's feedback with the section to reread, unless a named mistake's message already points to
+    one ("Reread …", "(Lesson NN, '…')" or "(Know this: '…')")."""
+    if reread and not fb.full and not any(re.search(r"[Rr]eread|\((Lesson \d\d|Know this)", line) for line in fb.lines):
+        fb.lines.append(reread)
 
 
 @dataclass
@@ -305,7 +321,7 @@ def _recorded(item: Any, answer: Any, candidates: Sequence[Any] | None = None) -
 def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
     """Instructor check (``coursekit keys check``): one line per keyed item without a key, key naming no
     item, bad option letter, ordering key that does not use each label once, or missing explanation (every
-    wrong option of a single choice, every option of a multi-select, every label of an ordering needs its hint),
+    option of a choice, the key's included, and every label of an ordering needs its hint),
     for ``lessons`` ("02", …; default: every lesson). Empty when all is well."""
     out = []
     every = [f.stem[-2:] for f in sorted(Path(__file__).with_name("lessons").glob("lesson[0-9][0-9].py"))]
@@ -336,11 +352,10 @@ def key_problems(lessons: Iterable[str] | None = None) -> list[str]:
                 if bad:
                     out.append(f"{lesson}.{i}: hints for options {bad} that do not exist")
                 # A multi-select explains every statement, true or false (a missed one is named with why it is
-                # true); a single choice every wrong option.
-                need = set(it.options) if it.multi else set(it.options) - set(letters)
-                missing = sorted(need - set(hints))
+                # true); a single choice every option: a wrong pick is told why it is wrong, a right one why it holds.
+                missing = sorted(set(it.options) - set(hints))
                 if missing:
-                    what = "why each statement is true or false" if it.multi else "why each wrong option is wrong"
+                    what = "why each statement is true or false" if it.multi else "why each option is right or wrong"
                     out.append(f"{lesson}.{i}: no explanation for options {missing} (the hints say {what})")
             elif isinstance(it, Ordering):
                 orders = [k["order"], *k.get("also", [])] if isinstance(k, Mapping) else [k]

@@ -223,6 +223,7 @@ ITEMS = {
         "How many times is a frozen 4-bit weight dequantized in one step through two adapted layers?", 1,
         name="answer_p3", expected=_dequant_count, rtol=0, atol=0, mistakes=_dequant_mistakes,
         unit="dequantizations",
+        reread="Reread 'Which implementation runs each 4-bit op, and why it matters' in Know this.",
     ),
     "p4": Function(
         "Implement compare_versions(a, b): −1, 0 or 1 as release a comes before, is, or comes after release b", 3,
@@ -236,6 +237,7 @@ ITEMS = {
     "p6": Numeric(
         "How many bytes do the packed codes and fp32 absmax of a 576 × 1536 NF4 weight take (blocksize 64)?", 1,
         name="answer_p6", expected=_packed_bytes, rtol=0, atol=0, mistakes=_packed_mistakes, unit="bytes",
+        reread="Reread 'A 4-bit round trip on this CPU' in Know this.",
     ),
     "p7": Ordering(
         "Order four NF4 round trips of one weight by their mean error: blocksize 64 or 4096, with or without an outlier",

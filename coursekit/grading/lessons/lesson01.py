@@ -248,6 +248,7 @@ ITEMS = {
         expected=_p4_expected,
         rtol=0,
         mistakes=_p4_mistakes,
+        reread="Reread 'Real-world reps'.",
     ),
     "p5": _BucketFunction(
         "Implement the memory ledger with part of the base unfrozen",

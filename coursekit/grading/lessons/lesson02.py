@@ -260,6 +260,7 @@ ITEMS = {
         name="factor",
         expected=_p3_factor,
         rtol=1e-3,
+        reread="Reread 'The scale s' in Know this.",
         mistakes=lambda: [
             Mistake("upside down", 1 / _p3_factor(), "that is old over new: rsLoRA divides lora_alpha by sqrt(r) = 4 instead "
                     "of r = 16, so its s is larger, and so is the contribution. Reread 'The scale s' in Know this."),
@@ -280,6 +281,7 @@ ITEMS = {
         expected=_p4_key,
         rtol=0,
         mistakes=_p4_mistakes,
+        reread="Reread 'Merging: the same layer as one matrix' in Know this.",
     ),
     "p5": Function(
         "implement peft_layout_forward (nn.Linear storage)",
@@ -301,6 +303,7 @@ ITEMS = {
         name="n_trainable",
         expected=_p7_key,
         rtol=0,
+        reread="Reread 'Counting what LoRA trains' in Know this.",
         mistakes=lambda: [
             Mistake("one layer", _p7_count(layers=1), "that is one layer's two adapters; every one of the 30 layers has its "
                     "own q_proj and v_proj, and each gets its own A and B. Reread 'Counting what LoRA trains' in Know this."),

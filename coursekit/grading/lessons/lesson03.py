@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ... import lora, lowrank
-from .. import Array, Choice, Function, Numeric
+from .. import Array, Choice, Function, Numeric, point_to_section
 from ..checkers import Case, Feedback, Mistake, as_array, formative
 
 READ_RANK = "Reread 'Rank of a product' in Know this."
@@ -655,6 +655,8 @@ class PatternConfig(Array):
 
     def check(self, answer: Any, ctx: Any) -> Feedback:
         fb = p5_check(answer, self.points or 1)
+        if isinstance(answer, Mapping):  # a config, not a malformed answer
+            point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)
 
 
@@ -733,6 +735,7 @@ ITEMS = {
         expected=p2_expected,
         rtol=1e-4,
         mistakes=p2_mistakes,
+        reread=READ_SVD,
     ),
     "p3": Choice(
         "what r = 8 counts in a 30-block model with adapters on q_proj and v_proj",
@@ -746,11 +749,13 @@ ITEMS = {
         expected=growth_expected,
         rtol=0.05,
         mistakes=growth_mistakes,
+        reread=READ_SCALE,
     ),
     "p5": PatternConfig(
         "the rank_pattern and alpha_pattern that give SmolLM2's q_proj, v_proj and up_proj adapters the ranks and "
         "scalings of the table",
         2,
+        reread=READ_PATTERN,
     ),
     "p6": Function(
         "implement residual_curve",

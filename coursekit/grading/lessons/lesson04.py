@@ -533,6 +533,7 @@ ITEMS = {
         expected=_p3_expected,
         rtol=1e-6,
         mistakes=_p3_mistakes,
+        reread=READ_AVG,
     ),
     "p4": Array(
         "predict row 0's supervised positions when the three tickets are padded on the left",
@@ -542,6 +543,7 @@ ITEMS = {
         rtol=0,
         atol=0,
         mistakes=_p4_mistakes,
+        reread=READ_MASKS,
     ),
     "p5": Numeric(
         "predict the positions the loss scores when three tickets are trained on every real token",
@@ -550,6 +552,7 @@ ITEMS = {
         expected=_p5_expected,
         rtol=0,
         mistakes=_p5_mistakes,
+        reread=READ_SHIFT,
     ),
     "p6": Numeric(
         "design the row that hides the double shift best, and predict its loss",
@@ -558,6 +561,7 @@ ITEMS = {
         expected=_p6_expected,
         rtol=1e-3,  # the prompt asks for 3 significant digits: 3.2 (misses paid at the margin alone) is close enough
         mistakes=_p6_mistakes,
+        reread=READ_SHIFT,
     ),
     "p7": Choice(
         "pad = <|im_start|> (bos) and an id mask: what happens to the labels?",

@@ -405,6 +405,7 @@ ITEMS = {
         "predict B after AdamW's first step when the loss is 1e-8 times as large",
         1,
         name="B_1",
+        reread=READ_ADAMW,
         expected=lambda: _p4_B(P4_SCALE),
         rtol=0,
         atol=1e-6,
@@ -414,6 +415,7 @@ ITEMS = {
         "predict how far A moves at its first nonzero step, with betas (0.9, 0.99)",
         2,
         name="step_A",
+        reread=READ_ADAMW,
         expected=lambda: _p5_move(P5_BETAS),
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p5_mistakes,

@@ -322,6 +322,7 @@ ITEMS = {
         "float64's best forward-difference step ε* (|f| ≈ |f″|)",
         1,
         name="eps_star",
+        reread=READ_SWEEP,
         expected=_p7_expected,
         rtol=1e-2,  # the prompt says within 1 %: u = 1.1e-16 for 2⁻⁵³ passes
         mistakes=_p7_mistakes,

@@ -475,6 +475,7 @@ ITEMS = {
         "dx of the one-number residual MLP",
         2,
         name="dx",
+        reread=READ_RESID,
         expected=_p6_expected,
         rtol=1e-4,  # the prompt: graded to 4 significant digits
         atol=1e-9,
@@ -484,6 +485,7 @@ ITEMS = {
         "multiply-adds per token of the backward through one SmolLM2 MLP's frozen weights",
         1,
         name="multiply-adds",
+        reread="Reread 'Through the gate' in Know this.",
         expected=_p7_expected,
         rtol=0,
         atol=0.5,

@@ -371,6 +371,7 @@ ITEMS = {
         "∂L/∂x of a one-number block whose down_proj is detached",
         2,
         name="∂L/∂x",
+        reread=READ_DETACH,
         expected=_p3_expected,
         rtol=1e-9,
         mistakes=_p3_mistakes,

@@ -290,6 +290,7 @@ ITEMS = {
         name="lr",
         expected=lambda: resumed_lr(),
         rtol=1e-6,
+        reread="Reread 'A resumable checkpoint' in Know this.",
         mistakes=lambda: [
             Mistake("scheduler's lr", resumed_lr(load_optimizer=True),
                     "that is the uninterrupted run's learning rate at step k + 1. Restoring the scheduler brings back "

@@ -11,6 +11,7 @@ from .. import Choice, Function, Numeric
 
 READ_LAYOUT = "(Lesson 13, 'The merge in PEFT's layout'.)"
 READ_PRECISION = "(Lesson 13, 'Merging in low precision'.)"
+READ_LOW_PRECISION = "Reread 'Merging in low precision' in Know this."
 
 
 # --------------------------------------------------------------------------- references
@@ -218,6 +219,7 @@ ITEMS = {
         name="spacing",
         expected=lambda: merging.spacing(300.0, "bfloat16"),
         rtol=1e-2,  # the prompt: graded to 2 significant digits
+        reread=READ_LOW_PRECISION,
         mistakes=lambda: [
             Mistake("at one", 2.0**-7, "2⁻⁷ is the spacing at 1.0. The spacing is one unit in the last place of the number, so it "
                                        f"grows with its binade: 300 lies in [2⁸, 2⁹), where it is 2⁸ · 2⁻⁷. {READ_PRECISION}"),
@@ -237,6 +239,7 @@ ITEMS = {
         name="relative_residual",
         expected=lambda: merging.merge_residual(**P4_CASE),
         rtol=1e-2,  # the prompt: graded to 2 significant digits
+        reread=READ_LOW_PRECISION,
         mistakes=lambda: [
             Mistake("rounds away", 1.0, "1.005 is not rounded back to 1.0: half the spacing above 1.0 is smaller than 0.005, so it rounds "
                                         f"to the next bfloat16 number up. {READ_PRECISION}"),

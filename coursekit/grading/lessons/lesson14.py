@@ -12,6 +12,7 @@ READ_ABSMAX = "(Lesson 14, 'Absmax scaling'.)"
 READ_BLOCKS = "(Lesson 14, 'Blocks'.)"
 READ_TOY = "(Lesson 14, 'The toy INT4 base'.)"
 READ_WALK = "(Lesson 14, 'The rank-one walk on Ŵ'.)"
+READ_WALK_SECTION = "Reread 'The rank-one walk on Ŵ' in Know this."
 READ_BACKWARD = "(Lesson 14, 'Backward needs DŴᵀ, not a derivative of rounding'.)"
 
 
@@ -470,7 +471,9 @@ class RowArray(Array):
         a, want = as_array(answer), np.asarray(self.expected())
         if a is not None and a.ndim == 1 and want.ndim == 2 and want.shape[0] == 1 and a.size == want.size:
             fb = super().check(a.reshape(want.shape), ctx)
-            fb.lines.append(f"(Your {self.name} is flat, shape {a.shape}; read as the 1 × {a.size} row it stands for.)")
+            note = f"(Your {self.name} is flat, shape {a.shape}; read as the 1 × {a.size} row it stands for.)"
+            at = len(fb.lines) - (bool(fb.lines) and fb.lines[-1] == self.reread)  # the section to reread stays last
+            fb.lines.insert(at, note)
             return fb
         return super().check(answer, ctx)
 
@@ -566,6 +569,7 @@ ITEMS = {
         rtol=5e-4,  # "4 significant digits": −0.1403 for −0.140264; the nearest listed mistake (two steps) is 0.3 % away
         atol=1e-6,
         mistakes=_p4_mistakes,
+        reread=READ_WALK_SECTION,
     ),
     "p5": Numeric(
         "predict the loss after AdamW's first step of the walk on Ŵ with target class 0",
@@ -574,6 +578,7 @@ ITEMS = {
         expected=lambda: seed_walk(target=0)[0].loss_after,
         rtol=5e-4,  # "4 significant digits": 1.034 for 1.033618; the nearest listed mistake is 0.3 % away
         mistakes=_p5_mistakes,
+        reread=READ_WALK_SECTION,
     ),
     "p6": Array(
         "W after the first straight-through (STE) SGD step of the QAT demo, lr 0.2",
@@ -583,6 +588,7 @@ ITEMS = {
         rtol=5e-4,  # "4 significant digits": 0.1383 for 0.138263; every listed mistake is off by 0.02 or more in some entry
         atol=1e-9,
         mistakes=_p6_mistakes,
+        reread="Reread 'QAT and the straight-through estimator' in Know this.",
     ),
     "p7": Choice(
         "predict ∇X, ∇A and ∇B of the toy base's autograd check with the rounding put inside the graph",
@@ -595,5 +601,6 @@ ITEMS = {
         expected=margin_change,
         rtol=1e-3,
         mistakes=_p8_mistakes,
+        reread=READ_WALK_SECTION,
     ),
 }

@@ -14,6 +14,7 @@ from .. import Array, Choice, Function, Numeric
 
 READ_LEVELS = "(Lesson 15, 'Sixteen levels from normal quantiles'.)"
 READ_BLOCK = "(Lesson 15, 'Quantizing one block by hand'.)"
+READ_BLOCK_SECTION = "Reread 'Quantizing one block by hand' in Know this."
 READ_PACK = "(Lesson 15, 'Two codes per byte'.)"
 READ_DQ = "(Lesson 15, 'Double quantization'.)"
 READ_BITS = "(Lesson 15, 'Bits per parameter, counted'.)"
@@ -522,6 +523,7 @@ ITEMS = {
         rtol=0,
         atol=0,
         mistakes=_p3_mistakes,
+        reread=READ_BLOCK_SECTION,
     ),
     "p4": Numeric(
         "predict the value bitsandbytes dequantizes for W[2, 3] of a 3 × 50 NF4 weight from its bytes and absmax",
@@ -530,6 +532,7 @@ ITEMS = {
         expected=lambda: p4_decode(),
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p4_mistakes,
+        reread=READ_BLOCK_SECTION,
     ),
     "p5": Numeric(
         f"predict every byte a {P5_SHAPE[0]} × {P5_SHAPE[1]} NF4 weight stores with blocksize {P5_BLOCKSIZE} and double quantization",
@@ -540,6 +543,7 @@ ITEMS = {
         atol=0.5,  # a whole number of bytes
         mistakes=_p5_mistakes,
         unit="bytes",
+        reread="Reread 'Double quantization' in Know this.",
     ),
     "p6": Choice(
         "which blocks get their absmax back exactly after double quantization",
@@ -559,5 +563,6 @@ ITEMS = {
         rtol=1e-6,
         atol=0.5,
         mistakes=_p8_mistakes,
+        reread="Reread 'Storage dtype and compute dtype' in Know this.",
     ),
 }

@@ -366,6 +366,7 @@ ITEMS = {
         rtol=P1_RTOL,
         mistakes=_p1_mistakes,
         unit="GB",
+        reread="Reread 'Ledger vs measured' in Know this.",
     ),
     "p2": Numeric(
         "the gradient norm the optimizer steps with when clipping to 1.0 runs before the loss scaler's unscale_",
@@ -374,6 +375,7 @@ ITEMS = {
         expected=_clipped_norm,
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p2_mistakes,
+        reread="Reread 'The mixed-precision contract' in Know this.",
     ),
     "p3": Choice(
         "the loss's saved log-softmax when 48 of each row's 64 labels are masked with -100",
@@ -387,6 +389,7 @@ ITEMS = {
         rtol=P4_RTOL,
         mistakes=_p4_mistakes,
         unit="MB",
+        reread="Reread 'Measured: gradient checkpointing' in Know this.",
     ),
     "p5": Function(
         "implement saved_bytes (what autograd saves for backward, each storage once, parameters left out)",

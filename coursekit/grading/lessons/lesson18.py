@@ -401,6 +401,7 @@ ITEMS = {
         expected=_p6_expected,
         rtol=P6_RTOL,
         mistakes=_p6_mistakes,
+        reread="Reread 'What Q4_1 already lost' in Know this.",
     ),
     "p7": Choice(
         "NF4 of a Q8_0 weight, measured against the original",
