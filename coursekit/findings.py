@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import data as cdata
+from .paired import mcnemar_exact
 
 __all__ = ["search_findings", "few_shot_bias", "peak_difference", "cue_words", "merge_findings", "merge_paired_findings"]
 
@@ -37,6 +38,22 @@ def _effect(search: dict[str, dict[str, dict]], rule: str, against: str) -> tupl
     return _mean(d), sum(x > 0 for x in d), sum(x < 0 for x in d)
 
 
+def _paired(search: dict[str, dict[str, dict]], rule: str, against: str) -> str:
+    """In how many layouts McNemar's exact test (``paired.mcnemar_exact``) on the same tickets, matched by id, gives
+    p < 0.05 for reading ``rule`` against reading ``against``. Raises ValueError when the two results of a layout
+    hold different tickets."""
+    hits, n = 0, 0
+    for layout, by in search.items():
+        right = [{p["id"]: p["pred"] == p["label"] for p in by[r]["predictions"]} for r in (rule, against)]
+        if set(right[0]) != set(right[1]):
+            raise ValueError(f"{layout}: {rule} and {against} were scored on different tickets")
+        ids = sorted(right[0])
+        n = len(ids)
+        hits += mcnemar_exact([right[0][i] for i in ids], [right[1][i] for i in ids])["p_value"] < 0.05
+    return (f"McNemar's exact test on the same {n} tickets gives p < 0.05 in {hits} of {len(search)} layout"
+            f"{'s' * (len(search) != 1)}")
+
+
 def _direction(mean: float, up: int, down: int, n: int) -> str:
     if up == down == 0:
         return "left accuracy unchanged in every layout"
@@ -53,7 +70,9 @@ def search_findings(search: dict[str, dict[str, dict]], layout_names: dict[str, 
                     chosen: tuple[str, str]) -> list[str]:
     """What the baseline search (``coursekit.capstone.prompt_search``: ``{layout: {rule: result}}``) found: the
     generation readings, the effect of each reading of label scoring against the plain sum over the label and the
-    end-of-turn token, and the chosen pair with its n and 95 % Wilson interval. Raises ValueError for an empty search
+    end-of-turn token (with how many layouts' McNemar exact test on the same tickets gives p < 0.05; it counts the
+    tickets as independent, so it is, if anything, too ready to find a difference), and the chosen pair with its n and
+    95 % Wilson interval. Raises ValueError for an empty search
     or a result without predictions, and KeyError when a layout lacks one of the rules ``generate``, ``with_end``,
     ``label_only``, ``label_mean``, ``calibrated``."""
     if not search:
@@ -78,9 +97,11 @@ def search_findings(search: dict[str, dict[str, dict]], layout_names: dict[str, 
     for rule, what in (("label_only", "dropping the end-of-turn token"),
                        ("label_mean", "dividing the label-only score by the label's number of tokens"),
                        ("calibrated", "subtracting the label-only scores after a content-free ticket")):
-        mean, up, down = _effect(search, rule, "with_end" if rule == "label_only" else "label_only")
+        against = "with_end" if rule == "label_only" else "label_only"
+        mean, up, down = _effect(search, rule, against)
         base = "label + end" if rule == "label_only" else "label only"
-        out.append(f"{what} ({rule_names[rule]} against {base}) {_direction(mean, up, down, n_layouts)}.")
+        out.append(f"{what} ({rule_names[rule]} against {base}) {_direction(mean, up, down, n_layouts)}; "
+                   f"{_paired(search, rule, against)}.")
     layout, rule = chosen
     best = search[layout][rule]
     lo, hi = best["interval"]
@@ -115,7 +136,8 @@ def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int
 
     named: ``{label: (training symptoms containing the label's word, training symptoms)}``; right: ``{label: (right
     unseen-symptom tickets, tickets)}``; intervals (optional): ``{label: (low, high)}``, a 95 % interval of each
-    category's accuracy as fractions (the lesson resamples whole symptoms, ``evaluate.cluster_bootstrap_interval``).
+    category's accuracy as fractions (lesson 19 takes the wider of ``evaluate.cluster_bootstrap_interval``, resampling
+    whole symptoms, and ``evaluate.wilson_interval``).
     Returns the weakest and the strongest category, each with its word count (and interval), whether the two
     intervals overlap (if they do, this run cannot rank the two categories), and the categories whose every
     training symptom names them. Raises ValueError for different label sets or an interval that does not hold

@@ -29,6 +29,23 @@ def test_the_sentences_follow_the_numbers_in_both_directions():
     assert "raised accuracy in 0 of 2 layouts and lowered it in 1, leaving 1 unchanged (-5.0 points on average)" in lines[3]
     assert "raised accuracy in 1 of 2 layouts and lowered it in 1 (+0.0 points" in lines[4]
     assert lines[-1] == "best on the 10 training tickets: A, calibrated, 60.0 % [31.3, 83.2]."
+    # 10 tickets: 5 of 5 discordant one way gives p = 0.0625, not below 0.05, so no layout is called significant
+    assert lines[2].endswith("; McNemar's exact test on the same 10 tickets gives p < 0.05 in 0 of 2 layouts.")
+
+
+def test_the_paired_count_follows_the_tickets():
+    """On 20 tickets, 0 against 6 right: 6 discordant tickets all one way, p = 2/64 < 0.05; 0 against 5: p = 1/16."""
+    def search(k_a, k_b):
+        return {"a": {rule: _result(["thermal"] * k + ["network"] * (20 - k)) for rule, k in
+                      {"generate": 0, "with_end": 0, "label_only": k_a, "label_mean": k_a, "calibrated": k_a}.items()},
+                "b": {rule: _result(["thermal"] * k + ["network"] * (20 - k)) for rule, k in
+                      {"generate": 0, "with_end": 0, "label_only": k_b, "label_mean": k_b, "calibrated": k_b}.items()}}
+    line = findings.search_findings(search(6, 5), {"a": "A", "b": "B"}, capstone.RULES, ("a", "label_only"))[2]
+    assert line.endswith("McNemar's exact test on the same 20 tickets gives p < 0.05 in 1 of 2 layouts."), line
+    broken = search(6, 6)
+    broken["a"]["with_end"] = _result(["thermal"] * 19)
+    with pytest.raises(ValueError, match="different tickets"):
+        findings.search_findings(broken, {"a": "A", "b": "B"}, capstone.RULES, ("a", "label_only"))
     same = _search({"a": {"generate": 0, "with_end": 5, "label_only": 5, "label_mean": 5, "calibrated": 5}})
     assert "left accuracy unchanged in every layout" in findings.search_findings(
         same, {"a": "A"}, capstone.RULES, ("a", "with_end"))[2]
