@@ -1,7 +1,7 @@
 """A wrong number or array says which section to reread: every counted Numeric and Array item (lesson 03's config
 item included) names a heading of its lesson, under the top-level part it names (or a top-level part itself), and its feedback ends with it
-when the answer is a well-formed wrong one (not when it is right or malformed, nor twice when a named mistake's
-message already points to a section)."""
+when the answer is a well-formed wrong one that no named mistake explains (not when it is right or malformed,
+nor after a named mistake's own message)."""
 
 from __future__ import annotations
 
@@ -49,10 +49,9 @@ def test_a_wrong_number_ends_with_its_section_and_nothing_else_does():
     wrong = check("17.p1", right * 3.7 + 11)
     assert not wrong.full and wrong.lines[-1] == item.reread
     assert not any(item.reread in line for line in check("17.p1", "lots").lines)   # malformed: its form, no section
-    for m in item.mistakes():  # a named mistake keeps its message; the section only where it points to none
+    for m in item.mistakes():  # a named mistake explains itself (a unit or rounding slip needs no section)
         fb = check("17.p1", m.value)
-        points = re.search(r"[Rr]eread|\((Lesson \d\d|Know this)", m.message)
-        assert fb.lines[0].endswith(m.message) and (fb.lines[-1] == item.reread) != bool(points), fb.lines
+        assert fb.lines[0].endswith(m.message) and not any(item.reread in line for line in fb.lines), fb.lines
 
 
 def test_a_wrong_array_ends_with_its_section():
@@ -62,7 +61,17 @@ def test_a_wrong_array_ends_with_its_section():
 
     fb = check("05.p6", np.asarray(want, dtype=float) + 1.0)
     assert not fb.full and fb.lines[-1] == item.reread
-    assert not any(item.reread in line for line in check("05.p6", None).lines)
+    for malformed in (None, np.full(np.shape(want), np.nan)):
+        assert not any(item.reread in line for line in check("05.p6", malformed).lines)
+
+
+def test_a_malformed_config_gets_its_form_and_no_section():
+    """Lesson 03's config item: a well-formed wrong config ends with its section, a malformed one only says its form."""
+    item = lesson_items("03")["p5"]
+    for bad in ({}, {"rank_pattern": "x"}, {"rank_pattern": {1: 2}, "alpha_pattern": {}}):
+        assert not any(item.reread in line for line in check("03.p5", bad).lines), bad
+    wrong = check("03.p5", {"rank_pattern": {}, "alpha_pattern": {}})
+    assert not wrong.full and sum(item.reread in line for line in wrong.lines) == 1, wrong.lines
 
 
 def test_a_flat_row_keeps_its_note_and_the_section_last():

@@ -144,7 +144,8 @@ class Numeric:
     """A number. ``expected()`` computes it from coursekit (else the key is used); ``mistakes()`` lists known wrong values.
     Neither may depend on the machine that grades: the item must score the same however the grading is run
     (serially, on workers with other thread settings, on another machine). ``reread`` ("Reread '<section>' in
-    <part>.", a heading of the lesson under its top-level part) ends the feedback of a wrong number."""
+    <part>.", a heading of the lesson under its top-level part) ends the feedback of a wrong number that no named
+    mistake explains."""
 
     title: str
     points: float
@@ -186,15 +187,16 @@ class Array:
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         fb = check_array(answer, self.expected(), self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
-        if as_array(answer) is not None:  # an array, not a malformed answer
+        a = as_array(answer)
+        if a is not None and np.isfinite(a).all():  # a finite array, not a malformed answer
             point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 
 
 def point_to_section(fb: Feedback, reread: str) -> None:
-    """End a wrong answer's feedback with the section to reread, unless a named mistake's message already points to
-    one ("Reread …", "(Lesson NN, '…')" or "(Know this: '…')")."""
-    if reread and not fb.full and not any(re.search(r"[Rr]eread|\((Lesson \d\d|Know this)", line) for line in fb.lines):
+    """End a wrong answer's feedback with the section to reread, when no named mistake explains it (a named
+    mistake's message says what went wrong itself, and a slip of units or rounding needs no section)."""
+    if reread and not fb.full and not fb.mistakes:
         fb.lines.append(reread)
 
 

@@ -655,7 +655,7 @@ class PatternConfig(Array):
 
     def check(self, answer: Any, ctx: Any) -> Feedback:
         fb = p5_check(answer, self.points or 1)
-        if isinstance(answer, Mapping):  # a config, not a malformed answer
+        if not isinstance(_p5_form(answer), str):  # a well-formed config (a str is the message on its form)
             point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)
 
