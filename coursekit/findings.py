@@ -138,9 +138,11 @@ def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int
     unseen-symptom tickets, tickets)}``; intervals (optional): ``{label: (low, high)}``, a 95 % interval of each
     category's accuracy as fractions (lesson 19 takes the wider of ``evaluate.cluster_bootstrap_interval``, resampling
     whole symptoms, and ``evaluate.wilson_interval``).
-    Returns the weakest and the strongest category, each with its word count (and interval), whether the two
-    intervals overlap (if they do, this run cannot rank the two categories), and the categories whose every
-    training symptom names them. Raises ValueError for different label sets or an interval that does not hold
+    Returns the weakest and the strongest category, each with its word count (and interval), and the categories
+    whose every training symptom names them. It does not compare the two intervals: whether two intervals overlap
+    is not a test of their difference (Schenker and Gentleman, "On judging the significance of differences by
+    examining the overlap between confidence intervals", The American Statistician, 2001), and the two were picked
+    from all the categories after looking. Raises ValueError for different label sets or an interval that does not hold
     its category's accuracy."""
     if set(named) != set(right) or not named or (intervals is not None and set(intervals) != set(right)):
         raise ValueError(f"need the same labels in each, got {sorted(named)} and {sorted(right)}"
@@ -160,10 +162,6 @@ def cue_words(named: dict[str, tuple[int, int]], right: dict[str, tuple[int, int
         return f"{label} ({r} of {n} right{ci(label) if intervals else ''}; its word in {k} of {m} training symptoms)"
 
     out = [f"weakest on unseen symptoms: {one(worst)}; strongest: {one(best)}."]
-    if intervals:
-        apart = intervals[worst][1] < intervals[best][0]
-        out.append("the two intervals do not overlap: the weakest is weaker than the strongest beyond this run's noise."
-                   if apart else "the two intervals overlap: this run cannot rank the weakest below the strongest.")
     always = [k for k, (c, m) in named.items() if c == m]
     if always:
         out.append("named by every training symptom: " + ", ".join(
