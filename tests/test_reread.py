@@ -63,6 +63,9 @@ def test_a_wrong_array_ends_with_its_section():
     assert not fb.full and fb.lines[-1] == item.reread
     for malformed in (None, np.full(np.shape(want), np.nan)):
         assert not any(item.reread in line for line in check("05.p6", malformed).lines)
+    low = check("05.p6", np.asarray(want, dtype=np.float16))  # right formula, too few bits: the dtype is the fault
+    assert not low.full and any("Compute in float64" in line for line in low.lines), low.lines
+    assert not any(item.reread in line for line in low.lines), low.lines
 
 
 def test_a_malformed_config_gets_its_form_and_no_section():

@@ -36,6 +36,8 @@ import numpy as np
 from . import keys as _keys
 from .checkers import (
     PUBLIC_ONLY_NOTE,
+    _low_precision,
+    _low_precision_hint,
     _number,
     _ordering_labels,
     Case,
@@ -187,8 +189,10 @@ class Array:
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
         fb = check_array(answer, self.expected(), self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
-        a = as_array(answer)
-        if a is not None and np.isfinite(a).all():  # a finite array, not a malformed answer
+        a, low = as_array(answer), _low_precision(answer)
+        # a finite array, not a malformed answer, and not one whose only fault is its low-precision dtype (the
+        # checker then says to compute in float64, and no section would help)
+        if a is not None and np.isfinite(a).all() and not (low and _low_precision_hint(self.name, low) in fb.lines):
             point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
 

@@ -12,8 +12,8 @@ it sits in one JSON file per lesson in the instructor's key folder, ``autograder
               ITEM: {"order": [LABEL, ...], "also": [[LABEL, ...], ...], "note": TEXT,
                      "critical": [LABEL or [LABEL, LABEL], ...]}},   # optional: steps (or one relation
                                                      # of two steps) whose place is all or nothing
-     "hints": {ITEM: {LETTER: TEXT, ...},    # a choice: why an option is wrong (every wrong option of a
-                                            # single choice; every option, true or false, of a multi-select)
+     "hints": {ITEM: {LETTER: TEXT, ...},    # a choice: why an option is wrong, or why the key holds (every
+                                            # option of a single choice; every option, true or false, of a multi-select)
                ITEM: {LABEL: TEXT, ...}}}   # an ordering: why each step takes its place (every label)
 
 The grading process finds the folder through the environment variable ``COURSEKIT_KEYS``:

@@ -162,15 +162,17 @@ def _packed_bytes() -> float:
 
 def _packed_mistakes() -> list[Mistake]:
     n = 576 * 1536
+    read = "(Lesson 00, 'A 4-bit round trip on this CPU'.)"
     return [
-        Mistake("codes only", n // 2, "that is the packed codes alone; add one fp32 absmax (4 bytes) per block of 64 weights."),
-        Mistake("one-byte", n + (n // 64) * 4, "that counts one byte per weight; a 4-bit code takes half a byte."),
+        Mistake("codes only", n // 2, f"that is the packed codes alone; add one fp32 absmax (4 bytes) per block of 64 "
+                                      f"weights. {read}"),
+        Mistake("one-byte", n + (n // 64) * 4, f"that counts one byte per weight; a 4-bit code takes half a byte. {read}"),
         Mistake("absmax per 64 bytes", n // 2 + (n // 2 // 64) * 4, "that is one absmax per 64 bytes of codes; a block "
-                                                                    "is 64 weights, 32 bytes of codes."),
+                                                                    f"is 64 weights, 32 bytes of codes. {read}"),
         Mistake("8-bit absmax", n // 2 + n // 64, "that stores each absmax in one byte, as double quantization does; "
-                                                  "without it each absmax is fp32, 4 bytes."),
+                                                  f"without it each absmax is fp32, 4 bytes. {read}"),
         Mistake("bits", n * 4, "that is the number of bits of the codes (and also the fp32 size in bytes); a byte holds "
-                               "8 bits, two 4-bit codes."),
+                               f"8 bits, two 4-bit codes. {read}"),
         Mistake("bf16", n * 2, "that is the bf16 size (2 bytes per weight)."),
     ]
 

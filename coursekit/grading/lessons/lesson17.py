@@ -311,7 +311,7 @@ def _p4_mistakes() -> list[Mistake]:
                 f"token. {READ_CKPT}"),
         Mistake("MiB", right * 1e6 / 2**20, f"that is in MiB (2²⁰ bytes); the question asks for decimal MB, 10⁶ bytes. {READ_UNITS}"),
         Mistake("GB", right / 1e3, f"that is in GB; the question asks for MB (10⁶ bytes). {READ_UNITS}"),
-        Mistake("bytes", right * 1e6, "that is in bytes; the question asks for MB (10⁶ bytes)."),
+        Mistake("bytes", right * 1e6, f"that is in bytes; the question asks for MB (10⁶ bytes). {READ_UNITS}"),
     ]
     return [m for m in out if not np.isclose(m.value, right, rtol=P4_RTOL)]
 
