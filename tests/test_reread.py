@@ -68,6 +68,23 @@ def test_a_wrong_array_ends_with_its_section():
     assert not any(item.reread in line for line in low.lines), low.lines
 
 
+def test_the_right_numbers_in_another_shape_get_no_section():
+    """A flat list for a 1 × 2 row, or the transpose, is a slip of form: the checker names the shape, and the lesson's
+    section would send a student who computed the right numbers back to reread it. Wrong numbers in a wrong shape
+    still end with the section."""
+    import numpy as np
+
+    for iid in ("05.p6", "06.p4"):
+        item = lesson_items(iid[:2])[iid[3:]]
+        want = np.asarray(item.expected(), dtype=float)
+        assert want.ndim == 2 and want.shape[0] == 1 and want.size > 1, (iid, want.shape)
+        for reshaped in (want.reshape(-1).tolist(), want.T.copy(), want.reshape(-1, 1)):
+            fb = check(iid, reshaped)
+            assert not fb.full and not any(item.reread in line for line in fb.lines), (iid, np.shape(reshaped), fb.lines)
+        fb = check(iid, (want.reshape(-1) * 3 + 1).tolist())
+        assert not fb.full and fb.lines[-1] == item.reread, (iid, fb.lines)
+
+
 def test_a_malformed_config_gets_its_form_and_no_section():
     """Lesson 03's config item: a well-formed wrong config ends with its section, a malformed one only says its form."""
     item = lesson_items("03")["p5"]

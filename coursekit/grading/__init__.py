@@ -188,13 +188,25 @@ class Array:
     reread: str = ""  # as Numeric's: ends the feedback of a wrong array
 
     def check(self, answer: Any, ctx: "_Context") -> Feedback:
-        fb = check_array(answer, self.expected(), self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
+        expected = self.expected()
+        fb = check_array(answer, expected, self.points or 1, self.name, self.rtol, self.atol, self.dtype, list(self.mistakes()))
         a, low = as_array(answer), _low_precision(answer)
-        # a finite array, not a malformed answer, and not one whose only fault is its low-precision dtype (the
-        # checker then says to compute in float64, and no section would help)
-        if a is not None and np.isfinite(a).all() and not (low and _low_precision_hint(self.name, low) in fb.lines):
+        # a finite array, not a malformed answer, not the right numbers in another shape (a flat list for a 1 × 2 row,
+        # or the transpose, which the checker names), and not one whose only fault is its low-precision dtype (the
+        # checker then says to compute in float64): only a wrong value is sent back to the lesson
+        if a is not None and np.isfinite(a).all() and not _right_numbers_reshaped(a, expected, self.rtol, self.atol) \
+                and not (low and _low_precision_hint(self.name, low) in fb.lines):
             point_to_section(fb, self.reread)
         return fb if self.points else formative(fb)  # a 0-point warm-up: the verdict, no points
+
+
+def _right_numbers_reshaped(a: np.ndarray, expected: Any, rtol: float, atol: float) -> bool:
+    """True when ``a`` has another shape than ``expected`` but the same numbers, in row-major order or transposed."""
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape == e.shape or a.size != e.size:
+        return False
+    return bool(np.allclose(a.ravel(), e.ravel(), rtol=rtol, atol=atol)
+                or (a.shape == e.T.shape and np.allclose(a, e.T, rtol=rtol, atol=atol)))
 
 
 def point_to_section(fb: Feedback, reread: str) -> None:
