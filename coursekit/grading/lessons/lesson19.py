@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ... import capstone, cheap, evaluate as ceval, model as cmodel, train as ctrain
+from ... import capstone, cheap, evaluate as ceval, model as cmodel, paired, train as ctrain
 from ...data import IGNORE_INDEX, LABELS
 from .. import Choice, Function, Ordering
 from ..checkers import (PUBLIC_ONLY_NOTE, Case, CaseTimeout, Feedback, Mistake, _CallWatch, _case_timeout, _consistent,
@@ -1252,8 +1252,6 @@ def smallest_significant_gain(d: int, alpha: float = 0.05, two_sided: bool = Tru
     p of ``paired.mcnemar_exact`` (min(1, 2 · P(X ≤ min(a_only, b_only))), X ~ Binomial(d, ½); McNemar 1947); one-sided,
     the upper binomial tail alone. d: an int ≥ 1. Raises ValueError when no split of d tickets reaches alpha
     (d ≤ 5 at 0.05, two-sided)."""
-    from coursekit import paired
-
     for a in range(d // 2 + 1, d + 1):
         if two_sided:
             p = paired.mcnemar_exact([True] * a + [False] * (d - a), [False] * a + [True] * (d - a))["p_value"]
