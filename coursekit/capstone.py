@@ -16,7 +16,7 @@ capstone`` runs it with coursekit's reference functions (:data:`REFERENCE`). The
 3. :func:`heldout_results`: each adapter on both held-out splits, label scoring and (for QLoRA) greedy
    generation.
 4. :func:`merge_comparison`: the trained QLoRA adapter reloaded on a fresh NF4 base (identical logits?),
-   then merged onto W16 (bf16, the deployment recipe), onto dequant(W4) and into NF4 itself: logit
+   then merged onto W16 (bf16, the recipe most tutorials give), onto dequant(W4) and into NF4 itself: logit
    differences and greedy agreement against the function that was trained.
 
 Every result is stored on disk (:class:`Store`) under a key made of what determines it (base checkpoint,
@@ -125,7 +125,7 @@ class Recipe:
     train_steps(model, windows, optimizer, scheduler, progress) → per-step losses (a list, or a dict with "loss");
     answer_logprobs(logits, labels) → per-row log-likelihood [R];
     first_word(text) → str;
-    merge_for_deployment(adapter_dir, path) → a merged plain model.
+    merge_onto_w16(adapter_dir, path) → a merged plain model.
     """
 
     name: str
@@ -135,7 +135,7 @@ class Recipe:
     train_steps: Callable
     answer_logprobs: Callable
     first_word: Callable
-    merge_for_deployment: Callable
+    merge_onto_w16: Callable
 
     def missing(self) -> list[str]:
         """The functions of this recipe not written yet: a fresh lesson's blanks (see coursekit.grading.unanswered)."""
@@ -167,7 +167,7 @@ def reference_recipe() -> Recipe:
 
     return Recipe("coursekit's reference recipe", crecipe.load_for_lora, _reference_preflight,
                   crecipe.adapter_optimizer, crecipe.train_steps, crecipe.answer_logprobs, crecipe.first_word,
-                  crecipe.merge_for_deployment)
+                  crecipe.merge_onto_w16)
 
 
 def __getattr__(name: str) -> Any:
@@ -180,7 +180,7 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "runs": ("load_for_lora", "adapter_optimizer", "train_steps"),
     "labels": ("answer_logprobs",),
     "generate": ("first_word",),
-    "merges": ("merge_for_deployment",),
+    "merges": ("merge_onto_w16",),
 }
 
 
@@ -667,7 +667,7 @@ def heldout_results(run: TrainedRun, tokenizer, store: Store, scorings: tuple[st
 
 
 MERGES: tuple[tuple[str, str], ...] = (
-    ("onto W16 (bf16 base)", "the deployment recipe: merge_for_deployment"),
+    ("onto W16 (bf16 base)", "the recipe most tutorials give: merge_onto_w16"),
     ("onto dequant(W4), in bf16", "the base the adapter was trained against, as plain bf16 weights"),
     ("into NF4 (re-quantized)", "PEFT's merge on the 4-bit model: W + sAB quantized again"),
 )
@@ -776,7 +776,7 @@ def merge_comparison(run: TrainedRun, tokenizer, store: Store, split: str = "uns
                "reference_accuracy": accuracy(ref_pred), "base_accuracy": accuracy(base_pred),
                "reference": scored_against(ref_pred, None, examples), "base": row(base_logits), "merges": {}}
         path = cmodel.prepare_model(progress=False)
-        builders = {MERGES[0][0]: lambda: recipe.merge_for_deployment(adapter_dir, path),
+        builders = {MERGES[0][0]: lambda: recipe.merge_onto_w16(adapter_dir, path),
                     MERGES[1][0]: lambda: ctrain.merge_into_dequantized(adapter_dir),
                     MERGES[2][0]: lambda: ctrain.merge_nf4_model(reloaded)}
         for name, build in builders.items():

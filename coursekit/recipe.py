@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 from . import data, train
 
 __all__ = ["load_for_lora", "adapter_optimizer", "train_steps", "answer_logprobs", "first_word",
-           "merge_for_deployment"]
+           "merge_onto_w16"]
 
 
 def load_for_lora(path, r, lora_alpha, target_modules, quantize=True):
@@ -87,7 +87,7 @@ def first_word(text):
     return words[0].strip(".,:;!?\"'`*()[]") if words else ""
 
 
-def merge_for_deployment(adapter_dir, path):
+def merge_onto_w16(adapter_dir, path):
     """The bf16 base at ``path`` with the adapter saved in ``adapter_dir`` merged into its weights, W16 + s·A·B
     rounded once to bf16 (lesson 13): a plain transformers model."""
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)

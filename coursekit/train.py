@@ -488,8 +488,9 @@ def load_nf4_with_adapter(adapter_dir: str | os.PathLike, checkpoint: str | os.P
 def merge_into_bf16(adapter_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None):
     """Load the **bf16** base W16, attach the adapter and merge: W16 + s·AB, rounded once to bf16 (lesson 13).
 
-    This is the deployment recipe (``merge_for_deployment`` in lesson 19). Merging into the NF4 weights instead
-    would re-quantize W + sAB and add a second rounding error (:func:`merge_into_nf4`)."""
+    The recipe most tutorials give (``merge_onto_w16`` in lesson 19), not the function that was trained: that is
+    :func:`merge_into_dequantized`'s, and lesson 19 measures what the difference costs on held-out tickets. Merging
+    into the NF4 weights instead would re-quantize W + sAB and add a second rounding error (:func:`merge_into_nf4`)."""
     base = cmodel.load_model("bf16", checkpoint)
     return load_adapter(base, adapter_dir, checkpoint).merge_and_unload()
 

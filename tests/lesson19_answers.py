@@ -95,7 +95,7 @@ def confusion_matrix(true, pred, labels):
     return m
 
 
-def merge_for_deployment(adapter_dir, path):
+def merge_onto_w16(adapter_dir, path):
     from transformers import AutoModelForCausalLM
     from peft import PeftModel
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-real-qlora-run.ipynb"
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
-             "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_for_deployment,
+             "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_onto_w16,
              "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
 RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}

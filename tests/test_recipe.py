@@ -19,7 +19,7 @@ from coursekit.fingerprint import code_fingerprint
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "19-capstone-a-real-qlora-run"
 RECIPE_CELLS = {f"p{i}_answer" for i in (1, 2, 3, 4, 5, 6, 8)}  # the cells that define the recipe's functions
-FIELDS = ("load_for_lora", "adapter_optimizer", "train_steps", "answer_logprobs", "first_word", "merge_for_deployment")
+FIELDS = ("load_for_lora", "adapter_optimizer", "train_steps", "answer_logprobs", "first_word", "merge_onto_w16")
 
 
 def _answers(folder: str, replace: dict[str, str] | None = None) -> dict:
@@ -42,7 +42,7 @@ def _answers(folder: str, replace: dict[str, str] | None = None) -> dict:
 
 def _recipe(ns: dict) -> capstone.Recipe:
     return capstone.Recipe("a student's", ns["load_for_lora"], ns["preflight"], ns["adapter_optimizer"],
-                           ns["train_steps"], ns["answer_logprobs"], ns["first_word"], ns["merge_for_deployment"])
+                           ns["train_steps"], ns["answer_logprobs"], ns["first_word"], ns["merge_onto_w16"])
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_the_grader_reads_the_reference_results_whatever_the_recipe(tmp_path):
 def test_a_fresh_lessons_blanks_run_the_reference(tmp_path):
     blank = _recipe(_answers("lessons"))
     assert set(blank.missing()) == {"load_for_lora", "preflight", "adapter_optimizer", "train_steps",
-                                    "answer_logprobs", "first_word", "merge_for_deployment"}
+                                    "answer_logprobs", "first_word", "merge_onto_w16"}
     store = capstone.Store(root=tmp_path, compute=True)
     for kind in capstone.DEPENDS_ON:
         assert capstone.recipe_key(blank.or_reference(), store, kind) == capstone.recipe_key(capstone.REFERENCE, store, kind)

@@ -69,7 +69,7 @@ def test_release_answer_cells_raise_nothing():
 def test_a_recipe_not_written_yet_runs_with_the_reference():
     mine = capstone.Recipe("mine", blank, *[getattr(capstone.REFERENCE, f) for f in
                                             ("preflight", "adapter_optimizer", "train_steps", "answer_logprobs",
-                                             "first_word", "merge_for_deployment")])
+                                             "first_word", "merge_onto_w16")])
     assert mine.missing() == ["load_for_lora"]
     full = mine.or_reference()
     assert full.missing() == [] and full.load_for_lora is capstone.REFERENCE.load_for_lora

@@ -980,7 +980,7 @@ def _p7_mistakes(kw: dict, got: dict) -> dict:
     ])}
 
 
-# --------------------------------------------------------------------------- P8: merge_for_deployment
+# --------------------------------------------------------------------------- P8: merge_onto_w16
 
 
 @dataclass
@@ -1008,10 +1008,10 @@ def _logits(model, ids) -> torch.Tensor:
 
 
 class MergeItem(_ModelItem):
-    """Implement ``merge_for_deployment(adapter_dir, path)``: the bf16 base at ``path`` with the adapter merged in."""
+    """Implement ``merge_onto_w16(adapter_dir, path)``: the bf16 base at ``path`` with the adapter merged in."""
 
     withheld = ("coursekit.train:merge_into_bf16", "coursekit.train:merge_into_dequantized", "coursekit.train:load_adapter",
-                "coursekit.recipe:merge_for_deployment")
+                "coursekit.recipe:merge_onto_w16")
 
     def public(self):
         return [MergeCase("a tiny NF4-trained adapter, r = 4", 0, 4)]
@@ -1076,7 +1076,7 @@ class MergeItem(_ModelItem):
 
 
 def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.Tensor) -> dict:
-    """Run ``merge_for_deployment(adapter_dir, path)`` (``path``: the tiny checkpoint ``checkpoint``) and describe the
+    """Run ``merge_onto_w16(adapter_dir, path)`` (``path``: the tiny checkpoint ``checkpoint``) and describe the
     model it returned: still LoRA or 4-bit layers, its parameters' dtypes, and its logits on ``ids``."""
     import bitsandbytes as bnb
     from peft import PeftModel
@@ -1354,7 +1354,7 @@ ITEMS = {
     "p6": FirstWordItem("implement first_word", 1),
     "p7": Function("implement confusion_matrix", 1, name="confusion_matrix", reference=ceval.confusion_matrix,
                    public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
-    "p8": MergeItem("implement merge_for_deployment", 2, "merge_for_deployment"),
+    "p8": MergeItem("implement merge_onto_w16", 2, "merge_onto_w16"),
     "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
                  multi=True),
     "p10": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
