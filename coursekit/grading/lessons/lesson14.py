@@ -437,8 +437,8 @@ def _p5_mistakes() -> list[Mistake]:
 
 
 # P4: lesson 06's walk (AdamW, lr 0.01, target class 1) on its W seen as the corner of a larger weight V that is quantized in
-# int4 absmax blocks of 64, row-major as bitsandbytes does: V is 2 × 64, V[:, :2] = W, one outlier V[1, 40] = 4.2, every
-# other entry smaller than 0.2 in magnitude. Row 0 of V is one block (absmax 0.63, its largest entry is W's 0.63), row 1
+# int4 absmax blocks of 64, flattened row by row (Lesson 14, 'Blocks'): V is 2 × 64, V[:, :2] = W, one outlier
+# V[1, 40] = 4.2, every other entry smaller than 0.2 in magnitude. Row 0 of V is one block (absmax 0.63, its largest entry is W's 0.63), row 1
 # the other, with the outlier as its absmax: row 0 keeps a fine grid, row 1's step is 4.2 / 7 = 0.6 and 0.28 becomes 0.
 P4_COLS, P4_OUTLIER, P4_OUTLIER_AT, P4_BLOCKSIZE = 64, 4.2, (1, 40), 64
 
@@ -483,8 +483,8 @@ def _p4_mistakes() -> list[Mistake]:
                 f"reconstruction, taken from the quantized V. {READ_WALK}"),
         Mistake("own absmax", _corner_variant_dB(absmax=(0.91, 0.91)),
                 f"you quantized W's four entries with one absmax of their own (0.91), as if they were a block by themselves "
-                f"(or as if the blocks ran down V's columns); bitsandbytes flattens V row by row, so each row of V is one "
-                f"block of 64, and row 1's absmax is the outlier. {READ_BLOCKS}"),
+                f"(or as if the blocks ran down V's columns); blockwise quantization flattens V row by row, so each row of V "
+                f"is one block of 64, and row 1's absmax is the outlier. {READ_BLOCKS}"),
         Mistake("per tensor", _corner_variant_dB(absmax=(P4_OUTLIER, P4_OUTLIER)),
                 f"you gave the whole of V one absmax, the outlier's 4.2; with blocks of 64, row 0 of V is a block of its own, "
                 f"without the outlier, and keeps a fine grid. {READ_BLOCKS}"),
