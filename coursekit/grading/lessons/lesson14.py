@@ -625,7 +625,7 @@ ITEMS = {
         rtol=5e-4,  # "4 significant digits": −0.06325 for −0.0632455; the nearest listed mistake (two steps) is 0.5 % away
         atol=1e-6,
         mistakes=_p4_mistakes,
-        reread=READ_WALK_SECTION,
+        reread="Reread 'Blocks' in Know this.",  # the thought P4 asks for: which block, which absmax
     ),
     "p5": Numeric(
         "predict the learning rate at which AdamW's first update of the walk on Ŵ (target class 0) reaches the loss the walk "
