@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from coursekit import merging
 from coursekit.grading import check
+from coursekit.grading.lessons import lesson13
 from coursekit.grading.lessons.lesson13 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +32,7 @@ def right_unmerge(weight_merged, lora_A, lora_B, lora_alpha, r, fan_in_fan_out):
 
 
 RIGHT = {"w1": "b", "w2": "b", "w3": "d", "p1": right_merge_unmerge, "p2": right_unmerge,
-         "p3": 2.0, "p4": 0.5625, "p5": "a", "p6": "c"}
+         "p3": 2.0, "p4": 0.4444, "p5": "a", "p6": "c"}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -304,16 +306,20 @@ def test_function_stub_and_non_function():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p3", 2**-7, "the spacing at 1.0. The spacing is one unit in the last place"),
-        ("p3", 300 * 2**-7, "you multiplied the spacing at 1.0 by 300"),
-        ("p3", 4, "from 512 on"),
-        ("p3", 1, "half the spacing"),
-        ("p3", 2**-2, "float16's spacing at 300"),
-        ("p3", 3, "not right (tolerance"),
-        ("p4", 1.0, "1.005 is not rounded back to 1.0"),
-        ("p4", 0.0, "exact arithmetic"),
-        ("p4", 2**-7, "the update the merged entry carries"),
-        ("p4", 2**-7 - 0.005, "relative to |Δw|"),
+        ("p3", 1.28, "half of it reaches 0.005 at 1.28"),
+        ("p3", 0.64, "w · 2⁻⁷ = 0.005 at 0.64"),
+        ("p3", 1.0, "compared the update with the whole spacing"),
+        ("p3", 1.9921875, "largest bfloat16 weight that still keeps"),
+        ("p3", 1.99, "largest bfloat16 weight that still keeps"),
+        ("p3", 16, "float16's answer"),
+        ("p3", 4, "not right (tolerance"),
+        ("p4", 0.0, "not right (tolerance"),
+        ("p4", 0.1111, "one merge of the summed update"),
+        ("p4", 1.0, "not every merge rounds back to 504"),
+        ("p4", 0.6667, "from 512 = 2⁹ on the spacing is 4"),
+        ("p4", 0.0625, "float16's grid"),
+        ("p4", 8, "the update the entry carries"),
+        ("p4", 6.4, "absolute error"),
         ("p4", 0.4, "not right (tolerance"),
     ],
 )
@@ -322,10 +328,53 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_numeric_expected_values_come_from_coursekit():
-    assert ITEMS["p3"].expected() == 2.0
-    x = torch.tensor(300.0).bfloat16()                         # 300 = 2⁸ · 1.171875 is a bfloat16 number; the next one is 302
-    assert x.item() == 300.0 and torch.nextafter(x, torch.tensor(1e4).bfloat16()).item() - 300.0 == ITEMS["p3"].expected()
+def test_p3_key_is_the_first_bfloat16_weight_that_loses_the_update():
+    """P3's key, by brute force over every positive bfloat16 number: the merge (float32 sum stored in bf16) of 0.005 gives w
+    back for w = 2.0 and for every larger w, and for no smaller one; the hand rule agrees (in [2ᵉ, 2ᵉ⁺¹) half the spacing is
+    2ᵉ⁻⁸, at least 0.005 first for e = 1); the largest weight that keeps the update rounds up to 2.0 and is 0.4 % below it,
+    outside the 3-significant-digit tolerance."""
+    w = lesson13._positive_numbers(torch.bfloat16)
+    lost = (w.float() + torch.tensor(0.005)).bfloat16() == w
+    assert ITEMS["p3"].expected() == 2.0 == float(w[lost].min()) == RIGHT["p3"]
+    assert bool(lost[w >= 2].all()) and not bool(lost[w < 2].any())
+    assert min(e for e in range(-10, 10) if 2.0 ** (e - 8) >= 0.005) == 1
+    assert merging.spacing(2.0, "bfloat16") / 2 >= 0.005 > merging.spacing(1.9921875, "bfloat16") / 2
+    assert (torch.tensor(1.9921875) + torch.tensor(0.005)).bfloat16().item() == 2.0
+    assert w.numel() == 0x7F7F and torch.isfinite(w.float()).all()
+
+
+def test_p4_key_is_the_merges_run_one_after_the_other():
+    """P4's key, run with PEFT's merge() itself: a 1 × 1 nn.Linear in bfloat16 at 504 gets twelve adapters in turn, each with
+    ΔW = s · lora_B @ lora_A = 1.2, each merged (merge_and_unload, so the next one sits on the merged weight). The entry ends at
+    512: the first four merges round up to the spacing 2, the others round back at 512, where the spacing is 4."""
+    from peft import LoraConfig, get_peft_model
+
+    class One(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(1, 1, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    model = One().to(torch.bfloat16)
+    with torch.no_grad():
+        model.proj.weight.fill_(504.0)
+    path = [504.0]
+    for _ in range(12):
+        peft_model = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, target_modules=["proj"]))
+        layer = peft_model.base_model.model.proj
+        with torch.no_grad():
+            layer.lora_A["default"].weight.fill_(1.0)
+            layer.lora_B["default"].weight.fill_(1.2)
+        model = peft_model.merge_and_unload()
+        path.append(model.proj.weight.item())
+    assert model.proj.weight.dtype == torch.bfloat16
+    assert path == [504.0, 506.0, 508.0, 510.0, 512.0] + [512.0] * 8, path
+    assert lesson13.merged_in_turn() == path[-1]
+    np.testing.assert_allclose(ITEMS["p4"].expected(), abs((path[-1] - 504) - 12 * 1.2) / (12 * 1.2), rtol=1e-12)
+    np.testing.assert_allclose(ITEMS["p4"].expected(), 4 / 9, rtol=1e-12)
+    assert check("13.p4", 0.44).full and check("13.p4", 4 / 9).full and not check("13.p4", 0.45).full
 
 
 def test_w2_key_is_the_merge_that_computes_the_trained_function():
@@ -353,10 +402,8 @@ def test_w2_key_is_the_merge_that_computes_the_trained_function():
     assert min(off, key=off.get) == ITEMS["w2"].key == RIGHT["w2"] == "b"
 
 
-def test_p4_key_and_a_string_answer():
-    # 0.005 is 0.0050048828125 in bfloat16; 1.0050049 rounds up to 1 + 2**-7.
-    assert ITEMS["p4"].expected() == pytest.approx(abs(2**-7 - 0.005) / 0.005)
-    assert check("13.p4", "0.5625").points == 0  # a string is not a number
+def test_p4_a_string_answer():
+    assert check("13.p4", "0.4444").points == 0  # a string is not a number
 
 
 def test_p5_key_is_the_measured_residual_of_the_scaled_merge():

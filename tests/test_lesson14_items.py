@@ -42,7 +42,7 @@ def right_walk_D(X, W, A, B, s, target, step):
 
 
 RIGHT = {"w1": 85, "w2": "d", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
-         "p4": [[-0.14026371, 0.14026371]], "p5": 1.034, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "a",
+         "p4": [[-0.06324549, 0.06324549]], "p5": 0.7333, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "a",
          "p8": -0.24}
 
 
@@ -265,10 +265,10 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("w3", [[3, -3], [1, 4]], "floor"),
         ("w3", [[0.6, -0.4], [0.2, 1.0]], "the reconstruction"),
         ("p4", [[-0.138026, 0.138026]], "unquantized walk's value"),
-        ("p5", 0.7731, "unquantized walk's value"),
-        ("p5", 1.037488, "loss before the update"),
-        ("p5", 1.041, "B moved the wrong way"),
-        ("p5", 0.4354, "target class 1"),
+        ("p5", 3.786, "plain gradient descent"),
+        ("p5", 0.22, "one for one"),
+        ("p5", 1.4667, "moved only one entry"),
+        ("p5", 0.7433, "after its own first step"),
         ("p6", [[0.63, -0.47], [0.28, 0.91]], "derivative of round is 0"),
         ("p6", [[0.537983, -0.377983], [0.095966, 1.094034]], "forward pass on W"),
         ("p6", [[0.529131, -0.329131], [0.058263, 1.141737]], "applied the step to Ŵ"),
@@ -288,19 +288,20 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p8", -2.6, "margin Y₁ − Y₀ on Ŵ itself"),
         ("p8", -0.09, "transpose"),
         ("w3", [[3, 1], [-2, 5]], "transposed"),
-        ("p4", [[0.14026371, -0.14026371]], "wrong sign"),
-        ("p4", [[0.46754569, -0.46754569]], "that is D"),
-        ("p4", [[-0.13981569, 0.13981569]], "second step"),
+        ("p4", [[0.06324549, -0.06324549]], "wrong sign"),
+        ("p4", [[0.21081829, -0.21081829]], "that is D"),
+        ("p4", [[-0.06294653, 0.06294653]], "second step"),
         ("p4", [[-0.10630311, 0.10630311]], "toy base"),
-        ("p4", [[-0.13301071, 0.13301071]], "instead of Q = 2^(bits−1) − 1 = 7"),
-        ("p4", [[-0.14091115, 0.14091115]], "unsigned range"),
-        ("p4", [[-0.13820159, 0.13820159]], "int8's Q = 127"),
-        ("p4", [[-0.15, 0.15]], "forgot to multiply by Q = 7"),
-        ("p4", [[-0.13356623, 0.13356623]], "each row its own absmax"),
-        ("p4", [[-0.13060911, 0.13060911]], "floor"),
-        ("p4", [[-0.08068243, 0.08068243]], "integer codes"),
-        ("p5", 1.029183, "second step"),
-        ("p5", 1.036738, "plain gradient-descent step"),
+        ("p4", [[-0.14026371, 0.14026371]], "one absmax of their own"),
+        ("p4", [[-0.0694434, 0.0694434]], "whole of V one absmax"),
+        ("p4", [[-0.142506, 0.142506]], "wrong row"),
+        ("p4", [[-0.153937, 0.153937]], "instead of Q = 2^(bits−1) − 1 = 7"),
+        ("p4", [[-0.1479, 0.1479]], "unsigned range"),
+        ("p4", [[-0.13345, 0.13345]], "int8's Q = 127"),
+        ("p4", [[-0.233708, 0.233708]], "forgot to multiply by Q = 7"),
+        ("p4", [[-0.141011, 0.141011]], "truncate toward zero"),
+        ("p4", [[-0.14775, 0.14775]], "floor"),
+        ("p4", [[-0.299899, 0.299899]], "integer codes"),
     ],
 )
 def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
@@ -308,24 +309,24 @@ def test_numeric_and_array_mistakes_are_recognised(item_id, answer, text):
     assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_truncated_absmax_codes_are_recognised():
-    ex = walk.worked_example()
-    trunc = walk.run_walk(**(ex | dict(W=np.trunc(ex["W"] / 0.91 * 7) / 7 * 0.91)), steps=1)[0]   # codes [[4, −3], [2, 7]]
-    fb = check("14.p4", trunc.dB)
-    assert fb.points < ITEMS["p4"].points and "truncate toward zero" in fb.text(), fb.text()
-
-
-def test_p4_key_is_the_walk_on_the_int4_absmax_reconstruction_measured_by_autograd():
-    """The key is ∇B of a forward pass on Ŵ = code / 7 · 0.91, W quantized per tensor by coursekit.quant, measured with
-    torch autograd (not the walk's hand formulas), and equals the toy base's rule with the step absmax / Q."""
+def test_p4_key_is_the_walk_on_the_blockwise_quantized_corner_measured_by_autograd():
+    """The key is ∇B of a forward pass on the corner of V (2 × 64, W in columns 0–1, the outlier 4.2 at V[1, 40]) quantized by
+    coursekit.quant in int4 absmax blocks of 64, measured with torch autograd (not the walk's hand formulas). Each row of V
+    is one block: row 0 keeps W's own absmax 0.63, row 1 takes the outlier's, and 0.28 is coded 0. The other entries of V
+    never matter (two fillings give the same key), and the hand computation of the solution (one absmax per row of W)
+    agrees."""
     import torch
 
     ex = walk.worked_example()
-    codes, absmax = quant.absmax_quantize(ex["W"], bits=4, blocksize=4)
-    W_hat = quant.absmax_dequantize(codes, absmax, (2, 2), bits=4, blocksize=4)
-    np.testing.assert_array_equal(codes.reshape(2, 2), [[5, -4], [2, 7]])
-    np.testing.assert_allclose(W_hat, [[0.65, -0.52], [0.26, 0.91]], atol=1e-12)
-    np.testing.assert_allclose(W_hat, quant.toy_int4(ex["W"], step=0.91 / 7)[1], atol=1e-12)   # absmax = a fixed step
+    V = lesson14.outlier_weight()
+    codes, absmax = quant.absmax_quantize(V, bits=4, blocksize=64)
+    np.testing.assert_allclose(absmax, [0.63, 4.2])
+    np.testing.assert_array_equal(codes.reshape(2, 64)[:, :2], [[7, -5], [0, 2]])
+    W_hat = quant.absmax_dequantize(codes, absmax, V.shape, bits=4, blocksize=64)[:, :2]
+    np.testing.assert_allclose(W_hat, [[0.63, -0.45], [0.0, 1.2]], atol=1e-12)
+    np.testing.assert_allclose(lesson14.outlier_corner(seed=3), W_hat, rtol=0, atol=0)
+    absmax_rows = np.array([[0.63], [4.2]])
+    np.testing.assert_allclose(np.round(ex["W"] / absmax_rows * 7) / 7 * absmax_rows, W_hat, atol=1e-15)
     B = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
     X, A = torch.tensor(ex["X"]), torch.tensor(ex["A"])
     Y = X @ torch.tensor(W_hat) + ex["s"] * (X @ A) @ B
@@ -333,9 +334,14 @@ def test_p4_key_is_the_walk_on_the_int4_absmax_reconstruction_measured_by_autogr
     np.testing.assert_allclose(ITEMS["p4"].expected(), B.grad.numpy(), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(B.grad.numpy(), RIGHT["p4"], atol=1e-8)
     assert check("14.p4", B.grad.numpy()).full
+    # the old per-tensor answer, W's own absmax 0.91, is a named mistake, not the key
+    own = quant.absmax_quantize(ex["W"], bits=4, blocksize=4)
+    own_hat = quant.absmax_dequantize(*own, (2, 2), bits=4, blocksize=4)
+    fb = check("14.p4", walk.run_walk(**(ex | dict(W=own_hat)), steps=1)[0].dB)
+    assert not fb.full and "one absmax of their own" in fb.text(), fb.text()
 
 
-@pytest.mark.parametrize("answer", [[-0.14026371, 0.14026371], (-0.1402637, 0.1402637), np.array([-0.14026371, 0.14026371])])
+@pytest.mark.parametrize("answer", [[-0.06324549, 0.06324549], (-0.0632455, 0.0632455), np.array([-0.06324549, 0.06324549])])
 def test_p4_accepts_the_row_written_flat(answer):
     fb = check("14.p4", answer)
     assert fb.points == ITEMS["p4"].points and "read as the 1 × 2 row" in fb.text(), fb.text()
@@ -378,22 +384,28 @@ def test_the_unsigned_range_as_q_is_named(hidden):
 
 
 def test_p5_key_is_the_hand_prediction():
-    """P5 asks for a prediction by hand: AdamW's first step moves each entry of B by lr against the sign of its gradient, A stays,
-    XA = −0.3. That prediction (B = [−0.01, 0.01], Y = [1.003, 1.597]) must be run_walk's loss to float precision, and the
-    wrong-sign prediction must be the mistake the item names."""
-    ex = walk.worked_example()
+    """P5's key is found by bisection on run_walk (AdamW at learning rate lr, target class 0, on the toy base): the first
+    update's loss equals the loss the walk on W starts from, the number the lesson prints. The hand prediction gives the
+    same: the first AdamW step moves B by lr against the sign of its gradient ([+, −], so B = [−lr, lr]), the margin
+    Y₁ − Y₀ falls by 2·s·|XA|·lr = 0.6·lr, and rounding raised it by 0.44, so lr = 0.44 / 0.6. At that lr run_walk's loss
+    after the step is W's starting loss to float precision (ε = 1e-8 next to |∇B| ≈ 0.19 moves it by less than 1e-7)."""
+    ex = walk.worked_example() | dict(target=0)
     W_hat = quant.toy_int4(ex["W"])[1]
-    Z = ex["X"] @ ex["A"]
-    np.testing.assert_allclose(Z, [[-0.3]])
-    Y0 = ex["X"] @ W_hat
-    D0 = np.exp(Y0) / np.exp(Y0).sum() - np.eye(2)[[0]]
-    dB = ex["s"] * Z.T @ D0
-    np.testing.assert_allclose(dB, [[0.193697, -0.193697]], atol=1e-6)
-    for sign, want in ((1.0, ITEMS["p5"].expected()), (-1.0, lesson14._loss_after_b(+1))):
-        Y1 = Y0 + ex["s"] * Z @ (-0.01 * sign * np.sign(dB))
-        np.testing.assert_allclose(float(np.log(np.exp(Y1).sum()) - Y1[0, 0]), want, rtol=1e-7)
-    np.testing.assert_allclose(ITEMS["p5"].expected(), 1.033618, atol=1e-6)
-    assert check("14.p5", 1.034).full and not check("14.p5", 1.041).full
+    Z = float((ex["X"] @ ex["A"])[0, 0])
+    gain = float((ex["X"] @ (W_hat - ex["W"]) @ np.array([-1.0, 1.0]))[0])
+    np.testing.assert_allclose([Z, gain], [-0.3, 0.44], atol=1e-12)
+    hand = gain / (2 * ex["s"] * abs(Z))
+    np.testing.assert_allclose(ITEMS["p5"].expected(), hand, rtol=1e-6)
+    rec = walk.run_walk(**(ex | dict(W=W_hat)), steps=1, lr=hand)[0]
+    np.testing.assert_allclose(np.sign(rec.dB), [[1.0, -1.0]])
+    np.testing.assert_allclose(rec.B_after, [[-hand, hand]], rtol=1e-6)
+    np.testing.assert_array_equal(rec.A_after, ex["A"])                      # A does not move: its gradient is 0
+    start_W = walk.run_walk(**ex, steps=1)[0].loss
+    np.testing.assert_allclose(rec.loss_after, start_W, rtol=1e-6)
+    np.testing.assert_allclose(start_W, 0.776344, atol=1e-6)                 # the loss the lesson prints for W, target 0
+    assert check("14.p5", 0.7333).full and check("14.p5", 0.73333).full and not check("14.p5", 0.74).full
+    values = {m.label: m.value for m in ITEMS["p5"].mistakes()}
+    np.testing.assert_allclose([values["no XA"], values["one entry"]], [gain / 2, gain / 0.3], rtol=1e-6)
 
 
 def test_p6_key_is_the_ste_step_measured_by_autograd():

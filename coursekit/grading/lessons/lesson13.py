@@ -151,7 +151,58 @@ def p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 
 # --------------------------------------------------------------------------- items
 
-P4_CASE = dict(W=1.0, delta=0.005, dtype="bfloat16")
+# P3: the smallest positive bfloat16 weight into which a merge of the update 0.005 carries nothing.
+P3_DELTA = 0.005
+
+
+def _positive_numbers(dtype: torch.dtype) -> torch.Tensor:
+    """Every positive finite number of the 16-bit float ``dtype``, in increasing order (read off its bit patterns)."""
+    top = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}[dtype]     # the bit pattern of +inf
+    return torch.arange(1, top, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def smallest_lost(delta: float = P3_DELTA, dtype: torch.dtype = torch.bfloat16, rule: str = "merge") -> float:
+    """The smallest positive number w of ``dtype`` that a merge of ``delta`` leaves unchanged, found by trying every one
+    (the key of p3 for bfloat16). ``rule`` "merge" runs the merge as PEFT's merge() does, the float32 sum w + Δw stored in
+    ``dtype``; "whole spacing" is the mistaken rule that an update is lost whenever it is below the spacing of w (not half
+    of it)."""
+    w = _positive_numbers(dtype)
+    if rule == "merge":
+        lost = (w.float() + torch.tensor(delta, dtype=torch.float32)).to(dtype) == w
+    else:
+        lost = torch.as_tensor(merging.spacing(w.float(), dtype)) > delta
+    return float(w[lost].min())
+
+
+# P4: twelve merges of the same update, one after the other, into one bfloat16 entry (each sum stored in bf16 before the next
+# merge): 504 → 506 → … → 512 (each 1.2 rounds up to the spacing 2), then stuck at 512, where the spacing is 4.
+P4_START, P4_DELTA, P4_MERGES = 504.0, 1.2, 12
+
+
+def merged_in_turn(start: float = P4_START, delta: float = P4_DELTA, merges: int = P4_MERGES,
+                   dtype: torch.dtype = torch.bfloat16, rounding: str = "nearest", at_once: bool = False) -> float:
+    """The entry after ``merges`` merges of ``delta``, each as PEFT's merge() does it (the float32 sum stored in ``dtype``);
+    ``at_once`` merges the summed update once instead. The mistaken variants: ``rounding`` "toward zero" (each sum
+    truncated to the grid below it) and "spacing 2" (a fixed grid of 2, bfloat16's spacing below 512, kept past it)."""
+    w = torch.tensor(start, dtype=dtype)
+    steps = [(delta * merges)] if at_once else [delta] * merges
+    for d in steps:
+        total = w.float() + torch.tensor(d, dtype=torch.float32)
+        if rounding == "nearest":
+            w = total.to(dtype)
+        elif rounding == "toward zero":
+            up = total.to(dtype)
+            w = up if up.float() <= total else torch.nextafter(up, torch.zeros_like(up))
+        else:                                                        # "spacing 2"
+            w = torch.round(total / 2) * 2
+    return float(w)
+
+
+def relative_residual_in_turn(**kw) -> float:
+    """|(w after the merges) − w − merges · Δw| / (merges · Δw): the relative residual of the whole update (the key of p4)."""
+    total = kw.get("merges", P4_MERGES) * kw.get("delta", P4_DELTA)
+    return abs((merged_in_turn(**kw) - kw.get("start", P4_START)) - total) / total
+
 
 # Seconds the honest perfect submission takes to execute and score on the course's 2-core test machine
 # (benchmarks/bench_budgets.py); each submission's time budget is made from it (coursekit.grading.budget).
@@ -214,39 +265,57 @@ ITEMS = {
         mistakes=p2_mistakes,
     ),
     "p3": Numeric(
-        "the spacing of bfloat16 numbers at 300",
+        "the smallest positive bfloat16 weight that a merge of the update 0.005 leaves unchanged",
         1,
-        name="spacing",
-        expected=lambda: merging.spacing(300.0, "bfloat16"),
-        rtol=1e-2,  # the prompt: graded to 2 significant digits
+        name="w",
+        expected=smallest_lost,
+        rtol=2e-3,  # the prompt: graded to 3 significant digits (the largest weight that keeps the update, 1.992, is not it)
         reread=READ_LOW_PRECISION,
         mistakes=lambda: [
-            Mistake("at one", 2.0**-7, "2⁻⁷ is the spacing at 1.0. The spacing is one unit in the last place of the number, so it "
-                                       f"grows with its binade: 300 lies in [2⁸, 2⁹), where it is 2⁸ · 2⁻⁷. {READ_PRECISION}"),
-            Mistake("scaled", 300 * 2.0**-7, "you multiplied the spacing at 1.0 by 300. The spacing is constant across a binade and "
-                                             "doubles at each power of two: 300 lies in [2⁸, 2⁹), so it is 2⁸ · 2⁻⁷, not 300 · 2⁻⁷. "
-                                             f"{READ_PRECISION}"),
-            Mistake("next binade", 4.0, "4 is the spacing in [2⁹, 2¹⁰), from 512 on. 300 is below 512: its binade is [2⁸, 2⁹). "
-                                        f"{READ_PRECISION}"),
-            Mistake("half", 1.0, "1 is half the spacing (the largest update that rounds away); the question asks for the gap to the "
-                                 f"next bfloat16 number. {READ_PRECISION}"),
-            Mistake("float16", 2.0**-2, f"2⁻² is float16's spacing at 300 (11 significant bits); bfloat16 keeps 8. {READ_PRECISION}"),
+            Mistake("proportional, half", P3_DELTA / (merging.spacing(1.0, "bfloat16") / 2),
+                    "you took the spacing as proportional to w (w · 2⁻⁷, so that half of it reaches 0.005 at 1.28). The spacing "
+                    "is constant across a binade [2ᵉ, 2ᵉ⁺¹) and doubles at each power of two, so the update is lost from the "
+                    f"first binade whose half spacing is at least 0.005, from its lower end on. {READ_PRECISION}"),
+            Mistake("proportional", P3_DELTA / merging.spacing(1.0, "bfloat16"),
+                    "you took the spacing as proportional to w (w · 2⁻⁷ = 0.005 at 0.64), and compared the update with the "
+                    "whole spacing. The spacing is constant across a binade and doubles at each power of two; an update "
+                    f"is lost when it is at most half of it. {READ_PRECISION}"),
+            Mistake("whole spacing", smallest_lost(rule="whole spacing"),
+                    "you compared the update with the whole spacing: from 1.0 on it is 2⁻⁷ ≈ 0.0078 > 0.005, but rounding to "
+                    "nearest keeps an update larger than half the spacing (1.005 rounds up to 1 + 2⁻⁷, not back to 1.0). "
+                    f"{READ_PRECISION}"),
+            Mistake("largest kept", float(_positive_numbers(torch.bfloat16)[
+                        _positive_numbers(torch.bfloat16) < smallest_lost()].max()),
+                    "that is the largest bfloat16 weight that still keeps the update (it rounds up to the next number); the "
+                    f"question asks for the smallest one that loses it. {READ_PRECISION}"),
+            Mistake("float16", smallest_lost(dtype=torch.float16),
+                    f"that is float16's answer (11 significant bits, spacing 2⁻¹⁰ at 1.0); bfloat16 keeps 8. {READ_PRECISION}"),
         ],
     ),
     "p4": Numeric(
-        "relative residual of a bfloat16 merge of one entry: w = 1.0, Δw = 0.005",
+        "relative residual of twelve bfloat16 merges of Δw = 1.2, one after the other, into the entry 504",
         2,
         name="relative_residual",
-        expected=lambda: merging.merge_residual(**P4_CASE),
+        expected=relative_residual_in_turn,
         rtol=1e-2,  # the prompt: graded to 2 significant digits
         reread=READ_LOW_PRECISION,
         mistakes=lambda: [
-            Mistake("rounds away", 1.0, "1.005 is not rounded back to 1.0: half the spacing above 1.0 is smaller than 0.005, so it rounds "
-                                        f"to the next bfloat16 number up. {READ_PRECISION}"),
-            Mistake("exact", 0.0, f"that is exact arithmetic; in bfloat16 1.005 is not a number, it rounds to a neighbour. {READ_PRECISION}"),
-            Mistake("carried", 2.0**-7, "0.0078125 is the update the merged entry carries; the question asks for "
-                                        "|carried − Δw| / |Δw|."),
-            Mistake("absolute", 2.0**-7 - 0.005, "that is the absolute error |carried − Δw|; the question asks for it relative to |Δw|."),
+            Mistake("at once", relative_residual_in_turn(at_once=True),
+                    "that is one merge of the summed update, 14.4 (518.4 rounds to 520). Merged one at a time, each sum is "
+                    f"rounded to bfloat16 before the next update is added. {READ_PRECISION}"),
+            Mistake("all lost", relative_residual_in_turn(rounding="toward zero"),
+                    "not every merge rounds back to 504: below 512 the spacing is 2, half of it is 1, and 1.2 is more, so "
+                    "505.2 rounds to the nearest number, 506 (truncating it to 504 is not round to nearest). "
+                    f"{READ_PRECISION}"),
+            Mistake("spacing 2", relative_residual_in_turn(rounding="spacing 2"),
+                    "each merge below 512 carries 2 for 1.2, as you found, but from 512 = 2⁹ on the spacing is 4: 513.2 rounds "
+                    f"back to 512, so the later merges carry nothing. {READ_PRECISION}"),
+            Mistake("float16", relative_residual_in_turn(dtype=torch.float16),
+                    f"that is float16's grid (spacing 0.25 at 504); the weight is bfloat16, spacing 2 there. {READ_PRECISION}"),
+            Mistake("carried", merged_in_turn() - P4_START,
+                    "that is the update the entry carries after the twelve merges; the question asks for |carried − 14.4| / 14.4."),
+            Mistake("absolute", abs(merged_in_turn() - P4_START - P4_MERGES * P4_DELTA),
+                    "that is the absolute error |carried − 14.4|; the question asks for it relative to the 14.4 you meant to add."),
         ],
     ),
     "p5": Choice(

@@ -375,88 +375,143 @@ def _p8_mistakes() -> list[Mistake]:
     ]
 
 
+# P5: how large AdamW's learning rate must be for its first update to undo what rounding did to the target-0 walk: the
+# walk on the toy base Ŵ, target class 0, ends its first step at the loss the walk on W starts from (the lesson prints both
+# starting losses). AdamW's first step moves each entry of B by lr against its gradient's sign, whatever the gradient's
+# size, so the margin Y₀ − Y₁ grows by 2·s·|XA|·lr = 0.6·lr and must win back the 0.44 rounding took from it.
+
+
+def _bisect(f, lo: float, hi: float, iters: int = 200) -> float:
+    """The root of an increasing-or-decreasing ``f`` between ``lo`` and ``hi`` (signs differ there), by bisection."""
+    flo = f(lo)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        fm = f(mid)
+        if (fm > 0) == (flo > 0):
+            lo, flo = mid, fm
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def undo_lr(optimizer: str = "adamw", z_one: bool = False, goal: str = "W start", moving: str = "both") -> float:
+    """The learning rate at which the first update of the walk on the toy base (target class 0) ends at the loss of the walk
+    on W before any update, found by bisection on :func:`coursekit.walk.run_walk` (the key of p5). The mistaken variants:
+    ``optimizer`` "sgd"; ``z_one`` an A scaled so that XA = −1 (the factor s·XA left out of ΔY = s(XA)ΔB); ``goal`` "W after"
+    matches the loss the walk on W reaches after its own first step (lr 0.01); ``moving`` "one" lets only B's first entry
+    move (by lr, against its gradient's sign), the other staying at 0."""
+    ex = walk.worked_example() | dict(target=0)
+    if z_one:
+        ex["A"] = ex["A"] / -float((ex["X"] @ ex["A"])[0, 0])
+    W_hat = _w_hat(ex["W"], 0.2)
+    start = walk.run_walk(**ex, steps=1)[0]
+    want = start.loss if goal == "W start" else start.loss_after
+
+    def after(lr):
+        if moving == "one":
+            rec = walk.run_walk(**(ex | dict(W=W_hat)), steps=1)[0]
+            B1 = np.array([[-lr * np.sign(rec.dB[0, 0]), 0.0]])
+            Y = ex["X"] @ W_hat + ex["s"] * (ex["X"] @ ex["A"]) @ B1
+            return walk.cross_entropy_forward(Y, ex["target"])[0]
+        return walk.run_walk(**(ex | dict(W=W_hat)), steps=1, lr=lr, optimizer=optimizer)[0].loss_after
+
+    return _bisect(lambda lr: after(lr) - want, 1e-6, 10.0)
+
+
 def _p5_mistakes() -> list[Mistake]:
-    after = lambda recs: recs[0].loss_after  # noqa: E731
     return [
-        Mistake("sign", _loss_after_b(+1),
-                f"B moved the wrong way: AdamW's first step moves each entry by lr against the sign of its own gradient, and "
-                f"with target class 0, D = p − onehot(0) = [p₀ − 1, p₁], so ∇B = s(XA)ᵀD = [+, −] (XA = −0.3 is negative): "
-                f"B becomes [−0.01, 0.01]. {READ_WALK}"),
-        Mistake("before", seed_walk(target=0)[0].loss,
-                f"that is the loss before the update (B = 0); the question asks for the loss after AdamW's first step. {READ_WALK}"),
-        Mistake("SGD", after(seed_walk(target=0, optimizer="sgd", lr=0.01)),
-                f"that is a plain gradient-descent step (B −= lr·∇B); AdamW's first step moves every entry with a nonzero "
-                f"gradient by lr (m̂/√v̂ = ±1). {READ_WALK}"),
-        Mistake("target 1", after(seed_walk(target=1)),
-                f"that is the walk with target class 1, the lesson's; the question asks for target class 0. {READ_WALK}"),
-        Mistake("W", after(seed_walk(None, target=0)),
-                f"that is the unquantized walk's value: run the same step with W replaced by Ŵ. {READ_WALK}"),
-        Mistake("two steps", seed_walk(target=0, steps=2)[1].loss_after,
-                f"that is the loss after the second step; the question asks for the first. {READ_WALK}"),
+        Mistake("SGD", undo_lr("sgd"),
+                f"that is the learning rate plain gradient descent would need (B −= lr·∇B, a step scaled by the gradient's "
+                f"size); AdamW's first step moves every entry of B by lr itself, against the sign of its gradient "
+                f"(m̂/√v̂ = ±1), however small the gradient is. {READ_WALK}"),
+        Mistake("no XA", undo_lr(z_one=True),
+                f"you let a step of B move the logits one for one; they move by s(XA)ΔB, and XA = −0.3, so each lr-sized step "
+                f"of an entry of B moves its logit by 0.3·lr. {READ_WALK}"),
+        Mistake("one entry", undo_lr(moving="one"),
+                f"you moved only one entry of B; AdamW's first step moves both entries by lr (their gradients are ±, both "
+                f"nonzero), so one logit rises and the other falls, and the margin moves twice as fast. {READ_WALK}"),
+        Mistake("W after", undo_lr(goal="W after"),
+                f"you matched the loss the walk on W reaches after its own first step; the question asks for the loss it "
+                f"starts from, before any update. {READ_WALK}"),
     ]
 
 
-def _loss_after_b(sign: float) -> float:
-    """The target-0 loss on Ŵ after B moves to sign · [0.01, −0.01] (A unchanged): P5's wrong-sign answer for sign = +1."""
+# P4: lesson 06's walk (AdamW, lr 0.01, target class 1) on its W seen as the corner of a larger weight V that is quantized in
+# int4 absmax blocks of 64, flattened row by row (Lesson 14, 'Blocks'): V is 2 × 64, V[:, :2] = W, one outlier
+# V[1, 40] = 4.2, every other entry smaller than 0.2 in magnitude. Row 0 of V is one block (absmax 0.63, its largest entry is W's 0.63), row 1
+# the other, with the outlier as its absmax: row 0 keeps a fine grid, row 1's step is 4.2 / 7 = 0.6 and 0.28 becomes 0.
+P4_COLS, P4_OUTLIER, P4_OUTLIER_AT, P4_BLOCKSIZE = 64, 4.2, (1, 40), 64
+
+
+def outlier_weight(seed: int = 14) -> np.ndarray:
+    """p4's 2 × 64 weight V: the walk's W in columns 0–1, the outlier 4.2 at V[1, 40], every other entry drawn uniformly
+    from (−0.2, 0.2) with ``seed`` (the key does not depend on them: they are never a block's absmax)."""
+    V = np.random.default_rng(seed).uniform(-0.2, 0.2, (2, P4_COLS))
+    V[:, :2] = walk.worked_example()["W"]
+    V[P4_OUTLIER_AT] = P4_OUTLIER
+    return V
+
+
+def outlier_corner(seed: int = 14) -> np.ndarray:
+    """The corner Ŵ = V̂[:, :2] of V quantized by ``coursekit.quant`` in int4 absmax, blocks of 64."""
+    V = outlier_weight(seed)
+    codes, absmax = quant.absmax_quantize(V, bits=4, blocksize=P4_BLOCKSIZE)
+    return quant.absmax_dequantize(codes, absmax, V.shape, bits=4, blocksize=P4_BLOCKSIZE)[:, :2]
+
+
+def outlier_walk(steps: int = 1, seed: int = 14):
+    """Lesson 06's walk on the corner Ŵ of the blockwise-quantized V (the key of p4 is its first ∇B)."""
+    return walk.run_walk(**(walk.worked_example() | dict(W=outlier_corner(seed))), steps=steps)
+
+
+def _corner_variant_dB(q: float = 7.0, rounding=np.round, absmax=(0.63, P4_OUTLIER), rescale: bool = True) -> np.ndarray:
+    """The first-step ∇B of the walk on a mistaken reconstruction of the corner: ``absmax`` one value per row of W (the
+    blocks of V it sits in), scale ``q`` instead of Q = 7, ``rounding`` instead of round, or the integer codes themselves
+    (``rescale`` False)."""
     ex = walk.worked_example()
-    W_hat = _w_hat(ex["W"], 0.2)
-    Y = ex["X"] @ W_hat + ex["s"] * (ex["X"] @ ex["A"]) @ (sign * np.array([[0.01, -0.01]]))
-    return float(np.log(np.exp(Y).sum()) - Y[0, 0])
-
-
-# P4: lesson 06's walk (AdamW, lr 0.01, target class 1) on its W quantized by lesson 14's int4 absmax with one absmax for
-# the whole 2 × 2 tensor: the step absmax / Q = 0.91 / 7 = 0.13, finer than the toy base's 0.2.
-
-
-def absmax_walk(steps: int = 1):
-    """Lesson 06's walk on Ŵ = code / Q · absmax, W quantized per tensor in int4 by ``coursekit.quant`` (the key of p4)."""
-    ex = walk.worked_example()
-    codes, absmax = quant.absmax_quantize(ex["W"], bits=4, blocksize=ex["W"].size)
-    W_hat = quant.absmax_dequantize(codes, absmax, ex["W"].shape, bits=4, blocksize=ex["W"].size)
-    return walk.run_walk(**(ex | dict(W=W_hat)), steps=steps)
-
-
-def _absmax_variant_dB(q: float = 7.0, rounding=np.round, per_row: bool = False, rescale: bool = True) -> np.ndarray:
-    """The first-step ∇B of the walk on a mistaken absmax reconstruction of lesson 06's W: scale ``q`` instead of Q = 7,
-    ``rounding`` instead of round, one absmax per row (``per_row``), or the integer codes themselves (``rescale`` False)."""
-    ex = walk.worked_example()
-    W = ex["W"]
-    am = np.abs(W).max(axis=1, keepdims=True) if per_row else np.abs(W).max()
-    codes = rounding(W / am * q)
+    am = np.asarray(absmax, dtype=np.float64).reshape(2, 1)
+    codes = rounding(ex["W"] / am * q)
     W_used = codes / q * am if rescale else codes
     return walk.run_walk(**(ex | dict(W=W_used)), steps=1)[0].dB
 
 
 def _p4_mistakes() -> list[Mistake]:
-    key = absmax_walk()[0]
+    key = outlier_walk()[0]
     return [
         Mistake("W", seed_walk(None)[0].dB,
-                f"that is the unquantized walk's value (lesson 06): run the same step with W replaced by its int4 absmax "
-                f"reconstruction Ŵ = code / Q · absmax. {READ_WALK}"),
+                f"that is the unquantized walk's value (lesson 06): run the same step with W replaced by its int4 "
+                f"reconstruction, taken from the quantized V. {READ_WALK}"),
+        Mistake("own absmax", _corner_variant_dB(absmax=(0.91, 0.91)),
+                f"you quantized W's four entries with one absmax of their own (0.91), as if they were a block by themselves "
+                f"(or as if the blocks ran down V's columns); blockwise quantization flattens V row by row, so each row of V "
+                f"is one block of 64, and row 1's absmax is the outlier. {READ_BLOCKS}"),
+        Mistake("per tensor", _corner_variant_dB(absmax=(P4_OUTLIER, P4_OUTLIER)),
+                f"you gave the whole of V one absmax, the outlier's 4.2; with blocks of 64, row 0 of V is a block of its own, "
+                f"without the outlier, and keeps a fine grid. {READ_BLOCKS}"),
+        Mistake("outlier in row 0", _corner_variant_dB(absmax=(P4_OUTLIER, 0.91)),
+                f"you put the outlier's coarse grid on the wrong row: V[1, 40] lies in row 1 of V, the block that holds "
+                f"W's second row (0.28, 0.91). {READ_BLOCKS}"),
         Mistake("toy base", seed_walk()[0].dB,
-                f"that is ∇B on the toy base, whose step is fixed at 0.2; with one absmax for the whole tensor the step is "
-                f"absmax / Q, set by the largest |W| and the int4 range. {READ_TOY}"),
-        Mistake("Q = 8", _absmax_variant_dB(q=8.0),
-                f"you scaled by 2^(bits−1) = 8 instead of Q = 2^(bits−1) − 1 = 7: symmetric int4 absmax maps max |W| onto "
-                f"±7. {READ_ABSMAX}"),
-        Mistake("Q = 2^b - 1", _absmax_variant_dB(q=15.0),
+                f"that is ∇B on the toy base, whose step is fixed at 0.2; in absmax quantization each block's step is its "
+                f"absmax / Q. {READ_TOY}"),
+        Mistake("Q = 8", _corner_variant_dB(q=8.0),
+                f"you scaled by 2^(bits−1) = 8 instead of Q = 2^(bits−1) − 1 = 7: symmetric int4 absmax maps each block's "
+                f"max |x| onto ±7. {READ_ABSMAX}"),
+        Mistake("Q = 2^b - 1", _corner_variant_dB(q=15.0),
                 f"you scaled by 2^4 − 1 = 15, the top of the unsigned range; signed int4 codes use Q = 7. {READ_ABSMAX}"),
-        Mistake("int8", _absmax_variant_dB(q=127.0),
+        Mistake("int8", _corner_variant_dB(q=127.0),
                 f"you used int8's Q = 127; the question asks for int4, Q = 7. {READ_ABSMAX}"),
-        Mistake("forgot Q", _absmax_variant_dB(q=1.0),
+        Mistake("forgot Q", _corner_variant_dB(q=1.0),
                 f"you divided by absmax but forgot to multiply by Q = 7: your codes are only −1, 0 or 1. {READ_ABSMAX}"),
-        Mistake("per row", _absmax_variant_dB(per_row=True),
-                f"you gave each row its own absmax (blocks of 2); the question asks for one absmax for the whole 2 × 2 "
-                f"tensor. {READ_BLOCKS}"),
-        Mistake("truncated", _absmax_variant_dB(rounding=np.trunc),
-                f"your codes truncate toward zero (int(...) or .astype(int)); code = round(W / absmax · Q). {READ_ABSMAX}"),
-        Mistake("floor", _absmax_variant_dB(rounding=np.floor),
-                f"your codes use floor, which sends 0.63 / 0.91 · 7 = 4.85 down to 4; code = round(W / absmax · Q). "
+        Mistake("truncated", _corner_variant_dB(rounding=np.trunc),
+                f"your codes truncate toward zero (int(...) or .astype(int)); code = round(x / absmax · Q). {READ_ABSMAX}"),
+        Mistake("floor", _corner_variant_dB(rounding=np.floor),
+                f"your codes use floor, which sends −0.47 / 0.63 · 7 = −5.22 down to −6; code = round(x / absmax · Q). "
                 f"{READ_ABSMAX}"),
-        Mistake("codes", _absmax_variant_dB(rescale=False),
+        Mistake("codes", _corner_variant_dB(rescale=False),
                 f"you ran the walk on the integer codes; the model computes with the reconstruction Ŵ = code / Q · absmax. "
                 f"{READ_ABSMAX}"),
-        Mistake("two steps", absmax_walk(steps=2)[1].dB,
+        Mistake("two steps", outlier_walk(steps=2)[1].dB,
                 f"that is the value of the second step; the question asks for the first. {READ_WALK}"),
         Mistake("sign", -key.dB, f"your ∇B has the wrong sign: D = softmax(Y) − onehot(target), then ∇B = s ZᵀD. {READ_WALK}"),
         Mistake("D", key.D, f"that is D = ∂L/∂Y; ∇B = s ZᵀD multiplies it by Z = XA. {READ_WALK}"),
@@ -562,21 +617,23 @@ ITEMS = {
         mistakes=p3_mistakes,
     ),
     "p4": RowArray(
-        "first-step ∇B of lesson 06's walk on its W quantized by int4 absmax, one absmax for the whole tensor",
+        "first-step ∇B of lesson 06's walk on its W as the corner of a 2 × 64 weight with one outlier, quantized in int4 "
+        "absmax blocks of 64",
         2,
         name="dB",
-        expected=lambda: absmax_walk()[0].dB,
-        rtol=5e-4,  # "4 significant digits": −0.1403 for −0.140264; the nearest listed mistake (two steps) is 0.3 % away
+        expected=lambda: outlier_walk()[0].dB,
+        rtol=5e-4,  # "4 significant digits": −0.06325 for −0.0632455; the nearest listed mistake (two steps) is 0.5 % away
         atol=1e-6,
         mistakes=_p4_mistakes,
-        reread=READ_WALK_SECTION,
+        reread="Reread 'Blocks' in Know this.",  # the thought P4 asks for: which block, which absmax
     ),
     "p5": Numeric(
-        "predict the loss after AdamW's first step of the walk on Ŵ with target class 0",
+        "predict the learning rate at which AdamW's first update of the walk on Ŵ (target class 0) reaches the loss the walk "
+        "on W starts from",
         1,
-        name="loss_after",
-        expected=lambda: seed_walk(target=0)[0].loss_after,
-        rtol=5e-4,  # "4 significant digits": 1.034 for 1.033618; the nearest listed mistake is 0.3 % away
+        name="lr",
+        expected=undo_lr,
+        rtol=5e-4,  # "4 significant digits": 0.7333 for 0.733333; the nearest listed mistake (W after, 0.7433) is 1.4 % away
         mistakes=_p5_mistakes,
         reread=READ_WALK_SECTION,
     ),
