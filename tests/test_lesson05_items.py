@@ -510,3 +510,33 @@ def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
     torch.testing.assert_close(grad, G.reshape(-1, r).T @ X.reshape(-1, d))
     keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
     assert keys["p2"] == RIGHT["p2"] == "a"
+
+
+def test_p8_model_answer_is_what_autograd_gives_the_toy_with_a_skip():
+    """P8's model answer, computed: the two-layer toy of 'Frozen is not detached' with a skip around layer 2,
+    Y₂ = H + H W₂ + s (H A₂) B₂, fresh adapters. Frozen: ∇H = D + D W₂ᵀ; with (H @ W2).detach(): ∇H = D. B₁ gets a
+    nonzero gradient in both, s Z₁ᵀ ∇H, and the two differ by s Z₁ᵀ D W₂ᵀ; ∇A₁ is zero in both (B₁ = 0)."""
+    g = torch.Generator().manual_seed(0)
+    f64 = dict(dtype=torch.float64)
+    n, d, h, r, s = 6, 5, 4, 2, 2.0
+    X, W1, W2 = (torch.randn(*shape, generator=g, **f64) for shape in ((n, d), (d, h), (h, h)))
+    A1_0, A2_0 = torch.randn(d, r, generator=g, **f64), torch.randn(h, r, generator=g, **f64)
+    D = torch.randn(n, h, generator=g, **f64)
+
+    def run(detach):
+        A1, A2 = A1_0.clone().requires_grad_(), A2_0.clone().requires_grad_()
+        B1, B2 = torch.zeros(r, h, **f64).requires_grad_(), torch.zeros(r, h, **f64).requires_grad_()
+        H = X @ W1 + s * (X @ A1) @ B1
+        H.retain_grad()
+        base = (H @ W2).detach() if detach else H @ W2
+        ((H + base + s * (H @ A2) @ B2) * D).sum().backward()
+        return H.grad, B1.grad, A1.grad
+
+    Z1 = X @ A1_0
+    (dH_frozen, dB1_frozen, dA1_frozen), (dH_cut, dB1_cut, dA1_cut) = run(False), run(True)
+    torch.testing.assert_close(dH_frozen, D + D @ W2.T)
+    torch.testing.assert_close(dH_cut, D)
+    torch.testing.assert_close(dB1_cut, s * Z1.T @ D)
+    torch.testing.assert_close(dB1_frozen - dB1_cut, s * Z1.T @ D @ W2.T)
+    assert dB1_cut.abs().max() > 0.1 and (dB1_frozen - dB1_cut).abs().max() > 0.1
+    assert dA1_frozen.abs().max() == 0 and dA1_cut.abs().max() == 0

@@ -227,7 +227,7 @@ def test_rel_error_without_tiny_guard_fails_the_zero_case():
         ("w1", "a", "forward difference"),
         ("w1", "c", "2ε apart"),
         ("w3", "a", "Speed is not the reason"),
-        ("p5", "a", "s = lora_alpha / r = 16 / 4 = 4"),
+        ("p5", "a", "scales only the analytic dA"),
         ("p5", "c", "the formula of the CS231n notes"),
         ("p5", "d", "never exceeds 1"),
     ],
@@ -436,21 +436,108 @@ def _dA_report(backward, s, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_p5_key_and_wrong_options_are_measured(seed):
-    """P5's options, measured: check_vjp's dA error for s twice at s = 16 / 4 is option b; the others are the mistakes."""
-    options = {"a": 0.33, "b": 0.6, "c": 0.75, "d": 3.0}
+    """P5's options, measured: check_vjp's dA error for s twice at s = 4 / 16 = 1/4 is option b; the others are the
+    mistakes, each run."""
+    options = {"a": 0.0, "b": 0.6, "c": 0.75, "d": 3.0}
     s = lora.scaling(lesson07.P5["lora_alpha"], lesson07.P5["r"])
+    assert s == 0.25
     reported, a, n = _dA_report(s_twice_in_dA, s, seed)
     closest = min(options, key=lambda k: abs(options[k] - reported))
     assert closest == "b" and check("07.p5", closest).full
     np.testing.assert_allclose(reported, options["b"], rtol=1e-6)
-    # a) the lesson's s = 2 (what the missing s printed): the same bug at s = 2
-    np.testing.assert_allclose(_dA_report(s_twice_in_dA, 2.0, seed)[0], 1 / 3, rtol=1e-6)
+    # the same 3/5 as the inverse factor s = 4 (the key's explanation says so)
+    np.testing.assert_allclose(_dA_report(s_twice_in_dA, 4.0, seed)[0], 3 / 5, rtol=1e-6)
+    # a) what a relative error ignores is a factor on both values: the same s-scaled dA against the numeric
+    # gradient of the loss scaled by s (the loss × 1000 of the lesson) passes
+    X, W, A, B, _, D = _case(3, lesson07.P5["r"], s, seed=seed)
+    _, cache = lora.lora_forward(X, W, A, B, s)
+    both = gc.check_vjp(lambda X, A, B: s * lora.lora_forward(X, W, A, B, s)[0], dict(X=X, A=A, B=B),
+                        {k: s * g for k, g in zip("XAB", lora.lora_backward(D, cache))}, D)
+    np.testing.assert_array_equal(s * lora.lora_backward(D, cache)[1], s_twice_in_dA(D, cache)[1])
+    assert both.ok and both["A"].rel_error <= 1e-6
     # c) the notes' denominator max(|a|, |n|) instead of check_vjp's |a| + |n|
     np.testing.assert_allclose(gc.relative_errors(a, n, denominator="max").max(), options["c"], rtol=1e-6)
-    # d) relative to the numeric value alone
-    np.testing.assert_allclose(np.max(np.abs(a - n) / np.abs(n)), options["d"], rtol=1e-6)
+    # d) relative to the analytic value alone
+    np.testing.assert_allclose(np.max(np.abs(a - n) / np.abs(a)), options["d"], rtol=1e-6)
     for wrong in "acd":
         assert check("07.p5", wrong).points == 0
+
+
+# --------------------------------------------------------------------------- P9 and P10's model answers, measured
+
+
+def _sweep_layer():
+    """The layer, targets and analytic dA of the lesson's 'The ε sweep' (seed 0)."""
+    rng = np.random.default_rng(0)
+    n, d, m, r, s = 4, 6, 5, 2, 2.0
+    X = rng.standard_normal((n, d))
+    W = rng.standard_normal((d, m)) / np.sqrt(d)
+    A = rng.standard_normal((d, r)) / np.sqrt(d)
+    B = rng.standard_normal((r, m)) / np.sqrt(r)
+    targets = rng.integers(0, m, n)
+
+    def cross_entropy(A_):
+        Y = lora.lora_forward(X, W, A_, B, s)[0]
+        Y = Y - Y.max(axis=1, keepdims=True)
+        return float(-(Y - np.log(np.exp(Y).sum(axis=1, keepdims=True)))[np.arange(n), targets].mean())
+
+    Y, cache = lora.lora_forward(X, W, A, B, s)
+    P = np.exp(Y - Y.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    dA = lora.lora_backward((P - np.eye(m)[targets]) / n, cache)[1]
+    return dict(X=X, W=W, A=A, B=B, s=s, f=cross_entropy, dA=dA)
+
+
+def test_p9_model_answer_is_the_measured_sweep():
+    """P9's model answer: × 1000 moves nothing; + 10⁶ moves the best ε up about 70× (to a few 1e-4), the minimum up a
+    few thousand times (to about 1e-7), and makes a right kernel fail check_vjp at ε = 1e-6 (median error about 2e-5)."""
+    lay = _sweep_layer()
+    f, A, dA = lay["f"], lay["A"], lay["dA"]
+    np.testing.assert_allclose(f(A), 2.92, atol=0.005)                   # "about 2.9", printed by the sweep cell
+    grid = np.logspace(-1, -14, 53)
+    plain = gc.epsilon_sweep(f, A.copy(), dA, grid, reduce="median")
+    times = gc.epsilon_sweep(lambda A_: 1000 * f(A_), A.copy(), 1000 * dA, grid, reduce="median")
+    plus = gc.epsilon_sweep(lambda A_: f(A_) + 1e6, A.copy(), dA, grid, reduce="median")
+    best = {k: grid[np.argmin(v)] for k, v in (("plain", plain), ("times", times), ("plus", plus))}
+    assert best["times"] == best["plain"] and 5e-6 <= best["plain"] <= 7e-6          # "near 6e-6"
+    np.testing.assert_allclose(times.min(), plain.min(), rtol=0.2)
+    assert 3e-11 <= plain.min() <= 7e-11                                              # "near 5e-11"
+    assert 1e-4 <= best["plus"] <= 6e-4 and 30 <= best["plus"] / best["plain"] <= 150  # "a few times 1e-4", "about 70×"
+    assert 1e3 <= plus.min() / plain.min() <= 1e4 and 5e-8 <= plus.min() <= 2e-7     # "a few thousand", "about 1e-7"
+    np.testing.assert_allclose(1e6 / f(A), 3.4e5, rtol=0.02)                         # "about 3·10⁵-fold"
+    np.testing.assert_allclose((1e6 / f(A)) ** (1 / 3), 70, rtol=0.02)              # ε* moves by the cube root
+    at_1e6 = plus[np.argmin(np.abs(grid - 1e-6))]
+    assert 1.5e-5 <= at_1e6 <= 3e-5 and gc.band(at_1e6) == "look closer"            # "about 2e-5"
+
+    def verdict(loss, grad):   # check_vjp of a scalar loss (D = 1) at its default ε = 1e-6 and tol = 1e-6
+        return gc.check_vjp(lambda A: np.array([loss(A)]), dict(A=A.copy()), dict(A=grad), np.ones(1)).ok
+
+    assert verdict(f, dA) and verdict(lambda A_: 1000 * f(A_), 1000 * dA)
+    assert not verdict(lambda A_: f(A_) + 1e6, dA)
+
+
+@pytest.mark.parametrize("target_seed", [None, 2])
+def test_p10_model_answer_is_the_measured_sweep(target_seed):
+    """P10's model answer: for ½ Σ (Y − T)² as a function of A the central difference is exact up to round-off at every
+    ε (no truncation line), the forward difference has a truncation line of slope 1, about 0.1 at ε = 0.1."""
+    lay = _sweep_layer()
+    X, W, A, B, s = (lay[k] for k in "XWABs")
+    Y, cache = lora.lora_forward(X, W, A, B, s)
+    T = np.zeros_like(Y) if target_seed is None else np.random.default_rng(target_seed).standard_normal(Y.shape)
+
+    def loss(A_):
+        return float(0.5 * np.sum((lora.lora_forward(X, W, A_, B, s)[0] - T) ** 2))
+
+    grad = lora.lora_backward(Y - T, cache)[1]
+    grid = np.logspace(-1, -5, 9)
+    central = gc.epsilon_sweep(loss, A.copy(), grad, grid, reduce="median")
+    forward = np.array([np.median(gc.relative_errors(grad, np.array(
+        [[(loss(A + eps * np.eye(1, A.size, k).reshape(A.shape)) - loss(A)) / eps for k in range(A.size)]]).reshape(A.shape)))
+        for eps in grid])
+    assert central[0] < 1e-13 and central.max() < 1e-10                             # no truncation at any ε ...
+    assert np.polyfit(np.log10(grid), np.log10(central), 1)[0] < -0.5                # ... only round-off, growing as ε shrinks
+    assert 0.9 < np.polyfit(np.log10(grid), np.log10(forward), 1)[0] < 1.1            # slope 1
+    assert 0.05 < forward[0] < 0.2                                                     # "about 0.1 at ε = 0.1"
 
 
 def _sweep(method, dtype, grid, seed=0):

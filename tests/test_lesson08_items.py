@@ -141,7 +141,7 @@ def _gqa_wrong(kind):
     return fn
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "d", "p1": softmax_backward_kq, "p2": attention_backward, "p3": 131326, "p4": "a",
+RIGHT = {"w1": "b", "w2": "a", "w3": "d", "p1": softmax_backward_kq, "p2": attention_backward, "p3": 10, "p4": "a",
          "p5": {"a", "b"}, "p6": lesson08._p6_expected(), "p7": "c", "p10": gqa_backward, "p11": None}
 
 
@@ -429,11 +429,12 @@ def test_p5s_key_measured_dv_under_each_change():
 @pytest.mark.parametrize(
     "answer, text",
     [
-        (512 * 511 // 2, "the causal mask's zeros alone"),
-        (512 * 511 // 2 + 512, "already counted"),
-        (512 * 511 // 2 + 509, "P[2, 2] = 0 too"),
-        (512 * 512 - 131326, "stay positive"),
-        (1000, "not right (tolerance"),
+        (9, "a softmax over one entry is the constant 1"),
+        (6, "the padding keys' rows of dK and dV only"),
+        (7, "not NaN"),
+        (4, "dQ's zero rows only"),
+        (11, "key 3's row of dK is not zero"),
+        (512 * 511 // 2 + 509, "not right (tolerance"),
     ],
 )
 def test_p3_mistakes_are_recognised(answer, text):
@@ -441,18 +442,40 @@ def test_p3_mistakes_are_recognised(answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p3_key_is_the_count_of_exact_zeros_of_a_real_padded_head():
-    """P3's key measured: a causal head of T = 512 with key 2 padded, random Q, K, V: the entries of P that are exactly
-    0 (not small) are the key, and every other entry is positive."""
+def _p3_head(seed):
+    """A causal head of T = 512 with keys 0, 1, 2 padded, random Q, K, V and dC: (P, dQ, dK, dV)."""
     T = 512
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     keep = np.ones((T, T), dtype=bool)
-    keep[:, 2] = False
+    keep[:, :lesson08.P3_PAD] = False
     _, cache = att.attention_forward(*(rng.standard_normal((T, 8)) for _ in range(3)), mask=keep)
-    P = cache["P"]
-    zeros = int((P == 0.0).sum())
-    assert zeros == ITEMS["p3"].expected() == RIGHT["p3"] == 512 * 511 // 2 + 510
-    assert np.all(P[P != 0.0] > 0) and check("08.p3", zeros).points == ITEMS["p3"].points
+    return (cache["P"],) + tuple(att.attention_backward(rng.standard_normal((T, 8)), cache))
+
+
+def _zero_rows(M):
+    return {int(i) for i in np.flatnonzero(np.all(M == 0.0, axis=-1))}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_p3_key_is_the_count_of_zero_rows_of_a_real_padded_head(seed):
+    """P3's key measured: in a causal head of T = 512 with keys 0, 1, 2 padded, the rows of dQ, dK and dV that are
+    exactly 0 are dQ's 0 to 3 (no visible key, then a single one) and dK's and dV's 0 to 2, ten in all; no other entry of
+    them is zero. Each named mistake leaves out (or adds) one of these kinds of row, measured here."""
+    P, dQ, dK, dV = _p3_head(seed)
+    rows = {"dQ": _zero_rows(dQ), "dK": _zero_rows(dK), "dV": _zero_rows(dV)}
+    assert rows == {"dQ": {0, 1, 2, 3}, "dK": {0, 1, 2}, "dV": {0, 1, 2}}
+    assert sum((M == 0.0).sum() for M in (dQ, dK, dV)) == 10 * dQ.shape[-1]      # no stray zero entry elsewhere
+    n = sum(len(r) for r in rows.values())
+    assert n == ITEMS["p3"].expected() == RIGHT["p3"] == 10 and check("08.p3", n).points == ITEMS["p3"].points
+    empty = _zero_rows(P)                                      # queries with no visible key
+    single = {int(t) for t in np.flatnonzero((P > 0).sum(axis=-1) == 1)}
+    assert empty == {0, 1, 2} and single == {3}
+    named = {m.label: m.value for m in lesson08._p3_mistakes()}
+    assert named["one key"] == len(rows["dQ"] - single) + len(rows["dK"]) + len(rows["dV"])
+    assert named["empty rows"] == len(rows["dQ"] - empty) + len(rows["dK"]) + len(rows["dV"])
+    assert named["padding keys only"] == len(rows["dK"]) + len(rows["dV"])
+    assert named["dQ only"] == len(rows["dQ"])
+    assert named["key 3"] == n + 1 and np.abs(dK[3]).max() > 0
 
 
 def _p6_grad_A(D, s=None):

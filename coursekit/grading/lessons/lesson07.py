@@ -191,7 +191,7 @@ def _p2_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
 # --------------------------------------------------------------------------- numbers
 
 W2_SHAPE = dict(n=3, d=6, m=4, r=2)
-P5 = dict(lora_alpha=16, r=4)   # s_twice_in_dA checked at s = lora_alpha / r = 4
+P5 = dict(lora_alpha=4, r=16)   # s_twice_in_dA checked at s = lora_alpha / r = 1/4: an extra factor below 1
 
 
 def _w2_expected() -> float:

@@ -277,37 +277,52 @@ def _dS_only_if_both_off(mistakes: dict[str, list[Mistake]], got: dict | None, r
     return out
 
 
-# --------------------------------------------------------------------------- p3: zeros of P under causal + padding
+# --------------------------------------------------------------------------- p3: zero gradient rows under causal + left padding
 
 P3_T = 512
-#: The key masked for every query (a padding key), on top of the causal mask.
-P3_PAD = 2
+#: Keys 0 … P3_PAD − 1 are left padding, masked for every query on top of the causal mask.
+P3_PAD = 3
 
 
 def _p3_allowed() -> np.ndarray:
-    """True where query t may attend key u: u ≤ t, and u is not the padding key."""
+    """True where query t may attend key u: u ≤ t, and u is not a padding key."""
     allowed = att.causal_mask(P3_T).copy()
-    allowed[:, P3_PAD] = False
+    allowed[:, :P3_PAD] = False
     return allowed
 
 
+def _p3_counts() -> dict[str, int]:
+    """What each kind of zero row comes from: queries with no visible key (a zero row of P), queries with exactly one
+    (a softmax over one entry is the constant 1), keys no query sees (a zero column of P, so of dS)."""
+    allowed = _p3_allowed()
+    visible = allowed.sum(axis=1)
+    return dict(empty=int((visible == 0).sum()), single=int((visible == 1).sum()),
+                unseen=int((allowed.sum(axis=0) == 0).sum()))
+
+
 def _p3_expected() -> float:
-    return float((~_p3_allowed()).sum())
+    c = _p3_counts()
+    return float(c["empty"] + c["single"] + 2 * c["unseen"])      # dQ's rows, then dK's and dV's
 
 
 def _p3_mistakes() -> list[Mistake]:
-    T, u = P3_T, P3_PAD
-    causal = T * (T - 1) // 2
+    c = _p3_counts()
+    e, one, k = c["empty"], c["single"], c["unseen"]
     return [
-        Mistake("causal only", causal, "that counts the causal mask's zeros alone (the entries above the diagonal); the padding "
-                "key's column adds the entries the causal mask left open: queries t ≥ 2 each lose key 2 too. " + READ_MASK),
-        Mistake("whole padding column", causal + T, "you added the padding key's whole column of T entries, but its entries "
-                "above the diagonal (queries 0 and 1, which could not see key 2 anyway) are already counted: a zero is one "
-                "entry of P, whichever mask put it there. " + READ_MASK),
-        Mistake("padding diagonal", causal + T - u - 1, "you left out the padding column's diagonal entry: query 2 may see "
-                "itself under the causal mask, but key 2 is padding, so P[2, 2] = 0 too. " + READ_MASK),
-        Mistake("allowed", T * T - causal - (T - u), "that counts the entries that stay positive; the question asks for the "
-                "ones that are exactly zero. " + READ_MASK),
+        Mistake("one key", e + 2 * k, "you missed the first real query: query 3 may see key 3 only, so its row of P is "
+                "[0, …, 0, 1, 0, …] whatever its score, and a softmax over one entry is the constant 1: dS[3, 3] = 0 and its "
+                "row of dQ is exactly zero, as for query 0 of a plain causal head. " + READ_MASK),
+        Mistake("padding keys only", 2 * k, "that counts the padding keys' rows of dK and dV only. The queries are affected "
+                "too: queries 0 to 2 have no key left to see, so their rows of P, hence of dS and dQ, are zero; and query 3 "
+                "sees a single key. " + READ_MASK),
+        Mistake("empty rows", one + 2 * k, "queries 0 to 2, which have no key left to see, get a zero row of P (not NaN, "
+                "the convention of coursekit and PyTorch's scaled_dot_product_attention), so dS = P ⊙ (…) and their rows of "
+                "dQ are exactly zero too. " + READ_MASK),
+        Mistake("dQ only", e + one, "that counts dQ's zero rows only; the padding keys get no probability from any query, "
+                "so their columns of P and dS are zero, and so are their rows of dK and dV. " + READ_MASK),
+        Mistake("key 3", e + one + 2 * k + 1, "key 3's row of dK is not zero: only dS[3, 3] vanishes, and every later "
+                "query sees key 3 with a nonzero dS[t, 3]. A gradient row vanishes only when its whole column (a key) or "
+                "row (a query) of dS does. " + READ_MASK),
     ]
 
 
@@ -585,9 +600,9 @@ ITEMS = {
         atol=1e-10,
     ),
     "p3": Numeric(
-        f"exactly-zero entries of P for one causal head with T = {P3_T} and key {P3_PAD} padded",
+        f"exactly-zero rows of dQ, dK and dV for one causal head with T = {P3_T} and keys 0 to {P3_PAD - 1} padded",
         1,
-        name="n_masked",
+        name="n_zero_rows",
         reread=READ_MASK,
         expected=_p3_expected,
         rtol=0,
