@@ -270,16 +270,36 @@ def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
 
 
 def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
-    """P11's '74 % [67, 81] and 78 % [70, 84] on the same 144 tickets (95 % Wilson intervals)' are 107 and 112 right of
-    144; its hint for (b): as printed, both intervals span 14 points, and unrounded the first is the wider."""
+    """P11's '74 % [67, 81] and 78 % [71, 84] on the same 144 tickets (95 % Wilson intervals): 107 and 113 right' are
+    what evaluate.wilson_interval gives, and the two intervals overlap."""
     from coursekit import evaluate
 
-    for k, shown in ((107, (74, 67, 81)), (112, (78, 70, 84))):
+    for k, shown in ((107, (74, 67, 81)), (113, (78, 71, 84))):
         lo, hi = evaluate.wilson_interval(k, 144)
         assert (round(100 * k / 144), round(100 * lo), round(100 * hi)) == shown
-        assert shown[2] - shown[1] == 14
-    assert evaluate.wilson_interval(107, 144)[1] - evaluate.wilson_interval(107, 144)[0] >= \
-        evaluate.wilson_interval(112, 144)[1] - evaluate.wilson_interval(112, 144)[0]  # the first is not the narrower
+    assert evaluate.wilson_interval(113, 144)[0] < evaluate.wilson_interval(107, 144)[1]    # they overlap
+
+
+def test_p11s_key_the_discordant_tickets_decide():
+    """P11's key (c), run: with 107 and 113 right of the same 144, the discordant tickets decide. 6 won and 0 lost gives
+    McNemar's exact p = 0.03 (a difference the overlap hides: (a) and (d) are false), 16 won and 10 lost gives p = 0.33
+    (more right on the same tickets is no evidence: (b) is false). The p-values quoted in the hints are these."""
+    from coursekit import paired
+
+    def pair(won, lost):
+        both = 107 - lost                                   # the first's right answers: both right, or only the first
+        first = [True] * both + [True] * lost + [False] * won + [False] * (144 - both - lost - won)
+        second = [True] * both + [False] * lost + [True] * won + [False] * (144 - both - lost - won)
+        assert (sum(first), sum(second)) == (107, 113)
+        return paired.mcnemar_exact(first, second)["p_value"]
+
+    assert round(pair(6, 0), 2) == 0.03 and pair(6, 0) < 0.05
+    assert round(pair(16, 10), 2) == 0.33
+    keys = json.loads((ROOT / "autograder" / "keys" / "19.json").read_text())
+    assert CHOICES["p11"] == keys["keys"]["p11"] == "c"
+    hints = keys["hints"]["p11"]
+    assert "p = 0.03" in hints["a"] and "p = 0.33" in hints["b"] and "p = 0.03" in hints["d"]
+    assert "p = 0.03" in hints["c"] and "p = 0.33" in hints["c"]
 
 
 def _solution(name: str):

@@ -214,7 +214,7 @@ ITEMS = {
         1,
     ),
     "p8": Ordering(
-        "four versions of lesson 13's v_proj by their distance from the function trained on the NF4 base, closest first",
+        "four versions of lesson 13's v_proj by their weights' distance from the layer trained on the NF4 base, closest first",
         2,
         labels={
             "base_nf4": "the NF4 base alone, Q(W), the adapter dropped",
