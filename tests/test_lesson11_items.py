@@ -22,8 +22,39 @@ def factor_update(A, B, dA, dB, s):
     return s * ((A + dA) @ (B + dB) - A @ B)
 
 
-def trainable_params(model):
-    return [p for p in model.parameters() if p.requires_grad]
+def moved_by_step(opt):
+    """Right for P2, written apart from the reference: snapshot, one real step, compare, then undo the step."""
+    import copy
+
+    import torch
+
+    params = [p for g in opt.param_groups for p in g["params"]]
+    values, state = [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
+    opt.step()
+    moved = [p for p, v in zip(params, values) if not torch.equal(p.detach(), v)]
+    with torch.no_grad():
+        for p, v in zip(params, values):
+            p.copy_(v)
+    opt.load_state_dict(state)
+    return moved
+
+
+def _moved_variant(rule):
+    """A mistaken P2 answer, run: the rule over what the optimizer shows, before the step."""
+    def fn(opt):
+        import torch
+
+        out = []
+        for g in opt.param_groups:
+            for p in g["params"]:
+                m = opt.state.get(p, {}).get("exp_avg")
+                f = dict(owned=True, requires_grad=p.requires_grad, grad=p.grad is not None,
+                         grad_nonzero=p.grad is not None and bool(p.grad.any()), value_nonzero=bool(p.detach().any()),
+                         decay=g["lr"] * g["weight_decay"] != 0, history=m is not None and bool(m.any()))
+                if rule(f):
+                    out.append(p)
+        return out
+    return fn
 
 
 def rescaled_grads(X, W, A, B, s, D, c):
@@ -57,7 +88,7 @@ def ratios(c=10.0, lr=0.01):
     return out
 
 
-RIGHT = {"w1": "b", "w2": 135168, "w3": "c", "p1": factor_update, "p2": trainable_params,
+RIGHT = {"w1": "b", "w2": 135168, "w3": "c", "p1": factor_update, "p2": moved_by_step,
          "p3": adamw_by_torch(2.5, (4.0, 0.0, 0.0)), "p4": "d", "p5": rescaled_grads, "p6": ratios()}
 
 
@@ -95,28 +126,68 @@ def test_factor_update_without_s_still_passes_only_the_s_equal_one_case():
     assert 0 < fb.points < ITEMS["p1"].points
 
 
-@pytest.mark.parametrize("fn,texts,score", [
-    (lambda m: [p for n, p in m.named_parameters() if "lora" in n], ["select by p.requires_grad", "score.weight"], 1.5),
-    (lambda m: list(m.parameters()), ["You returned every parameter", "weight decay"], 0.0),
-    (lambda m: [n for n, p in m.named_parameters() if p.requires_grad], ["names (strings)"], 0.0),
-    (lambda m: [p.detach() for p in m.parameters() if p.requires_grad], ["not parameters of the model"], 0.0),
-    (lambda m: [p for n, p in m.named_parameters() if p.requires_grad and "lora" in n], ["modules_to_save"], 1.5),
+def test_p2_key_is_a_real_step_and_the_rule_matches_it():
+    """Every case's key is what one real opt.step() changes; the lesson's rule (owned, .grad not None, and then the
+    decay on a nonzero tensor, a nonzero gradient or an earlier moment) gives the same names, public and hidden."""
+    from coursekit.grading.lessons import lesson11
+
+    class Ctx:
+        hidden = True
+
+        def __init__(self, seed):
+            self.seed = seed
+
+        def rng(self):
+            return np.random.default_rng(self.seed)
+
+    for seed in range(10):
+        for _, spec in lesson11.StepSelection("p2", 3).cases(Ctx(seed)):
+            facts, moved = lesson11._step_facts(spec)
+            assert sorted(moved) == sorted(n for n, f in facts.items() if lesson11._moves(f)), spec
+
+
+def _variant(label):
+    from coursekit.grading.lessons import lesson11
+
+    rule = {lab: r for lab, r, _ in lesson11._MOVED_MISTAKES}[label]
+    return _moved_variant(rule)
+
+
+@pytest.mark.parametrize("label,text", [
+    ("requires_grad", "step() does not read requires_grad"),
+    ("any gradient", "a tensor of zeros stays zero"),
+    ("nonzero gradient only", "still gets the decoupled decay"),
+    ("no history", "you forgot the first moment"),
+    ("zeros decay", "you let the decay move a tensor of zeros"),
 ])
-def test_trainable_params_mistakes_are_named(fn, texts, score):
-    fb = check("11.p2", fn, hidden=False)
-    assert fb.points == score, fb.text()
-    for t in texts:
-        assert t in fb.text(), fb.text()
+def test_p2_mistakes_are_the_variants_run_and_named(label, text):
+    """Each named mistake is its rule run as an answer over the optimizer; the feedback names it and only it."""
+    for hidden in (False, True):
+        fb = check("11.p2", _variant(label), hidden=hidden)
+        assert not fb.full and fb.mistakes == [label] and text in fb.text(), (label, fb.mistakes, fb.text())
 
 
-def test_trainable_params_stub_and_non_function():
-    def stub(model):
+def test_p2_stub_non_function_and_copies():
+    def stub(opt):
         raise NotImplementedError()
     assert check("11.p2", stub).points == 0 and "NotImplementedError" in check("11.p2", stub).text()
     assert "should be a function" in check("11.p2", [1, 2]).text()
+    fb = check("11.p2", lambda opt: [p.detach() for p in moved_by_step(opt)])
+    assert fb.points == 0 and "not parameters of the model" in fb.text(), fb.text()
 
 
-def test_trainable_params_hidden_cases_vary():
+def test_p2_an_answer_that_steps_and_keeps_the_step_scores_nothing():
+    def steps(opt):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        before = [p.detach().clone() for p in params]
+        opt.step()
+        return [p for p, b in zip(params, before) if not (p.detach() == b).all()]
+
+    fb = check("11.p2", steps, hidden=True)
+    assert fb.points == 0 and "must only read the optimizer" in fb.text(), fb.text()
+
+
+def test_p2_hidden_cases_vary():
     fb = check("11.p2", RIGHT["p2"], hidden=True)
     assert fb.text().count("hidden case") == 4
 
@@ -264,34 +335,6 @@ def _cells():
     return nb, [c for c in nb.cells if "nbgrader" in c.metadata]
 
 
-
-
-def test_p2_an_answer_that_changes_requires_grad_scores_nothing():
-    def unfreeze_all(model):
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return list(model.parameters())
-
-    def freeze_by_name(model):
-        for n, p in model.named_parameters():
-            p.requires_grad = "lora_" in n
-        return [p for p in model.parameters() if p.requires_grad]
-
-    for fn in (unfreeze_all, freeze_by_name):
-        fb = check("11.p2", fn, hidden=True)
-        assert fb.points <= 0.5 and "changed requires_grad" in fb.text(), fb.text()  # a model it leaves as is may pass
-
-
-def test_p2_handing_in_coursekits_trainable_params_scores_nothing_here_and_when_graded():
-    """The lesson's own helper is the answer: the grader's runner withholds it (its stub raises), and the notebook's
-    check runs the answer the same way, so the student is told before handing in."""
-    from coursekit import optim
-    from coursekit.grading.remote import withheld_of
-
-    assert withheld_of(ITEMS["p2"]) == ["coursekit.optim:trainable_params"]
-    for fn in (optim.trainable_params, lambda model: list(optim.trainable_params(model))):
-        fb = check("11.p2", fn, hidden=True)
-        assert fb.points == 0 and "coursekit's optim.trainable_params is withheld" in fb.text(), fb.text()
 
 
 def test_p5_answer_is_stated_only_after_its_question():

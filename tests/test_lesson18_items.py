@@ -33,7 +33,7 @@ def right_input_grad(D, packed):
     return D @ right_dequantize(packed).astype(np.float64).reshape(packed.shape[0], -1)
 
 
-RIGHT = {"w1": "d", "w2": "c", "w3": 0.015, "p1": {"b", "d", "e"}, "p2": right_dequantize, "p3": right_input_grad,
+RIGHT = {"w1": "d", "w2": "c", "w3": 0.015, "p1": {"b", "c", "d"}, "p2": right_dequantize, "p3": right_input_grad,
          "p4": ["norms", "attn_v", "attn_v_q8_0", "attn_output", "up_gguf", "token_embd", "up_bf16"], "p5": "c", "p6": 0.0785 * 15 / 31, "p7": "a"}
 
 
@@ -272,11 +272,11 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
 
 @pytest.mark.parametrize(
     "answer, text",
-    [({"a", "b", "d", "e"}, "SmolLM2 ties its embeddings"),
-     ({"b", "c", "d", "e"}, "about 0.12 % of the file, not more than 1 %"),
-     ({"b", "d", "e", "f"}, "about 79 %"),
-     ({"b", "e"}, "(d) is missing from your set. True: the embedding holds 28.3M of the 134.5M weights (21 %)"),
-     ({"d", "e"}, "(b) is missing from your set. True: o_proj maps the 9 query heads")],
+    [({"a", "b", "c", "d"}, "doubling the matrix costs more than the cheaper type saves"),
+     ({"b", "c", "d", "e"}, "32 / 5.74 ≈ 5.57 times"),
+     ({"b", "c", "d", "f"}, "0.1 is not a float16 number"),
+     ({"b", "d"}, "(c) is missing from your set. True: a Q4_1 block holds 32 consecutive weights of one row"),
+     ({"c", "d"}, "(b) is missing from your set. True: ffn_up is 1536 × 576")],
 )
 def test_multi_choice_partial_credit(answer, text):
     fb = check("18.p1", answer)
@@ -284,57 +284,56 @@ def test_multi_choice_partial_credit(answer, text):
 
 
 def test_p1_key_is_each_statement_measured_in_the_file():
-    """P1's key, measured on the course's own file: each statement's truth from the tensor table and the metadata, and
-    every number its hints quote. (a) the logits' matrix: with no output.weight the output layer is the tied
-    token_embd.weight, Q8_0; (b) v_proj's bytes against o_proj's in every block; (c) the norms' bytes as Q4_1 (gguf's
-    reference quantizer) against the file's size; (d) the embedding's share of the bytes and of the weights; (e) the
-    210 Q4_1 tensors against the 30 blocks' seven projections; (f) the Q4_1 share of the weights."""
+    """P1's key, measured on the course's own file and with gguf's reference quantizer: (a) the tensor bytes with the
+    embedding untied into two Q4_1 matrices; (b) ffn_down's bytes against ffn_up's in every block; (c) every row of every
+    Q4_1 tensor decoded from its own bytes against the whole tensor decoded; (d) the embedding's bytes against 13
+    blocks' projections; (e) the F32 size against the file's tensor bytes; (f) a block of 32 weights of 0.1 quantized
+    and decoded. Every number the hints quote is asserted too."""
     import json
 
     from coursekit import gguf_file as gf
     from coursekit import model as cmodel
 
-    path = cmodel.gguf_path()
-    reader = gf.open_reader(path)
-    meta = gf.metadata(reader)
+    reader = gf.open_reader(cmodel.gguf_path())
     table = gf.tensor_table(reader)
     by_name = {t.name: t for t in table}
-    raw = {t.name: t for t in reader.tensors}
     n = sum(t.n_elements for t in table)
     n_bytes = sum(t.n_bytes for t in table)
-    file_bytes = path.stat().st_size
     emb = by_name["token_embd.weight"]
-    q41 = [t for t in table if t.type == "Q4_1"]
-    norms = [t for t in table if t.type == "F32"]
-    projections = {f"blk.{i}.{p}.weight" for i in range(meta["llama.block_count"]) for p in gf.PROJECTIONS}
     q4_1 = gguf.GGMLQuantizationType.Q4_1
-    norms_as_q4_1 = sum(gguf.quants.quantize(np.asarray(raw[t.name].data, dtype=np.float32), q4_1).nbytes for t in norms)
-    saving = sum(t.n_bytes for t in norms) - norms_as_q4_1
+    emb_as_q4_1 = gguf.quants.quantize(np.zeros(emb.shape, dtype=np.float32), q4_1).nbytes
+    untied = n_bytes - emb.n_bytes + 2 * emb_as_q4_1
+    block_bytes = [sum(by_name[f"blk.{i}.{p}.weight"].n_bytes for p in gf.PROJECTIONS) for i in range(30)]
+
+    def rows_decode_alone(t):
+        full = gf.dequantize_q4_1(t.data).reshape(t.data.shape[0], -1)
+        return all(np.array_equal(gf.dequantize_q4_1(t.data[r:r + 1]).reshape(-1), full[r]) for r in (0, t.data.shape[0] // 2, t.data.shape[0] - 1))
+
+    constant = np.full(32, 0.1, dtype=np.float32)
+    decoded = gguf.quants.dequantize(gguf.quants.quantize(constant, q4_1), q4_1)
     truth = {
-        "a": "output.weight" in by_name and by_name["output.weight"].type == "Q4_1",
-        "b": all(3 * by_name[f"blk.{i}.attn_v.weight"].n_bytes == by_name[f"blk.{i}.attn_output.weight"].n_bytes
+        "a": untied < n_bytes,
+        "b": all(by_name[f"blk.{i}.ffn_down.weight"].n_bytes == by_name[f"blk.{i}.ffn_up.weight"].n_bytes
+                 and by_name[f"blk.{i}.ffn_down.weight"].shape[::-1] == by_name[f"blk.{i}.ffn_up.weight"].shape
                  for i in range(30)),
-        "c": saving / file_bytes > 0.01,
-        "d": emb.n_bytes / n_bytes > emb.n_elements / n,
-        "e": {t.name for t in q41} == projections,
-        "f": sum(t.n_elements for t in q41) / n > 0.9,
+        "c": all(rows_decode_alone(t) for t in reader.tensors if t.tensor_type == q4_1 and t.name.startswith("blk.0.")),
+        "d": emb.n_bytes > 13 * max(block_bytes),
+        "e": 4 * n > 6 * n_bytes,
+        "f": np.array_equal(decoded, constant),
     }
     keys = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())
     assert {k for k, v in truth.items() if v} == set(keys["keys"]["p1"]) == RIGHT["p1"]
-    assert "output.weight" not in by_name and emb.type == "Q8_0" and emb.shape == (49152, 576)
-    assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"], 576 // 9) == (9, 3, 64)
-    assert (by_name["blk.0.attn_v.weight"].n_bytes, by_name["blk.0.attn_output.weight"].n_bytes) == (69_120, 207_360)
-    assert (len(q41), len(norms), len(table)) == (210, 61, 272) and len(projections) == 210
-    assert all(t.name.endswith("norm.weight") for t in norms)
+    # (c) for every Q4_1 tensor, not only layer 0's: each row is a whole number of 32-weight blocks
+    assert all(t.shape[-1] % 32 == 0 for t in table if t.type == "Q4_1")
     hints = keys["hints"]["p1"]
-    assert (f"{sum(t.n_bytes for t in norms):,}" in hints["c"] and f"{norms_as_q4_1:,}" in hints["c"]
-            and f"{saving:,}" in hints["c"] and f"about {100 * saving / file_bytes:.2f} %" in hints["c"])
-    assert (f"{emb.n_elements / 1e6:.1f}M of the {n / 1e6:.1f}M weights ({100 * emb.n_elements / n:.0f} %)" in hints["d"]
-            and f"{emb.n_bytes / 1e6:.1f}M of the {n_bytes / 1e6:.1f}M tensor bytes ({100 * emb.n_bytes / n_bytes:.0f} %)"
-            in hints["d"])
-    q41_weights = sum(t.n_elements for t in q41)
-    assert (f"{q41_weights / 1e6:.1f}M of the {n / 1e6:.1f}M weights, about {100 * q41_weights / n:.0f} %" in hints["f"]
-            and f"about {100 * sum(t.n_bytes for t in q41) / n_bytes:.0f} %" in hints["f"])
+    assert f"{emb.n_bytes:,}" in hints["a"] and f"2 × {emb_as_q4_1:,} = {2 * emb_as_q4_1:,}" in hints["a"]
+    up = by_name["blk.0.ffn_up.weight"]
+    assert f"{up.n_elements:,} / 32 × 20 = {up.n_bytes:,}" in hints["b"]
+    assert len(set(block_bytes)) == 1 and 8 * block_bytes[0] == 5 * 3_538_944
+    assert (f"{block_bytes[0]:,} bytes" in hints["d"] and f"{13 * block_bytes[0]:,}" in hints["d"]
+            and f"{14 * block_bytes[0]:,}" in hints["d"] and f"{emb.n_bytes:,}" in hints["d"])
+    assert f"{32 / round(8 * n_bytes / n, 2):.2f}" in hints["e"] and abs(4 * n / n_bytes - 5.57) < 0.005
+    assert f"{decoded[0]:.7f}" in hints["f"] and decoded[0] == np.float32(np.float16(0.1))
 
 
 def test_ordering_names_the_first_misplaced_step():

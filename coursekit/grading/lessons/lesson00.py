@@ -215,7 +215,8 @@ ITEMS = {
     ),
     # Practice
     "p1": Choice(
-        "For which of four calls does the probe's recorder see a native C++ function called?", 1, options="abcd",
+        "For which of four calls on a weight with an odd last dimension does the probe's recorder see a native C++ "
+        "function called?", 1, options="abcd",
         multi=True,
     ),
     "p2": Choice(

@@ -274,18 +274,18 @@ def p2_mistakes() -> list[Mistake]:
 
 # --------------------------------------------------------------------------- P4: the update's size when r grows
 
-# Factors drawn as in the lesson's plot (x and B with N(0, 1) entries, A with N(0, 1/d) entries): the sum over r
-# independent directions makes the mean of ||xAB||^2 grow exactly like r, so the root-mean-square update
-# ||s xAB|| grows like s(r) sqrt(r). Plain LoRA (s = lora_alpha / r) turns that into 1/sqrt(r). The lesson prints
-# the fitted slopes (-1/2 and 0); P4 asks for the factor between two ranks the student has to work out.
+# The lesson's plot draws x and B with N(0, 1) entries and A with N(0, 1/d) entries: the mean of ||xAB||^2 is
+# m · r · var(B), so with var(B) = 1 it grows like r and plain LoRA's s = lora_alpha / r leaves 1/sqrt(r) (the printed
+# slope -1/2). P4 changes the configuration the plot did not draw: B scaled by its own fan-in, var(B) = 1/r, so
+# ||xAB|| no longer grows with r and only s's change is left. The student has to redo the plot's argument.
 GROWTH = dict(lora_alpha=16, r_from=4, r_to=64)
 
 
-def _rms_ratio(scale=lambda alpha, r: lora.scaling(alpha, r), grows: bool = True) -> float:
-    """The root-mean-square of ||s xAB|| at r_to over the same at r_from, for a scale rule ``scale(lora_alpha, r)``;
-    ``grows=False`` leaves out the sqrt(r) growth of ||xAB|| (a mistaken variant)."""
+def _rms_ratio(scale=lambda alpha, r: lora.scaling(alpha, r), b_var=lambda r: 1.0 / r) -> float:
+    """The root-mean-square of ||s xAB|| at r_to over the same at r_from, for a scale rule ``scale(lora_alpha, r)`` and
+    B's entry variance ``b_var(r)`` (the item's: 1/r), x ~ N(0, 1) and A ~ N(0, 1/d): mean ||xAB||^2 = m r var(B)."""
     a, r0, r1 = GROWTH["lora_alpha"], GROWTH["r_from"], GROWTH["r_to"]
-    size = (lambda r: math.sqrt(r)) if grows else (lambda r: 1.0)
+    size = lambda r: math.sqrt(r * b_var(r))  # noqa: E731
     return scale(a, r1) * size(r1) / (scale(a, r0) * size(r0))
 
 
@@ -293,39 +293,21 @@ def growth_expected() -> float:
     return _rms_ratio()
 
 
-def _plot_estimate() -> float:
-    """The same ratio read off the lesson's plot: its code (seed 7, d = m = 256, ranks 1, 2, 4, ..., 256 drawn in that
-    order), whose root-mean-square over only 20 draws per rank is a noisy estimate of the typical size."""
-    g = np.random.default_rng(7)
-    d, m, alpha = 256, 256, GROWTH["lora_alpha"]
-    sizes = {}
-    for r in 2 ** np.arange(0, 9):
-        r = int(r)
-        sq = [np.linalg.norm(g.standard_normal((1, d)) @ (g.standard_normal((d, r)) / math.sqrt(d)) @ g.standard_normal((r, m))) ** 2
-              for _ in range(20)]
-        sizes[r] = lora.scaling(alpha, r) * math.sqrt(np.mean(sq))
-    return sizes[GROWTH["r_to"]] / sizes[GROWTH["r_from"]]
-
-
 def growth_mistakes() -> list[Mistake]:
     r0, r1 = GROWTH["r_from"], GROWTH["r_to"]
     return [
-        Mistake("s only", _rms_ratio(grows=False),
-                f"that is how much s = lora_alpha / r shrinks alone. The update xAB also grows: it adds up r independent "
-                f"directions, so its size grows like sqrt(r), sqrt({r1} / {r0}) = {math.sqrt(r1 / r0):g} times. " + READ_SCALE),
+        Mistake("sqrt(r) growth kept", _rms_ratio(b_var=lambda r: 1.0),
+                f"that is the plot's configuration, B with N(0, 1) entries, where ||xAB|| grows like sqrt(r). Here B's "
+                f"entries have variance 1/r: the mean of ||xAB||^2 is m · r · var(B), the same at every r, so ||xAB|| "
+                f"stays flat and only s = lora_alpha / r changes. " + READ_SCALE),
         Mistake("fixed s", _rms_ratio(scale=lambda alpha, r: alpha),
-                f"that is how xAB grows (like sqrt(r)) with the scale held fixed, as if s were lora_alpha; s = lora_alpha / r "
-                f"shrinks {r1 // r0} times at the same time, and that wins. " + READ_SCALE),
-        Mistake("rslora", _rms_ratio(scale=lambda alpha, r: lora.scaling(alpha, r, use_rslora=True)),
-                "that is the rsLoRA scale lora_alpha / sqrt(r), which keeps the update flat; PEFT's default "
-                "lora_alpha / r makes it shrink like 1 / sqrt(r). " + READ_SCALE),
-        Mistake("s upside down", _rms_ratio(scale=lambda alpha, r: r / alpha, grows=False),
-                "s = lora_alpha / r is divided by r: a larger r gives a smaller s, not a larger one, and the update's "
-                "growth like sqrt(r) comes on top. " + READ_SCALE),
-        Mistake("20 draws", _plot_estimate(),
-                "that is the ratio of the plot's two points, each a root-mean-square over only 20 random draws: an "
-                "estimate that scatters from draw to draw. The question asks for the typical size itself, the value the "
-                "estimate approaches with many draws: work it out from how s and the mean of ||xAB||^2 depend on r. " + READ_SCALE),
+                f"that is how xAB changes with the scale held fixed, as if s were lora_alpha; s = lora_alpha / r "
+                f"shrinks {r1 // r0} times from r = {r0} to r = {r1}. " + READ_SCALE),
+        Mistake("std for variance", _rms_ratio(b_var=lambda r: 1.0 / r ** 2),
+                "that takes 1/r as the standard deviation of B's entries; N(0, 1/r) names the variance, so the mean of "
+                "||xAB||^2 = m · r · (1/r) stays flat instead of falling like 1/r. " + READ_SCALE),
+        Mistake("s upside down", _rms_ratio(scale=lambda alpha, r: r / alpha),
+                "s = lora_alpha / r is divided by r: a larger r gives a smaller s, not a larger one. " + READ_SCALE),
     ]
 
 

@@ -248,7 +248,7 @@ ITEMS = {
             "a": "That is the forward difference: it works, but its error shrinks only like ε, not ε². Reread 'Central differences, entry by entry' in Know this.",
             "b": "The Taylor expansions of f(x + ε) and f(x − ε) share their even terms, so their difference is 2ε f′(x) + ε³/3 · f‴(x); dividing by the 2ε between the two points leaves f′(x) with an error of only ε²/6 · f‴(x), second order. For sin at x = 1 and ε = 1e-3 that is about 9.0e-8, against 4.2e-4 for the forward difference. (Lesson 07, 'Central differences, entry by entry'.)",
             "c": "The two points x + ε and x − ε are 2ε apart: dividing by ε doubles the slope. Reread 'Central differences, entry by entry' in Know this.",
-            "d": "A sum of the two values measures the function's level, not its slope; a derivative needs a difference. Reread 'Central differences, entry by entry' in Know this.",
+            "d": "That is the average of the two values: it measures the function's level near x, not its slope; a derivative needs a difference, divided by the 2ε between the points. Reread 'Central differences, entry by entry' in Know this.",
         },
     ),
     "w2": Numeric(

@@ -117,7 +117,7 @@ def _fu_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
     return {"result": out}
 
 
-# --------------------------------------------------------------------------- p2: choosing what the optimizer owns
+# --------------------------------------------------------------------------- p2: what one AdamW step moves
 
 
 class _Lin(torch.nn.Module):
@@ -130,33 +130,66 @@ class _Lin(torch.nn.Module):
         self.lora_B = torch.nn.ModuleDict({a: torch.nn.Linear(r, m, bias=False) for a in adapters})
 
 
-def _toy_model(layers: int, inactive: bool, head: bool, norm: bool, width: int = 6) -> torch.nn.Module:
-    """Parameter structure of a PEFT model (forward is not needed): frozen base, a trainable "default" adapter,
-    optionally a frozen second adapter "other" (PEFT freezes inactive adapters), a trainable head (like PEFT's
-    ``modules_to_save``) and a trainable norm."""
-    adapters = ("default", "other") if inactive else ("default",)
-    m = torch.nn.Module()
-    m.layers = torch.nn.ModuleList([_Lin(width, width, 2, adapters) for _ in range(layers)])
-    if norm:
-        m.norm = torch.nn.LayerNorm(width)
-    m.score = torch.nn.Linear(width, 3)
-    for n, p in m.named_parameters():
-        p.requires_grad_(".default." in n or (head and n.startswith("score.")) or (norm and n.startswith("norm.")))
-    return m
+def _step_case(spec: dict):
+    """Build 11.p2's case from plain data, the same on the grader's side and in the student's runner: a PEFT-shaped
+    model (frozen base, a trainable "default" adapter whose B starts at zero, a frozen inactive adapter "other", a
+    trainable head "score" and norm "norm"), an AdamW over it and the gradients of the step about to be taken.
+    Returns (model, optimizer). Uses torch only (it runs in the runner)."""
+    with torch.random.fork_rng(devices=[]):                        # the caller's random state is left as it was
+        torch.manual_seed(spec["seed"])
+        return _step_case_seeded(spec)
 
 
-def trainable_params(model):
-    """Reference for p2."""
-    return optim.trainable_params(model)
+def _step_case_seeded(spec: dict):
+    width, lr = 6, 1e-2
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([_Lin(width, width, 2, ("default", "other")) for _ in range(spec["layers"])])
+    model.norm = torch.nn.LayerNorm(width)
+    model.score = torch.nn.Linear(width, 3)
+    for n, p in model.named_parameters():
+        trainable = ".default." in n or n.startswith(("score.", "norm."))
+        p.requires_grad_(trainable or (spec["zero_freeze"] and "base_layer" in n))
+        if "lora_B" in n:
+            torch.nn.init.zeros_(p)                                 # PEFT starts B at zero
+    adapter = [p for n, p in model.named_parameters() if ".default." in n]
+    norm, head = list(model.norm.parameters()), list(model.score.parameters())
+    if spec["owner"] == "all":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec["wd_adapter"])
+    else:
+        opt = torch.optim.AdamW([{"params": adapter + ([] if spec["norm_unowned"] else norm),
+                                  "weight_decay": spec["wd_adapter"]},
+                                 {"params": head, "weight_decay": spec["wd_head"]}], lr=lr)
+    if spec["history"]:                                             # one earlier step, every trainable tensor with a gradient
+        for n, p in model.named_parameters():
+            p.grad = torch.randn_like(p) if p.requires_grad and "base_layer" not in n else None
+        opt.step()
+    for n, p in model.named_parameters():                           # the gradients of the step about to be taken
+        if "base_layer" in n:
+            p.grad = torch.zeros_like(p) if spec["zero_freeze"] else None
+        elif ".other." in n:
+            p.grad = None
+        elif "lora_A" in n and int(n.split(".")[1]) in spec.get("a_none_layers", []):
+            p.grad = None                                           # set_to_none, and the loss did not reach it
+        elif "lora_B" in n and int(n.split(".")[1]) in spec["b_zero_layers"]:
+            p.grad = torch.zeros_like(p)                            # the loss does not reach this B on this batch
+        elif n.startswith("score.") and spec["head_zero_grad"]:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad = torch.randn_like(p)
+    return model, opt
 
 
-def _measure_selection(fn, model: torch.nn.Module) -> dict:
-    """Call ``trainable_params(model)`` and describe its result as data: each element's kind and, for a parameter of
-    the model, its name (by identity: a copy is not the parameter); the names whose requires_grad it changed."""
+def _measure_moved(fn, spec: dict) -> dict:
+    """In the runner: build the case, call ``moved_by_step(opt)`` and describe its result as data: each element's
+    kind and, for a parameter of the model, its name (by identity); the names whose value or gradient it changed."""
+    model, opt = _step_case(spec)
     by_id = {id(p): n for n, p in model.named_parameters()}
-    flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    got = fn(model)
-    changed = [n for n, p in model.named_parameters() if p.requires_grad != flags[n]]
+    before = {n: (p.detach().clone(), None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+    got = fn(opt)
+    changed = [n for n, p in model.named_parameters()
+               if not torch.equal(p.detach(), before[n][0])
+               or (p.grad is None) != (before[n][1] is None)
+               or (p.grad is not None and not torch.equal(p.grad, before[n][1]))]
     try:
         got = list(got)
     except TypeError:
@@ -165,8 +198,6 @@ def _measure_selection(fn, model: torch.nn.Module) -> dict:
     for g in got:
         if isinstance(g, str):
             elements.append(["str", g])
-        elif isinstance(g, tuple):
-            elements.append(["tuple", ""])
         elif isinstance(g, torch.Tensor):
             elements.append(["param", by_id[id(g)]] if id(g) in by_id else ["copy", ""])
         else:
@@ -174,102 +205,173 @@ def _measure_selection(fn, model: torch.nn.Module) -> dict:
     return {"changed": changed, "not_a_list": "", "elements": elements}
 
 
+def _step_facts(spec: dict) -> tuple[dict, list[str]]:
+    """What the rules of 'Zero gradient, None gradient, not owned' read, per parameter of the case, and the names
+    one real ``opt.step()`` changes (the key, measured)."""
+    model, opt = _step_case(spec)
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    facts = {}
+    for n, p in model.named_parameters():
+        g = group_of.get(id(p))
+        m = opt.state.get(p, {}).get("exp_avg") if g is not None else None
+        facts[n] = dict(
+            owned=g is not None, requires_grad=p.requires_grad, grad=p.grad is not None,
+            grad_nonzero=p.grad is not None and bool(p.grad.any()), value_nonzero=bool(p.detach().any()),
+            decay=(g if g is not None else opt.param_groups[0])["weight_decay"] * (g or opt.param_groups[0])["lr"] != 0,
+            history=m is not None and bool(m.any()))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    return facts, moved
+
+
+def _moves(f: dict) -> bool:
+    """The rule: owned, a gradient tensor (None is skipped), and then the decay changes a nonzero tensor, or the
+    Adam part m̂ / (√v̂ + ε) is nonzero because this gradient or an earlier one (m) is."""
+    return f["owned"] and f["grad"] and ((f["decay"] and f["value_nonzero"]) or f["grad_nonzero"] or f["history"])
+
+
+#: Each named mistake as the rule it runs, and what it misses. A label is named only when the answer equals the rule's
+#: selection on every case it fails, and the selection is not right there.
+_MOVED_MISTAKES = (
+    ("requires_grad", lambda f: f["owned"] and f["requires_grad"],
+     "you selected the owned tensors that require a gradient; step() does not read requires_grad: it skips a tensor "
+     "whose .grad is None (set_to_none, or the loss did not reach it), and a zero gradient moves a tensor only through "
+     "the decay or an earlier gradient's moment. " + READ_ZERO),
+    ("any gradient", lambda f: f["owned"] and f["grad"],
+     "you counted every owned tensor with a gradient; a zero gradient moves a tensor only through the decay (lr·λ ≠ 0, "
+     "and a tensor of zeros stays zero when multiplied) or through m, kept from an earlier nonzero gradient. " + READ_ZERO),
+    ("nonzero gradient only", lambda f: f["owned"] and f["grad_nonzero"],
+     "you counted only tensors whose gradient is nonzero; a zero gradient tensor (not None) still gets the decoupled "
+     "decay θ(1 − lr·λ), and m̂ from an earlier step keeps pushing it (P3's entry). " + READ_ZERO),
+    ("no history", lambda f: f["owned"] and f["grad"] and ((f["decay"] and f["value_nonzero"]) or f["grad_nonzero"]),
+     "you forgot the first moment: after an earlier nonzero gradient, exp_avg is not zero, so a zero gradient still "
+     "moves the tensor by lr·m̂ / (√v̂ + ε), even in a group without weight decay (read opt.state[p]). " + READ_ZERO),
+    ("zeros decay", lambda f: f["owned"] and f["grad"] and (f["decay"] or f["grad_nonzero"] or f["history"]),
+     "you let the decay move a tensor of zeros; θ(1 − lr·λ) is still zero, so a lora_B that is zero (PEFT's start) "
+     "with a zero gradient and no history does not move. " + READ_ZERO),
+)
+
+
+def moved_by_step(opt):
+    """Reference for p2: the parameters one ``opt.step()`` of this ``torch.optim.AdamW`` changes."""
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            m = opt.state.get(p, {}).get("exp_avg")
+            decays = group["lr"] * group["weight_decay"] != 0 and bool(p.detach().any())
+            if decays or bool(p.grad.any()) or (m is not None and bool(m.any())):
+                out.append(p)
+    return out
+
+
+_PUBLIC_SPECS = [
+    ("public case 1 (two groups: adapter, weight_decay 0.1, and head, weight_decay 0; no earlier step; the norm "
+     "trainable but not owned; layer 0's B and the head with zero gradients; layer 1's A with .grad None)",
+     dict(seed=0, layers=2, owner="groups", wd_adapter=0.1, wd_head=0.0, history=False, zero_freeze=False,
+          norm_unowned=True, b_zero_layers=[0], head_zero_grad=True, a_none_layers=[1])),
+    ("public case 2 (AdamW over model.parameters(), weight_decay 0.1; the base 'frozen' by zero gradients; no earlier "
+     "step; layer 0's B with a zero gradient)",
+     dict(seed=1, layers=2, owner="all", wd_adapter=0.1, wd_head=0.1, history=False, zero_freeze=True,
+          norm_unowned=False, b_zero_layers=[0], head_zero_grad=False)),
+    ("public case 3 (two groups: adapter, weight_decay 0.1, and head, weight_decay 0; one earlier step; the norm "
+     "trainable but not owned; layer 0's B and the head with zero gradients; layer 1's A with .grad None)",
+     dict(seed=2, layers=2, owner="groups", wd_adapter=0.1, wd_head=0.0, history=True, zero_freeze=False,
+          norm_unowned=True, b_zero_layers=[0], head_zero_grad=True, a_none_layers=[1])),
+]
+
+
 @dataclass
-class ParamSelection:
-    """Implement ``trainable_params(model)``: the list of parameters an optimizer should own. Checked on PEFT-shaped
-    toy models whose names trap a selection by name (a frozen inactive adapter, a trainable head)."""
+class StepSelection:
+    """Implement ``moved_by_step(opt)``: the parameters one AdamW ``step()`` will change, read from the optimizer
+    before the step. Checked on PEFT-shaped cases built from data (:func:`_step_case`), each against a real step."""
 
     title: str
     points: float
-    name: str = "trainable_params"
-    #: stubbed in the grader's runner (and watched in the notebook): the lesson's own helper is the answer
-    withheld = ("coursekit.optim:trainable_params",)
+    name: str = "moved_by_step"
 
-    def cases(self, ctx: Any) -> list[tuple[str, torch.nn.Module]]:
-        torch.manual_seed(0)
-        out = [
-            ("public case 1 (two adapted layers, base frozen)", _toy_model(2, False, False, False)),
-            ("public case 2 (a frozen inactive adapter 'other' and a trainable head 'score')", _toy_model(2, True, True, False)),
-        ]
+    def cases(self, ctx: Any) -> list[tuple[str, dict]]:
+        out = list(_PUBLIC_SPECS)
         if ctx.hidden:
             rng = ctx.rng()
-            for i in range(4):  # each with a frozen inactive adapter: a function that flips requires_grad always shows
-                out.append((f"hidden case {i + 3}", _toy_model(int(rng.integers(1, 4)), True,
-                                                               bool(rng.integers(0, 2)), bool(rng.integers(0, 2)))))
+            for i in range(4):
+                layers = int(rng.integers(1, 4))
+                out.append((f"hidden case {i + 1 + len(_PUBLIC_SPECS)}", dict(
+                    seed=int(rng.integers(0, 2**31)), layers=layers, owner=str(rng.choice(["all", "groups"])),
+                    wd_adapter=float(rng.choice([0.0, 0.1])), wd_head=float(rng.choice([0.0, 0.1])),
+                    history=bool(rng.integers(0, 2)), zero_freeze=bool(rng.integers(0, 2)),
+                    norm_unowned=bool(rng.integers(0, 2)),
+                    b_zero_layers=[k for k in range(layers) if rng.integers(0, 2)], head_zero_grad=bool(rng.integers(0, 2)),
+                    a_none_layers=[k for k in range(layers) if rng.integers(0, 4) == 0])))
         return out
 
     def check(self, answer: Any, ctx: Any) -> Feedback:
         if not callable(answer):
             return Feedback(0, self.points, [f"{self.name} should be a function; got {type(answer).__name__}. "
-                                             f"Define it with def {self.name}(model):"])
+                                             f"Define it with def {self.name}(opt):"])
         cases = self.cases(ctx)
-        passed, lines, named = 0, [], []
-        for tag, model in cases:
-            bad = self._one(answer, model)
+        passed, lines, per_case = 0, [], []
+        for tag, spec in cases:
+            bad = self._one(answer, spec)
             if bad is None:
                 return Feedback(0, self.points, [f"{self.name} still raises NotImplementedError: replace the stub with your code."])
             if bad:
                 lines.append(f"✗ {tag}:")
-                lines += ["    " + b for _, b in bad]
+                lines += ["    " + b for label, b in bad if not label]
                 if [label for label, _ in bad if label]:
-                    named.append([label for label, _ in bad if label])
+                    per_case.append([label for label, _ in bad if label])
             else:
                 passed += 1
                 lines.append(f"✓ {tag}")
+        # On one case two rules can select the same tensors; the mistake named is the one every failed case shares.
+        named = _consistent(per_case)
+        messages = dict((label, msg) for label, _, msg in _MOVED_MISTAKES)
+        lines += [messages[label] for label in named]
         if not ctx.hidden:
             lines.append(PUBLIC_ONLY_NOTE)
-        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=_consistent(named))
+        return Feedback(self.points * passed / len(cases), self.points, lines, mistakes=named)
 
-    def _one(self, fn, model: torch.nn.Module) -> list[tuple[str, str]] | None:
-        """What is wrong with the selection ``fn`` makes on ``model``: ``(label, sentence)`` pairs (label "" for a
+    def _one(self, fn, spec: dict) -> list[tuple[str, str]] | None:
+        """What is wrong with ``fn``'s selection on the case ``spec``: ``(label, sentence)`` pairs (label "" for a
         failure that is no known mistake); empty: right; None: ``fn`` is still the stub."""
-        names = [n for n, _ in model.named_parameters()]
-        want = [n for n, p in model.named_parameters() if p.requires_grad]  # before the student's code can change a flag
+        facts, want = _step_facts(spec)
         try:
             with quiet([]):
-                got = probe(fn, _measure_selection, model)
+                got = probe(fn, _measure_moved, spec)
         except NotImplementedError:
             return None
         except Exception as e:
-            return [("", f"{self.name}(model) raised {type(e).__name__}: {e}")]
-        changed = got["changed"]
-        if changed:
-            return [("changes requires_grad", f"{self.name} changed requires_grad of {len(changed)} parameters (e.g. "
-                     f"{changed[0]}): it must only read the model. Which tensors train is the PEFT setup's decision; select "
-                     "by p.requires_grad. " + READ_OWN)]
+            return [("", f"{self.name}(opt) raised {type(e).__name__}: {e}")]
+        if got["changed"]:
+            return [("", f"{self.name} changed the value or gradient of {len(got['changed'])} parameters (e.g. "
+                     f"{got['changed'][0]}): it must only read the optimizer, before the step.")]
         if got["not_a_list"]:
             return [("", f"{self.name} should return a list of parameters; got {got['not_a_list']}.")]
         kinds = [k for k, _ in got["elements"]]
         if "str" in kinds:
-            return [("names", "you returned names (strings); the optimizer needs the Parameter objects themselves: "
-                     "[p for p in model.parameters() if p.requires_grad]. " + READ_OWN)]
-        if "tuple" in kinds:
-            return [("pairs", "you returned (name, parameter) pairs; return the parameters only. " + READ_OWN)]
+            return [("", "you returned strings; return the Parameter objects themselves (from opt.param_groups). " + READ_OWN)]
         others = sorted({v for k, v in got["elements"] if k == "other"})
         if others:
-            return [("", f"{self.name} should return Parameter objects; got elements of type {', '.join(others)}. " + READ_OWN)]
+            return [("", f"{self.name} should return Parameter objects; got elements of type {', '.join(others)}.")]
         if "copy" in kinds:
-            return [("copies", "some returned tensors are not parameters of the model (copies? .data or .detach() makes a new "
-                     "tensor object, and the optimizer would update the copy, not the model). " + READ_OWN)]
-        got_names = [v for _, v in got["elements"]]  # the returned parameters, by name, in the order returned
-        out: list[tuple[str, str]] = []
+            return [("", "some returned tensors are not parameters of the model (copies? .data or .detach() makes a new "
+                     "tensor object). Return the parameters themselves. " + READ_OWN)]
+        got_names = [v for _, v in got["elements"]]
         if len(got_names) != len(set(got_names)):
-            out.append(("duplicates", "a parameter appears twice: the optimizer would refuse it (or step it twice). " + READ_OWN))
-        extra = [n for n in dict.fromkeys(got_names) if n not in set(want)]
+            return [("", "a parameter appears twice in your list; list each once.")]
+        if set(got_names) == set(want):
+            return []
+        extra = [n for n in facts if n in set(got_names) and n not in set(want)]
         missing = [n for n in want if n not in set(got_names)]
+        out = []
         if extra:
-            out.append(("frozen included", f"{len(extra)} returned parameters are frozen (requires_grad=False), e.g. {extra[0]}."))
-            if len(set(got_names)) == len(names):
-                out.append(("every parameter", "You returned every parameter. AdamW skips a frozen one only while its .grad is "
-                            "None; any gradient tensor (even zeros) gives it exp_avg / exp_avg_sq state and weight decay. " + READ_OWN))
-            elif any("lora_" in n for n in extra):
-                out.append(("selects by name", "You seem to select by name: a LoRA tensor of an inactive adapter is frozen. "
-                            "Select by p.requires_grad, which is what PEFT sets. " + READ_OWN))
+            out.append(("", f"{len(extra)} returned parameters do not move, e.g. {extra[0]}."))
         if missing:
-            out.append(("trainable missing", f"{len(missing)} trainable parameters are missing, e.g. {missing[0]}."))
-            if any("lora_" not in n for n in missing):
-                out.append(("selects by name", "Not every trainable tensor has 'lora' in its name (a head in modules_to_save, "
-                            "a trainable norm): select by p.requires_grad, not by name. " + READ_OWN))
+            out.append(("", f"{len(missing)} parameters that move are missing, e.g. {missing[0]}."))
+        out += [(label, "") for label, rule, _ in _MOVED_MISTAKES
+                if set(got_names) == {n for n, f in facts.items() if rule(f)}]
         return out
 
 
@@ -406,7 +508,7 @@ ITEMS = {
         rtol=1e-9,
         atol=1e-12,
     ),
-    "p2": ParamSelection("implement trainable_params", 3),
+    "p2": StepSelection("implement moved_by_step", 3),
     "p3": Numeric(
         "an entry after a real gradient and two zero gradients under AdamW",
         1,

@@ -281,7 +281,7 @@ ITEMS = {
         },
     ),
     "p1": Choice(
-        "loading the adapter onto its base cast to bfloat16",
+        "loading the adapter onto its base rounded to bfloat16 and back to float32",
         1,
     ),
     "p2": Numeric(

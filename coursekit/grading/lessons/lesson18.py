@@ -350,7 +350,7 @@ ITEMS = {
         mistakes=_w3_mistakes,
     ),
     "p1": Choice(
-        "what the shipped file stores, tensor by tensor",
+        "predictions about the file's tensors, their bytes and their Q4_1 blocks",
         2,
         options="abcdef",
         multi=True,

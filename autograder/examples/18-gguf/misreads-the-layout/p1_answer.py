@@ -1,2 +1,3 @@
 # Your answer goes in `answer_p1`.
-answer_p1 = {"a", "b", "e", "f"}
+# Takes Q4_1 to be cheap enough to untie the embedding for free, and the levels to span the block exactly.
+answer_p1 = {"a", "b", "f"}
