@@ -69,15 +69,16 @@ def test_a_print_flood_is_counted_not_shown(capfd):
 
 @pytest.mark.parametrize("answer,points", [
     (float("nan"), 0),
-    (np.float32(0.25), 1),
+    (np.float32(0.0625), 1),
     ("torch", 1),
-    ([0.25], 1),
+    ([0.0625], 1),
 ])
 def test_odd_number_types_get_the_right_score(answer, points):
+    """03.p4's key, 1/16, in the types a student may hand in (exact in float32 and as a tensor)."""
     if answer == "torch":
         import torch
 
-        answer = torch.tensor(0.25, requires_grad=True)
+        answer = torch.tensor(0.0625, requires_grad=True)
     fb = check("03.p4", answer)
     assert fb.points == points, fb.lines
     if points == 0:

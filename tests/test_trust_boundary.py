@@ -209,7 +209,6 @@ def test_calling_coursekits_own_kernel_for_the_task_earns_nothing():
 @pytest.mark.parametrize("item, src, name", [
     ("05.p1", "def lora_backward(D, X, W, A, B, s):\n    _, c = lora.lora_forward(X, W, A, B, s)\n"
               "    return lora.lora_backward(D, c)\n", "lora_backward"),
-    ("11.p2", "def trainable_params(model):\n    return list(optim.trainable_params(model))\n", "trainable_params"),
 ])
 def test_a_borrowed_function_scores_the_same_in_the_notebook_and_in_the_runner(item, src, name):
     """Handing in the lesson's own helper: the runner's stub raises, and the notebook's check (the real coursekit,
