@@ -26,6 +26,7 @@ import copy
 import csv
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,52 @@ def release(lessons: Iterable[str] | None = None, root: str | os.PathLike | None
     return ids
 
 
+def regenerate(a, root: Path, aid: str) -> list[str]:
+    """nbgrader's ``generate_assignment`` of ``aid`` for the course of the NbGraderAPI ``a`` (its gradebook gets the
+    lesson's current cells), written into the release folder without that lesson ever being missing or half-written
+    there: nbgrader's own ``force`` empties the lesson's release folder before it writes again, and another grading run,
+    a JupyterLab server on ``lessons/`` or a test reading it meanwhile would find no notebook. Here nbgrader generates
+    into a scratch folder; each file that differs then replaces the old one with ``os.replace`` (atomic within one file
+    system: a reader sees the old file or the new one), and a file no longer generated is removed (nbgrader's ignored
+    names, such as ``.ipynb_checkpoints``, are left alone). Returns the relative paths written or removed.
+
+    Raises :class:`CourseError` when nbgrader cannot generate the lesson."""
+    import fnmatch
+    import filecmp
+    import tempfile
+
+    dest = release_folder(a) / aid
+    ignore = list(a.coursedir.ignore)
+
+    def ignored(rel: Path) -> bool:
+        return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in ignore)
+
+    changed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="coursekit-release-") as tmp:
+        scratch = api(root, Path(a.coursedir.root), Path(tmp))
+        _check(scratch.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
+        made = Path(tmp) / aid
+        new = {p.relative_to(made) for p in made.rglob("*") if p.is_file()}
+        for rel in sorted(new):
+            target = dest / rel
+            if target.is_file() and not target.is_symlink() and filecmp.cmp(made / rel, target, shallow=False):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as out:
+                out.write((made / rel).read_bytes())
+            shutil.copymode(made / rel, out.name)
+            os.replace(out.name, target)
+            changed.append(rel.as_posix())
+    if dest.is_dir():
+        for p in sorted(dest.rglob("*"), reverse=True):
+            rel = p.relative_to(dest)
+            if rel in new or ignored(rel) or (p.is_dir() and not p.is_symlink()):
+                continue
+            p.unlink()
+            changed.append(rel.as_posix())
+    return changed
+
+
 def gradebook_lessons(course_dir: Path) -> set[str]:
     """The lessons nbgrader's gradebook in ``course_dir`` knows (its assignments); empty when there is none yet."""
     db = Path(course_dir) / "gradebook.db"
@@ -196,7 +243,6 @@ def formgrader_command(root: Path, course_dir: Path, port: int = 8888, ip: str =
     ``course_dir``: started in ``autograder/`` (nbgrader reads the course's ``nbgrader_config.py`` from there, with
     ``$COURSEKIT_COURSE`` naming the course folder), rooted at :func:`formgrader_root`, so that the formgrader's links
     to ``solutions/``, ``lessons/`` and the submissions stay inside the server's root; it opens on ``/formgrader``."""
-    import shutil
 
     root = repo_root(root)
     top = formgrader_root(root, Path(course_dir))
@@ -264,7 +310,6 @@ def write_files(dest: Path, files: dict) -> None:
 
 def build_examples(root: Path, aid: str, submitted: Path, release_dir: Path | None = None) -> list[str]:
     """Write the example class's submissions of lesson ``aid`` under ``submitted/<student>/<aid>/``."""
-    import shutil
 
     sol = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
     rel_path = (release_dir or root / "lessons") / aid / f"{aid}.ipynb"
@@ -475,7 +520,7 @@ def _grade_class(ids, root, examples, course_dir, release_dir, progress, workers
     if QUANTLOSS in ids:
         _fill_quantloss_store(progress)
     for aid in ids:
-        _check(a.generate_assignment(aid, force=True, create=True), f"releasing {aid}")
+        regenerate(a, root, aid)
         if examples:
             build_examples(root, aid, submitted, release_dir)
     release_root = release_folder(a)
@@ -702,7 +747,6 @@ def _put_back(a, aid: str, sid: str, before: dict | None) -> None:
     """Undo an autograde run of ``sid``'s ``aid`` that Ctrl-C cut short: the automatic scores and comments it had
     (:func:`_scores_of`; manual grades were never touched), or no submission at all if it had none; its autograded
     copy, which the cut-short run wrote, is removed (the next run writes it again)."""
-    import shutil
 
     from nbgrader.api import Gradebook, MissingEntry
 
@@ -739,7 +783,6 @@ def record_zero(a, aid: str, sid: str, problem: str) -> None:
     the submission as autograded, 0 points, and shows why when it is opened, and nbgrader's own feedback step
     has something to start from. nbgrader's files (:data:`coursekit.submissions.NBGRADER_FILES`) go with it, so
     that its feedback can be released however often it is generated again (coursekit.submissions.releasable)."""
-    import shutil
 
     from nbgrader.api import Gradebook
 

@@ -251,3 +251,53 @@ def test_with_no_lesson_named_grading_takes_the_lessons_handed_in_and_leaves_the
     assert "ben/05-backward-through-one-projection:" in table
     assert {r["assignment"] for r in course.read_grades_csv(c / "grades.csv")} == {
         "02-lora-inside-one-matmul", "05-backward-through-one-projection"}
+
+
+def test_grading_regenerates_a_lesson_without_it_ever_missing_from_the_release_folder(tmp_path):
+    """Grading generates each lesson again (its gradebook gets the current cells) into the release folder, which is
+    lessons/ by default, while a JupyterLab server, another grading run or a test may be reading it. nbgrader's own
+    ``force`` empties the lesson's folder first; coursekit's regenerate replaces each changed file whole, so a reader
+    polling the notebook meanwhile always finds it, and always as valid JSON. An unchanged file is not touched, a file
+    nbgrader no longer generates is removed, and nbgrader's ignored names (checkpoints) stay."""
+    import threading
+
+    aid = "00-setup-and-probes"
+    release = tmp_path / "release"
+    shutil.copytree(ROOT / "lessons" / aid, release / aid)
+    a = course.api(ROOT, tmp_path / "course", release)
+    nb = release / aid / f"{aid}.ipynb"
+    right = nb.read_bytes()
+    inode = nb.stat().st_ino
+
+    assert course.regenerate(a, ROOT, aid) == [], "the release was already what nbgrader generates"
+    assert nb.stat().st_ino == inode and nb.read_bytes() == right
+
+    nb.write_bytes(right.replace(b"Setup", b"Set-up", 1))
+    assert nb.read_bytes() != right
+    (release / aid / "stale.txt").write_text("no longer shipped")
+    (release / aid / ".ipynb_checkpoints").mkdir()
+    (release / aid / ".ipynb_checkpoints" / f"{aid}-checkpoint.ipynb").write_bytes(right)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def read_meanwhile():
+        while not stop.is_set():
+            try:
+                json.loads(nb.read_bytes())
+                seen.append("ok")
+            except (FileNotFoundError, ValueError) as e:
+                seen.append(type(e).__name__)
+
+    reader = threading.Thread(target=read_meanwhile)
+    reader.start()
+    try:
+        changed = course.regenerate(a, ROOT, aid)
+    finally:
+        stop.set()
+        reader.join()
+    assert sorted(changed) == [f"{aid}.ipynb", "stale.txt"], changed
+    assert nb.read_bytes() == right
+    assert not (release / aid / "stale.txt").exists()
+    assert (release / aid / ".ipynb_checkpoints" / f"{aid}-checkpoint.ipynb").is_file()
+    assert seen and set(seen) == {"ok"}, f"a reader found the notebook missing or half-written: {sorted(set(seen))}"
+    assert not [p for p in (release / aid).iterdir() if p.name.startswith(f".{aid}.ipynb.")], "a temporary file stayed"
