@@ -18,7 +18,7 @@ ROOT = repo_root()
 
 
 def blank(X, W, A, B, lora_alpha, r):
-    """Y = X W + (lora_alpha / r) (X A) B; returns an n × m array."""
+    """The adapted layer's output for the inputs X; returns an n × m array."""
     # YOUR CODE HERE
 
 

@@ -1,5 +1,5 @@
 def peft_layout_forward(x, weight, lora_A, lora_B, scaling):
-    """y = x W + scaling (x A) B, with W = weight.T, A = lora_A.T, B = lora_B.T."""
+    """The same layer as adapted_forward, from PyTorch's storage; returns an n × m array."""
     import importlib
     grader = importlib.import_module("coursekit.grading.lessons.lesson02")  # the grader's reference answer
     return grader.peft_layout_forward(x, weight, lora_A, lora_B, scaling)

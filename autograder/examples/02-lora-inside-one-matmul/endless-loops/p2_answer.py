@@ -1,5 +1,5 @@
 def merge_adapter(W, A, B, lora_alpha, r):
-    """The merged weight W + (lora_alpha / r) A B, shape d × m."""
+    """The merged weight, shape d × m."""
     merged = W.copy()
     while True:  # meant to stop once converged; it never does
         try:

@@ -1,5 +1,5 @@
 def merge_adapter(W, A, B, lora_alpha, r):
-    """The merged weight W + (lora_alpha / r) A B, shape d × m."""
+    """The merged weight, shape d × m."""
     return W  # wrong: no adapter at all
 
 
