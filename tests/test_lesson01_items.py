@@ -170,19 +170,31 @@ def _measured_llama_params(drop=(), **overrides):
 
 def test_p4_key_and_named_mistakes_are_measured_on_the_model_transformers_builds():
     """P4's key is the parameter count of the Llama model transformers builds from the question's configuration, and
-    every named mistake is the count of that model built or counted the mistaken way; "tied" is Real-world reps'
-    count of SmolLM2-135M (134,515,008, checked there against the model file) copied with P4's constants."""
+    every named mistake is the count of that model built or counted the mistaken way; "SmolLM2's count copied" is
+    Real-world reps' count of SmolLM2-135M (134,515,008, checked there against the model file: q and o hidden × hidden,
+    the embedding tied) run with P4's constants."""
+    import json
+
     from coursekit.grading.lessons.lesson01 import P4_CONFIG, P4_TIED, _llama_params
 
     key = _measured_llama_params()
     assert ITEMS["p4"].expected() == key == RIGHT["p4"]
     assert check("01.p4", key).full
     assert _llama_params(576, 1536, 30, 9, 3, 64, 49_152) == 134_515_008
+    # Real-world reps' cell, run with P4's constants in its first line: SmolLM2's shortcuts give another count.
+    nb = json.loads((ROOT / "lessons" / "01-when-to-adapt" / "01-when-to-adapt.ipynb").read_text())
+    (cell,) = ["".join(c["source"]) for c in nb["cells"] if c.get("id") == "ad5b425b"]
+    first, rest = cell.split("\n", 1)
+    assert first.startswith("hidden, inter, layers, heads, kv_heads, head_dim, vocab = 576, 1536, 30, 9, 3, 64, 49_152")
+    ns: dict = {"print": lambda *a, **k: None}
+    exec(f"hidden, inter, layers, heads, kv_heads, head_dim, vocab = {tuple(P4_CONFIG.values())}\n{rest}", ns)
+    assert ns["n_smol"] == _measured_llama_params(tie_word_embeddings=True, num_attention_heads=15) != key
     assert P4_CONFIG == dict(hidden=960, inter=2560, layers=32, heads=16, kv_heads=4, head_dim=64, vocab=49_152)
     assert not P4_TIED and P4_CONFIG["heads"] * P4_CONFIG["head_dim"] != P4_CONFIG["hidden"]   # what SmolLM2-135M lacks
 
     made = {
-        "tied": _measured_llama_params(tie_word_embeddings=True),       # Real-world reps' formula, copied
+        "SmolLM2's count copied": _measured_llama_params(tie_word_embeddings=True, num_attention_heads=15),
+        "tied": _measured_llama_params(tie_word_embeddings=True),
         "q and o hidden × hidden": _measured_llama_params(num_attention_heads=15),   # 15 × 64 = 960
         "full-width k and v": _measured_llama_params(num_key_value_heads=16),
         "no norms": _measured_llama_params(drop=("norm",)),

@@ -21,7 +21,8 @@ _SEC_LEDGER = "Reread Know this, 'The memory ledger'."
 
 # --------------------------------------------------------------------------- p4: count a Llama model from its config
 
-_SEC_COUNT = "Real-world reps counts SmolLM2-135M the same way."
+_SEC_COUNT = ("Real-world reps counts SmolLM2-135M matrix by matrix from each shape; this model's shapes differ from "
+              "SmolLM2's, so work out each one from the configuration.")
 
 #: P4's model: a Llama model bigger than SmolLM2-135M and laid out differently from it (q, k, v, o; gate, up, down; two
 #: RMSNorm weights per layer and a final one; no biases). Two features the lesson's count of SmolLM2-135M does not have:
@@ -33,8 +34,9 @@ P4_TIED = False
 
 def _llama_params(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int, *,
                   tied: bool = True, norms: bool = True, embedding: bool = True, mlp_matrices: int = 3) -> int:
-    """Parameters of a Llama-architecture model without biases, counted from its configuration (the arithmetic of the
-    lesson's Real-world reps); the keyword switches give the count a typical slip produces."""
+    """Parameters of a Llama-architecture model without biases, counted from its configuration (Real-world reps counts
+    SmolLM2-135M's special case: q and o hidden × hidden, the embedding tied); the keyword switches give the count a
+    typical slip produces."""
     attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden   # q, k, v, o
     mlp = mlp_matrices * hidden * inter                                                                 # gate, up, down
     per_layer = attn + mlp + (2 * hidden if norms else 0)
@@ -50,6 +52,11 @@ def _p4_mistakes() -> list[Mistake]:
     c, tied = P4_CONFIG, P4_TIED
     width = c["heads"] * c["head_dim"]
     return [
+        Mistake("SmolLM2's count copied", _llama_params(**{**c, "heads": c["hidden"] // c["head_dim"]}, tied=True),
+                f"that is Real-world reps' count of SmolLM2-135M with this model's numbers put in. Two of its shortcuts "
+                f"hold for SmolLM2 only: there 9 query heads × 64 = 576 make q and o hidden × hidden and the embedding is "
+                f"tied; here {c['heads']} heads × {c['head_dim']} = {width} make q map {c['hidden']} features to {width} "
+                f"and o map them back, and the output layer has a vocabulary × hidden matrix of its own."),
         Mistake("tied", _llama_params(**c, tied=True),
                 "you counted the embedding once, as for a tied model; here the input and output embeddings are not tied, "
                 "so the output layer has a vocabulary × hidden matrix of its own, counted as well. " + _SEC_COUNT),
@@ -191,7 +198,7 @@ ITEMS = {
             "a": "LoRA decides what trains (the factors A and B, with W frozen); QLoRA keeps exactly that and also stores the frozen base's eligible weights as 4-bit codes (NF4) with one scale per block, while the adapter and the arithmetic stay in higher precision. In one line: LoRA changes what trains, QLoRA also changes how the base is stored. (Lesson 01, 'Full fine-tuning, PEFT, LoRA, QLoRA'.)",
             "b": "LoRA and QLoRA train the same adapter factors; the set of trainable parameters is the same. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
             "c": "A and B keep their shapes (d × r and r × m): quantization changes the bytes of W, not its logical shape. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
-            "d": "Both are usually trained with AdamW; the optimizer is a separate choice from the adapter. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
+            "d": "The QLoRA paper also introduced paged optimizers, but its paged AdamW is the same AdamW algorithm with its state paged between GPU and CPU memory (lesson 00), so LoRA and QLoRA share the optimizer: what QLoRA changes is how the base is stored. Reread Know this, 'Full fine-tuning, PEFT, LoRA, QLoRA'.",
         },
     ),
     "w2": Choice(
