@@ -108,7 +108,8 @@ WRONG = [
     ("p2", "b", "rounds to the nearest level and moves"),
     ("p2", "c", "off by its own magnitude"),
     ("p2", "d", "the ends of the NF4 table"),
-    ("p5", {"a", "b"}, "575 rows change nothing"),
+    ("p5", {"a", "b"}, "Turn the x W shape into the stored one"),
+    ("p5", {"b", "d"}, "this weight is its transpose"),              # the x W shapes read as stored shapes
     ("p5", {"c"}, "575, is odd"),
     ("p3", 4, "x is data and needs none"),
     ("p3", 2, "counts the forward pass only"),
@@ -187,6 +188,33 @@ def test_p1_key_is_what_the_recorder_sees_here():
     assert seen["b"]["torch_fallback"] and all(re.match(r"cdequantize_blockwise_cpu_fp32", c) for c in seen["b"]["native_calls"])
     assert seen["d"]["native_calls"] and all(re.match(r"cquantize_blockwise_cpu_", c) for c in seen["d"]["native_calls"])
     assert not seen["d"]["torch_fallback"] and 575 % 2 == 1
+
+
+def test_p5_key_is_what_dequantize_4bit_does_here():
+    """P5's options are projections in x W notation (inputs × outputs); each is built as the nn.Linear it names, its
+    stored weight (outputs × inputs) quantized, and dequantize_4bit run under the probe's recorder. The key is the set
+    that fell back to torch: only a stored odd last dimension does. Read as stored shapes, the x W shapes would give
+    {b, d} instead (d is the probe table's 4 × 63 case, transposed)."""
+    import torch
+    import bitsandbytes.functional as F
+    from coursekit import probes
+    from coursekit.grading.keys import load as key_file
+
+    x_w = {"a": (575, 1536), "b": (1536, 575), "c": (576, 1536), "d": (4, 63)}     # the options, inputs × outputs
+    fell_back, misread = set(), set()
+    for letter, (d_in, d_out) in x_w.items():
+        weight = torch.nn.Linear(d_in, d_out, bias=False).weight.data
+        assert tuple(weight.shape) == (d_out, d_in)
+        for w, into in ((weight, fell_back), (weight.t().contiguous(), misread)):   # stored, and x W read as stored
+            q, st = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+            ob = probes.observe_op(lambda: F.dequantize_4bit(q, st))
+            assert ob["error"] is None, ob
+            if ob["torch_fallback"]:
+                into.add(letter)
+    assert fell_back == RIGHT["p5"] == set(key_file("00")["keys"]["p5"]) == {"a"}
+    assert misread == {"b", "d"}
+    fb = check("00.p5", misread)
+    assert fb.points == 0 and "this weight is its transpose" in fb.text()
 
 
 def round_trip_blocks(seed=0, n_blocks=2000):
