@@ -494,6 +494,25 @@ def test_p9_a_nonzero_G_outside_both_factors_gives_the_adapter_no_gradient():
     assert np.abs(At.grad.numpy()).max() > 1e-3 and np.abs(Bt.grad.numpy()).max() > 1e-3
 
 
+def test_p9_the_two_gradients_fix_r_d_plus_m_minus_r_squared_numbers_of_G():
+    """P9's model answer on the overlap: ∇A and ∇B hold r·(d + m) numbers, but Aᵀ ∇A = ∇B Bᵀ (both s Aᵀ G Bᵀ), so the
+    linear map G ↦ (∇A, ∇B) has rank r·(d + m) − r², and the G it sends to zero form a (d − r)(m − r)-dimensional set."""
+    rng = np.random.default_rng(9)
+    d, m, r, s = 6, 5, 2, 1.5
+    A, B = rng.standard_normal((d, r)), rng.standard_normal((r, m))
+    G = rng.standard_normal((d, m))
+    dA, dB = s * G @ B.T, s * A.T @ G
+    np.testing.assert_allclose(A.T @ dA, dB @ B.T, rtol=1e-12)
+    columns = []
+    for k in range(d * m):                       # the map applied to each basis matrix of G
+        E = np.zeros(d * m)
+        E[k] = 1.0
+        E = E.reshape(d, m)
+        columns.append(np.concatenate([(s * E @ B.T).ravel(), (s * A.T @ E).ravel()]))
+    rank = np.linalg.matrix_rank(np.array(columns).T)
+    assert rank == r * (d + m) - r * r == d * m - (d - r) * (m - r) < r * (d + m)
+
+
 def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
     """P2's key, computed: an nn.Linear A (r × d weight) on a b × n × d batch gets an r × d gradient equal to dZᵀ X
     with the b · n tokens flattened, and not Xᵀ dZ's d × r."""
