@@ -286,10 +286,9 @@ def _largest(moves_at_most, lo: float, hi: float) -> float:
     return lo
 
 
-def _p4_first_move(c: float, step=None) -> float:
-    """How far B's entries move at the walk's first step when the loss (so ∇B) is c times as large; ``step(g)`` is a
-    mistaken first step to use instead of AdamW's."""
-    rec = _seed_records(1)[0]
+def _p4_first_move(rec, c: float, step=None) -> float:
+    """How far B's entries move at the walk's first step (``rec``) when the loss (so ∇B) is c times as large;
+    ``step(g)`` is a mistaken first step to use instead of AdamW's."""
     g = c * rec.dB
     if step is None:
         new = walk.adamw_step(rec.B, g, walk.AdamWState.zeros_like(rec.B), LR, BETAS, EPS, 0.0)[0]
@@ -298,7 +297,8 @@ def _p4_first_move(c: float, step=None) -> float:
 
 
 def _p4_scale(step=None) -> float:
-    return _largest(lambda c: _p4_first_move(c, step) <= LR / P4_FRACTION * (1 + 1e-12), 1e-30, 1e10)
+    rec = _seed_records(1)[0]
+    return _largest(lambda c: _p4_first_move(rec, c, step) <= LR / P4_FRACTION * (1 + 1e-12), 1e-30, 1e10)
 
 
 def _p4_mistakes() -> list[Mistake]:
@@ -320,9 +320,9 @@ def _p4_mistakes() -> list[Mistake]:
 # (lr·0.744); the item asks for the β₁ that makes it lr, √(1 + β₂) − 1, which no printed run gives.
 
 
-def _p5_move(beta1: float, t_before: int = 1, beta2: float = BETAS[1]) -> float:
-    rec = _seed_records(2)[1]   # step 2: A's first nonzero gradient, its moments still zero
-    new, _ = walk.adamw_step(rec.A, rec.dA, walk.AdamWState(np.zeros_like(rec.A), np.zeros_like(rec.A), t_before),
+def _p5_move(rec, beta1: float, beta2: float = BETAS[1]) -> float:
+    """How far A moves at the walk's step 2 (``rec``: A's first nonzero gradient, its moments still zero, t = 2)."""
+    new, _ = walk.adamw_step(rec.A, rec.dA, walk.AdamWState(np.zeros_like(rec.A), np.zeros_like(rec.A), 1),
                              LR, (beta1, beta2), EPS, 0.0)
     return float(np.abs(new - rec.A).max())
 
@@ -330,7 +330,9 @@ def _p5_move(beta1: float, t_before: int = 1, beta2: float = BETAS[1]) -> float:
 def _p5_beta1(move=None) -> float:
     """The β₁ in (0, 1) for which A's move at step 2 is lr (the move falls as β₁ grows); ``move(β₁)`` is a mistaken
     formula for the move to use instead of AdamW's."""
-    move = move or _p5_move
+    if move is None:
+        rec = _seed_records(2)[1]
+        return _largest(lambda b1: _p5_move(rec, b1) >= LR, 1e-12, 1 - 1e-12)
     return _largest(lambda b1: move(b1) >= LR, 1e-12, 1 - 1e-12)
 
 
