@@ -571,17 +571,20 @@ def test_the_singular_values_power_is_named(power, text, hidden):
     assert not fb.full and text in fb.text(), fb.text()
 
 
-def test_p5s_prompt_states_the_limits_the_check_applies():
-    """P5's prompt says which keys are refused, with the check's own limits, and its example of counting the ways
-    through a key counts as the check does (12 allowed; one more optional group, 24, refused)."""
+def test_p5s_refusals_state_the_limits_the_check_applies():
+    """P5's prompt asks for plain keys in one sentence and leaves the check's limits out of the subject; a refused key
+    gets them in its message, with the check's own numbers (12 ways allowed; one more optional group, 24, refused)."""
     from coursekit.grading.lessons.lesson03 import P5_MAX_CHOICES, P5_MAX_REPEATS, _regex_problem
 
     nb = nbformat.read(ROOT / "solutions" / "03-what-low-rank-restricts" / "03-what-low-rank-restricts.ipynb", as_version=4)
     prompt = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**P5."))
-    assert P5_MAX_REPEATS == 2 and "at most two repeats" in prompt
-    assert f"at most {P5_MAX_CHOICES} ways through its alternatives" in prompt
+    assert "Use plain keys, like those of PEFT's own\nexamples." in prompt
+    assert not any(w in prompt for w in ("refused", "repeats", "ways through", "back-reference"))
     example = r"(encoder|decoder)\.(fc1|fc2|out)(\.base)?"
-    assert f"`{example}` has\n2 · 3 · 2 = 12" in prompt
-    assert _regex_problem(example) is None and "has 24 ways" in _regex_problem(example + r"(\.x)?")
-    assert "refers back" in _regex_problem(r"(x)\1") and "back-reference" in prompt
-    assert "repeats a group" in _regex_problem(r"model\.layers\.1(\.\w+)+") and r"`(\.\w+)+`" in prompt
+    assert _regex_problem(example) is None
+    assert "has 24 ways" in _regex_problem(example + r"(\.x)?") and f"at most {P5_MAX_CHOICES}" in _regex_problem(example + r"(\.x)?")
+    assert f"at most {P5_MAX_REPEATS}" in _regex_problem(".*.*.*v_proj")
+    assert "refers back" in _regex_problem(r"(x)\1")
+    assert "repeats a group" in _regex_problem(r"model\.layers\.1(\.\w+)+")
+    fb = check("03.p5", {"rank_pattern": {".*.*.*v_proj": 4}, "alpha_pattern": {}})
+    assert fb.points == 0 and f"needs at most {P5_MAX_REPEATS}" in fb.text(), fb.text()

@@ -246,9 +246,9 @@ def test_stub_and_non_function():
         ("w2", "d", "W.grad stays None"),
         ("w3", "a", "inner sizes m and r disagree"),
         ("w3", "d", "Z's shape n × r"),
-        ("p2", "b", "a gradient always has its own tensor's shape"),
-        ("p2", "c", "its gradient is one r × d matrix"),
-        ("p2", "d", "the shape of dZ, the gradient at the activation"),
+        ("p2", "b", "Autograd does not average over the batch"),
+        ("p2", "c", "Nothing is overwritten inside one backward"),
+        ("p2", "d", "s enters once, in dZ = s D Bᵀ"),
         ("p5", "a", "Detaching W cuts only W's branch"),
         ("p5", "c", "shares W's numbers but not its place in the graph"),
         ("p5", "d", "stays None, not zeros"),
@@ -494,22 +494,62 @@ def test_p9_a_nonzero_G_outside_both_factors_gives_the_adapter_no_gradient():
     assert np.abs(At.grad.numpy()).max() > 1e-3 and np.abs(Bt.grad.numpy()).max() > 1e-3
 
 
+def test_p9_the_two_gradients_fix_r_d_plus_m_minus_r_squared_numbers_of_G():
+    """P9's model answer on the overlap: ∇A and ∇B hold r·(d + m) numbers, but Aᵀ ∇A = ∇B Bᵀ (both s Aᵀ G Bᵀ), so the
+    linear map G ↦ (∇A, ∇B) has rank r·(d + m) − r², and the G it sends to zero form a (d − r)(m − r)-dimensional set."""
+    rng = np.random.default_rng(9)
+    d, m, r, s = 6, 5, 2, 1.5
+    A, B = rng.standard_normal((d, r)), rng.standard_normal((r, m))
+    G = rng.standard_normal((d, m))
+    dA, dB = s * G @ B.T, s * A.T @ G
+    np.testing.assert_allclose(A.T @ dA, dB @ B.T, rtol=1e-12)
+    columns = []
+    for k in range(d * m):                       # the map applied to each basis matrix of G
+        E = np.zeros(d * m)
+        E[k] = 1.0
+        E = E.reshape(d, m)
+        columns.append(np.concatenate([(s * E @ B.T).ravel(), (s * A.T @ E).ravel()]))
+    rank = np.linalg.matrix_rank(np.array(columns).T)
+    assert rank == r * (d + m) - r * r == d * m - (d - r) * (m - r) < r * (d + m)
+
+
 def test_p2_key_is_what_autograd_gives_peft_layout_for_a_batch():
-    """P2's key, computed: an nn.Linear A (r × d weight) on a b × n × d batch gets an r × d gradient equal to dZᵀ X
-    with the b · n tokens flattened, and not Xᵀ dZ's d × r."""
+    """P2's key, computed: PEFT's layout (lora_A, lora_B as nn.Linear, scaling after lora_B) on a b × n × d batch with a
+    mean loss. lora_A.weight.grad is r × d and equals dZᵀ X with the b · n tokens flattened (dZ = ∂L/∂Z measured), and
+    each wrong option, all r × d too, is computed and differs from it: the mean over the b sequences (b), the last
+    sequence alone (c), s applied once more (d)."""
     import json
 
     torch.manual_seed(0)
-    b, n, d, r = 2, 3, 5, 2
-    lin = torch.nn.Linear(d, r, bias=False, dtype=torch.float64)
+    b, n, d, m, r, s = 3, 4, 5, 6, 2, 2.0
+    lora_A = torch.nn.Linear(d, r, bias=False, dtype=torch.float64)
+    lora_B = torch.nn.Linear(r, m, bias=False, dtype=torch.float64)
     X = torch.randn(b, n, d, dtype=torch.float64)
-    G = torch.randn(b, n, r, dtype=torch.float64)  # dZ, the gradient arriving at Z = X Aᵀ
-    (lin(X) * G).sum().backward()
-    grad = lin.weight.grad
-    assert tuple(grad.shape) == (r, d)
-    torch.testing.assert_close(grad, G.reshape(-1, r).T @ X.reshape(-1, d))
+    W = torch.randn(d, m, dtype=torch.float64)     # the frozen base
+    T = torch.randn(b, n, m, dtype=torch.float64)  # targets of a mean squared error, a mean over all tokens
+    Z = lora_A(X)
+    Z.retain_grad()
+    Y = X @ W + s * lora_B(Z)
+    ((Y - T) ** 2).mean().backward()
+    grad, dZ = lora_A.weight.grad, Z.grad
+    options = {
+        "a": dZ.reshape(-1, r).T @ X.reshape(-1, d),
+        "b": torch.stack([dZ[i].T @ X[i] for i in range(b)]).mean(0),
+        "c": dZ[-1].T @ X[-1],
+        "d": s * dZ.reshape(-1, r).T @ X.reshape(-1, d),
+    }
+    assert all(tuple(v.shape) == tuple(grad.shape) == (r, d) for v in options.values())
+    right = {k for k, v in options.items() if torch.allclose(v, grad, rtol=1e-12, atol=1e-15)}
+    for k, v in options.items():
+        assert k in right or (v - grad).abs().max() > 1e-3 * grad.abs().max(), k
+    # the same sum, one backward per sequence: .grad adds them up
+    lora_A.weight.grad = None
+    for i in range(b):
+        Yi = X[i] @ W + s * lora_B(lora_A(X[i]))
+        (((Yi - T[i]) ** 2).sum() / (b * n * m)).backward()
+    torch.testing.assert_close(lora_A.weight.grad, grad)
     keys = json.loads((ROOT / "autograder" / "keys" / "05.json").read_text())["keys"]
-    assert keys["p2"] == RIGHT["p2"] == "a"
+    assert right == {keys["p2"]} == {RIGHT["p2"]} == {"a"}
 
 
 def test_p8_model_answer_is_what_autograd_gives_the_toy_with_a_skip():

@@ -10,6 +10,7 @@ import torch
 
 from coursekit import walk
 from coursekit.grading import check
+from coursekit.grading.lessons import lesson06
 from coursekit.grading.lessons.lesson06 import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,21 +49,20 @@ def log_softmax_backward(g, x):
     return g - e / e.sum(axis=1, keepdims=True) * g.sum(axis=1, keepdims=True)
 
 
-def b_after_one_scaled(scale=1e-8):
-    """P4 worked out by a student: AdamW's first step is lr·g/(|g| + ε) per entry."""
-    ex = walk.worked_example()
-    D = ce_grad(ex["X"] @ ex["W"], 1)
-    g = scale * (ex["X"] @ ex["A"]).T @ D
-    return -0.01 * g / (np.abs(g) + 1e-8)
+def largest_scale_for_a_tenth_step():
+    """P4 worked out by a student: AdamW's first step moves an entry by lr·|g|/(|g| + ε), which is lr/10 at |g| = ε/9."""
+    g = np.abs(walk.run_walk(**walk.worked_example(), steps=1)[0].dB).max()  # the notebook's r1.dB
+    return 1e-8 / (9 * g)
 
 
-def a_move_at_step_two(b1=0.9, b2=0.99):
-    """P5 by hand: A's moments are zero when its first gradient arrives at t = 2."""
-    return 0.01 * ((1 - b1) / (1 - b1**2)) / np.sqrt((1 - b2) / (1 - b2**2))
+def beta1_for_a_full_step(b2=0.999):
+    """P5 by hand: A's moments are zero when its first gradient arrives at t = 2; the move lr·√(1 + β₂)/(1 + β₁) is lr
+    at β₁ = √(1 + β₂) − 1."""
+    return np.sqrt(1 + b2) - 1
 
 
 RIGHT = {"w1": "c", "w2": 0.616344, "w3": "a", "p1": ce_grad, "p2": adamw_step, "p3": sgd_walk_step,
-         "p4": b_after_one_scaled(), "p5": a_move_at_step_two(), "p6": "a", "p7": log_softmax_backward}
+         "p4": largest_scale_for_a_tenth_step(), "p5": beta1_for_a_full_step(), "p6": "a", "p7": log_softmax_backward}
 
 
 def test_every_item_has_a_right_answer_here():
@@ -77,8 +77,8 @@ def test_right_answers_score_full(item_id, hidden):
 
 
 def test_typed_six_decimals_are_accepted():
-    assert check("06.p4", [[0.001213, -0.001213]]).full and not check("06.p4", [[0.0012, -0.0012]]).full
-    assert check("06.p5", 0.00742).full and check("06.p5", 0.0074).points == 0
+    assert check("06.p4", 8.05e-9).full and not check("06.p4", 8.0e-9).full
+    assert check("06.p5", 0.414).full and check("06.p5", 0.41).points == 0
     assert check("06.w2", -np.log(0.539915)).full
 
 
@@ -119,11 +119,13 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("w2", 0.776343, "the target is class 1"),
         ("w2", -0.616344, "a loss of a probability below one is positive"),
         ("w2", 0.267677, "log base 10"),
-        ("p5", 0.01, "no longer cancel"),
-        ("p5", 0.007441, "the walk's betas (0.9, 0.999)"),
-        ("p5", 0.0526, "corrected m for t = 2 but not v"),
-        ("p5", 0.00141, "corrected v for t = 2 but not m"),
-        ("p5", 0.008, "not right (tolerance"),
+        ("p5", 0.968, "without bias correction"),
+        ("p5", 0.999, "square root off v's correction"),
+        ("p5", 0.9, "not right (tolerance"),
+        ("p4", 7.25e-9, "you divided by ε alone"),
+        ("p4", 7.28e-5, "ε under the"),
+        ("p4", 0.7245, "an SGD step"),
+        ("p4", 1e-8, "not right (tolerance"),
     ],
 )
 def test_numeric_mistakes_are_recognised(item_id, answer, text):
@@ -131,31 +133,64 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
     assert fb.points == 0 and text in fb.text(), fb.text()
 
 
-def test_p4_mistakes_name_a_step_that_ignores_eps_or_vanishes():
+def _torch_adamw_moves(grads, beta1=0.9, beta2=0.999):
+    """How far torch.optim.AdamW (lr 0.01, ε 1e-8, no decay) moves a parameter at each step, given each step's gradient."""
+    x = torch.nn.Parameter(torch.zeros(np.shape(grads[0]), dtype=torch.float64))
+    opt = torch.optim.AdamW([x], lr=0.01, betas=(beta1, beta2), eps=1e-8, weight_decay=0.0)
+    moves = []
+    for g in grads:
+        before = x.detach().clone()
+        x.grad = torch.tensor(np.asarray(g, dtype=np.float64))
+        opt.step()
+        moves.append(float((x.detach() - before).abs().max()))
+    return moves
+
+
+def test_p4_key_is_where_torchs_first_step_falls_to_a_tenth_of_lr():
+    """P4's key, measured: with the loss scaled by the key c, torch's AdamW moves B by lr/10 at the first step, by more
+    for a slightly larger c; with the walk's own gradient (c = 1) by almost exactly lr, as the lesson prints."""
     dB = walk.run_walk(**walk.worked_example(), steps=1)[0].dB
-    g = 1e-8 * dB
-    for wrong, text in ((-0.01 * np.sign(dB), "ε in the denominator shrinks it"),
-                        (-0.01 * g, "your step is about zero"),
-                        (-0.01 * g / np.sqrt(g * g + 1e-8), "your step is about zero"),
-                        (-b_after_one_scaled(), "sign is flipped")):
-        fb = check("06.p4", wrong)
-        assert not fb.full and text in fb.text(), fb.text()
+    c = ITEMS["p4"].expected()
+    assert c == pytest.approx(RIGHT["p4"], rel=1e-9)
+    assert _torch_adamw_moves([c * dB])[0] == pytest.approx(0.001, rel=1e-9)
+    assert _torch_adamw_moves([1.01 * c * dB])[0] > 0.001 > _torch_adamw_moves([0.99 * c * dB])[0]
+    assert _torch_adamw_moves([dB])[0] == pytest.approx(0.01, rel=1e-6)
 
 
-def test_p4_and_p5_are_predictions_of_configurations_the_lesson_does_not_print():
-    rec = walk.run_walk(**walk.worked_example(), steps=2)
-    # P4's answer is not the printed B after step 1: a gradient below ε shrinks AdamW's first step to about lr/8.
-    assert np.abs(ITEMS["p4"].expected() - rec[0].B_after).max() > 0.008
-    B = torch.nn.Parameter(torch.zeros(1, 2, dtype=torch.float64))
-    opt = torch.optim.AdamW([B], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    B.grad = torch.tensor(1e-8 * rec[0].dB)
-    opt.step()
-    np.testing.assert_allclose(ITEMS["p4"].expected(), B.detach().numpy(), rtol=1e-9)
-    np.testing.assert_allclose(ITEMS["p4"].expected(), [[0.00121285, -0.00121285]], atol=5e-9)
-    # P5's β₂ = 0.99 differs from the printed move at step 2 (β₂ = 0.999) by more than the tolerance.
-    printed = float(np.abs(rec[1].A_after - rec[1].A).max())
-    assert abs(ITEMS["p5"].expected() - printed) / printed > 2e-3
-    assert ITEMS["p5"].expected() == pytest.approx(a_move_at_step_two(), rel=1e-5)  # ε: |g| ≈ 0.009
+def test_p4_named_mistakes_are_the_mistaken_first_steps():
+    """Each named c is where a mistaken first step (ε alone below g, ε under the root, an SGD step) moves B by lr/10."""
+    g = np.abs(walk.run_walk(**walk.worked_example(), steps=1)[0].dB).max()
+    named = {m.label: m.value for m in lesson06._p4_mistakes()}
+    steps = {"|g| left out of the denominator": lambda x: 0.01 * x / 1e-8,
+             "ε under the square root": lambda x: 0.01 * x / np.sqrt(x * x + 1e-8),
+             "an SGD step": lambda x: 0.01 * x}
+    assert set(named) == set(steps)
+    for label, step in steps.items():
+        assert step(named[label] * g) == pytest.approx(0.001, rel=1e-9), label
+        assert abs(named[label] - RIGHT["p4"]) > 1e-3 * RIGHT["p4"], label
+
+
+def test_p5_key_is_the_beta1_at_which_torchs_step_two_moves_a_by_lr():
+    """P5's key, measured: torch's AdamW on the walk's A (a zero gradient at step 1, the walk's ∇A at step 2) moves A by
+    lr at step 2 with β₁ = the key and β₂ = 0.999, by less for a larger β₁; with β₁ = 0.9 by the printed 0.007441."""
+    dA = walk.run_walk(**walk.worked_example(), steps=2)[1].dA
+    b1 = ITEMS["p5"].expected()
+    assert b1 == pytest.approx(RIGHT["p5"], rel=1e-5)  # ε: |g| ≈ 0.009
+    assert _torch_adamw_moves([0 * dA, dA], beta1=b1)[1] == pytest.approx(0.01, rel=1e-6)
+    assert _torch_adamw_moves([0 * dA, dA], beta1=1.01 * b1)[1] < 0.01 < _torch_adamw_moves([0 * dA, dA], beta1=0.99 * b1)[1]
+    assert _torch_adamw_moves([0 * dA, dA], beta1=0.9)[1] == pytest.approx(0.007441, abs=5e-7)
+
+
+def test_p5_named_mistakes_are_the_mistaken_corrections():
+    """Each named β₁ is where a mistaken move (no bias correction; v's correction without its square root) is lr."""
+    b2 = 0.999
+    named = {m.label: m.value for m in lesson06._p5_mistakes()}
+    moves = {"no bias correction": lambda b1: 0.01 * (1 - b1) / np.sqrt(1 - b2),
+             "v's correction not square-rooted": lambda b1: 0.01 * ((1 - b1) / (1 - b1**2)) * (1 - b2**2) / (1 - b2)}
+    assert set(named) == set(moves)
+    for label, move in moves.items():
+        assert move(named[label]) == pytest.approx(0.01, rel=1e-9), label
+        assert abs(named[label] - RIGHT["p5"]) > 1e-3 * RIGHT["p5"], label
 
 
 def test_p6_key_is_what_torch_adam_does_with_coupled_decay():

@@ -191,7 +191,7 @@ ITEMS = {
         mistakes=backward_mistakes,
     ),
     "p2": Choice(
-        "the shape and product of PEFT's lora_A.weight.grad for a batch",
+        "which r × d matrix PEFT's lora_A.weight.grad is for a batch",
         1,
     ),
     "p3": Numeric(

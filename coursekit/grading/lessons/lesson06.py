@@ -271,54 +271,81 @@ def _lsm_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]
 
 # --------------------------------------------------------------------------- predictions (p4, p5)
 
-# P4: the walk's loss multiplied by 1e-8, so ∇B is 1e-8 times the printed one (|g| ≈ 1.4e-9, below ε = 1e-8). AdamW's
-# first step is lr·g/(|g| + ε) per entry: ε is no longer negligible, and B moves by about lr/8, not lr.
-P4_SCALE = 1e-8
+# P4: the loss scaled by c, so B's first gradient is c·g (|g| ≈ 0.138, printed). AdamW's first step moves an entry by
+# lr·|cg|/(|cg| + ε), about lr while |cg| is large next to ε; it falls to lr/10 at |cg| = ε/9, so c = ε/(9|g|). No call
+# the lesson shows gives c: the student solves the first-step rule for it (or searches c with their own adamw_step).
 LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8
+P4_FRACTION = 10  # the step asked for is lr / P4_FRACTION
 
 
-def _p4_B(scale: float) -> np.ndarray:
+def _largest(moves_at_most, lo: float, hi: float) -> float:
+    """The largest x in [lo, hi] (geometric bisection) with moves_at_most(x) true, for a monotone condition."""
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if moves_at_most(mid) else (lo, mid)
+    return lo
+
+
+def _p4_first_move(rec, c: float, step=None) -> float:
+    """How far B's entries move at the walk's first step (``rec``) when the loss (so ∇B) is c times as large;
+    ``step(g)`` is a mistaken first step to use instead of AdamW's."""
+    g = c * rec.dB
+    if step is None:
+        new = walk.adamw_step(rec.B, g, walk.AdamWState.zeros_like(rec.B), LR, BETAS, EPS, 0.0)[0]
+        return float(np.abs(new - rec.B).max())
+    return float(np.abs(step(g)).max())
+
+
+def _p4_scale(step=None) -> float:
     rec = _seed_records(1)[0]
-    return walk.adamw_step(rec.B, scale * rec.dB, walk.AdamWState.zeros_like(rec.B), LR, BETAS, EPS, 0.0)[0]
+    return _largest(lambda c: _p4_first_move(rec, c, step) <= LR / P4_FRACTION * (1 + 1e-12), 1e-30, 1e10)
 
 
 def _p4_mistakes() -> list[Mistake]:
     return [
-        Mistake("eps ignored", -LR * np.sign(_seed_records(1)[0].dB), "that is lr against the sign of each gradient, the "
-                "step when |g| is large next to ε. Here |g| ≈ 1.4e-9 is smaller than ε = 1e-8: the first step is "
-                "lr·g/(|g| + ε), and ε in the denominator shrinks it. " + READ_ADAMW),
-        Mistake("vanishing step", _p4_B(P4_SCALE) * 0.0, "your step is about zero, as if it shrank with the gradient (an SGD "
-                "step, or ε under the square root). AdamW divides m̂ = g by √v̂ + ε = |g| + ε: with |g| ≈ 1.4e-9 and "
-                "ε = 1e-8 that is still a step of about lr/8. " + READ_ADAMW),
-        Mistake("sign", -_p4_B(P4_SCALE), "the sign is flipped: each entry moves against the sign of its gradient. " + READ_ADAMW),
+        Mistake("|g| left out of the denominator", _p4_scale(lambda g: LR * g / EPS), "you divided by ε alone: the first "
+                "step is lr·g/(|g| + ε), and |g| stays in the denominator, so it reaches lr/10 at |g| = ε/9, not ε/10. "
+                + READ_ADAMW),
+        Mistake("ε under the square root", _p4_scale(lambda g: LR * g / np.sqrt(g * g + EPS)), "you put ε under the "
+                "square root, lr·g/√(g² + ε); AdamW adds ε outside it, lr·g/(√v̂ + ε) = lr·g/(|g| + ε) at the first step. "
+                + READ_ADAMW),
+        Mistake("an SGD step", _p4_scale(lambda g: LR * g), "that is where an SGD step lr·|g| would be lr/10. AdamW's first "
+                "step divides by |g| + ε, so it stays near lr until |g| comes down to ε. " + READ_ADAMW),
     ]
 
 
 # P5: A's gradient is zero at step 1, so its moments are still zero when its first gradient g arrives at step t = 2:
 # m = (1 − β₁)g, v = (1 − β₂)g², and the bias corrections divide by 1 − β₁² and 1 − β₂², which no longer cancel:
-# |ΔA| = lr·((1 − β₁)/(1 − β₁²)) / √((1 − β₂)/(1 − β₂²)) = lr·(1/(1 + β₁))·√(1 + β₂). The lesson prints it for β₂ = 0.999.
-P5_BETAS = (0.9, 0.99)
+# |ΔA| = lr·((1 − β₁)/(1 − β₁²)) / √((1 − β₂)/(1 − β₂²)) = lr·√(1 + β₂)/(1 + β₁). The lesson prints it for β₁ = 0.9
+# (lr·0.744); the item asks for the β₁ that makes it lr, √(1 + β₂) − 1, which no printed run gives.
 
 
-def _p5_move(betas: tuple[float, float], t_before: int = 1) -> float:
-    rec = _seed_records(2)[1]   # step 2: A's first nonzero gradient, its moments still zero
-    new, _ = walk.adamw_step(rec.A, rec.dA, walk.AdamWState(np.zeros_like(rec.A), np.zeros_like(rec.A), t_before),
-                             LR, tuple(betas), EPS, 0.0)
+def _p5_move(rec, beta1: float, beta2: float = BETAS[1]) -> float:
+    """How far A moves at the walk's step 2 (``rec``: A's first nonzero gradient, its moments still zero, t = 2)."""
+    new, _ = walk.adamw_step(rec.A, rec.dA, walk.AdamWState(np.zeros_like(rec.A), np.zeros_like(rec.A), 1),
+                             LR, (beta1, beta2), EPS, 0.0)
     return float(np.abs(new - rec.A).max())
 
 
+def _p5_beta1(move=None) -> float:
+    """The β₁ in (0, 1) for which A's move at step 2 is lr (the move falls as β₁ grows); ``move(β₁)`` is a mistaken
+    formula for the move to use instead of AdamW's."""
+    if move is None:
+        rec = _seed_records(2)[1]
+        return _largest(lambda b1: _p5_move(rec, b1) >= LR, 1e-12, 1 - 1e-12)
+    return _largest(lambda b1: move(b1) >= LR, 1e-12, 1 - 1e-12)
+
+
 def _p5_mistakes() -> list[Mistake]:
-    b1, b2 = P5_BETAS
+    b2 = BETAS[1]
     return [
-        Mistake("as at step 1", _p5_move(P5_BETAS, t_before=0), "that is the size of a first step, lr, where the bias "
-                "corrections cancel (or of a step without them). A's first gradient arrives at step t = 2, when its moments "
-                "are still zero but the corrections divide by 1 − β₁² and 1 − β₂²: they no longer cancel. " + READ_ADAMW),
-        Mistake("walk's betas", _p5_move(BETAS), "that is the move with the walk's betas (0.9, 0.999), which the lesson prints; "
-                "the question asks for β₂ = 0.99. " + READ_ADAMW),
-        Mistake("only m corrected", LR * ((1 - b1) / (1 - b1**2)) / math.sqrt(1 - b2), "you corrected m for t = 2 but not v: "
-                "v̂ = v/(1 − β₂²) as well. " + READ_ADAMW),
-        Mistake("only v corrected", LR * (1 - b1) / math.sqrt((1 - b2) / (1 - b2**2)), "you corrected v for t = 2 but not m: "
-                "m̂ = m/(1 − β₁²) as well. " + READ_ADAMW),
+        Mistake("no bias correction", _p5_beta1(lambda b1: LR * (1 - b1) / math.sqrt(1 - b2)), "that is where the move "
+                "would be lr without bias correction, lr·(1 − β₁)/√(1 − β₂). At t = 2 the corrections divide m by 1 − β₁² "
+                "and v by 1 − β₂², and with m = (1 − β₁)g and v = (1 − β₂)g² they leave lr·√(1 + β₂)/(1 + β₁). "
+                + READ_ADAMW),
+        Mistake("v's correction not square-rooted", _p5_beta1(lambda b1: LR * ((1 - b1) / (1 - b1**2)) * (1 - b2**2) / (1 - b2)),
+                "you left the square root off v's correction: the step divides by √v̂, so the corrections leave "
+                "lr·√(1 + β₂)/(1 + β₁), not lr·(1 + β₂)/(1 + β₁). " + READ_ADAMW),
     ]
 
 
@@ -401,22 +428,21 @@ ITEMS = {
         rtol=1e-9,
         atol=1e-12,
     ),
-    "p4": Array(
-        "predict B after AdamW's first step when the loss is 1e-8 times as large",
+    "p4": Numeric(
+        "the largest loss scale c at which AdamW's first step moves B by at most lr/10",
         1,
-        name="B_1",
+        name="c",
         reread=READ_ADAMW,
-        expected=lambda: _p4_B(P4_SCALE),
-        rtol=0,
-        atol=1e-6,
+        expected=_p4_scale,
+        rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p4_mistakes,
     ),
     "p5": Numeric(
-        "predict how far A moves at its first nonzero step, with betas (0.9, 0.99)",
+        "the β₁ for which A's first nonzero step (t = 2, moments zero) moves it by exactly lr",
         2,
-        name="step_A",
+        name="beta1",
         reread=READ_ADAMW,
-        expected=lambda: _p5_move(P5_BETAS),
+        expected=_p5_beta1,
         rtol=1e-3,  # the prompt asks for 3 significant digits
         mistakes=_p5_mistakes,
     ),

@@ -1,5 +1,5 @@
 def best_rank_k(M, k):
-    # Return the d × m matrix U[:, :k] diag(S[:k]) Vt[:k, :] for the k largest singular values.
+    # Return the best rank-k approximation of the d × m array M, as a d × m array.
     import sys
     for i in range(20_000):
         print("checking", i)  # floods the test cell's output
