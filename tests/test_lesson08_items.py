@@ -324,9 +324,9 @@ def test_attention_backward_wrong_arity_is_explained():
         ("w2", "b", "look at the future"),
         ("w2", "c", "keeps the diagonal"),
         ("w3", "a", "leaves its softmax unchanged"),
-        ("p4", "b", "the subtraction takes it back"),
-        ("p4", "c", "no change reaches a row of dS uniformly"),
-        ("p4", "d", "stays 0 whatever dP holds"),
+        ("p4", "b", "Added to a column, it reaches row t's sum only as c·P[t, 2]"),
+        ("p4", "c", "rowsum(dP ⊙ P) changes too"),
+        ("p4", "d", "In rows 0 and 1 key 2 is masked"),
         ("p7", "a", "removes a constant from each row"),
         ("p7", "b", "dV = Pᵀ dC is not zero"),
         ("p7", "d", "Nothing reaches the queries"),
@@ -372,21 +372,38 @@ def test_p7s_key_a_repeated_token_trains_only_the_v_and_o_adapters():
     assert keys["p7"] == RIGHT["p7"] == "c"
 
 
-def test_p4s_key_adding_a_constant_to_a_row_of_dP_leaves_dS_unchanged():
-    """P4's key (a) measured: c added to one row of dP (masked entries included) changes no entry of dS, while option
-    b's c·P[t] would be a visible change."""
+def test_p4s_key_a_constant_on_column_2_of_dP_changes_the_rows_that_see_key_2():
+    """P4's key (a) measured: one causal head, T = 6, random scores, c added to every entry of column 2 of dP (masked
+    entries included). dS changes in every entry that queries 2 to 5 see and nowhere else. Each distractor is the
+    mistaken computation run: b treats the column like a row (nothing changes), c leaves rowsum(dP ⊙ P) as it was
+    (only column 2 changes), d lets every row's rowsum rise by c, as for a row (rows 0 and 1 change too)."""
     rng = np.random.default_rng(4)
-    T = 7
-    _, cache = att.attention_forward(*(rng.standard_normal((T, 5)) for _ in range(3)))
-    P, dP = cache["P"], rng.standard_normal((T, T))
-    dS = att.softmax_backward(P, dP)
-    for t in range(T):
+    T, u = 6, 2
+    allowed = att.causal_mask(T)
+    for trial in range(5):
+        _, cache = att.attention_forward(*(rng.standard_normal((T, 5)) for _ in range(3)))
+        P, dP = cache["P"], rng.standard_normal((T, T))
+        dS = att.softmax_backward(P, dP)
+        rowsum = (dP * P).sum(-1, keepdims=True)
         for c in (1.0, -3.5, 1e3):
             shifted = dP.copy()
-            shifted[t] += c
-            change = np.abs(att.softmax_backward(P, shifted) - dS).max()
-            assert change < 1e-12 * max(1.0, abs(c)), (t, c, change)
-            assert np.abs(c * P[t]).max() > 0.1 * abs(c)   # what option b predicts is no rounding error
+            shifted[:, u] += c
+            tol = 1e-12 * max(1.0, abs(c))
+            changed = np.abs(att.softmax_backward(P, shifted) - dS) > tol
+            key = allowed & (np.arange(T)[:, None] >= u)                  # rows 2 to 5, entries their query sees
+            assert np.array_equal(changed, key), (trial, c, changed.astype(int))
+            # c: rowsum(dP ⊙ P) kept as it was: only column 2 of rows 2 to 5 changes
+            col_only = np.abs(P * (shifted - rowsum) - dS) > tol
+            assert np.array_equal(col_only, key & (np.arange(T)[None, :] == u)) and not np.array_equal(col_only, changed)
+            # d: every row's rowsum raised by c, as for a row: rows 0 and 1 change too
+            as_row = np.abs(P * (shifted - rowsum - c) - dS) > tol
+            assert as_row[0].any() and as_row[1].any() and not changed[:2].any()
+            # b: nothing changes, as after a constant added to a row (which does cancel)
+            row_shift = dP.copy()
+            row_shift[3] += c
+            assert np.abs(att.softmax_backward(P, row_shift) - dS).max() < tol and changed.any()
+    keys = json.loads((ROOT / "autograder" / "keys" / "08.json").read_text())["keys"]
+    assert keys["p4"] == RIGHT["p4"] == "a"
 
 
 def test_multi_choice_partial_credit_and_hints():

@@ -572,7 +572,7 @@ ITEMS = {
             "a": "Subtracting a constant from a row leaves its softmax unchanged: exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s). Reread 'One head, forward' in Know this.",
             "b": "The mask is applied with −inf before the maximum; subtracting the maximum only keeps exp from overflowing. Reread 'One head, forward' in Know this.",
             "c": "The gradient does not change either; the rowsum term in dS already makes each row of dS sum to zero. Reread 'The softmax step' in Know this.",
-            "d": "Subtracting the row maximum m multiplies numerator and denominator by the same exp(−m), so exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s) and P does not change. But the largest exponent becomes exp(0) = 1, so scores in the hundreds no longer overflow (exp(710) is already inf in float64). (Lesson 08, 'One head, forward'.)",
+            "d": "Subtracting the row maximum m multiplies numerator and denominator by the same exp(−m), so exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s) and P does not change. But the largest exponent becomes exp(0) = 1, so large scores no longer overflow (exp is inf above about 709.8 in float64, 88.7 in float32 or bf16). (Lesson 08, 'One head, forward'.)",
         },
     ),
     "p1": Function(
@@ -609,7 +609,7 @@ ITEMS = {
         mistakes=_p3_mistakes,
     ),
     "p4": Choice(
-        "what adding a constant to a row of dP does to dS",
+        "what adding a constant to a column of dP does to dS",
         1,
     ),
     "p5": Choice(

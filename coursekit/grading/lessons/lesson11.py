@@ -498,7 +498,7 @@ ITEMS = {
     ),
     "p1": Function(
         "implement factor_update",
-        3,
+        1,
         name="factor_update",
         reference=factor_update,
         public=_fu_public,
