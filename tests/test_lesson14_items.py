@@ -43,7 +43,7 @@ def right_walk_D(X, W, A, B, s, target, step):
 
 RIGHT = {"w1": 85, "w2": "d", "w3": [[3, -2], [1, 5]], "p1": right_block, "p2": right_blocks, "p3": right_walk_D,
          "p4": [[-0.06324549, 0.06324549]], "p5": 0.7333, "p6": [[0.559131, -0.399131], [0.138263, 1.051737]], "p7": "a",
-         "p8": -0.24}
+         "p8": -0.588}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -278,15 +278,15 @@ def test_walk_mistakes_lose_points_with_a_diagnosis(fn, text, hidden):
         ("p6", [[0.275656, -0.115656], [-0.428687, 1.618687]], "learning rate"),
         ("p6", [[0.559131, -0.611737], [0.350869, 1.051737]], "transposed"),
         ("p6", [[0.559131, -0.599131], [0.138263, 0.651737]], "softmax(XŴ) alone"),
-        ("p8", 0.44, "lesson's input X = [1, 2]"),
-        ("p8", 0.24, "wrong sign"),
-        ("p8", 0.27, "without weighting row i"),
-        ("p8", 0.16, "rounds to 5, not 4"),
-        ("p8", -0.04, "floor"),
-        ("p8", -0.11, "target's logit Y₁ alone"),
-        ("p8", 0.13, "other class's logit Y₀ alone"),
-        ("p8", -2.6, "margin Y₁ − Y₀ on Ŵ itself"),
-        ("p8", -0.09, "transpose"),
+        ("p8", -0.294, "half of it"),
+        ("p8", 0.588, "wrong sign"),
+        ("p8", 3.33, "rounds to 5, not 4"),
+        ("p8", -3.33, "floor"),
+        ("p8", -0.778, "target's logit Y₁ unchanged"),
+        ("p8", -0.375, "other class's logit Y₀ unchanged"),
+        ("p8", 1.25, "margin Y₁ − Y₀ on Ŵ itself zero"),
+        ("p8", 2.5, "transpose"),
+        ("p8", -1.7, "first entry of X"),
         ("w3", [[3, 1], [-2, 5]], "transposed"),
         ("p4", [[0.06324549, -0.06324549]], "wrong sign"),
         ("p4", [[0.21081829, -0.21081829]], "that is D"),
@@ -477,20 +477,31 @@ def test_p7_key_is_measured_with_the_rounding_inside_the_graph():
     assert key == RIGHT["p7"] == "a"
 
 
-def test_p8_key_is_the_margin_change_of_the_forward_pass():
-    """P8's key, measured on run_walk's forward for X = [1, −2]: the margin Y₁ − Y₀ on Ŵ minus that on W is −0.24, which is
-    the hand prediction X·((Ŵ − W)[:, 1] − (Ŵ − W)[:, 0]); for the lesson's X = [1, 2] the same function gives the lesson's
-    +0.44 (the "lesson's X" mistake); and on this input the rounding raises the loss of target class 1, as a shrinking margin
-    must."""
+def test_p8_key_is_the_input_where_rounding_leaves_the_margin_unchanged():
+    """P8's key, measured on run_walk's forward: on X = [1, x₂] with x₂ = −10/17 the margin Y₁ − Y₀ on Ŵ equals that on W
+    (to rounding); it is the hand prediction −(row 0's gain) / (row 1's gain) with gains (Ŵ − W)[:, 1] − (Ŵ − W)[:, 0] =
+    [0.10, 0.17]; the lesson's X = [1, 2] still gives the lesson's +0.44; and the change is linear in x₂, so it has one root,
+    with the margin falling below it and rising above it."""
     ex = walk.worked_example()
-    X = np.array([[1.0, -2.0]])
     W_hat = quant.toy_int4(ex["W"])[1]
-    recs = [walk.run_walk(**(ex | dict(X=X, W=w)), steps=1)[0] for w in (ex["W"], W_hat)]
-    measured = (recs[1].Y[0, 1] - recs[1].Y[0, 0]) - (recs[0].Y[0, 1] - recs[0].Y[0, 0])
-    np.testing.assert_allclose(ITEMS["p8"].expected(), measured, rtol=1e-12)
-    np.testing.assert_allclose(measured, -0.24, atol=1e-12)
+
+    def measured(x2):
+        X = np.array([[1.0, x2]])
+        recs = [walk.run_walk(**(ex | dict(X=X, W=w)), steps=1)[0] for w in (ex["W"], W_hat)]
+        return (recs[1].Y[0, 1] - recs[1].Y[0, 0]) - (recs[0].Y[0, 1] - recs[0].Y[0, 0])
+
+    key = ITEMS["p8"].expected()
+    np.testing.assert_allclose(key, -10 / 17, rtol=1e-12)
+    assert abs(measured(key)) < 1e-12
+    assert measured(key - 0.1) < 0 < measured(key + 0.1)
     dW = W_hat - ex["W"]
-    np.testing.assert_allclose(measured, (X @ (dW[:, 1] - dW[:, 0]))[0], rtol=1e-12)
-    assert recs[1].loss > recs[0].loss
+    gain = dW[:, 1] - dW[:, 0]
+    np.testing.assert_allclose(gain, [0.10, 0.17], atol=1e-12)
+    np.testing.assert_allclose(key, -gain[0] / gain[1], rtol=1e-12)
+    np.testing.assert_allclose(measured(2.0), 0.44, atol=1e-12)
     np.testing.assert_allclose(lesson14.margin_change(ex["X"]), 0.44, atol=1e-12)
-    assert check("14.p8", -0.24).full and check("14.p8", -0.2400001).full and not check("14.p8", -0.25).full
+    assert check("14.p8", -0.588).full and check("14.p8", -10 / 17).full and not check("14.p8", -0.6).full
+    values = [m.value for m in ITEMS["p8"].mistakes()]
+    assert len(set(np.round(values, 6))) == len(values) and all(abs(v - key) > 0.05 for v in values)
+
+

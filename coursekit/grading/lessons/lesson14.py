@@ -324,7 +324,7 @@ def _p6_mistakes() -> list[Mistake]:
     ]
 
 
-# P8: how rounding W to the toy base moves the target's margin Y₁ − Y₀ for another input than the walk's.
+# P8: for which input X = [1, x₂] rounding W to the toy base leaves the target's margin Y₁ − Y₀ where it was.
 P8_X = np.array([[1.0, -2.0]])
 
 
@@ -348,30 +348,48 @@ def _logit_changes(X=P8_X) -> np.ndarray:
     return (Ys[1] - Ys[0]).ravel()
 
 
+def neutral_x2(change=None) -> float:
+    """P8's key: the x₂ for which rounding W to the toy base leaves the margin unchanged on the input X = [1, x₂] (B = 0).
+    ``change(x2)`` is the margin change measured for that x₂ (default: :func:`margin_change` on X = [1, x₂]); it is linear
+    in x₂ (Y = XW), so two forward passes, at x₂ = 0 and x₂ = 1, fix its root. The mistaken variants pass another
+    ``change``, each a mistaken computation actually run."""
+    if change is None:
+        change = lambda x2: margin_change(np.array([[1.0, x2]]))
+    c0, c1 = change(0.0), change(1.0)
+    return float(-c0 / (c1 - c0))
+
+
 def _p8_mistakes() -> list[Mistake]:
     ex = walk.worked_example()
-    dY = _logit_changes()
-    margin_hat = float((P8_X @ _w_hat(ex["W"], 0.2) @ np.array([-1.0, 1.0]))[0])
+    W_hat = _w_hat(ex["W"], 0.2)
+
+    def on(x2):
+        return np.array([[1.0, x2]])
+
     return [
-        Mistake("lesson's X", margin_change(ex["X"]),
-                f"that is the change for the lesson's input X = [1, 2]; with X = [1, −2] the second row of Ŵ − W counts "
-                f"twice and negatively. {READ_WALK}"),
-        Mistake("sign", margin_change(sign=-1.0),
-                f"your change has the wrong sign: compute the margin on Ŵ minus the margin on W (Ŵ − W, not W − Ŵ). {READ_WALK}"),
-        Mistake("no X", margin_change(np.array([[1.0, 1.0]])),
-                f"you added up the four roundings without weighting row i of Ŵ − W by X[i]: entry (i, j) moves Y_j by "
-                f"X[i]·(Ŵ − W)[i, j]. {READ_WALK}"),
-        Mistake("truncated", margin_change(rounding=np.trunc),
+        Mistake("row 1 per 2", neutral_x2(lambda x2: margin_change(on(2.0 * x2))),
+                f"you took what the second row of Ŵ − W gives the margin for the lesson's X = [1, 2] (0.18 + 0.16 = 0.34) as "
+                f"its share per unit of x₂; that share was for x₂ = 2, so per unit of x₂ it is half of it. {READ_WALK}"),
+        Mistake("sign", neutral_x2(lambda x2: margin_change(on(-x2))),
+                f"your x₂ has the wrong sign: the first row adds 0.10 to the margin and the second row adds 0.17 per unit of "
+                f"x₂, so they cancel only for a negative x₂. {READ_WALK}"),
+        Mistake("truncated", neutral_x2(lambda x2: margin_change(on(x2), rounding=np.trunc)),
                 f"your Ŵ has 0.8 where round gives 1.0: 0.91 / 0.2 = 4.55 rounds to 5, not 4 (truncation). {READ_TOY}"),
-        Mistake("floor", margin_change(rounding=np.floor), f"your Ŵ uses floor (−2.35 → −3) instead of round. {READ_TOY}"),
-        Mistake("target logit only", float(dY[1]),
-                f"that is the change of the target's logit Y₁ alone; the margin also loses what Y₀ gains. {READ_WALK}"),
-        Mistake("other logit only", float(dY[0]),
-                f"that is the change of the other class's logit Y₀ alone; the margin is Y₁ − Y₀. {READ_WALK}"),
-        Mistake("margin on W hat", margin_hat,
-                f"that is the margin Y₁ − Y₀ on Ŵ itself; the question asks how much it changed from the margin on W. {READ_WALK}"),
-        Mistake("transposed", margin_change(flip=True),
-                f"you multiplied with the transpose: Y = XW sums over the rows of W, so row i of Ŵ − W is weighted by X[i]. {READ_WALK}"),
+        Mistake("floor", neutral_x2(lambda x2: margin_change(on(x2), rounding=np.floor)),
+                f"your Ŵ uses floor (−2.35 → −3) instead of round. {READ_TOY}"),
+        Mistake("target logit only", neutral_x2(lambda x2: float(_logit_changes(on(x2))[1])),
+                f"that x₂ leaves the target's logit Y₁ unchanged; the margin is Y₁ − Y₀, and Y₀ moves too. {READ_WALK}"),
+        Mistake("other logit only", neutral_x2(lambda x2: float(_logit_changes(on(x2))[0])),
+                f"that x₂ leaves the other class's logit Y₀ unchanged; the margin is Y₁ − Y₀, and Y₁ moves too. {READ_WALK}"),
+        Mistake("margin on W hat", neutral_x2(lambda x2: float((on(x2) @ W_hat @ np.array([-1.0, 1.0]))[0])),
+                f"that x₂ makes the margin Y₁ − Y₀ on Ŵ itself zero; the question asks where rounding does not change it, "
+                f"where the margins on W and on Ŵ are equal. {READ_WALK}"),
+        Mistake("transposed", neutral_x2(lambda x2: margin_change(on(x2), flip=True)),
+                f"you multiplied with the transpose: Y = XW sums over the rows of W, so row i of Ŵ − W is weighted by X[i]. "
+                f"{READ_WALK}"),
+        Mistake("first entry", neutral_x2(lambda x1: margin_change(np.array([[x1, 1.0]]))),
+                f"you solved for the first entry of X with the second held at 1; the question keeps X₁ = 1 and asks for x₂. "
+                f"{READ_WALK}"),
     ]
 
 
@@ -652,11 +670,11 @@ ITEMS = {
         1,
     ),
     "p8": Numeric(
-        "predict how rounding W to the toy base changes the margin Y₁ − Y₀ for the input X = [1, −2]",
+        "predict the input X = [1, x₂] for which rounding W to the toy base leaves the margin Y₁ − Y₀ unchanged",
         1,
-        name="change",
-        expected=margin_change,
-        rtol=1e-3,
+        name="x2",
+        expected=neutral_x2,
+        rtol=5e-3,  # "3 significant digits": −0.588 for −0.588235; the nearest listed mistake (row 1 per 2, −0.294) is far
         mistakes=_p8_mistakes,
         reread=READ_WALK_SECTION,
     ),
