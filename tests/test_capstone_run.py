@@ -213,11 +213,10 @@ def test_each_merge_row_carries_its_paired_test_against_the_trained_function(rep
 def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     """19.p9's key, read off the run's merge rows (each statement as its hint argues it): (a) the W16 merge relabelled
     more tickets than its accuracy fell, so some had been wrong; (b) its accuracy lies inside the trained function's own
-    95 % Wilson interval on these n tickets, which reaches about 7 points below it; (c) the dequant(W4) merge kept every label but its
-    logits moved (largest |Δlogit| > 0); (d) the W16 merge relabelled about one ticket in six. (b) is false by the paired
-    test its hint quotes: the W16 merge loses more tickets than it gains, yet the interval resampling whole symptoms
-    includes 0, so no winner. The hint names no side of 0.05 for McNemar's p: it is 0.12 on the bf16 path and 0.041 on
-    the float32 path (docs/capstone.md), and the interval includes 0 on both."""
+    95 % Wilson interval on these n tickets, which reaches about 7 points below it, and the two intervals overlap, so the
+    accuracy column alone cannot call it worse; (c) the dequant(W4) merge kept every label but its logits moved
+    (largest |Δlogit| > 0); (d) the W16 merge relabelled some tickets. The options name no figure that moves between runs: McNemar's p for the W16 merge
+    is 0.12 on the bf16 path and 0.041 on the float32 path (docs/capstone.md), and the key holds on both."""
     from coursekit import evaluate
 
     m = report["merge"]
@@ -227,9 +226,9 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     lo, hi = evaluate.wilson_interval(round(ref * n), n)
     truth = {
         "a": relabelled - fell >= 1 / n - 1e-9,
-        "b": w16["paired"]["winner"] == "b",
+        "b": w16["interval"][1] < lo,   # all an accuracy column could show: the two Wilson intervals apart
         "c": dq["agreement"] == 1.0 and dq["max_abs_diff"] == 0.0,
-        "d": abs(relabelled - 1 / 6) <= 0.04,
+        "d": relabelled >= 1 / n - 1e-9,
     }
     keys = json.loads((capstone.Path(__file__).resolve().parents[1] / "autograder" / "keys" / "19.json").read_text())["keys"]
     assert sorted(k for k, v in truth.items() if v) == sorted(keys["p9"])
@@ -237,8 +236,7 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
     # and its thread setting: a loaded CI run flipped one of 144), and the logits moved
     assert dq["agreement"] >= 1 - 2 / n and dq["max_abs_diff"] > 0
     assert n == 144 and 0 < fell < 0.1 and 0.065 <= ref - lo <= 0.08   # "a few points on 144 tickets", "about 7 points below"
-    c = w16["paired"]  # (b)'s hint: inside the interval, more lost than gained, and no verdict from the paired test
-    assert lo <= w16["accuracy"] <= hi and c["b_only"] > c["a_only"] and c["winner"] is None and c["interval"][0] < 0 < c["interval"][1]
+    assert lo <= w16["accuracy"] <= hi                                  # (b)'s hint: "inside the trained function's own interval"
 
 
 def test_every_stored_adapter_was_trained_and_is_bound_to_its_base(report):

@@ -536,7 +536,8 @@ def test_w2s_quantizer_gives_each_weight_the_nearest_level_placed_with_d_and_m_b
 
 def test_p7_key_is_measured():
     """P7 asks for NF4(Q8_0(W)) against W on the lesson's Gaussian weight (seed 18, N(0, 0.05²), 1536 × 576). Measure it
-    and check that the keyed option (a, about 0.092) is the nearest of the four numbers the options quote."""
+    and check that the keyed option (a, about 0.092) is the nearest of the four numbers the options quote; (d), which also
+    adds in quadrature, is what Q4_1's error in Q8_0's place gives."""
     import json
 
     from coursekit import gguf_file as gf
@@ -552,6 +553,9 @@ def test_p7_key_is_measured():
     key = json.loads((ROOT / "autograder" / "keys" / "18.json").read_text())["keys"]["p7"]
     assert nearest == key == RIGHT["p7"], (both, nearest, key)
     assert abs(both - quoted["a"]) < 0.001 < abs(both - quoted["b"])
+    # (d), run: quadrature with Q4_1's error in place of Q8_0's is the lesson's NF4(Q4_1(W)), about 0.12
+    W_q41 = gf.q4_1_round_trip(W)
+    assert abs(np.hypot(gf.relative_error(W_q41, W), gf.relative_error(gf.nf4_round_trip(W_q41), W_q41)) - quoted["d"]) < 0.005
 
 
 def test_p5_key_is_the_file_measured_with_its_embedding_quantized_to_q4_1():

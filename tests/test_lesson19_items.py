@@ -262,7 +262,8 @@ def test_not_a_function_is_refused():
     ("p9", ["a", "b", "d"], "inside the trained function's own 95 % interval"),
     ("p9", ["a", "c", "d"], "Same labels do not make same logits"),
     ("p9", ["d"], "(a) is missing from your set. True, by counting"),
-    ("p11", "a", "only the discordant ones decide"),
+    ("p11", "a", "no evidence that the second is better"),
+    ("p11", "d", "The one-sided tail alone (0.035)"),
 ])
 def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     fb = check(f"19.{item}", wrong)
@@ -280,11 +281,18 @@ def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
     assert evaluate.wilson_interval(113, 144)[0] < evaluate.wilson_interval(107, 144)[1]    # they overlap
 
 
-def test_p11s_key_the_discordant_tickets_decide():
-    """P11's key (c), run: with 107 and 113 right of the same 144, the discordant tickets decide. 6 won and 0 lost gives
-    McNemar's exact p = 0.03 (a difference the overlap hides: (a) and (d) are false), 16 won and 10 lost gives p = 0.33
-    (more right on the same tickets is no evidence: (b) is false). The p-values quoted in the hints are these."""
+def test_p11s_key_the_only_split_the_exact_test_calls_significant():
+    """P11's key (c), run: every option splits a lead of 6 (107 and 113 right of the same 144) over the tickets exactly
+    one adapter got right, and McNemar's exact two-sided test (paired.mcnemar_exact) gives p < 0.05 only for 6 against
+    0. Each distractor is a split the test does not call: (d), 7 against 1, is what the one-sided tail or the χ²
+    approximation without continuity correction would call significant (the mistaken tests, run). The p-values quoted
+    in the hints are these, and the key is P10's threshold at d = 6."""
+    from scipy.stats import binomtest
+
     from coursekit import paired
+    from coursekit.grading.lessons import lesson19
+
+    splits = {"a": (16, 10), "b": (9, 3), "c": (6, 0), "d": (7, 1)}
 
     def pair(won, lost):
         both = 107 - lost                                   # the first's right answers: both right, or only the first
@@ -293,13 +301,20 @@ def test_p11s_key_the_discordant_tickets_decide():
         assert (sum(first), sum(second)) == (107, 113)
         return paired.mcnemar_exact(first, second)["p_value"]
 
-    assert round(pair(6, 0), 2) == 0.03 and pair(6, 0) < 0.05
-    assert round(pair(16, 10), 2) == 0.33
+    p = {k: pair(*v) for k, v in splits.items()}
+    significant = [k for k, v in p.items() if v < 0.05]
     keys = json.loads((ROOT / "autograder" / "keys" / "19.json").read_text())
-    assert CHOICES["p11"] == keys["keys"]["p11"] == "c"
+    assert significant == [CHOICES["p11"]] == [keys["keys"]["p11"]] == ["c"]
+    won, lost = splits["c"]
+    assert won - lost == lesson19.smallest_significant_gain(won + lost)
+    one_sided = binomtest(7, 8, 0.5, alternative="greater").pvalue
+    assert one_sided < 0.05 and (7 - 1) ** 2 / 8 > 1.959963984540054 ** 2        # (d)'s mistaken tests call it
     hints = keys["hints"]["p11"]
-    assert "p = 0.03" in hints["a"] and "p = 0.33" in hints["b"] and "p = 0.03" in hints["d"]
-    assert "p = 0.03" in hints["c"] and "p = 0.33" in hints["c"]
+    quoted = {k: f"p = {v:.2f}" for k, v in p.items()}
+    assert quoted == {"a": "p = 0.33", "b": "p = 0.15", "c": "p = 0.03", "d": "p = 0.07"}
+    for k in "abd":
+        assert quoted[k] in hints[k] and quoted[k] in hints["c"], k
+    assert quoted["c"] in hints["c"] and f"({one_sided:.3f})" in hints["d"]
 
 
 def _solution(name: str):
