@@ -207,7 +207,7 @@ def train_probe(features: torch.Tensor, labels: Sequence[str], classes: Sequence
     backward, lesson 05's pattern dW = Xᵀ dZ), so each step is W ← W − lr·Xᵀ dZ, b ← b − lr·Σ_n dZ[n].
     Returns (W float32 [H, K], b float32 [K]), both starting at zero. Raises ValueError for an empty batch, a
     features/labels length mismatch, a label not in ``classes``, repeated classes, non-finite features or a
-    negative ``steps``. (Lesson 19's P15; :func:`fit_probe` is scikit-learn's regularized fit of the same model.)"""
+    negative ``steps``. (Lesson 19's P10; :func:`fit_probe` is scikit-learn's regularized fit of the same model.)"""
     X = torch.as_tensor(features, dtype=torch.float32)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ValueError(f"features must be [N, H] with N >= 1, got shape {tuple(X.shape)}")

@@ -352,7 +352,7 @@ def merge_kept_in_float32(adapter_dir, path):
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter_dir).merge_and_unload()
 
 
-# --------------------------------------------------------------------------- P14: the probe's features
+# --------------------------------------------------------------------------- P9: the probe's features
 
 
 def probe_features(hidden_states, attention_mask, layer):
@@ -382,7 +382,7 @@ def probe_features_by_the_reference(hidden_states, attention_mask, layer):
     return cheap.probe_features(hidden_states, attention_mask, layer)
 
 
-# --------------------------------------------------------------------------- P15: the probe's gradient descent
+# --------------------------------------------------------------------------- P10: the probe's gradient descent
 
 
 def train_probe(features, labels, classes, steps, lr):

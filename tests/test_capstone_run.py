@@ -210,8 +210,8 @@ def test_each_merge_row_carries_its_paired_test_against_the_trained_function(rep
     assert nf4["b_only"] >= sum(ref_right) - 5 and nf4["winner"] == "b"
 
 
-def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
-    """19.p9's key, read off the run's merge rows (each statement as its hint argues it): (a) the W16 merge relabelled
+def test_p11_key_is_what_the_merge_rows_of_the_run_say(report):
+    """19.p11's key, read off the run's merge rows (each statement as its hint argues it): (a) the W16 merge relabelled
     more tickets than its accuracy fell, so some had been wrong; (b) its accuracy lies inside the trained function's own
     95 % Wilson interval on these n tickets, which reaches about 7 points below it, and the two intervals overlap, so the
     accuracy column alone cannot call it worse; (c) the dequant(W4) merge kept every label but its logits moved
@@ -231,7 +231,7 @@ def test_p9_key_is_what_the_merge_rows_of_the_run_say(report):
         "d": relabelled >= 1 / n - 1e-9,
     }
     keys = json.loads((capstone.Path(__file__).resolve().parents[1] / "autograder" / "keys" / "19.json").read_text())["keys"]
-    assert sorted(k for k, v in truth.items() if v) == sorted(keys["p9"])
+    assert sorted(k for k, v in truth.items() if v) == sorted(keys["p11"])
     # (c)'s hint: the labels kept on all or all but a ticket or two (the bf16 rounding of s·A·B, which moves with the CPU
     # and its thread setting: a loaded CI run flipped one of 144), and the logits moved
     assert dq["agreement"] >= 1 - 2 / n and dq["max_abs_diff"] > 0
@@ -253,11 +253,11 @@ def test_the_report_prints_every_number_with_its_interval(report):
     assert "n=144" in text and "n=120" in text and "reload on a fresh NF4 base" in text
 
 
-def test_p10_the_runs_discordant_tickets_recounted_agree_with_the_paired_line(report):
-    """What lesson 19's cell after P10 reads of the stored run: the discordant tickets on unseen symptoms (QLoRA
+def test_p12_the_runs_discordant_tickets_recounted_agree_with_the_paired_line(report):
+    """What lesson 19's cell after P12 reads of the stored run: the discordant tickets on unseen symptoms (QLoRA
     against the tuned baseline), recounted here from the predictions, d of them, are paired.compare's two counts; the
     gain (right-only minus right-only) is the two correct counts' difference (tickets both got right or wrong cancel);
-    and at this d P10's reference gives a threshold whose two-sided exact p (scipy's binomtest) is below 0.05 while two
+    and at this d P12's reference gives a threshold whose two-sided exact p (scipy's binomtest) is below 0.05 while two
     tickets less is not, with d > 5, so that the cell prints a threshold and not an error."""
     from scipy.stats import binomtest
 
@@ -304,7 +304,7 @@ def test_the_cheap_rungs_are_in_the_run_and_a_read_only_store_reads_them(report)
 
 
 def test_the_probe_is_the_rung_qlora_cannot_be_told_from_on_unseen_symptoms(report):
-    """Lesson 19's P12 model answer and W3: the bar is the best method without fine-tuning, not only the tuned prompt. In
+    """Lesson 19's P14 model answer and W3: the bar is the best method without fine-tuning, not only the tuned prompt. In
     the reference run (docs/capstone.md, both paths) QLoRA beats the bag of words and kNN on unseen symptoms, but the
     paired test cannot tell it from the linear probe on the frozen base."""
     from coursekit import paired
@@ -316,7 +316,7 @@ def test_the_probe_is_the_rung_qlora_cannot_be_told_from_on_unseen_symptoms(repo
 
 
 def test_a_few_hundred_plain_gradient_steps_come_near_scikit_learns_probe(report):
-    """Lesson 19's P15 section and summary: train_probe (no penalty, 200 steps of lr 0.1 on the probe's chosen
+    """Lesson 19's P10 section and summary: train_probe (no penalty, 200 steps of lr 0.1 on the probe's chosen
     features, standardized by the training tickets) is within 5 points of scikit-learn's fitted probe on each held-out
     split, and the paired test cannot tell the two apart there; the stored features give scikit-learn's probe back."""
     import numpy as np

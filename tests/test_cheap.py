@@ -140,7 +140,7 @@ def test_the_store_key_follows_the_code():
     assert key == cheap.code_key()
 
 
-# --------------------------------------------------------------------------- the probe's gradient descent (P15)
+# --------------------------------------------------------------------------- the probe's gradient descent (P10)
 
 
 def _probe_data(seed=0, n=23, h=5, k=4):

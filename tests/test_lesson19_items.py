@@ -1,4 +1,4 @@
-"""Lesson 19's graded items: the functions a student writes are checked on tiny models (and P10's on numbers of
+"""Lesson 19's graded items: the functions a student writes are checked on tiny models (and P12's on numbers of
 tickets); right answers score full with hidden cases, the typical wrong versions lose points with the mistake named,
 and a function that calls coursekit's own answer earns nothing. What the lesson's run prints is tested against the
 capstone store in tests/test_capstone_run.py."""
@@ -20,11 +20,11 @@ NOTEBOOK = ROOT / "solutions" / "19-capstone-a-real-qlora-run" / "19-capstone-a-
 
 FUNCTIONS = {"p1": A.load_for_lora, "p2": A.preflight, "p3": A.adapter_optimizer, "p4": A.train_steps,
              "p5": A.answer_logprobs, "p6": A.first_word, "p7": A.confusion_matrix, "p8": A.merge_onto_w16,
-             "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}
+             "p12": A.smallest_significant_gain, "p9": A.probe_features, "p10": A.train_probe}
 # The Function items' right answers, for tests/test_seed_sweep.py (hidden cases from other seeds).
-RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p10": A.smallest_significant_gain, "p14": A.probe_features, "p15": A.train_probe}
-CHOICES = {"w1": "a", "w2": "d", "w3": "b", "p9": ["a", "d"], "p11": "c",
-           "p13": ["train", "save", "dequantize", "attach", "merge", "verify"]}
+RIGHT = {"p5": A.answer_logprobs, "p7": A.confusion_matrix, "p12": A.smallest_significant_gain, "p9": A.probe_features, "p10": A.train_probe}
+CHOICES = {"w1": "a", "w2": "d", "w3": "b", "p11": ["a", "d"], "p13": "c",
+           "p15": ["train", "save", "dequantize", "attach", "merge", "verify"]}
 
 
 def test_every_item_is_covered_here():
@@ -73,20 +73,20 @@ def test_right_choices_score_full(item):
     ("p6", A.first_word_not_lowercased, "Lower-case it"),
     ("p7", A.confusion_without_other_column, "its own last column"),
     ("p8", A.merge_into_nf4, "you merged into the NF4 weights"),
-    ("p10", A.smallest_gain_one_sided, "one-sided tail"),
-    ("p10", A.smallest_gain_chi2, "χ² approximation g² / d first exceeds"),
-    ("p10", A.smallest_right_only_count, "subtracts the tuned prompt's right-only tickets"),
+    ("p12", A.smallest_gain_one_sided, "one-sided tail"),
+    ("p12", A.smallest_gain_chi2, "χ² approximation g² / d first exceeds"),
+    ("p12", A.smallest_right_only_count, "subtracts the tuned prompt's right-only tickets"),
     ("p8", A.merge_a_fresh_adapter, "computes the bare base model"),
     ("p8", A.merge_without_unloading, "still has LoRA layers"),
-    ("p14", A.probe_features_layer_off_by_one, "index 0 of hidden_states is the embedding output"),
-    ("p14", A.probe_features_padding_pooled, "padding included"),
-    ("p14", A.probe_features_last_column, "the last column's state"),
-    ("p14", A.probe_features_summed, "without dividing by their number"),
-    ("p15", A.train_probe_without_bias, "your b never moves"),
-    ("p15", A.train_probe_with_sorted_labels, "alphabetical order"),
-    ("p15", A.train_probe_summed, "N times too large"),
-    ("p15", A.train_probe_ascending, "move up the gradient"),
-    ("p15", A.train_probe_on_logits, "you used the logits Z"),
+    ("p9", A.probe_features_layer_off_by_one, "index 0 of hidden_states is the embedding output"),
+    ("p9", A.probe_features_padding_pooled, "padding included"),
+    ("p9", A.probe_features_last_column, "the last column's state"),
+    ("p9", A.probe_features_summed, "without dividing by their number"),
+    ("p10", A.train_probe_without_bias, "your b never moves"),
+    ("p10", A.train_probe_with_sorted_labels, "alphabetical order"),
+    ("p10", A.train_probe_summed, "N times too large"),
+    ("p10", A.train_probe_ascending, "move up the gradient"),
+    ("p10", A.train_probe_on_logits, "you used the logits Z"),
 ])
 def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     fb = check(f"19.{item}", fn, hidden=False)
@@ -109,20 +109,20 @@ def test_typical_mistakes_lose_points_and_are_named(item, fn, text):
     ("p6", A.first_word_as_written, ["punctuation kept", "not lower-cased"]),
     ("p7", A.confusion_without_other_column, ["no other column"]),
     ("p8", A.merge_into_nf4, ["merged into NF4"]),
-    ("p10", A.smallest_gain_one_sided, ["one-sided"]),
-    ("p10", A.smallest_gain_chi2, ["χ² approximation"]),
-    ("p10", A.smallest_right_only_count, ["right-only count"]),
+    ("p12", A.smallest_gain_one_sided, ["one-sided"]),
+    ("p12", A.smallest_gain_chi2, ["χ² approximation"]),
+    ("p12", A.smallest_right_only_count, ["right-only count"]),
     ("p8", A.merge_a_fresh_adapter, ["adapter not loaded"]),
     ("p8", A.merge_without_unloading, ["not unloaded"]),
-    ("p14", A.probe_features_layer_off_by_one, ["layer off by one"]),
-    ("p14", A.probe_features_padding_pooled, ["padding pooled"]),
-    ("p14", A.probe_features_last_column, ["last column"]),
-    ("p14", A.probe_features_summed, ["sum"]),
-    ("p15", A.train_probe_without_bias, ["no bias"]),
-    ("p15", A.train_probe_with_sorted_labels, ["labels misaligned (sorted)"]),
-    ("p15", A.train_probe_summed, ["sum, not mean"]),
-    ("p15", A.train_probe_ascending, ["gradient ascent"]),
-    ("p15", A.train_probe_on_logits, ["logits for probabilities"]),
+    ("p9", A.probe_features_layer_off_by_one, ["layer off by one"]),
+    ("p9", A.probe_features_padding_pooled, ["padding pooled"]),
+    ("p9", A.probe_features_last_column, ["last column"]),
+    ("p9", A.probe_features_summed, ["sum"]),
+    ("p10", A.train_probe_without_bias, ["no bias"]),
+    ("p10", A.train_probe_with_sorted_labels, ["labels misaligned (sorted)"]),
+    ("p10", A.train_probe_summed, ["sum, not mean"]),
+    ("p10", A.train_probe_ascending, ["gradient ascent"]),
+    ("p10", A.train_probe_on_logits, ["logits for probabilities"]),
 ])
 def test_the_mistake_is_stored_by_name_for_the_class_report(item, fn, labels):
     """Feedback.mistakes, which the grading process stores and coursekit report counts, names each known mistake
@@ -259,19 +259,19 @@ def test_not_a_function_is_refused():
 @pytest.mark.parametrize("item, wrong, text", [
     ("w2", "b", "proves only what it keeps out"),
     ("w3", "a", "never names the labels"),
-    ("p9", ["a", "b", "d"], "inside the trained function's own 95 % interval"),
-    ("p9", ["a", "c", "d"], "Same labels do not make same logits"),
-    ("p9", ["d"], "(a) is missing from your set. True, by counting"),
-    ("p11", "a", "no evidence that the second is better"),
-    ("p11", "d", "The one-sided tail alone (0.035)"),
+    ("p11", ["a", "b", "d"], "inside the trained function's own 95 % interval"),
+    ("p11", ["a", "c", "d"], "Same labels do not make same logits"),
+    ("p11", ["d"], "(a) is missing from your set. True, by counting"),
+    ("p13", "a", "no evidence that the second is better"),
+    ("p13", "d", "The one-sided tail alone (0.035)"),
 ])
 def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     fb = check(f"19.{item}", wrong)
     assert not fb.full and text in fb.text()
 
 
-def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
-    """P11's '74 % [67, 81] and 78 % [71, 84] on the same 144 tickets (95 % Wilson intervals): 107 and 113 right' are
+def test_p13s_intervals_are_the_wilson_intervals_of_its_counts():
+    """P13's '74 % [67, 81] and 78 % [71, 84] on the same 144 tickets (95 % Wilson intervals): 107 and 113 right' are
     what evaluate.wilson_interval gives, and the two intervals overlap."""
     from coursekit import evaluate
 
@@ -281,12 +281,12 @@ def test_p11s_intervals_are_the_wilson_intervals_of_its_counts():
     assert evaluate.wilson_interval(113, 144)[0] < evaluate.wilson_interval(107, 144)[1]    # they overlap
 
 
-def test_p11s_key_the_only_split_the_exact_test_calls_significant():
-    """P11's key (c), run: every option splits a lead of 6 (107 and 113 right of the same 144) over the tickets exactly
+def test_p13s_key_the_only_split_the_exact_test_calls_significant():
+    """P13's key (c), run: every option splits a lead of 6 (107 and 113 right of the same 144) over the tickets exactly
     one adapter got right, and McNemar's exact two-sided test (paired.mcnemar_exact) gives p < 0.05 only for 6 against
     0. Each distractor is a split the test does not call: (d), 7 against 1, is what the one-sided tail or the χ²
     approximation without continuity correction would call significant (the mistaken tests, run). The p-values quoted
-    in the hints are these, and the key is P10's threshold at d = 6."""
+    in the hints are these, and the key is P12's threshold at d = 6."""
     from scipy.stats import binomtest
 
     from coursekit import paired
@@ -304,12 +304,12 @@ def test_p11s_key_the_only_split_the_exact_test_calls_significant():
     p = {k: pair(*v) for k, v in splits.items()}
     significant = [k for k, v in p.items() if v < 0.05]
     keys = json.loads((ROOT / "autograder" / "keys" / "19.json").read_text())
-    assert significant == [CHOICES["p11"]] == [keys["keys"]["p11"]] == ["c"]
+    assert significant == [CHOICES["p13"]] == [keys["keys"]["p13"]] == ["c"]
     won, lost = splits["c"]
     assert won - lost == lesson19.smallest_significant_gain(won + lost)
     one_sided = binomtest(7, 8, 0.5, alternative="greater").pvalue
     assert one_sided < 0.05 and (7 - 1) ** 2 / 8 > 1.959963984540054 ** 2        # (d)'s mistaken tests call it
-    hints = keys["hints"]["p11"]
+    hints = keys["hints"]["p13"]
     quoted = {k: f"p = {v:.2f}" for k, v in p.items()}
     assert quoted == {"a": "p = 0.33", "b": "p = 0.15", "c": "p = 0.03", "d": "p = 0.07"}
     for k in "abd":
@@ -345,22 +345,22 @@ def test_the_model_preflight_names_a_missing_gradient_as_missing(fault, says):
 
 def test_the_probe_features_by_the_reference_earn_nothing_when_graded():
     """coursekit.cheap.probe_features is the item's reference: withheld in the grader's runner."""
-    fb = _graded_in_the_runner("p14", A.probe_features_by_the_reference)
+    fb = _graded_in_the_runner("p9", A.probe_features_by_the_reference)
     assert fb.points == 0 and "withheld while this item is graded" in fb.text(), fb.text()
 
 
 def test_each_probe_mistake_is_named_only_where_it_was_made():
     """A right answer is told no mistake, and each wrong one only its own (none of the other five)."""
-    assert check("19.p14", A.probe_features, hidden=True).mistakes == []
+    assert check("19.p9", A.probe_features, hidden=True).mistakes == []
     names = {"layer off by one", "padding pooled", "last column", "last real token", "first token", "sum"}
     for fn, label in ((A.probe_features_layer_off_by_one, "layer off by one"),
                       (A.probe_features_padding_pooled, "padding pooled"),
                       (A.probe_features_last_column, "last column"), (A.probe_features_summed, "sum")):
-        assert set(check("19.p14", fn, hidden=True).mistakes) & names == {label}, fn.__name__
+        assert set(check("19.p9", fn, hidden=True).mistakes) & names == {label}, fn.__name__
 
 
 def test_the_last_hidden_state_comes_after_the_final_norm():
-    """P14's prompt: with output_hidden_states=True, index 0 is the embedding output and index l < L decoder layer l's
+    """P9's prompt: with output_hidden_states=True, index 0 is the embedding output and index l < L decoder layer l's
     output, but index L is handed back after the model's final RMSNorm (transformers puts last_hidden_state there), so
     the searches' layer 30 is the normed state the head reads. Measured on the tiny checkpoint the checks use."""
     from coursekit import model as cmodel
@@ -388,32 +388,32 @@ def test_the_last_hidden_state_comes_after_the_final_norm():
 
 def test_the_probe_trained_by_the_reference_earns_nothing_when_graded():
     """coursekit.cheap.train_probe is withheld in the grader's runner."""
-    fb = _graded_in_the_runner("p15", A.train_probe_by_the_reference)
+    fb = _graded_in_the_runner("p10", A.train_probe_by_the_reference)
     assert fb.points == 0 and "withheld while this item is graded" in fb.text(), fb.text()
 
 
 def test_each_probe_training_mistake_is_named_only_where_it_was_made_and_every_case_catches_it():
     """A right answer (float64 numpy or torch) is told no mistake; each wrong one only its own, on hidden cases too,
     and no public case lets one pass (the classes are unbalanced, so the bias has a gradient from the first step)."""
-    assert check("19.p15", A.train_probe, hidden=True).full
-    assert check("19.p15", A.train_probe, hidden=True).mistakes == []
+    assert check("19.p10", A.train_probe, hidden=True).full
+    assert check("19.p10", A.train_probe, hidden=True).mistakes == []
     for fn, label in ((A.train_probe_without_bias, "no bias"), (A.train_probe_with_sorted_labels, "labels misaligned (sorted)"),
                       (A.train_probe_summed, "sum, not mean"), (A.train_probe_ascending, "gradient ascent"),
                       (A.train_probe_on_logits, "logits for probabilities")):
-        fb = check("19.p15", fn, hidden=True)
+        fb = check("19.p10", fn, hidden=True)
         assert fb.points == 0 and fb.mistakes == [label], (fn.__name__, fb.text())
 
 
-def test_p13_accepts_every_valid_deployment_order():
+def test_p15_accepts_every_valid_deployment_order():
     """Loading and dequantizing the NF4 base needs no adapter: it may come anywhere before the adapter is attached to
     it. Saving must sit between training and attaching, and the merge and its check come last."""
     for order in (["train", "save", "dequantize", "attach", "merge", "verify"],
                   ["train", "dequantize", "save", "attach", "merge", "verify"],
                   ["dequantize", "train", "save", "attach", "merge", "verify"]):
-        assert check("19.p13", order).full, order
-    fb = check("19.p13", ["train", "save", "attach", "dequantize", "merge", "verify"])  # attached to nothing yet
+        assert check("19.p15", order).full, order
+    fb = check("19.p15", ["train", "save", "attach", "dequantize", "merge", "verify"])  # attached to nothing yet
     assert not fb.full
-    fb = check("19.p13", ["train", "dequantize", "attach", "save", "merge", "verify"])  # attaches what is not saved
+    fb = check("19.p15", ["train", "dequantize", "attach", "save", "merge", "verify"])  # attaches what is not saved
     assert not fb.full
 
 
@@ -435,8 +435,8 @@ def test_every_section_the_feedback_sends_a_student_to_is_where_it_says():
         assert above.startswith(part), (read, above)
 
 
-def test_p10s_reference_is_the_smallest_gain_scipys_exact_test_calls_significant():
-    """19.p10's reference against scipy's binomtest (not coursekit's test) for every d from 6 to 300: p < 0.05 at the
+def test_p12s_reference_is_the_smallest_gain_scipys_exact_test_calls_significant():
+    """19.p12's reference against scipy's binomtest (not coursekit's test) for every d from 6 to 300: p < 0.05 at the
     gain it returns, not two tickets below (the next gain d's parity allows); at d ≤ 5 no split reaches it."""
     from scipy.stats import binomtest
 
@@ -455,9 +455,9 @@ def test_p10s_reference_is_the_smallest_gain_scipys_exact_test_calls_significant
 @pytest.mark.parametrize("fn, label", [(A.smallest_gain_one_sided, "one-sided"), (A.smallest_gain_chi2, "χ² approximation"),
                                        (A.smallest_right_only_count, "right-only count")])
 @pytest.mark.parametrize("seed", ["1", "7", "12345"])
-def test_p10s_mistake_keeps_one_label_with_hidden_cases(fn, label, seed, monkeypatch):
+def test_p12s_mistake_keeps_one_label_with_hidden_cases(fn, label, seed, monkeypatch):
     """Graded with hidden cases (other d, where the one-sided and χ² thresholds may coincide or equal the key), each
     wrong threshold is stored under its own label only, so that the class report counts each student once."""
     monkeypatch.setenv("COURSEKIT_SEED", seed)
-    fb = check("19.p10", fn, hidden=True)
+    fb = check("19.p12", fn, hidden=True)
     assert not fb.full and fb.mistakes == [label], fb.text()

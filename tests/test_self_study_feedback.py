@@ -180,9 +180,9 @@ def test_graded_feedback_of_a_multi_select_says_why(monkeypatch):
 
 def test_graded_feedback_of_an_ordering_says_why(monkeypatch):
     monkeypatch.setenv(keymod.ENV, str(ROOT / "autograder" / "keys"))
-    hints = REAL_KEYS["19"]["hints"]["p13"]
+    hints = REAL_KEYS["19"]["hints"]["p15"]
     answer = ["train", "save", "attach", "dequantize", "merge", "verify"]
-    fb = score_record("19.p13", {"item": "19.p13", "answer": protocol.encode(answer)})
+    fb = score_record("19.p15", {"item": "19.p15", "answer": protocol.encode(answer)})
     assert 0 < fb.points < fb.max_points
     assert fb.lines[0].startswith("14 of 15 pairs are in the right order. The first step out of place is position 3: 'attach'")
     assert fb.lines[1] == f"The step most out of place is 'attach': {hints['attach']}"
@@ -217,11 +217,11 @@ def test_keys_check_refuses_a_critical_step_the_right_orders_leave_free(tmp_path
     """A critical step needs a place that every right order agrees on against some other step."""
     shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
     data = json.loads((tmp_path / "keys" / "19.json").read_text())
-    order = data["keys"]["p13"]["order"]
-    data["keys"]["p13"] = {"order": order, "also": [order[::-1]], "critical": ["merge"]}
+    order = data["keys"]["p15"]["order"]
+    data["keys"]["p15"] = {"order": order, "also": [order[::-1]], "critical": ["merge"]}
     (tmp_path / "keys" / "19.json").write_text(json.dumps(data))
     monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
-    assert key_problems() == ['19.p13: a "critical" step or pair that the right orders leave free']
+    assert key_problems() == ['19.p15: a "critical" step or pair that the right orders leave free']
 
 
 @pytest.mark.parametrize("num, iid, drop, line", [
@@ -245,10 +245,10 @@ def test_keys_check_refuses_a_missing_explanation(tmp_path, monkeypatch, num, ii
 def test_keys_check_refuses_hints_for_unknown_labels(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "autograder" / "keys", tmp_path / "keys")
     data = json.loads((tmp_path / "keys" / "19.json").read_text())
-    data["hints"]["p13"]["deploy"] = "A step that is not one of the item's labels, explained all the same."
+    data["hints"]["p15"]["deploy"] = "A step that is not one of the item's labels, explained all the same."
     (tmp_path / "keys" / "19.json").write_text(json.dumps(data))
     monkeypatch.setenv(keymod.ENV, str(tmp_path / "keys"))
-    assert key_problems(["19"]) == ["19.p13: hints for labels ['deploy'] that do not exist"]
+    assert key_problems(["19"]) == ["19.p15: hints for labels ['deploy'] that do not exist"]
 
 
 # --------------------------------------------------------------------------- model answers

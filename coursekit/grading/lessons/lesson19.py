@@ -1092,7 +1092,7 @@ def _measure_merge(fn: Callable, adapter_dir: str, checkpoint: int, ids: torch.T
             "logits": _logits(merged, ids)}
 
 
-# --------------------------------------------------------------------------- P14: the probe's features
+# --------------------------------------------------------------------------- P9: the probe's features
 
 
 READ_PROBE = "Reread 'The cheap alternatives' in The run."
@@ -1108,13 +1108,13 @@ def _probe_case(seed: int, layers: int, rows: list[tuple[int, int]], width: int,
     return {"hidden_states": hs, "attention_mask": mask, "layer": layer}
 
 
-def _p14_public() -> list[Case]:
+def _p9_public() -> list[Case]:
     return [Case(_probe_case(0, 3, [(0, 4), (0, 2)], 5, 2), "layer 2 of 3; two rows, the second padded on the right"),
             Case(_probe_case(1, 4, [(3, 3), (0, 6), (1, 2)], 4, 4),
                  "the last layer of 4; padding on the left, none, and both sides")]
 
 
-def _p14_hidden(rng: np.random.Generator) -> list[Case]:
+def _p9_hidden(rng: np.random.Generator) -> list[Case]:
     out = []
     for _ in range(3):
         layers = int(rng.integers(2, 6))
@@ -1125,7 +1125,7 @@ def _p14_hidden(rng: np.random.Generator) -> list[Case]:
     return out
 
 
-def _p14_mistakes(kw: dict, got: dict) -> dict:
+def _p9_mistakes(kw: dict, got: dict) -> dict:
     hs, mask, layer = kw["hidden_states"], kw["attention_mask"], kw["layer"]
     h, m = hs[layer].float(), mask.float()
     last = mask.shape[1] - 1 - mask.flip(1).long().argmax(1)
@@ -1149,7 +1149,7 @@ def _p14_mistakes(kw: dict, got: dict) -> dict:
     ])}
 
 
-# --------------------------------------------------------------------------- P15: the probe's training, by hand
+# --------------------------------------------------------------------------- P10: the probe's training, by hand
 
 
 def _fit_variant(features, labels, classes, steps, lr, variant: str = "right") -> tuple[np.ndarray, np.ndarray]:
@@ -1191,19 +1191,19 @@ def _probe_fit_case(seed: int, n: int, h: int, classes: list[str], steps: int, l
             "steps": steps, "lr": lr}
 
 
-def _p15_reference(features, labels, classes, steps, lr):
+def _p10_reference(features, labels, classes, steps, lr):
     W, b = cheap.train_probe(features, labels, classes, steps, lr)
     return W.numpy(), b.numpy()
 
 
-def _p15_public() -> list[Case]:
+def _p10_public() -> list[Case]:
     return [Case(_probe_fit_case(0, 7, 3, ["software", "hardware", "network"], 1, 0.5),
                  "one step: 7 tickets, 3 features, 3 classes (not in alphabetical order)"),
             Case(_probe_fit_case(1, 12, 4, ["network", "billing", "software", "access"], 25, 0.3),
                  "25 steps: 12 tickets, 4 features, 4 classes")]
 
 
-def _p15_hidden(rng: np.random.Generator) -> list[Case]:
+def _p10_hidden(rng: np.random.Generator) -> list[Case]:
     out = []
     for _ in range(3):
         k = int(rng.integers(3, 7))
@@ -1215,7 +1215,7 @@ def _p15_hidden(rng: np.random.Generator) -> list[Case]:
     return out
 
 
-_P15_WHY = {
+_P10_WHY = {
     "no bias": "your b never moves: the bias gets its gradient too, Σ_n dZ[n] (the sum over the batch of each "
                "ticket's P − Y), and without it every class starts from the same offset however rare it is.",
     "labels misaligned (sorted)": "your columns follow the labels in alphabetical order, not the order of "
@@ -1233,20 +1233,20 @@ _P15_WHY = {
 }
 
 
-def _p15_mistakes(kw: dict, got: dict) -> dict:
-    variants = {v: _fit_variant(**kw, variant=v) for v in _P15_WHY}
+def _p10_mistakes(kw: dict, got: dict) -> dict:
+    variants = {v: _fit_variant(**kw, variant=v) for v in _P10_WHY}
     return {out: worded([Mistake(v, val[i], why + " " + READ_PROBE) for v, val in variants.items()
-                         for why in (_P15_WHY[v],)])
+                         for why in (_P10_WHY[v],)])
             for i, out in enumerate(("W", "b"))}
 
 
-# --------------------------------------------------------------------------- P10: McNemar's threshold as a function of d
+# --------------------------------------------------------------------------- P12: McNemar's threshold as a function of d
 
 READ_PAIRED = "Reread '3. The evidence: the ladder with QLoRA on it' in The run."
 
 
 def smallest_significant_gain(d: int, alpha: float = 0.05, two_sided: bool = True) -> int:
-    """P10's reference: the smallest gain g = a_only − b_only (tickets) at which McNemar's exact test on d
+    """P12's reference: the smallest gain g = a_only − b_only (tickets) at which McNemar's exact test on d
     discordant tickets gives p < alpha. a_only = (d + g) / 2 of them fall QLoRA's way, so g has d's parity; a ticket
     both models got right or both got wrong falls no way under the null and does not enter the test. Two-sided, the
     p of ``paired.mcnemar_exact`` (min(1, 2 · P(X ≤ min(a_only, b_only))), X ~ Binomial(d, ½); McNemar 1947); one-sided,
@@ -1272,17 +1272,17 @@ def _chi2_gain(d: int) -> int:
     return g
 
 
-def _p10_public() -> list[Case]:
+def _p12_public() -> list[Case]:
     # d = 100 tells the exact two-sided key (22) from the one-sided tail (18) and the χ² approximation (20)
     return [Case({"d": 100}, "100 discordant tickets"), Case({"d": 73}, "73 discordant tickets (an odd d)")]
 
 
-def _p10_hidden(rng: np.random.Generator) -> list[Case]:
+def _p12_hidden(rng: np.random.Generator) -> list[Case]:
     # 6: the fewest tickets that can reach p < 0.05; 44: where χ² with Yates's continuity correction is one step short
     return [Case({"d": int(d)}) for d in (6, 44, *rng.choice(np.arange(30, 200), size=3, replace=False))]
 
 
-def _p10_mistakes(kw: dict, got: dict) -> dict:
+def _p12_mistakes(kw: dict, got: dict) -> dict:
     d = kw["d"]
     g = smallest_significant_gain(d)
     two = ("McNemar's test here is two-sided, so an equal gain for the tuned prompt counts as much, and it is the "
@@ -1355,22 +1355,22 @@ ITEMS = {
     "p7": Function("implement confusion_matrix", 1, name="confusion_matrix", reference=ceval.confusion_matrix,
                    public=_p7_public, hidden=_p7_hidden, outputs=("result",), mistakes=_p7_mistakes, rtol=0, atol=0),
     "p8": MergeItem("implement merge_onto_w16", 2, "merge_onto_w16"),
-    "p9": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
-                 multi=True),
-    "p10": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
-                    name="smallest_significant_gain", reference=smallest_significant_gain, public=_p10_public,
-                    hidden=_p10_hidden, outputs=("result",), mistakes=_p10_mistakes, rtol=0, atol=0, withheld=()),
-    "p11": Choice("which split of a six-ticket lead McNemar's exact test calls significant", 1),
-    "p14": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
+    "p9": Function("implement probe_features (mean-pooled hidden states of one layer)", 2, name="probe_features",
                     reference=cheap.probe_features,
-                    public=_p14_public, hidden=_p14_hidden, outputs=("result",), mistakes=_p14_mistakes,
+                    public=_p9_public, hidden=_p9_hidden, outputs=("result",), mistakes=_p9_mistakes,
                     rtol=1e-5, atol=1e-5, withheld=("coursekit.cheap:probe_features", "coursekit.cheap:pool",
                                                     "coursekit.cheap:layer_features")),
-    "p15": Function("implement train_probe (the probe's gradient descent, by hand)", 2, name="train_probe",
-                    reference=_p15_reference, public=_p15_public, hidden=_p15_hidden, outputs=("W", "b"),
-                    mistakes=_p15_mistakes, rtol=1e-4, atol=1e-5,
+    "p10": Function("implement train_probe (the probe's gradient descent, by hand)", 2, name="train_probe",
+                    reference=_p10_reference, public=_p10_public, hidden=_p10_hidden, outputs=("W", "b"),
+                    mistakes=_p10_mistakes, rtol=1e-4, atol=1e-5,
                     withheld=("coursekit.cheap:train_probe", "coursekit.cheap:fit_probe")),
-    "p13": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
+    "p11": Choice("what section 6's merge rows say about the merges onto W16 and onto dequant(W4)", 1, options="abcd",
+                 multi=True),
+    "p12": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
+                    name="smallest_significant_gain", reference=smallest_significant_gain, public=_p12_public,
+                    hidden=_p12_hidden, outputs=("result",), mistakes=_p12_mistakes, rtol=0, atol=0, withheld=()),
+    "p13": Choice("which split of a six-ticket lead McNemar's exact test calls significant", 1),
+    "p15": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
         "merge": "merge sAB into those weights and unload the adapter",
