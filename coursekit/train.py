@@ -94,8 +94,9 @@ def attach_adapter(model: torch.nn.Module, cfg: TrainConfig, quantized: bool | N
     """Freeze the base and add LoRA adapters (PEFT). For a 4-bit base, run ``prepare_model_for_kbit_training`` first
     (it freezes every parameter and casts the unquantized bf16/fp16 ones, embedding and norms, to fp32; peft/utils/other.py).
     It is called with ``use_gradient_checkpointing=False``, so it installs no hook that makes the embedding output require
-    gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: at these
-    sequence lengths on CPU it costs time and saves little.
+    gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: it
+    runs every decoder layer's forward a second time in each backward, and the course's short CPU jobs fit in memory
+    without it (lesson 17 measures what it would save).
 
     Returns the ``PeftModel``. Raises ValueError if ``cfg.r`` is not positive.
     """

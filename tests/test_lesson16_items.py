@@ -479,8 +479,9 @@ def test_p7_key_is_the_measured_gap_of_a_bf16_compute_layer():
 
 def test_p8_key_is_the_measured_order_on_lesson_13s_layer():
     """P8's key, measured: lesson 13's synthetic adapter on layer 0's v_proj (the notebook's model, config and seed), the
-    four versions stored in bf16, sorted by ‖M − (Q(W) + ΔW)‖. Both premises the prompt states are asserted: without the
-    second (ΔW at right angles to W − Q(W)) the last two places could swap."""
+    four versions stored in bf16, sorted by ‖M − (Q(W) + ΔW)‖. Both premises are asserted: the one the prompt leaves to
+    lesson 13's measurement (the rounding larger than the update) and the one it states; without the second (ΔW at right
+    angles to W − Q(W)) the last two places could swap."""
     import bitsandbytes.functional as bnbF
     import torch
 
@@ -504,7 +505,7 @@ def test_p8_key_is_the_measured_order_on_lesson_13s_layer():
     order = sorted(dist, key=dist.get)
     assert order == _keys()["p8"] == RIGHT["p8"]
     assert all(b - a > 0.2 for a, b in zip(sorted(dist.values()), sorted(dist.values())[1:])), dist   # no near-tie
-    assert ((Q - W).norm() / dW.norm()).item() > 1                      # the first premise the prompt states
+    assert ((Q - W).norm() / dW.norm()).item() > 1                      # lesson 13's measurement
     cos = (((W - Q) * dW).sum() / ((W - Q).norm() * dW.norm())).item()
     assert abs(cos) < 0.02, cos                                         # the second: ΔW uncorrelated with the rounding
 
