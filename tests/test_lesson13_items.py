@@ -402,6 +402,18 @@ def test_w2_key_is_the_merge_that_computes_the_trained_function():
     assert min(off, key=off.get) == ITEMS["w2"].key == RIGHT["w2"] == "b"
 
 
+def test_p4_tolerance_is_the_two_significant_digits_the_prompt_asks_for():
+    """P4's prompt grades to 2 significant digits: 0.44 (and 0.444) pass with room to spare, not by a floating-point
+    margin; the neighbouring 2-digit values 0.43 and 0.45 and a clearly wrong 0.5 fail."""
+    key, rtol = ITEMS["p4"].expected(), ITEMS["p4"].rtol
+    assert abs(0.44 - key) < 0.9 * rtol * key                  # 0.44 is inside by more than 10 % of the tolerance
+    for right in (0.44, 0.444, 0.4444):
+        assert check("13.p4", right).full, right
+    for wrong in (0.43, 0.45, 0.5):
+        fb = check("13.p4", wrong)
+        assert fb.points == 0 and "not right (tolerance" in fb.text(), (wrong, fb.text())
+
+
 def test_p4_a_string_answer():
     assert check("13.p4", "0.4444").points == 0  # a string is not a number
 

@@ -505,3 +505,19 @@ def test_p8_key_is_the_input_where_rounding_leaves_the_margin_unchanged():
     assert len(set(np.round(values, 6))) == len(values) and all(abs(v - key) > 0.05 for v in values)
 
 
+
+
+@pytest.mark.parametrize("item_id", ["p1", "p3"])
+def test_the_prompt_names_every_function_withheld_while_it_is_graded(item_id):
+    """A student who reuses a withheld coursekit helper is told so by the prompt, not only by the check's error."""
+    from coursekit.grading.remote import withheld_of
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    head = f"**{item_id.upper()} ("
+    prompt = next(c.source[c.source.index(head):] for c in nb.cells if c.cell_type == "markdown" and head in c.source)
+    withheld = withheld_of(ITEMS[item_id])
+    assert withheld
+    for target in withheld:
+        module, name = target.split(":")
+        whole_module = f"`{module}`" in prompt                   # P1: "not `coursekit.quant`"
+        assert whole_module or (name in prompt and module.split(".")[-1] in prompt), (item_id, target)

@@ -393,7 +393,7 @@ ITEMS = {
         atol=1e-10,
     ),
     "p6": Choice(
-        "what computing the first RMSNorm under no_grad changes",
+        "what handing down_proj a detached hidden product H changes",
         2,
         options="abcde",
         multi=True,
