@@ -1373,7 +1373,7 @@ ITEMS = {
     "p15": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
-        "merge": "merge sAB into those weights and unload the adapter",
+        "merge": "merge sAB into the dequantized weights and unload the adapter",
         "save": "save the adapter with its base identity",
         "train": "train the adapter against the NF4 base",
         "verify": "verify greedily against the unmerged model on held-out tickets",
