@@ -1369,7 +1369,7 @@ ITEMS = {
     "p12": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
                     name="smallest_significant_gain", reference=smallest_significant_gain, public=_p12_public,
                     hidden=_p12_hidden, outputs=("result",), mistakes=_p12_mistakes, rtol=0, atol=0, withheld=()),
-    "p13": Choice("which split of a six-ticket lead McNemar's exact test calls significant", 1),
+    "p13": Choice("what decides McNemar's exact test on two adapters with overlapping intervals", 1),
     "p15": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
