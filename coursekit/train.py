@@ -94,8 +94,8 @@ def attach_adapter(model: torch.nn.Module, cfg: TrainConfig, quantized: bool | N
     """Freeze the base and add LoRA adapters (PEFT). For a 4-bit base, run ``prepare_model_for_kbit_training`` first
     (it freezes every parameter and casts the unquantized bf16/fp16 ones, embedding and norms, to fp32; peft/utils/other.py).
     It is called with ``use_gradient_checkpointing=False``, so it installs no hook that makes the embedding output require
-    gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: at these
-    sequence lengths on CPU it costs time and saves little.
+    gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: it costs
+    one extra forward of every decoder layer per step, and on CPU the time per step, not the memory, limits these runs.
 
     Returns the ``PeftModel``. Raises ValueError if ``cfg.r`` is not positive.
     """
