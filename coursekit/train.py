@@ -96,7 +96,7 @@ def attach_adapter(model: torch.nn.Module, cfg: TrainConfig, quantized: bool | N
     It is called with ``use_gradient_checkpointing=False``, so it installs no hook that makes the embedding output require
     gradients (PEFT adds that hook only together with reentrant checkpointing). Gradient checkpointing stays off: it
     runs every decoder layer's forward a second time in each backward, and the course's short CPU jobs fit in memory
-    without it (lesson 17 measures what it would save).
+    without it (lesson 17 measures what it would save), so it would only make each step slower.
 
     Returns the ``PeftModel``. Raises ValueError if ``cfg.r`` is not positive.
     """

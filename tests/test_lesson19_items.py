@@ -262,8 +262,9 @@ def test_not_a_function_is_refused():
     ("p11", ["a", "b", "d"], "inside the trained function's own 95 % interval"),
     ("p11", ["a", "c", "d"], "Same labels do not make same logits"),
     ("p11", ["d"], "(a) is missing from your set. True, by counting"),
-    ("p13", "a", "no evidence that the second is better"),
-    ("p13", "d", "The one-sided tail alone (0.035)"),
+    ("p13", "a", "each interval describes one adapter"),
+    ("p13", "b", "how many discordant tickets that lead rests on"),
+    ("p13", "d", "no count of one adapter's answers alone gives that"),
 ])
 def test_wrong_choices_get_a_teaching_hint(item, wrong, text):
     fb = check(f"19.{item}", wrong)
@@ -281,40 +282,52 @@ def test_p13s_intervals_are_the_wilson_intervals_of_its_counts():
     assert evaluate.wilson_interval(113, 144)[0] < evaluate.wilson_interval(107, 144)[1]    # they overlap
 
 
-def test_p13s_key_the_only_split_the_exact_test_calls_significant():
-    """P13's key (c), run: every option splits a lead of 6 (107 and 113 right of the same 144) over the tickets exactly
-    one adapter got right, and McNemar's exact two-sided test (paired.mcnemar_exact) gives p < 0.05 only for 6 against
-    0. Each distractor is a split the test does not call: (d), 7 against 1, is what the one-sided tail or the χ²
-    approximation without continuity correction would call significant (the mistaken tests, run). The p-values quoted
-    in the hints are these, and the key is P12's threshold at d = 6."""
-    from scipy.stats import binomtest
+def test_p13s_key_the_only_option_that_decides_the_exact_test():
+    """P13's key (c), run: every pair of right/wrong lists with 107 and 113 right of the same 144 tickets is built (both
+    right on n tickets, n from 76 to 107), each option's quantity is computed from the lists and McNemar's exact
+    two-sided test (paired.mcnemar_exact) is run on them. Only the number of tickets both got right decides whether
+    p < 0.05: the interval overlap, the lead and the wrong counts are the same in every pair while the verdict changes.
+    The p-values and the range of n quoted in the hints are these."""
+    from coursekit import evaluate, paired
 
-    from coursekit import paired
-    from coursekit.grading.lessons import lesson19
+    def lists(both):
+        first_only, second_only = 107 - both, 113 - both
+        neither = 144 - both - first_only - second_only
+        first = [True] * both + [True] * first_only + [False] * second_only + [False] * neither
+        second = [True] * both + [False] * first_only + [True] * second_only + [False] * neither
+        return first, second
 
-    splits = {"a": (16, 10), "b": (9, 3), "c": (6, 0), "d": (7, 1)}
+    feasible = [n for n in range(145) if min(107 - n, 113 - n, 144 - 220 + n) >= 0]
+    assert (feasible[0], feasible[-1]) == (76, 107)
+    quantity = {
+        "a": lambda f, s: evaluate.wilson_interval(sum(f), len(f))[1] - evaluate.wilson_interval(sum(s), len(s))[0],
+        "b": lambda f, s: sum(s) - sum(f),
+        "c": lambda f, s: sum(x and y for x, y in zip(f, s)),
+        "d": lambda f, s: (len(f) - sum(f), len(s) - sum(s)),
+    }
+    rows = []
+    for n in feasible:
+        f, s = lists(n)
+        assert (sum(f), sum(s), len(f)) == (107, 113, 144)
+        p = paired.mcnemar_exact(f, s)["p_value"]
+        rows.append(({k: q(f, s) for k, q in quantity.items()}, p < 0.05, p))
+    assert {sig for _, sig, _ in rows} == {True, False}          # the verdict changes across the pairs
 
-    def pair(won, lost):
-        both = 107 - lost                                   # the first's right answers: both right, or only the first
-        first = [True] * both + [True] * lost + [False] * won + [False] * (144 - both - lost - won)
-        second = [True] * both + [False] * lost + [True] * won + [False] * (144 - both - lost - won)
-        assert (sum(first), sum(second)) == (107, 113)
-        return paired.mcnemar_exact(first, second)["p_value"]
+    def decides(k):
+        verdict = {}
+        return all(verdict.setdefault(q[k], sig) == sig for q, sig, _ in rows)
 
-    p = {k: pair(*v) for k, v in splits.items()}
-    significant = [k for k, v in p.items() if v < 0.05]
     keys = json.loads((ROOT / "autograder" / "keys" / "19.json").read_text())
-    assert significant == [CHOICES["p13"]] == [keys["keys"]["p13"]] == ["c"]
-    won, lost = splits["c"]
-    assert won - lost == lesson19.smallest_significant_gain(won + lost)
-    one_sided = binomtest(7, 8, 0.5, alternative="greater").pvalue
-    assert one_sided < 0.05 and (7 - 1) ** 2 / 8 > 1.959963984540054 ** 2        # (d)'s mistaken tests call it
+    assert [k for k in "abcd" if decides(k)] == [CHOICES["p13"]] == [keys["keys"]["p13"]] == ["c"]
+    for k in "abd":                                               # each distractor is one value in every pair
+        assert len({repr(q[k]) for q, _, _ in rows}) == 1, k
+    assert rows[0][0]["a"] > 0                                    # the two intervals overlap
+    p = {n: pv for n, (_, _, pv) in zip(feasible, rows)}
+    quoted = {n: f"p = {p[n]:.2f}" for n in (107, 106, 76)}
+    assert quoted == {107: "p = 0.03", 106: "p = 0.07", 76: "p = 0.54"}
     hints = keys["hints"]["p13"]
-    quoted = {k: f"p = {v:.2f}" for k, v in p.items()}
-    assert quoted == {"a": "p = 0.33", "b": "p = 0.15", "c": "p = 0.03", "d": "p = 0.07"}
-    for k in "abd":
-        assert quoted[k] in hints[k] and quoted[k] in hints["c"], k
-    assert quoted["c"] in hints["c"] and f"({one_sided:.3f})" in hints["d"]
+    assert all(v in hints["c"] for v in quoted.values()) and all(v in hints["b"] for v in quoted.values())
+    assert "from 76 to 107" in hints["a"] and all(f"{p[n]:.2f}" in hints[k] for n in (76, 107) for k in "ad")
 
 
 def _solution(name: str):

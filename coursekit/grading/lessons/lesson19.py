@@ -312,7 +312,8 @@ def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = Fa
         out.append(("dropout", "the adapters have dropout: the recipe uses lora_dropout=0.0 (with dropout on, the loss of one batch "
                    "changes from call to call, and the preflight and the checks below compare exact numbers)."))
     if desc["checkpointing"]:
-        out.append(("checkpointing", "gradient checkpointing is on: at these sequence lengths it costs time on a CPU and saves little; "
+        out.append(("checkpointing", "gradient checkpointing is on: it costs one extra forward of every decoder layer per step, and on a CPU "
+                   "the time per step, not the memory, is what limits this run; "
                    "use prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)."))
     layer = desc["layer"]
     if layer is not None:
@@ -350,7 +351,7 @@ def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = Fa
     norm = desc["norm_dtype"]
     if case.quantize and norm != "torch.float32":
         out.append(("not prepared for k-bit", f"the layer norms are {norm.replace('torch.', '')}: prepare_model_for_kbit_training (which "
-                   f"casts them, and the embedding, to float32 for stable training) was not run before get_peft_model. "
+                   f"casts them, and the embedding, to float32, as it does every parameter it does not quantize) was not run before get_peft_model. "
                    + READ_RECIPE))
     weights_bf16 = layer is not None and layer["dtype"] == "torch.bfloat16"
     if not case.quantize and norm == "torch.float32" and weights_bf16:
@@ -1322,7 +1323,7 @@ ITEMS = {
             "a": "get_peft_model freezes the base and attaches the adapters, so the only tensors with requires_grad are the lora_A and lora_B factors, and the optimizer is AdamW over exactly those. The NF4 codes get no gradient, and the norms, though cast to float32 by prepare_model_for_kbit_training, stay frozen: the preflight checks that every parameter without lora_ in its name is bit-identical after a step. (Lesson 19, 'Step 3: the training loop'.)",
             "b": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
             "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
-            "d": "prepare_model_for_kbit_training casts the norms to float32 for stable training, but it does not make them trainable.",
+            "d": "prepare_model_for_kbit_training casts the norms to float32 (peft casts every parameter it does not quantize), but it does not make them trainable.",
         },
     ),
     "w2": Choice("why a split of unseen symptoms", 0,
@@ -1369,11 +1370,11 @@ ITEMS = {
     "p12": Function("implement smallest_significant_gain (McNemar's exact threshold for d discordant tickets)", 1,
                     name="smallest_significant_gain", reference=smallest_significant_gain, public=_p12_public,
                     hidden=_p12_hidden, outputs=("result",), mistakes=_p12_mistakes, rtol=0, atol=0, withheld=()),
-    "p13": Choice("which split of a six-ticket lead McNemar's exact test calls significant", 1),
+    "p13": Choice("what decides McNemar's exact test on two adapters with overlapping intervals", 1),
     "p15": Ordering("from a 4-bit-trained adapter to one deployable model that computes what was trained", 2, labels={
         "attach": "attach the saved adapter",
         "dequantize": "load the NF4 base and dequantize it to bf16",
-        "merge": "merge sAB into those weights and unload the adapter",
+        "merge": "merge sAB into the dequantized weights and unload the adapter",
         "save": "save the adapter with its base identity",
         "train": "train the adapter against the NF4 base",
         "verify": "verify greedily against the unmerged model on held-out tickets",
