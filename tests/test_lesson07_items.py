@@ -592,6 +592,7 @@ def test_p7_mistakes_are_the_mistaken_derivations():
     u64, u32 = gc.unit_roundoff("float64"), gc.unit_roundoff("float32")
     variants = [
         (_argmin_model(lambda e: e / 2, lambda e: u64 / e), "you counted the rounding of one value of f"),
+        (np.sqrt(u64), "the rule of thumb"),   # Nocedal & Wright's "close to optimal" ε = √u, half the minimiser
         (_argmin_model(lambda e: e**2 / 6, lambda e: u64 / e), "the central difference's ε*"),
         (_argmin_model(lambda e: e / 2, lambda e: 2 * 2.0**-52 / e), "machine epsilon"),
         (_argmin_model(lambda e: e / 2, lambda e: 2 * u32 / e), "float32's u"),

@@ -221,6 +221,9 @@ def _p7_mistakes() -> list[Mistake]:
         Mistake("one rounding", np.sqrt(2 * u), "you counted the rounding of one value of f. Both f(x + ε) and f(x) are "
                 "rounded, each by up to u·|f|, so their difference is off by up to 2u·|f| and the round-off of the "
                 "quotient is 2u·|f|/ε. " + READ_SWEEP),
+        Mistake("rule of thumb", np.sqrt(u), "√u ≈ 1.05e-8 is the rule of thumb (Nocedal & Wright call it close to "
+                "optimal), not the minimiser the question asks for: set the derivative of ε/2 · |f″| + 2u·|f|/ε to zero, "
+                "which gives ε* = 2·√(u·|f|/|f″|), twice √u. " + READ_SWEEP),
         Mistake("central", gc.optimal_step("float64"), "that is the central difference's ε*, which balances a "
                 "second-order truncation ε²/6 · |f‴|. The forward difference's truncation is first order, ε/2 · |f″| "
                 "(the table in 'Central differences, entry by entry'): minimise ε/2 · |f″| + 2u·|f|/ε instead. " + READ_SWEEP),
