@@ -227,6 +227,7 @@ def test_rel_error_without_tiny_guard_fails_the_zero_case():
         ("w1", "a", "forward difference"),
         ("w1", "c", "2ε apart"),
         ("w3", "a", "Speed is not the reason"),
+        ("w3", "c", "the same in float32 and float64"),
         ("p5", "a", "scales only the analytic dA"),
         ("p5", "c", "the formula of the CS231n notes"),
         ("p5", "d", "never exceeds 1"),
