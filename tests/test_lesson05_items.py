@@ -394,10 +394,10 @@ def test_p6_key_is_what_autograd_and_one_sgd_step_give():
     "answer, points, text",
     [
         (np.array([[0.8, -0.4], [-0.4, 0.2], [1.2, -0.6]]), 0, "that is ∇W = xᵀ D itself"),
-        (np.array([[-0.28, 0.14]]), 0.5, "the base path has no scale"),
-        (-RIGHT["p6"], 0.5, "a descent step subtracts"),
-        (RIGHT["p6"] / 0.1, 0.5, "the change for η = 1"),
-        (np.array([[4.94, -3.97]]), 0.5, "the new output y"),
+        (np.array([[-0.28, 0.14]]), 0.25, "the base path has no scale"),
+        (-RIGHT["p6"], 0.25, "a descent step subtracts"),
+        (RIGHT["p6"] / 0.1, 0.25, "the change for η = 1"),
+        (np.array([[4.94, -3.97]]), 0.25, "the new output y"),
         (RIGHT["p6"] + 0.1, 0, "is not right"),  # no credit, and the key stays hidden
         ("x ΔW", 0, "array of numbers"),
     ],

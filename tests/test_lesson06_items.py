@@ -119,6 +119,7 @@ def test_wrong_choice_gets_a_teaching_hint(item_id, answer, text):
         ("w2", 0.776343, "the target is class 1"),
         ("w2", -0.616344, "a loss of a probability below one is positive"),
         ("w2", 0.267677, "log base 10"),
+        ("w2", -np.log(1.35), "the logit Y[1] itself"),   # −log of the target's logit, softmax skipped
         ("p5", 0.968, "without bias correction"),
         ("p5", 0.999, "square root off v's correction"),
         ("p5", 0.9, "not right (tolerance"),

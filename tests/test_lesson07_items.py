@@ -227,6 +227,7 @@ def test_rel_error_without_tiny_guard_fails_the_zero_case():
         ("w1", "a", "forward difference"),
         ("w1", "c", "2ε apart"),
         ("w3", "a", "Speed is not the reason"),
+        ("w3", "c", "the same in float32 and float64"),
         ("p5", "a", "scales only the analytic dA"),
         ("p5", "c", "the formula of the CS231n notes"),
         ("p5", "d", "never exceeds 1"),
@@ -592,6 +593,7 @@ def test_p7_mistakes_are_the_mistaken_derivations():
     u64, u32 = gc.unit_roundoff("float64"), gc.unit_roundoff("float32")
     variants = [
         (_argmin_model(lambda e: e / 2, lambda e: u64 / e), "you counted the rounding of one value of f"),
+        (np.sqrt(u64), "the rule of thumb"),   # Nocedal & Wright's "close to optimal" ε = √u, half the minimiser
         (_argmin_model(lambda e: e**2 / 6, lambda e: u64 / e), "the central difference's ε*"),
         (_argmin_model(lambda e: e / 2, lambda e: 2 * 2.0**-52 / e), "machine epsilon"),
         (_argmin_model(lambda e: e / 2, lambda e: 2 * u32 / e), "float32's u"),

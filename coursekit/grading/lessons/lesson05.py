@@ -216,7 +216,7 @@ ITEMS = {
     ),
     "p6": Array(
         "the change of the worked example's y after one SGD step on W, if W were trainable",
-        2,
+        1,
         name="dY",
         reread=READ_FOUR,
         expected=_dY_example,

@@ -368,7 +368,7 @@ ITEMS = {
         },
     ),
     "w2": Numeric(
-        "the cross-entropy loss for target class 1 with p = [0.460085, 0.539915]",
+        "the cross-entropy loss for target class 1 with logits Y = [1.19, 1.35]",
         0,
         name="loss",
         expected=lambda: _seed_records(1)[0].loss,
@@ -379,6 +379,8 @@ ITEMS = {
             Mistake("no minus", math.log(0.539915), "the loss is −log p[target]: a loss of a probability below one is positive."),
             Mistake("log10", -math.log10(0.539915), "that is log base 10; cross-entropy uses the natural log (np.log)."),
             Mistake("1-p", 1 - 0.539915, "1 − p is not the cross-entropy; take −log p[target]."),
+            Mistake("no softmax", -math.log(1.35), "that is −log of the logit Y[1] itself; turn the logits into "
+                    "probabilities first, p = softmax(Y) = exp(Y) / Σ exp(Y) = [0.460085, 0.539915], then take −log p[1]."),
         ],
     ),
     "w3": Choice(

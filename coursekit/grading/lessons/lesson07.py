@@ -221,6 +221,9 @@ def _p7_mistakes() -> list[Mistake]:
         Mistake("one rounding", np.sqrt(2 * u), "you counted the rounding of one value of f. Both f(x + ε) and f(x) are "
                 "rounded, each by up to u·|f|, so their difference is off by up to 2u·|f| and the round-off of the "
                 "quotient is 2u·|f|/ε. " + READ_SWEEP),
+        Mistake("rule of thumb", np.sqrt(u), "√u ≈ 1.05e-8 is the rule of thumb (Nocedal & Wright call it close to "
+                "optimal), not the minimiser the question asks for: set the derivative of ε/2 · |f″| + 2u·|f|/ε to zero, "
+                "which gives ε* = 2·√(u·|f|/|f″|), twice √u. " + READ_SWEEP),
         Mistake("central", gc.optimal_step("float64"), "that is the central difference's ε*, which balances a "
                 "second-order truncation ε²/6 · |f‴|. The forward difference's truncation is first order, ε/2 · |f″| "
                 "(the table in 'Central differences, entry by entry'): minimise ε/2 · |f″| + 2u·|f|/ε instead. " + READ_SWEEP),
@@ -267,7 +270,7 @@ ITEMS = {
         explain={
             "a": "Speed is not the reason: float64 is slower on most hardware. The reason is round-off, which is divided by ε. Reread 'float32 needs other tolerances' in Know this.",
             "b": "Adapters are trained in float32 or bf16; the check uses float64 only to keep round-off below the bug signal. Reread 'float32 needs other tolerances' in Know this.",
-            "c": "Autograd works in float32 and bfloat16 too; finite differences are what suffer from float32's rounding. Reread 'float32 needs other tolerances' in Know this.",
+            "c": "The truncation error ε²/6 · |f‴| comes from the Taylor expansion, not from the arithmetic: it is the same in float32 and float64. What the precision changes is the round-off in f(x ± ε), which the difference divides by ε. Reread 'float32 needs other tolerances' in Know this.",
             "d": "float32 keeps 24 bits (unit round-off about 6.0e-8), so each of f(x ± ε) is off by roughly 1e-7·|f|, and the central difference carries a round-off error of about 1e-7·|f| / ε: at ε = 1e-6 that is 0.1·|f|, and the estimate is noise. In float64 (u ≈ 1.1e-16) the same term is about 1e-10·|f|, far below the signal of a real bug, so the check runs there and the same code is then trusted in float32. (Lesson 07, 'float32 needs other tolerances'.)",
         },
     ),

@@ -473,7 +473,7 @@ ITEMS = {
     ),
     "p6": Numeric(
         "dx of the one-number residual MLP",
-        2,
+        1,
         name="dx",
         reread=READ_RESID,
         expected=_p6_expected,
