@@ -201,8 +201,8 @@ def p5_fell_back(stored=True, avx512_rule=None, threshold=None):
     as the nn.Linear it names and its stored weight (outputs × inputs) quantized at its blocksize, with bitsandbytes'
     ``_has_avx512`` set to the option's CPU (the kernel reads it at each call, so both CPUs run on any machine).
     The mistaken readings: ``stored=False`` quantizes the x W shape as if it were stored; ``avx512_rule`` forces the
-    CPU flag for every option; ``threshold`` replaces the blocksize by the one a reader who takes the rule as
-    "more than 2048" would think decides (2048 read as below the rule)."""
+    CPU flag for every option; ``threshold`` reads the rule as "more than 2048": an option at exactly that blocksize
+    is run at half of it, below the rule, as that reader expects."""
     import torch
     import bitsandbytes.backends.cpu.ops as cpu_ops
     import bitsandbytes.functional as F
