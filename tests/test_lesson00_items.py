@@ -85,7 +85,7 @@ def measured_dequantizations(first_input_needs_grad=False):
 
 
 RIGHT = {
-    "w1": "d", "w2": "a", "w3": "b", "p1": {"b", "d"}, "p2": "a", "p5": {"a"},
+    "w1": "d", "w2": "a", "w3": "b", "p1": {"b", "d"}, "p2": "a", "p5": {"a", "d"},
     "p3": 3,
     "p4": right_compare,
     "p6": 576 * 1536 // 2 + 576 * 1536 // 64 * 4,
@@ -108,9 +108,9 @@ WRONG = [
     ("p2", "b", "rounds to the nearest level and moves"),
     ("p2", "c", "off by its own magnitude"),
     ("p2", "d", "the ends of the NF4 table"),
-    ("p5", {"a", "b"}, "Turn the x W shape into the stored one"),
-    ("p5", {"b", "d"}, "this weight is its transpose"),              # the x W shapes read as stored shapes
-    ("p5", {"c"}, "575, is odd"),
+    ("p5", {"a", "c", "d"}, "Turn the x W shape into the stored one"),  # the x W shapes read as stored shapes
+    ("p5", {"a", "b", "d"}, "holds only on AVX512 CPUs"),             # the blocksize rule applied on every CPU
+    ("p5", {"a"}, "so 2048 itself falls back"),                      # the blocksize rule read as "more than 2048"
     ("p3", 4, "x is data and needs none"),
     ("p3", 2, "counts the forward pass only"),
     ("p3", 1, "rebuilds both weights first"),
@@ -190,31 +190,59 @@ def test_p1_key_is_what_the_recorder_sees_here():
     assert not seen["d"]["torch_fallback"] and 575 % 2 == 1
 
 
-def test_p5_key_is_what_dequantize_4bit_does_here():
-    """P5's options are projections in x W notation (inputs × outputs); each is built as the nn.Linear it names, its
-    stored weight (outputs × inputs) quantized, and dequantize_4bit run under the probe's recorder. The key is the set
-    that fell back to torch: only a stored odd last dimension does. Read as stored shapes, the x W shapes would give
-    {b, d} instead (d is the probe table's 4 × 63 case, transposed)."""
+P5_OPTIONS = {  # the options: x W shape (inputs × outputs), blocksize, whether the CPU has AVX512
+    "a": ((576, 1536), 4096, True), "b": ((576, 1536), 4096, False),
+    "c": ((1536, 575), 64, True), "d": ((4, 63), 2048, True),
+}
+
+
+def p5_fell_back(stored=True, avx512_rule=None, threshold=None):
+    """The options whose dequantize_4bit, run under the probe's recorder, hands the work to torch. Each option is built
+    as the nn.Linear it names and its stored weight (outputs × inputs) quantized at its blocksize, with bitsandbytes'
+    ``_has_avx512`` set to the option's CPU (the kernel reads it at each call, so both CPUs run on any machine).
+    The mistaken readings: ``stored=False`` quantizes the x W shape as if it were stored; ``avx512_rule`` forces the
+    CPU flag for every option; ``threshold`` reads the rule as "more than 2048": an option at exactly that blocksize
+    is run at half of it, below the rule, as that reader expects."""
     import torch
+    import bitsandbytes.backends.cpu.ops as cpu_ops
     import bitsandbytes.functional as F
     from coursekit import probes
-    from coursekit.grading.keys import load as key_file
 
-    x_w = {"a": (575, 1536), "b": (1536, 575), "c": (576, 1536), "d": (4, 63)}     # the options, inputs × outputs
-    fell_back, misread = set(), set()
-    for letter, (d_in, d_out) in x_w.items():
-        weight = torch.nn.Linear(d_in, d_out, bias=False).weight.data
-        assert tuple(weight.shape) == (d_out, d_in)
-        for w, into in ((weight, fell_back), (weight.t().contiguous(), misread)):   # stored, and x W read as stored
-            q, st = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    saved, out = cpu_ops._has_avx512, set()
+    try:
+        for letter, ((d_in, d_out), blocksize, avx512) in P5_OPTIONS.items():
+            weight = torch.nn.Linear(d_in, d_out, bias=False).weight.data
+            assert tuple(weight.shape) == (d_out, d_in)
+            w = weight if stored else weight.t().contiguous()
+            cpu_ops._has_avx512 = avx512 if avx512_rule is None else avx512_rule
+            q, st = F.quantize_4bit(w, blocksize=blocksize, quant_type="nf4")
+            if threshold is not None and blocksize == threshold:
+                q, st = F.quantize_4bit(w, blocksize=threshold // 2, quant_type="nf4")   # read as under the rule
             ob = probes.observe_op(lambda: F.dequantize_4bit(q, st))
             assert ob["error"] is None, ob
             if ob["torch_fallback"]:
-                into.add(letter)
-    assert fell_back == RIGHT["p5"] == set(key_file("00")["keys"]["p5"]) == {"a"}
-    assert misread == {"b", "d"}
-    fb = check("00.p5", misread)
-    assert fb.points == 0 and "this weight is its transpose" in fb.text()
+                out.add(letter)
+    finally:
+        cpu_ops._has_avx512 = saved
+    return out
+
+
+def test_p5_key_is_what_dequantize_4bit_does():
+    """P5's key, run: only the AVX512 blocksize rule (2048 or more, on an AVX512 CPU) sends an option to torch, since
+    every stored last dimension is even. Each named wrong set is the mistaken reading run the same way."""
+    from coursekit.grading.keys import load as key_file
+
+    assert p5_fell_back() == RIGHT["p5"] == set(key_file("00")["keys"]["p5"]) == {"a", "d"}
+    for wrong, text in (({"stored": False}, "Turn the x W shape into the stored one"),
+                        ({"avx512_rule": True}, "holds only on AVX512 CPUs"),
+                        ({"threshold": 2048}, "so 2048 itself falls back")):
+        got = p5_fell_back(**wrong)
+        assert got != RIGHT["p5"], wrong
+        fb = check("00.p5", got)
+        assert not fb.full and text in fb.text(), (wrong, got, fb.text())
+    assert p5_fell_back(stored=False) == {"a", "c", "d"}
+    assert p5_fell_back(avx512_rule=True) == {"a", "b", "d"}
+    assert p5_fell_back(threshold=2048) == {"a"}
 
 
 def round_trip_blocks(seed=0, n_blocks=2000):

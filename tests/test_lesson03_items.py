@@ -572,13 +572,14 @@ def test_the_singular_values_power_is_named(power, text, hidden):
 
 
 def test_p5s_refusals_state_the_limits_the_check_applies():
-    """P5's prompt asks for plain keys in one sentence and leaves the check's limits out of the subject; a refused key
-    gets them in its message, with the check's own numbers (12 ways allowed; one more optional group, 24, refused)."""
+    """P5's prompt says what a key may be (a name or a regular expression, matched by the rule of Know this) and leaves
+    the check's limits out of the subject; a refused key gets them in its message, with the check's own numbers (12
+    ways allowed; one more optional group, 24, refused)."""
     from coursekit.grading.lessons.lesson03 import P5_MAX_CHOICES, P5_MAX_REPEATS, _regex_problem
 
     nb = nbformat.read(ROOT / "solutions" / "03-what-low-rank-restricts" / "03-what-low-rank-restricts.ipynb", as_version=4)
     prompt = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**P5."))
-    assert "Use plain keys, like those of PEFT's own\nexamples." in prompt
+    assert "Each key may be a module name or a regular\nexpression; PEFT matches it by the rule in 'Per-module ranks in PEFT'." in prompt
     assert not any(w in prompt for w in ("refused", "repeats", "ways through", "back-reference"))
     example = r"(encoder|decoder)\.(fc1|fc2|out)(\.base)?"
     assert _regex_problem(example) is None

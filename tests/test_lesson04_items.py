@@ -41,7 +41,7 @@ def _p4_right():
     return [int(p) for p in L.p4_positions()]
 
 
-RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 2.5,
+RIGHT = {"w1": "b", "w2": "a", "w3": "c", "p1": make_labels, "p2": masked_mean_loss, "p3": 2.0,
          "p4": None, "p5": 149, "p6": 3.202345485592187, "p7": "a"}
 
 
@@ -56,34 +56,36 @@ def test_every_item_has_a_right_answer_here():
     assert set(RIGHT) == set(ITEMS)
 
 
-def measured_p3_factors():
-    """04.p3's loop measured with autograd: two micro-batches with 4 and 16 supervised tokens; backward() on each
-    micro-batch's mean loss / 2, against backward() on the token-weighted loss of the window. Returns the factor by which
-    the loop scales the gradient on the logits of a supervised token of the first micro-batch, and of the second."""
+def measured_p3_factors(normaliser):
+    """04.p3's loop measured with autograd: three micro-batches with 4, 16 and 20 supervised tokens; backward() on each
+    micro-batch's summed loss divided by ``normaliser(counts, j)`` for micro-batch j, against backward() on the
+    token-weighted loss of the window. Returns, per micro-batch, the factor by which the loop scales the gradient on the
+    logits of one of its supervised tokens."""
     g = torch.Generator().manual_seed(4)
     V = 8
 
-    def micro(n_sup, T=20):
+    def micro(n_sup, T=24):
         logits = torch.randn(1, T, V, generator=g, dtype=torch.float64)
         labels = torch.randint(0, V, (1, T), generator=g)
         labels[0, : T - n_sup] = -100          # the first T - n_sup positions are prompt
         return logits, labels
 
-    mbs = [micro(4), micro(16)]
-    assert [int((y[:, 1:] != -100).sum()) for _, y in mbs] == [4, 16]
-    N = sum(int((y[:, 1:] != -100).sum()) for _, y in mbs)
+    mbs = [micro(4), micro(16), micro(20)]
+    counts = [int((y[:, 1:] != -100).sum()) for _, y in mbs]
+    assert counts == [4, 16, 20]
+    N = sum(counts)
 
     def grads(loss_of):
         leaves = [lg.clone().requires_grad_() for lg, _ in mbs]
-        for leaf, (_, y) in zip(leaves, mbs):
-            loss_of(leaf, y).backward()        # one backward per micro-batch, as accumulation does
+        for j, (leaf, (_, y)) in enumerate(zip(leaves, mbs)):
+            loss_of(leaf, y, j).backward()     # one backward per micro-batch, as accumulation does
         return [leaf.grad for leaf in leaves]
 
     def ce_sum(lg, y):
         return torch.nn.functional.cross_entropy(lg[0, :-1], y[0, 1:], ignore_index=-100, reduction="sum")
 
-    loop = grads(lambda lg, y: ce_sum(lg, y) / int((y[:, 1:] != -100).sum()) / len(mbs))
-    token = grads(lambda lg, y: ce_sum(lg, y) / N)
+    loop = grads(lambda lg, y, j: ce_sum(lg, y) / normaliser(counts, j))
+    token = grads(lambda lg, y, j: ce_sum(lg, y) / N)
     factors = []
     for gl, gt in zip(loop, token):
         ratio = gl[gt != 0] / gt[gt != 0]
@@ -92,16 +94,35 @@ def measured_p3_factors():
     return factors
 
 
+def running_count(counts, j):
+    """The item's loop: the supervised tokens counted so far in the window, this micro-batch included."""
+    return sum(counts[: j + 1])
+
+
 def test_p3_key_and_mistakes_are_measured_with_autograd():
-    """The key (2.5) and the named 'second micro-batch' value (0.625) are what autograd gives the two micro-batches'
-    tokens; the 'between micro-batches' value is their ratio."""
-    first, second = measured_p3_factors()
-    assert first == pytest.approx(ITEMS["p3"].expected()) == pytest.approx(RIGHT["p3"])
-    assert second == pytest.approx(0.625) and first / second == pytest.approx(4)
+    """The key (2) is what autograd gives a token of the second micro-batch under the running-count loop; each named
+    mistake is the factor of a mistaken loop or token, measured the same way."""
+    running = measured_p3_factors(running_count)
+    assert running[1] == pytest.approx(ITEMS["p3"].expected()) == pytest.approx(RIGHT["p3"])
+    assert running[2] == pytest.approx(1)                     # only the last micro-batch gets the window's N
+    named = {m.label: m.value for m in ITEMS["p3"].mistakes()}
+    assert named["nothing changes"] == pytest.approx(running[2])
+    assert named["first micro-batch"] == pytest.approx(running[0])
+    assert named["own count"] == pytest.approx(measured_p3_factors(lambda counts, j: counts[j])[1])
+    assert named["mean of means"] == pytest.approx(
+        measured_p3_factors(lambda counts, j: counts[j] * len(counts))[1])
+    assert named["inverted"] == pytest.approx(1 / running[1])
+
+
+def test_p3_asks_a_loop_the_lesson_does_not_show():
+    """The lesson's cell shows the mean of means (1/(k · c)) and the fix (1/N); the running count gives neither."""
+    ours = ITEMS["p3"].expected()
+    counts = L.P3_COUNTS
+    assert ours != pytest.approx(sum(counts) / (len(counts) * counts[1])) and ours != pytest.approx(1)
 
 
 def test_numbers_come_from_coursekit():
-    assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors()[0]) == pytest.approx(20 / 8)
+    assert ITEMS["p3"].expected() == pytest.approx(measured_p3_factors(running_count)[1]) == pytest.approx(40 / 20)
     assert ITEMS["p5"].expected() == 149  # 152 real tokens, less each row's position 0
     hit = np.log1p(7 * np.exp(-8.0))
     assert ITEMS["p6"].expected() == pytest.approx(3.2 + hit)  # four of the ten scored positions miss, by 8 each
@@ -443,11 +464,11 @@ def test_masked_mean_loss_does_not_crash_the_checker_on_garbage():
 @pytest.mark.parametrize(
     "item_id, answer, text",
     [
-        ("p3", 1, "gives each of the 20 tokens the weight 1/20"),
-        ("p3", 5, "leaves out the division by the 2 micro-batches"),
-        ("p3", 4, "compares a token of the first micro-batch with one of the second"),
-        ("p3", 0.625, "which the loop under-weights"),
-        ("p3", 0.4, "so its gradient grows"),
+        ("p3", 1, "only the last micro-batch is divided by the window's N = 40"),
+        ("p3", 2.5, "divides by the micro-batch's own 16 tokens"),
+        ("p3", 10, "the factor of a token of the first micro-batch"),
+        ("p3", 40 / 48, "averages the 3 micro-batch means"),
+        ("p3", 0.5, "so its gradient grows"),
         ("p6", 0.0023454855921863655, "labels = input_ids"),
         ("p6", 2.402, "misses on every such row"),
         ("p6", 2.91, "never scores label 0"),

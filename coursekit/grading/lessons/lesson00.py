@@ -234,7 +234,7 @@ ITEMS = {
         mistakes=_version_mistakes, extra=_version_type, rtol=0, atol=0,
     ),
     "p5": Choice(
-        "Which projections, given in x W notation, does dequantize_4bit hand to the pure-torch code once nn.Linear stores them?", 1, options="abcd",
+        "Which projections, given in x W notation with a blocksize and a CPU, does dequantize_4bit hand to the pure-torch code?", 1, options="abcd",
         multi=True,
     ),
     "p6": Numeric(

@@ -240,15 +240,19 @@ def _p2_empty(fn, case: Case) -> list[str] | None:
 
 # --------------------------------------------------------------------------- numeric items
 
-# P3 asks a question the lesson's example (2 and 10 tokens, weights 1/4 and 1/20 in its plot) does not answer: with
-# 4 and 16 supervised tokens, a loop that calls backward() on each micro-batch's mean divided by the number of
-# micro-batches gives a token of the first micro-batch the weight 1/(2 · 4) instead of the token-weighted 1/20.
-P3_COUNTS = (4, 16)
+# P3 asks about a normaliser the lesson does not show. 'Token- or example-weighted' gives each micro-batch's mean divided by
+# the number of micro-batches (its plot: 1/(k · c)) and the fix, each summed loss divided by the window's N. Here a loop
+# that cannot know N before the window ends divides each micro-batch's summed loss by the supervised tokens counted so
+# far in the window (its running count): only the last micro-batch gets the window's N. With 4, 16 and 20 tokens, a
+# token of the second micro-batch weighs 1/(4 + 16) in that loop against the token-weighted 1/40.
+P3_COUNTS = (4, 16, 20)
+P3_ASKED = 1  # the second micro-batch (index 1)
 
 
-def _p3_weights() -> tuple[float, float]:
-    """(a first-micro-batch token's weight in the loop's loss, its weight in the token-weighted window loss)."""
-    return 1 / (len(P3_COUNTS) * P3_COUNTS[0]), 1 / sum(P3_COUNTS)
+def _p3_weights(counts: tuple[int, ...] = P3_COUNTS, asked: int = P3_ASKED) -> tuple[float, float]:
+    """(a token's weight in the running-count loop's loss, its weight in the token-weighted window loss), for a token
+    of micro-batch ``asked``."""
+    return 1 / sum(counts[: asked + 1]), 1 / sum(counts)
 
 
 def _p3_expected() -> float:
@@ -257,21 +261,20 @@ def _p3_expected() -> float:
 
 
 def _p3_mistakes() -> list[Mistake]:
-    c1, c2 = P3_COUNTS
-    n, k = sum(P3_COUNTS), len(P3_COUNTS)
+    counts, j = P3_COUNTS, P3_ASKED
+    n, k, c = sum(counts), len(counts), counts[j]
+    running = sum(counts[: j + 1])
     return [
-        Mistake("nothing changes", 1.0, f"the token-weighted loss gives each of the {n} tokens the weight 1/{n}; the loop "
-                f"gives a token of the {c1}-token micro-batch 1/{k} × 1/{c1} = 1/{k * c1}. Averaging micro-batch means is "
-                "not the token-weighted mean when the counts differ. " + READ_AVG),
-        Mistake("no halving", n / c1, f"that leaves out the division by the {k} micro-batches: the loop's weight is "
-                f"1/{k} × 1/{c1}, not 1/{c1}. " + READ_AVG),
-        Mistake("between micro-batches", c2 / c1, f"that compares a token of the first micro-batch with one of the second "
-                f"(1/{k * c1} against 1/{k * c2}); compare with the token-weighted loss, where every token weighs 1/{n}. "
-                + READ_AVG),
-        Mistake("second micro-batch", n / (k * c2), f"that is the factor of a token of the {c2}-token micro-batch "
-                f"(1/{k * c2} against 1/{n}), which the loop under-weights; the question asks about the first. " + READ_AVG),
-        Mistake("inverted", k * c1 / n, f"that is the token-weighted weight over the loop's; the loop's token weighs more, "
-                f"1/{k * c1} against 1/{n}, so its gradient grows. " + READ_AVG),
+        Mistake("nothing changes", 1.0, f"only the last micro-batch is divided by the window's N = {n}; the second is "
+                f"divided by the {running} tokens counted so far, so its token weighs 1/{running}, not 1/{n}. " + READ_AVG),
+        Mistake("own count", n / c, f"that divides by the micro-batch's own {c} tokens (its mean); the loop divides by "
+                f"the running count, {' + '.join(map(str, counts[: j + 1]))} = {running}. " + READ_AVG),
+        Mistake("first micro-batch", n / counts[0], f"that is the factor of a token of the first micro-batch "
+                f"(1/{counts[0]} against 1/{n}); the question asks about the second. " + READ_AVG),
+        Mistake("mean of means", n / (k * c), f"that is the weight 1/({k} × {c}) of a loop that averages the "
+                f"{k} micro-batch means; this loop divides each summed loss by the running count alone. " + READ_AVG),
+        Mistake("inverted", running / n, f"that is the token-weighted weight over the loop's; the loop's token weighs "
+                f"more, 1/{running} against 1/{n}, so its gradient grows. " + READ_AVG),
     ]
 
 
@@ -527,7 +530,7 @@ ITEMS = {
         atol=1e-9,
     ),
     "p3": Numeric(
-        "gradient factor of a token when micro-batch means are accumulated",
+        "gradient factor of a token when each micro-batch is divided by the running count",
         1,
         name="answer_p3",
         expected=_p3_expected,
