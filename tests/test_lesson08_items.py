@@ -324,7 +324,7 @@ def test_attention_backward_wrong_arity_is_explained():
         ("w2", "b", "look at the future"),
         ("w2", "c", "keeps the diagonal"),
         ("w3", "a", "leaves its softmax unchanged"),
-        ("w3", "b", "exp underflows sooner, not later"),
+        ("w3", "b", "with or without the subtraction"),
         ("p4", "b", "Added to a column, it reaches row t's sum only as c·P[t, 2]"),
         ("p4", "c", "rowsum(dP ⊙ P) changes too"),
         ("p4", "d", "In rows 0 and 1 key 2 is masked"),

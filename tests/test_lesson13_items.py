@@ -110,7 +110,7 @@ def test_hidden_cases_are_deterministic_and_defeat_hard_coding():
         ("p5", "b", "The residual is relative"),
         ("p5", "c", "by exactly the factor the update shrank"),
         ("p5", "d", "float32's exponent range"),
-        ("p6", "a", "Carrying the whole update is not the question"),
+        ("p6", "a", "As a multiple of |ΔW| it cannot stay the same"),
         ("p6", "b", "cannot magnify it"),
         ("p6", "d", "does not remove Q(W) − W"),
     ],

@@ -82,7 +82,9 @@ def _p1_gradcheck(fn, case: Case) -> list[str] | None:
     dX, dA, dB = lora.lora_backward(D, cache)
     rep = check_vjp(lambda X, A, B: fn(X, kw["W"], A, B, kw["lora_alpha"], kw["r"]),
                     dict(X=kw["X"], A=kw["A"], B=kw["B"]), dict(X=dX, A=dA, B=dB), D)
-    return None if rep.ok else ["gradient check failed:"] + [str(c) for c in rep.checks if not c.ok]
+    return None if rep.ok else (["your outputs match on these inputs, but nudging X, A or B slightly moves them differently "
+                                 "from X W + (lora_alpha / r) (X A) B (a slope compared with its finite difference):"]
+                                + [str(c) for c in rep.checks if not c.ok])
 
 
 def _p2_public() -> list[Case]:

@@ -570,7 +570,7 @@ ITEMS = {
         key="d",
         explain={
             "a": "Subtracting a constant from a row leaves its softmax unchanged: exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s). Reread 'One head, forward' in Know this.",
-            "b": "Subtracting the maximum makes every exponent ≤ 0, so the small scores get more negative and exp underflows sooner, not later; that is harmless, since such an entry is negligible next to the largest, exp(0) = 1. The reason is overflow of the large scores. Reread 'One head, forward' in Know this.",
+            "b": "The division by the row's sum makes each row of P sum to one, with or without the subtraction: exp(s) / Σ exp(s) sums to one too. The subtraction guards against overflow of the large scores. Reread 'One head, forward' in Know this.",
             "c": "The gradient does not change either; the rowsum term in dS already makes each row of dS sum to zero. Reread 'The softmax step' in Know this.",
             "d": "Subtracting the row maximum m multiplies numerator and denominator by the same exp(−m), so exp(s − m) / Σ exp(s − m) = exp(s) / Σ exp(s) and P does not change. But the largest exponent becomes exp(0) = 1, so large scores no longer overflow (exp is inf above about 709.8 in float64, 88.7 in float32 or bf16). (Lesson 08, 'One head, forward'.)",
         },

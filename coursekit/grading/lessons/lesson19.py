@@ -351,7 +351,7 @@ def load_problems(desc: dict, case: LoadCase, layers: int = 2, hidden: bool = Fa
     norm = desc["norm_dtype"]
     if case.quantize and norm != "torch.float32":
         out.append(("not prepared for k-bit", f"the layer norms are {norm.replace('torch.', '')}: prepare_model_for_kbit_training (which "
-                   f"casts them, and the embedding, to float32, as it does every parameter it does not quantize) was not run before get_peft_model. "
+                   f"casts them, and the embedding, to float32: every parameter left in 16 bits) was not run before get_peft_model. "
                    + READ_RECIPE))
     weights_bf16 = layer is not None and layer["dtype"] == "torch.bfloat16"
     if not case.quantize and norm == "torch.float32" and weights_bf16:
@@ -1323,7 +1323,7 @@ ITEMS = {
             "a": "get_peft_model freezes the base and attaches the adapters, so the only tensors with requires_grad are the lora_A and lora_B factors, and the optimizer is AdamW over exactly those. The NF4 codes get no gradient, and the norms, though cast to float32 by prepare_model_for_kbit_training, stay frozen: the preflight checks that every parameter without lora_ in its name is bit-identical after a step. (Lesson 19, 'Step 3: the training loop'.)",
             "b": "The NF4 codes are frozen: no gradient is formed for them and no optimizer holds them (lesson 16).",
             "c": "Only the adapter factors are trainable; the base stays frozen in 4 bits.",
-            "d": "prepare_model_for_kbit_training casts the norms to float32 (peft casts every parameter it does not quantize), but it does not make them trainable.",
+            "d": "prepare_model_for_kbit_training casts the norms to float32 (with the embedding: every parameter left in 16 bits), but it does not make them trainable.",
         },
     ),
     "w2": Choice("why a split of unseen symptoms", 0,
