@@ -432,15 +432,27 @@ class _CtrlC:
     """While grading: Ctrl-C (SIGINT) raises KeyboardInterrupt as usual, and is remembered (:attr:`hit`). nbgrader
     catches every exception of an autograde run, KeyboardInterrupt included, and reports a failed submission
     (``nbgrader.utils.capture_log``): the grader asks :attr:`hit` before it would score that submission 0, and stops
-    instead. A no-op outside the main thread (signals go to the main thread only)."""
+    instead. A no-op outside the main thread (signals go to the main thread only).
+
+    Python runs the handler between two bytecodes of whatever the main thread is doing, which may be a finalizer (a
+    Dask future's ``__del__``): there the KeyboardInterrupt cannot propagate, and Python would print it as
+    "Exception ignored in ..." with a traceback. While this is active such a lost KeyboardInterrupt is dropped
+    quietly (:attr:`hit` already records it, and the grader's waits ask :attr:`hit`); every other unraisable
+    exception is reported as before."""
 
     def __init__(self):
         self.hit = False
         self._before = None
+        self._unraisable_before = None
 
     def _handler(self, signum, frame):
         self.hit = True
         raise KeyboardInterrupt
+
+    def _unraisable(self, u):
+        if self.hit and isinstance(u.exc_value, KeyboardInterrupt):
+            return
+        self._unraisable_before(u)
 
     def __enter__(self):
         import signal
@@ -448,6 +460,7 @@ class _CtrlC:
 
         if threading.current_thread() is threading.main_thread():
             self._before = signal.signal(signal.SIGINT, self._handler)
+            self._unraisable_before, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc):
@@ -455,6 +468,7 @@ class _CtrlC:
 
         if self._before is not None:
             signal.signal(signal.SIGINT, self._before)
+            sys.unraisablehook = self._unraisable_before
 
 
 #: What filling the capstone store costs on the course's 2-core test machine, cold: about 6 minutes for the runs and
@@ -635,7 +649,7 @@ def _autograde(a, jobs, release_root, workers, scheduler, task_timeout, certs, p
     # Files that cannot be notebooks (empty, not JSON, renamed) never reach a worker: autograde_one reports them.
     runnable = [(aid, sid) for aid, sid in jobs if check_submission(submitted / sid / aid, aid, release_root) is None]
     autograde = parallel.Autograder(a, runnable, workers, scheduler=scheduler, task_timeout=task_timeout, log=say,
-                                    certs=certs, lock=False)
+                                    certs=certs, lock=False, stopped=(lambda: ctrl_c.hit) if ctrl_c else None)
     try:
         bar = tqdm(jobs, desc=f"autograding ({autograde.workers} worker{'s' * (autograde.workers > 1)})",
                    unit="submission", disable=not progress, file=sys.stdout)

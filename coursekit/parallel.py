@@ -443,11 +443,15 @@ class Autograder:
     once, in job order; each call waits for its own job (at most ``task_timeout`` seconds from when the call began,
     by which time every earlier job is done) and grades it in this process. Call :meth:`close` when done (or use it
     as a context manager). It holds the course folder's lock (:func:`lock_course`) until then, unless ``lock=False``
-    (the caller holds it). ``replayed``, ``executed_here`` and ``failed`` say what happened to each job."""
+    (the caller holds it). ``replayed``, ``executed_here`` and ``failed`` say what happened to each job.
+    ``stopped``: a callable asked every few seconds while a call waits; when it returns true the wait raises
+    KeyboardInterrupt (Ctrl-C's interrupt can be lost in a finalizer; coursekit.course._CtrlC)."""
 
     def __init__(self, api, jobs: list[tuple[str, str]], workers: int | None = None, scheduler: str | None = None,
-                 task_timeout: float | None = None, ahead: int | None = None, log=None, certs=None, lock: bool = True):
+                 task_timeout: float | None = None, ahead: int | None = None, log=None, certs=None, lock: bool = True,
+                 stopped=None):
         self.api = api
+        self._stopped = stopped or (lambda: False)
         self._certs = certs
         self._client = self._cluster = self._tmp = None
         self._quiet = ExitStack()
@@ -612,6 +616,8 @@ class Autograder:
             try:
                 return fut.result(timeout=min(left, 5.0))
             except (TimeoutError, DaskTimeout):
+                if self._stopped():
+                    raise KeyboardInterrupt from None
                 if self._client.nthreads():
                     self._no_workers_since = None
                     continue

@@ -505,8 +505,6 @@ def test_p8_key_is_the_input_where_rounding_leaves_the_margin_unchanged():
     assert len(set(np.round(values, 6))) == len(values) and all(abs(v - key) > 0.05 for v in values)
 
 
-
-
 @pytest.mark.parametrize("item_id", ["p1", "p3"])
 def test_the_prompt_names_every_function_withheld_while_it_is_graded(item_id):
     """A student who reuses a withheld coursekit helper is told so by the prompt, not only by the check's error."""
