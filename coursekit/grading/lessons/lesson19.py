@@ -1329,7 +1329,7 @@ ITEMS = {
     "w2": Choice("why a split of unseen symptoms", 0,
         key="d",
         explain={
-            "a": "A model that scores 100 % answers with the label every time: it has the format.",
+            "a": "That split's wordings are new, and the model got every ticket of it right: new wording did not stop it. What the split keeps the same is the symptom each ticket names.",
             "b": "A held-out split proves only what it keeps out of training. This one keeps out wordings and machines, not the cues that carry the category: see 'The data: one training split, two held-out splits'.",
             "c": "The machines in that split are new too, and the model still scored 100 %: the machine's name did not mislead it.",
             "d": "That split keeps out sentence templates and machines, but its symptoms are the training symptoms, so the cue words that carry the category (\"gearbox grinds\") were all seen in training; a model can score 100 % by recognising those learned cues. Whether it learned the categories themselves is tested only by tickets whose cue words, such as thermocouple, RCD or sludge, never occur in training. (Lesson 19, 'The data: one training split, two held-out splits'.)",
