@@ -250,3 +250,24 @@ def test_a_dropped_cell_holds_only_assertions(lid):
         if c.cell_type == "code" and "assert-numbers" in c.metadata.get("tags", []):
             wrong += [f"cell {i + 1}: {ast.unparse(s)[:100]}" for s in ast.parse(c.source).body if not _only_assertions(s)]
     assert not wrong, "an assert-numbers cell does more than assert:\n" + "\n".join(wrong)
+
+
+# ----------------------------------------------------------------------------------------------- grading machinery
+
+# How the course is graded is said once, in lesson 00. Elsewhere these words belong to the grading machinery, not to a
+# lesson's subject (lesson 19's RECOMPUTE is the student's own switch; "recompute" in lessons 16-17 is checkpointing).
+GRADING_WORDS = re.compile(r"nbgrader|autograd(?:e|er|ers|ing)\b|hidden (?:test )?cases?|the grader\b|answer keys?\b|"
+                           r"COURSEKIT_KEYS|capstone store|fingerprint of the (?:notebook|run)|formgrader", re.I)
+
+
+@pytest.mark.parametrize("kind, lid", [c for c in CASES if not c.values[1].startswith("00")])
+def test_grading_machinery_is_explained_once_in_lesson_00(kind, lid):
+    """The grading boilerplate used to open every lesson; now lesson 00 says it once and no other lesson's prose
+    (markdown cells, the student's reading) mentions nbgrader, the autograder, hidden cases or the answer keys."""
+    found = [(i, m.group(0)) for i, text in enumerate(_markdown(_nb(kind, lid))) for m in GRADING_WORDS.finditer(text)]
+    assert not found, f"grading machinery in {lid}'s prose (markdown cell, word): {found}; lesson 00 explains it once"
+
+
+def test_lesson_00_explains_the_grading_once():
+    words = {m.group(0).lower() for text in _markdown(_nb("lessons", LESSONS[0])) for m in GRADING_WORDS.finditer(text)}
+    assert words & {"autograder", "nbgrader"}, f"lesson 00 no longer explains how the course is graded: {words}"

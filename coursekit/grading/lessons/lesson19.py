@@ -1061,7 +1061,7 @@ class MergeItem(_ModelItem):
         if torch.allclose(got, onto_w4, rtol=1e-2, atol=1e-2) and not torch.allclose(want, onto_w4, rtol=1e-2, atol=1e-2):
             return _named(tag, [("merged onto dequant(W4)", f"you merged onto dequant(W4), the NF4 weights decoded to "
                                 f"bf16. Section 6 below measures that choice, and it has its merits; this function's task "
-                                f"is the usual recipe, the bf16 base at path (W16), so that the two can be compared.")])
+                                f"is the other route, the bf16 base at path (W16), so that the two can be compared.")])
         dtypes = set(map(str, merged["dtypes"]))
         if dtypes != {"bfloat16"}:
             return _named(tag, [("not bf16", f"your merged model holds {' and '.join(sorted(dtypes))} weights; deploy it "
