@@ -271,6 +271,27 @@ def _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, t
                 f"{sid}: second run scored differently"
 
 
+def _no_numeric_key_is_printed_above_its_question(self, graded, item, value):
+    """What the cells above a numeric item's question print (the perfect student's notebook as graded, run top to
+    bottom) does not show the item's key: tests/test_item_lengths.py checks the lesson's text, this its outputs."""
+    import nbformat
+    from test_item_lengths import printed_keys
+
+    work, _ = graded
+    nb = nbformat.read(work / "autograded" / "ex-perfect" / self.AID / f"{self.AID}.ipynb", as_version=4)
+    shown = printed_keys(nb, item, value)
+    assert not shown, f"{self.AID[:2]}.{item}: its key {value:.6g} is printed above its question: {shown}"
+
+
+def _printed_key_cases():
+    from test_item_lengths import _numeric_keys, distinctive
+
+    return [(lid, item, value) for lid, item, value in _numeric_keys() if distinctive(value)]
+
+
+_PRINTED_KEYS = _printed_key_cases()
+
+
 for _aid in LESSONS:
     _ns = {"AID": _aid}
     _rows = [(sid, cell, text) for aid, sid, cell, text in WRONG if aid == _aid]
@@ -300,6 +321,13 @@ for _aid in LESSONS:
             _regrading_gives_the_same_grades_and_loses_nothing(self, graded, tmp_path, tmp_path_factory)
 
         _ns["test_regrading_gives_the_same_grades_and_loses_nothing"] = _test_regrade
+    _printed = [(item, value) for lid, item, value in _PRINTED_KEYS if lid == _aid]
+    if _printed:
+        def _test_printed(self, graded, item, value):
+            _no_numeric_key_is_printed_above_its_question(self, graded, item, value)
+
+        _ns["test_no_numeric_key_is_printed_above_its_question"] = pytest.mark.parametrize(
+            "item,value", _printed, ids=[item for item, _ in _printed])(_test_printed)
     _name = f"TestRoundTrip{_aid[:2]}"
     globals()[_name] = type(_name, (_RoundTrip,), _ns)
 

@@ -158,6 +158,50 @@ def _spellings(value: float) -> set[str]:
     return {text} if len(digits) >= 4 and "e" not in text else set()
 
 
+_NUMBER = re.compile(r"(?<![\w.])-?\d[\d,_]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def distinctive(value: float) -> bool:
+    """Whether a key is a number a printed output would not show by chance: not an integer below 1000, and three or
+    more significant digits."""
+    if value == int(value) and abs(value) < 1000:
+        return False
+    return len(f"{value:.6g}".split("e")[0].replace("-", "").replace(".", "").lstrip("0")) >= 3
+
+
+def printed_keys(nb, item: str, value: float) -> list[str]:
+    """The numbers that cells above ``item``'s question print (their outputs in the executed notebook ``nb``) and that
+    equal ``value`` to the 3 or more significant digits they are printed with: what a student would read off."""
+    label = rf"\*\*{item[0].upper()}{item[1:]}\b"
+    at = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and re.search(label, c.source)), None)
+    assert at is not None, f"no question for {item}"
+    found = []
+    for i, cell in enumerate(nb.cells[:at]):
+        for out in cell.get("outputs", []):
+            text = out.get("text") or out.get("data", {}).get("text/plain", "")
+            for m in _NUMBER.finditer(text):
+                digits = m.group(0).lower().split("e")[0].replace("-", "").replace(",", "").replace("_", "")
+                if len(digits.replace(".", "").lstrip("0")) < 3:
+                    continue
+                x = float(m.group(0).replace(",", "").replace("_", ""))
+                half_ulp = 0.5 * 10.0 ** (-len(digits.split(".")[1])) if "." in digits else 0.5
+                if "e" not in m.group(0).lower() and abs(x - value) <= half_ulp:
+                    found.append(f"cell {i} prints {m.group(0)}")
+                elif "e" in m.group(0).lower() and abs(x - value) <= 5e-3 * abs(value):
+                    found.append(f"cell {i} prints {m.group(0)}")
+    return found
+
+
+def test_printed_keys_finds_a_rounded_key_and_nothing_else():
+    nb = nbformat.v4.new_notebook()
+    shows = nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output("stream", text="the ratio is 2.934, 1,184.9 MB and 8.05e-09\n")])
+    nb.cells = [shows, nbformat.v4.new_markdown_cell("**P2.** What is it?")]
+    assert printed_keys(nb, "p2", 2.93428015) == ["cell 0 prints 2.934"]
+    assert printed_keys(nb, "p2", 1184.89088) == ["cell 0 prints 1,184.9"]
+    assert printed_keys(nb, "p2", 8.050040e-09) == ["cell 0 prints 8.05e-09"]
+    assert printed_keys(nb, "p2", 2.9351) == [] and printed_keys(nb, "p2", 1185.2) == []
+
+
 @pytest.mark.parametrize("lid, item, value", list(_numeric_keys()), ids=lambda x: str(x)[:24])
 def test_no_numeric_key_is_written_above_its_question(lid, item, value):
     """The number a numeric item asks for does not appear in the lesson (prose or code) before the item's question."""
