@@ -438,7 +438,7 @@ def test_numeric_mistakes_are_recognised(item_id, answer, text):
         ("w1", "b", "what q, k and v"),
         ("w1", "d", "has no projection weight"),
         ("w3", "b", "leaves the output layer out on purpose"),
-        ("w3", "c", "LoRA wraps nn.Linear modules only"),
+        ("w3", "c", "all-linear selects nn.Linear layers only"),
         ("w3", "d", "That is the Q/V configuration"),
         ("p4", "a", "That is what a detached o_proj does"),
         ("p4", "c", "a detached K is still there with its value"),

@@ -335,7 +335,7 @@ ITEMS = {
         explain={
             "a": "PEFT's all-linear selects every nn.Linear except the output layer: in each of the 30 layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj. lm_head is left out (on SmolLM2 it is tied to the embedding anyway), and the embedding and the RMSNorm gains are not nn.Linear modules, so they get none. (Lesson 10, 'The real model'.)",
             "b": "all-linear leaves the output layer out on purpose: lm_head is the one nn.Linear it skips (on SmolLM2 it is tied to the embedding anyway). Reread 'The real model' in Know this.",
-            "c": "LoRA wraps nn.Linear modules only: the embedding is an nn.Embedding and the RMSNorm gains are vectors, so neither gets an adapter, and all-linear also skips lm_head, the output layer. Reread 'The real model' in Know this.",
+            "c": "all-linear selects nn.Linear layers only (and Conv1D): the embedding is an nn.Embedding and the RMSNorm gains are vectors, so all-linear gives neither an adapter (PEFT can wrap an embedding, but only if you name it in target_modules), and it also skips lm_head, the output layer. Reread 'The real model' in Know this.",
             "d": "That is the Q/V configuration, which you name explicitly with target_modules=[\"q_proj\", \"v_proj\"]; all-linear takes every nn.Linear but the output layer, all seven projections of every layer. Reread 'The real model' in Know this.",
         },
     ),
