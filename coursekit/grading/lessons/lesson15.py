@@ -449,8 +449,8 @@ def _p8_mistakes() -> list[Mistake]:
                 f"the stored bytes do not change, but every forward dequantizes the whole weight, code[q] · absmax, to "
                 f"compute_dtype before F.linear: {n:,} values at 4 bytes in fp32, at 2 in bf16. {READ_DTYPE}"),
         Mistake("sign or size", [0, -d_tmp],
-                f"the bf16 temporary is smaller than the fp32 one, so its change is negative; {-d_tmp:,.0f} bytes is also the "
-                f"bf16 temporary's own size, not the change. {READ_DTYPE}"),
+                f"the size is right and the sign is not: the bf16 temporary is {-d_tmp:,.0f} bytes smaller than the fp32 one, "
+                f"so the change is negative. {READ_DTYPE}"),
         Mistake("whole fp32 temporary", [0, -2 * -d_tmp],
                 f"that removes the whole fp32 temporary; the bf16 weight still takes 2 bytes per value. {READ_DTYPE}"),
         Mistake("bits", [0, 8 * d_tmp], f"that is the change in bits; the question asks for bytes. {READ_DTYPE}"),
