@@ -74,6 +74,13 @@ def adamw_by_torch(p, grads, lr=0.05, wd=0.2):
     return x.item()
 
 
+def full_lr_steps(p=2.5, lr=0.05, wd=0.2, steps=3):
+    """The entry of a student who moves it by a whole lr at every step, in AdamW's order (decay, then step)."""
+    for _ in range(steps):
+        p = p * (1 - lr * wd) - lr
+    return p
+
+
 def ratios(c=10.0, lr=0.01):
     rng = np.random.default_rng(0)
     X, W, A, B, D = (rng.standard_normal(sh) for sh in [(3, 4), (4, 5), (4, 2), (2, 5), (3, 5)])
@@ -196,7 +203,8 @@ def test_p2_hidden_cases_vary():
     (adamw_by_torch(2.5, (4.0,)) * 0.99**2, "m̂ / (√v̂ + ε) is still about 0.67 and 0.52"),
     (adamw_by_torch(2.5, (4.0,)), "that is the entry after step 1"),
     (adamw_by_torch(2.5, (4.0, 0.0, 0.0), wd=0.0), "left out the decoupled decay"),
-    (2.5 * 0.99**3 - 0.15, "moved the entry by a full lr at every step"),
+    (full_lr_steps(), "moved the entry by a full lr at every step"),
+    (2.5 * 0.99**3 - 0.15, "not right"),  # all three decays first, then three steps: no order AdamW runs in
     (2.5 * 0.99**3, "not right"),
 ])
 def test_p3_mistakes_are_named(answer, text):

@@ -35,6 +35,14 @@ def rescaled_grads(X, W, A, B, s, D, c):
     return dA, dB
 
 
+def _full_lr_steps(p: float, lr: float, wd: float, steps: int) -> float:
+    """The entry after ``steps`` AdamW steps that each move it by a whole lr against the gradient's sign (positive),
+    in AdamW's order: decay p by (1 − lr·λ), then step. 11.p3's "three full steps" mistake."""
+    for _ in range(steps):
+        p = p * (1 - lr * wd) - lr
+    return p
+
+
 def _adamw_entry(p: float, grads: tuple[float, ...], lr: float, wd: float, bias_correction: bool = True) -> float:
     """One entry through AdamW (``walk.adamw_step``, torch's algorithm), one step per gradient in ``grads``;
     ``bias_correction=False`` gives the value of a student who leaves out m̂ and v̂ (a mistake's value)."""
@@ -532,7 +540,7 @@ ITEMS = {
             Mistake("no bias correction", _adamw_entry(**P3, bias_correction=False),
                     "you left out the bias correction m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ) (lesson 06): without it "
                     "the first steps are far too small or too large. " + READ_ZERO),
-            Mistake("three full steps", P3["p"] * (1 - P3["lr"] * P3["wd"]) ** 3 - 3 * P3["lr"],
+            Mistake("three full steps", _full_lr_steps(P3["p"], P3["lr"], P3["wd"], 3),
                     "you moved the entry by a full lr at every step; after step 1 the gradient is zero, so m decays "
                     "by β₁ each step while √v̂ decays more slowly: m̂ / (√v̂ + ε) falls below 1. " + READ_ZERO),
         ],

@@ -113,7 +113,7 @@ def p1_mistakes(kw: dict, got: dict | None = None) -> dict[str, list[Mistake]]:
         out.append(Mistake(
             "blocks down the columns", D @ (np.asarray(code, dtype=np.float64)[codes] * scale.reshape(d, m).T),
             f"your blocks run down the columns (column-major order). The m × d weight is flattened row by row, so "
-            f"entry (row, col) belongs to block (row · d + col) // blocksize. {READ_GRADIENT}"))
+            f"entry (row, col) belongs to block (row · d + col) // blocksize. {READ_BACKENDS}"))
     row_bug = np.arange(m)[:, None] * (d // bs) + np.arange(d)[None, :] // bs
     if d % bs and row_bug.max() < absmax.size:
         out.append(Mistake(

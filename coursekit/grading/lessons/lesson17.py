@@ -343,7 +343,7 @@ ITEMS = {
             "a": "A gradient has its parameter's shape, whatever the batch: autograd sums every token's contribution into the one .grad tensor of each adapter parameter, so the adapter's gradients cost the same for one example or a thousand. (Lesson 17, 'Measured: adapter, gradients and AdamW state'.)",
             "b": "AdamW keeps two moments per trainable parameter, a fixed cost of the adapter's size, the same for one token or a million. (Lesson 17, 'The ledger, bucket by bucket'.)",
             "c": "Autograd saves, for every layer, the tensors its backward needs (inputs of the matmuls, attention probabilities, the loss's log-softmax), and each of them has one row per token: batch × sequence length. That is why the ledger's persistent buckets leave activations out and the lesson measures them separately. (Lesson 17, 'Measured: activations saved for backward'.)",
-            "d": "bitsandbytes dequantizes a weight for its matmul and frees the copy afterwards (MatMul4Bit keeps only the packed codes for the backward pass, lesson 16): the copy has the weight's shape, out × in, whatever the batch. (Lesson 17, 'Measured: activations saved for backward'.)",
+            "d": "bitsandbytes dequantizes a weight for its matmul and frees the copy afterwards (MatMul4Bit keeps only the packed codes for the backward pass, lesson 16): the copy has the weight's shape, out × in, whatever the batch. (Lesson 17, 'What the partial totals leave out'.)",
         },
     ),
     "w3": Choice(
