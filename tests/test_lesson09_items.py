@@ -164,7 +164,7 @@ def residual_torch(dY, X, W_gate, W_up, W_down):
 
 
 RIGHT = {"w1": "c", "w2": 0.5, "w3": "d", "p1": swish_right, "p2": swiglu_right, "p3": mlp_right,
-         "p4": residual_right, "p5": "c", "p6": -0.3624205185045066, "p7": 2_654_208}
+         "p4": residual_right, "p5": "c", "p6": -1.0436307777567597, "p7": 2_654_208}
 
 
 # --------------------------------------------------------------------------- registry, keys, notebook
@@ -190,14 +190,14 @@ def test_notebook_p6_case_is_the_graded_case():
 
 def test_p6_answer_leaks_nowhere_in_the_release():
     text = (ROOT / "lessons" / LID / f"{LID}.ipynb").read_text()
-    assert "0.3624" not in text and "101376" not in text and "101_376" not in text
+    assert "1.0436" not in text and "101376" not in text and "101_376" not in text
 
 
 def test_p6_and_p7_expected_values_by_hand():
-    # One number wide: G = 0.5, U = −1, dH = 2; dG = 2·(−1)·SiLU′(0.5), dU = 2·SiLU(0.5); dx = 1 + 0.5 dG − dU.
-    dG = 2 * -1 * mlp.silu_grad(0.5)
+    # One number wide: G = 0.5, U = −1.5, dH = 2; dG = 2·(−1.5)·SiLU′(0.5), dU = 2·SiLU(0.5); dx = 1 + 0.5 dG − 1.5 dU.
+    dG = 2 * -1.5 * mlp.silu_grad(0.5)
     dU = 2 * mlp.silu(0.5)
-    assert ITEMS["p6"].expected() == pytest.approx(1 + 0.5 * dG - dU, rel=1e-12) == pytest.approx(RIGHT["p6"])
+    assert ITEMS["p6"].expected() == pytest.approx(1 + 0.5 * dG - 1.5 * dU, rel=1e-12) == pytest.approx(RIGHT["p6"])
     assert ITEMS["p7"].expected() == 3 * 576 * 1536 == 2_654_208
 
 
@@ -509,3 +509,15 @@ def test_p2_formulas_come_after_its_check_in_the_release():
     below = "\n".join(c.source for c in nb.cells[check_at + 1:check_at + 3])
     assert not [f for f in formulas if f in above]
     assert all(f in below for f in formulas) and "**The gate, derived.**" in below
+
+
+def test_p6_two_slips_at_once_never_land_on_a_named_mistake():
+    """A student who drops a branch (or makes one branch's slip) and also forgets the residual must not be told another
+    mistake's story: with w_up = −1 both branch terms equalled −dy, and 'up only, no residual' was named "no silu'"."""
+    kw = lesson09.p6_arrays()
+    named = {m.label: float(np.ravel(m.value)[0]) for m in lesson09.residual_mistakes(kw)["dX"]}
+    for label, value, _ in lesson09._dX_wrongs(lesson09._mlp_parts(kw)):  # the MLP's wrong dX, the residual forgotten
+        v = float(np.ravel(value)[0])
+        hits = [n for n, nv in named.items() if abs(nv - v) <= 1e-3 * max(1.0, abs(v))]
+        assert not hits, f"{label} without the residual ({v:.6f}) is named {hits}"
+        assert check("09.p6", v).points == 0

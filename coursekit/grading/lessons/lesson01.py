@@ -243,9 +243,9 @@ ITEMS = {
         labels={
             "base": "choose a supported base model",
             "baseline": "tune a prompt on the training examples only, then score it on the held-out evaluation set",
-            "compare": "measure the trained adapter against the best prompt's score: task quality, peak memory and speed",
+            "compare": "measure the trained adapter on the held-out evaluation set: task quality, peak memory and speed",
             "data": "build clean training examples in the model's chat format, and hold evaluation examples out of them",
-            "method": "only if the best prompt falls short, pick the adapter: LoRA if the 16-bit weights fit the budget, QLoRA if memory for the base is the limit",
+            "method": "pick the adapter: LoRA if the 16-bit weights fit the budget, QLoRA if memory for the base is the limit",
         },
     ),
     "p4": Numeric(

@@ -340,7 +340,9 @@ def _p4_hidden(rng: np.random.Generator) -> list[Case]:
 
 
 # P6: one token, every width 1 (printed in the notebook), inside a residual block y = x + MLP(x).
-P6_CASE = dict(x=1.0, w_gate=0.5, w_up=-1.0, w_down=2.0, dy=1.0)
+# w_up = −1.5, not −1: with −1 both branch terms equal −dy, so a student who dropped a branch and the residual
+# landed on another named mistake's value (round thirteen of review).
+P6_CASE = dict(x=1.0, w_gate=0.5, w_up=-1.5, w_down=2.0, dy=1.0)
 
 
 def p6_arrays() -> dict:

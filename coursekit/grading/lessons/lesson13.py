@@ -236,10 +236,10 @@ ITEMS = {
         0,
         key="d",
         explain={
-            "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a few units in the last place, not bit for bit.",
+            "a": "W + sAB − sAB rounds twice: in float32 you get W back to within a unit or two in the last place of the merged value W + sAB, not bit for bit.",
             "b": "Rounding does not need a zero B to be small: float32 keeps the update to within about 1e-7 of W (the lesson measures a few parts in 10⁸).",
             "c": "A and B are kept (PEFT keeps them after merge()), so the update can be subtracted again.",
-            "d": "Each step rounds once: fl(W + sAB) is off by at most half a unit in the last place, and subtracting sAB rounds again, so you get W back to about one or two units in the last place (float32's spacing is 2⁻²³ ≈ 1.2e-7 at 1.0). The lesson's toy layer comes back within 1e-6 of its base after unmerge(), and that works because merge() keeps A and B. (Lesson 13, 'Merging in low precision'.)",
+            "d": "Each step rounds once: fl(W + sAB) is off by at most half a unit in the last place, and subtracting sAB rounds again, so you get W back to about one or two units in the last place of the merged value W + sAB (float32's spacing is 2⁻²³ ≈ 1.2e-7 at 1.0; for a weight much smaller than its update that is many of the weight's own units). The lesson's toy layer comes back within 1e-6 of its base after unmerge(), and that works because merge() keeps A and B. (Lesson 13, 'Merging in low precision'.)",
         },
     ),
     "p1": Function(
