@@ -92,11 +92,12 @@ def test_p4_key_is_the_number_of_entries_a_peft_merge_changes():
     made = {
         "pieces added": sum(pieces),                                                   # the shared entry counted twice
         "rows × columns": int(A.any(axis=1).sum() * B.any(axis=0).sum()),              # every touched row × column
-        "first piece only": pieces[0],
+        "one piece only": pieces[0],                                     # either piece: both change 6
         "one per rank": A.shape[1],
         "every entry": W.size,
     }
-    assert made == {"pieces added": 12, "rows × columns": 16, "first piece only": 6, "one per rank": 2, "every entry": 30}
+    assert made == {"pieces added": 12, "rows × columns": 16, "one piece only": 6, "one per rank": 2, "every entry": 30}
+    assert pieces[0] == pieces[1], "the 'one piece only' message says the two pieces change as many entries"
     for label, value in made.items():
         fb = check("02.p4", value)
         assert fb.points == 0 and fb.mistakes == [label], (label, fb.text())

@@ -173,8 +173,8 @@ def _p4_mistakes() -> list[Mistake]:
                 "both pieces and is one entry of W: count the union. " + read),
         Mistake("rows × columns", len(rows) * len(cols), "not every row that A touches meets every column that B touches: "
                 "sAB is a sum of rank-one pieces, and each pairs one column of A with the same row of B only. " + read),
-        Mistake("first piece only", pieces[0], "that is the first rank-one piece alone (A's column 0 with B's row 0); "
-                "the second column of A with the second row of B changes entries too. " + read),
+        Mistake("one piece only", pieces[0], "that is one rank-one piece alone (one column of A with the same row of B; "
+                "here each of the two changes as many entries): the other piece changes entries too. " + read),
         Mistake("one per rank", A.shape[1], "a rank-2 adapter does not change two weights: each rank-one piece is an outer "
                 "product and changes every entry where its column of A and its row of B are both nonzero. " + read),
         Mistake("every entry", A.shape[0] * B.shape[1], "rows where A is zero and columns where B is zero stay as they "
