@@ -59,9 +59,14 @@ def test_the_hooks_are_put_back(unraisable):
 
 
 def test_without_ctrl_c_the_finalizer_interrupt_is_reported(unraisable):
-    """The guard is specific: outside a grading run Python's own handling stands (here: the interrupt reported)."""
-    obj = _InterruptedWhileFinalized()
-    del obj
+    """The guard is specific: outside a grading run Python's own handling stands (here: the interrupt reported). Python's
+    own SIGINT handler is set for the test: a pytest-xdist worker ignores SIGINT, and then nothing would be raised."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        obj = _InterruptedWhileFinalized()
+        del obj
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert unraisable == [KeyboardInterrupt]
 
 
